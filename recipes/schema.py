@@ -1,0 +1,324 @@
+"""Recipes: YAML parsed into typed, strict dataclasses.
+
+Every error names the dotted key it is about (``train.lr``, ``capture.aux_layer_ids``…),
+and all checks that need no model run before any work starts. Checks that need the
+target's config (layer count, vocab size) run in :func:`check_against_target` once the
+target's ``config.json`` has been read, still before any stage does work.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class RecipeError(ValueError):
+    """A recipe key is unknown, has the wrong type or an impossible value."""
+
+
+# --------------------------------------------------------------------------- sections
+
+
+@dataclass
+class TargetSection:
+    # A model directory, a hub repo id, or "eyas-demo" (the built-in tiny gpt-oss target,
+    # built and cached on first use; it is then an ordinary model directory).
+    model: str = "eyas-demo"
+    dtype: str = "auto"  # auto | float32 | bfloat16 | float16
+    device: str = "auto"  # auto (cuda if available, else cpu) | cpu | cuda | cuda:N
+    trust_remote_code: bool = False
+
+
+@dataclass
+class DataSection:
+    # Local .jsonl/.json (ShareGPT `conversations` or OpenAI `messages` layout, or a bare
+    # `prompt`/`question`/`instruction` field) or a hub dataset name ("org/name").
+    # "eyas-demo/prompts.jsonl" is a file inside the built-in demo target's directory.
+    prompts: str = "eyas-demo/prompts.jsonl"
+    split: str = "train"  # hub datasets only
+    hub_config: str | None = None  # hub datasets only
+    num_prompts: int | None = None  # None = all
+    num_eval_prompts: int = 32  # held out before regeneration, never trained on
+    system_prompt: str | None = None
+    max_prompt_tokens: int = 1024
+    max_new_tokens: int = 256
+    temperature: float = 0.0  # 0 = greedy regeneration
+    top_p: float = 1.0
+    batch_size: int = 32
+    seed: int = 0
+
+
+@dataclass
+class CaptureSection:
+    # vLLM convention: id k is the INPUT of decoder layer k (0-based) = HF hidden_states[k].
+    # None = [2, N//2, N-3] for a target with N layers (gpt-oss-120b: [2, 18, 33]).
+    aux_layer_ids: list[int] | None = None
+    dtype: str = "bfloat16"  # what the shards store
+    batch_size: int = 8
+    shard_tokens: int = 262144  # tokens per safetensors shard
+    verify_tolerance: float = 1e-3  # lm_head(final) vs target logits, relative to max |logit|
+
+
+@dataclass
+class VocabSection:
+    draft_vocab_size: int = 32000  # clipped to nothing: must be <= target vocab
+
+
+@dataclass
+class DraftSection:
+    intermediate_size: int | None = None  # None = the target's intermediate_size
+    num_attention_heads: int | None = None  # None = the target's
+    num_key_value_heads: int | None = None
+    head_dim: int | None = None
+    rms_norm_eps: float | None = None
+    init_from: str | None = None  # an eyas checkpoint to warm-start from
+
+
+@dataclass
+class TrainSection:
+    ttt_steps: int = 7
+    decay: float = 0.8
+    epochs: float = 1.0
+    max_steps: int | None = None  # overrides epochs when set
+    batch_size: int = 4  # sequences per device per step
+    grad_accum: int = 1
+    max_length: int = 2048  # longer sequences are truncated
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+    warmup_ratio: float = 0.03
+    min_lr_ratio: float = 0.1
+    grad_clip: float = 0.5
+    mixed_precision: str = "auto"  # auto (bf16 on GPUs that support it, else no) | no | bf16 | fp16
+    log_every: int = 10
+    save_every: int = 0  # 0 = only at the end
+    seed: int = 0
+    num_workers: int = 0
+
+
+@dataclass
+class EvalSection:
+    k: int = 4
+    max_new_tokens: int = 256
+    num_prompts: int | None = None  # None = every held-out prompt
+    check_lossless: bool = True
+
+
+@dataclass
+class Recipe:
+    name: str = "eyas"
+    target: TargetSection = field(default_factory=TargetSection)
+    data: DataSection = field(default_factory=DataSection)
+    capture: CaptureSection = field(default_factory=CaptureSection)
+    vocab: VocabSection = field(default_factory=VocabSection)
+    draft: DraftSection = field(default_factory=DraftSection)
+    train: TrainSection = field(default_factory=TrainSection)
+    eval: EvalSection = field(default_factory=EvalSection)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Check `value` against the annotation `tp`; return it (ints are accepted for floats)."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, key)
+            except RecipeError as e:
+                errors.append(str(e))
+        raise RecipeError(f"{key}: expected {' or '.join(_type_name(a) for a in args)}, got {value!r}")
+    if origin is list:
+        (item_tp,) = typing.get_args(tp)
+        if not isinstance(value, list):
+            raise RecipeError(f"{key}: expected a list, got {value!r}")
+        return [_coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value)]
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise RecipeError(f"{key}: expected a number, got {value!r}")
+        return float(value)
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise RecipeError(f"{key}: expected an integer, got {value!r}")
+        return value
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise RecipeError(f"{key}: expected true or false, got {value!r}")
+        return value
+    if tp is str:
+        if not isinstance(value, str):
+            raise RecipeError(f"{key}: expected a string, got {value!r}")
+        return value
+    raise RecipeError(f"{key}: unsupported type {tp}")
+
+
+def _build(cls: type, raw: Any, prefix: str) -> Any:
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise RecipeError(f"{prefix or 'recipe'}: expected a mapping, got {raw!r}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    for k in raw:
+        if k not in names:
+            where = f"{prefix}.{k}" if prefix else str(k)
+            raise RecipeError(f"{where}: unknown key (known: {', '.join(sorted(names))})")
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in raw:
+            continue
+        key = f"{prefix}.{f.name}" if prefix else f.name
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            kwargs[f.name] = _build(tp, raw[f.name], key)
+        else:
+            kwargs[f.name] = _coerce(raw[f.name], tp, key)
+    return cls(**kwargs)
+
+
+def _check(cond: bool, key: str, msg: str) -> None:
+    if not cond:
+        raise RecipeError(f"{key}: {msg}")
+
+
+def validate(r: Recipe) -> Recipe:
+    """Value checks that need no model. Raises RecipeError naming the key."""
+    _check(r.target.dtype in ("auto", "float32", "bfloat16", "float16"), "target.dtype",
+           f"must be auto, float32, bfloat16 or float16, got {r.target.dtype!r}")
+    _check(r.data.num_eval_prompts >= 0, "data.num_eval_prompts", "must be >= 0")
+    _check(r.data.num_prompts is None or r.data.num_prompts > 0, "data.num_prompts", "must be > 0")
+    _check(r.data.max_new_tokens >= 1, "data.max_new_tokens", "must be >= 1")
+    _check(r.data.temperature >= 0, "data.temperature", "must be >= 0")
+    _check(0 < r.data.top_p <= 1, "data.top_p", "must be in (0, 1]")
+    _check(r.data.batch_size >= 1, "data.batch_size", "must be >= 1")
+    if r.capture.aux_layer_ids is not None:
+        ids = r.capture.aux_layer_ids
+        _check(len(ids) >= 1, "capture.aux_layer_ids", "must name at least one layer")
+        _check(all(i >= 0 for i in ids), "capture.aux_layer_ids", f"ids must be >= 0, got {ids}")
+        _check(len(set(ids)) == len(ids), "capture.aux_layer_ids", f"ids must be distinct, got {ids}")
+    _check(r.capture.dtype in ("float32", "bfloat16", "float16"), "capture.dtype",
+           f"must be float32, bfloat16 or float16, got {r.capture.dtype!r}")
+    _check(r.capture.batch_size >= 1, "capture.batch_size", "must be >= 1")
+    _check(r.capture.shard_tokens >= 1, "capture.shard_tokens", "must be >= 1")
+    _check(r.vocab.draft_vocab_size >= 1, "vocab.draft_vocab_size", "must be >= 1")
+    for name in ("intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim"):
+        v = getattr(r.draft, name)
+        _check(v is None or v >= 1, f"draft.{name}", "must be >= 1")
+    _check(r.train.ttt_steps >= 1, "train.ttt_steps", "must be >= 1")
+    _check(0 < r.train.decay <= 1, "train.decay", "must be in (0, 1]")
+    _check(r.train.epochs > 0, "train.epochs", "must be > 0")
+    _check(r.train.max_steps is None or r.train.max_steps >= 1, "train.max_steps", "must be >= 1")
+    _check(r.train.batch_size >= 1, "train.batch_size", "must be >= 1")
+    _check(r.train.grad_accum >= 1, "train.grad_accum", "must be >= 1")
+    _check(r.train.max_length >= 2, "train.max_length", "must be >= 2")
+    _check(r.train.lr > 0, "train.lr", "must be > 0")
+    _check(0 <= r.train.warmup_ratio < 1, "train.warmup_ratio", "must be in [0, 1)")
+    _check(0 <= r.train.min_lr_ratio <= 1, "train.min_lr_ratio", "must be in [0, 1]")
+    _check(r.train.grad_clip >= 0, "train.grad_clip", "must be >= 0")
+    _check(r.train.mixed_precision in ("auto", "no", "bf16", "fp16"), "train.mixed_precision",
+           f"must be auto, no, bf16 or fp16, got {r.train.mixed_precision!r}")
+    _check(r.eval.k >= 1, "eval.k", f"must be >= 1, got {r.eval.k}")
+    _check(r.eval.k <= r.train.ttt_steps, "eval.k",
+           f"k={r.eval.k} drafts past what TTT trained (train.ttt_steps={r.train.ttt_steps})")
+    _check(r.eval.max_new_tokens >= 1, "eval.max_new_tokens", "must be >= 1")
+    return r
+
+
+def check_against_target(r: Recipe, num_layers: int, vocab_size: int) -> list[int]:
+    """Checks that need the target config; returns the resolved aux layer ids (vLLM convention)."""
+    ids = r.capture.aux_layer_ids if r.capture.aux_layer_ids is not None else default_aux_layer_ids(num_layers)
+    for i in ids:
+        _check(i < num_layers, "capture.aux_layer_ids",
+               f"layer id {i} >= the target's {num_layers} layers (vLLM convention: id k is the "
+               f"input of decoder layer k, so ids run 0..{num_layers - 1})")
+    _check(r.vocab.draft_vocab_size <= vocab_size, "vocab.draft_vocab_size",
+           f"{r.vocab.draft_vocab_size} > the target's vocab size {vocab_size}")
+    return list(ids)
+
+
+def default_aux_layer_ids(num_layers: int) -> list[int]:
+    """vLLM's default EAGLE-3 aux layers: inputs of layers [2, N//2, N-3]."""
+    ids = [2, num_layers // 2, num_layers - 3]
+    if num_layers < 6:  # tiny targets: keep ids distinct and in range
+        ids = sorted({min(max(i, 0), num_layers - 1) for i in ids})
+    return ids
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def parse_overrides(pairs: list[str]) -> dict[str, Any]:
+    """`train.lr=3e-4 eval.k=5` -> nested dict; values are parsed as YAML scalars/lists."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise RecipeError(f"override {pair!r}: expected key.sub=value")
+        key, value = pair.split("=", 1)
+        node = out
+        parts = key.split(".")
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise RecipeError(f"override {key}: {p} is not a section")
+        node[parts[-1]] = yaml.safe_load(value) if value != "" else None
+    return out
+
+
+def _merge(base: dict, over: dict) -> dict:
+    merged = dict(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(merged.get(k), dict):
+            merged[k] = _merge(merged[k], v)
+        else:
+            merged[k] = v
+    return merged
+
+
+def builtin_recipe_path(name: str) -> Path | None:
+    """`demo` or `demo.yaml` -> the recipe shipped inside eyas.recipes."""
+    p = Path(__file__).parent / (name if name.endswith(".yaml") else f"{name}.yaml")
+    return p if p.is_file() else None
+
+
+def load_recipe(source: str | Path | dict | None, overrides: list[str] | None = None) -> Recipe:
+    """Read a recipe file (or a shipped recipe name, or a dict), apply dotted overrides, validate."""
+    if source is None:
+        raw: dict = {}
+    elif isinstance(source, dict):
+        raw = source
+    else:
+        path = Path(source)
+        if not path.is_file():
+            shipped = builtin_recipe_path(str(source))
+            if shipped is None:
+                raise RecipeError(f"recipe {source}: no such file")
+            path = shipped
+        try:
+            raw = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise RecipeError(f"recipe {path}: not valid YAML: {e}") from e
+    raw = _merge(raw, parse_overrides(overrides or []))
+    return validate(_build(Recipe, raw, ""))
+
+
+def dump_recipe(r: Recipe) -> str:
+    return yaml.safe_dump(r.to_dict(), sort_keys=False)

@@ -1,0 +1,60 @@
+"""TTT step j must produce the logits the inference-time drafting loop produces (fp32, <= 1e-4)."""
+
+import pytest
+import torch
+
+from eyas.train.model import DraftConfig, Eagle3Draft, KVCache
+from eyas.train.ttt import ttt_forward
+
+
+def make_draft(seed, rope=None, H=32, heads=4, kv=2):
+    torch.manual_seed(seed)
+    cfg = DraftConfig(hidden_size=H, num_attention_heads=heads, num_key_value_heads=kv, head_dim=H // heads,
+                      intermediate_size=48, vocab_size=97, draft_vocab_size=40, aux_layer_ids=[1, 2, 3],
+                      rope_parameters=rope or {"rope_type": "default", "rope_theta": 10000.0})
+    d = Eagle3Draft(cfg).float().eval()
+    d.reset_parameters(std=0.2)  # large weights so that steps differ noticeably
+    return d
+
+
+@pytest.mark.parametrize("seed,rope", [
+    (0, None),
+    (1, {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+         "truncate": False, "original_max_position_embeddings": 64}),
+])
+def test_ttt_logits_equal_inference_chain(seed, rope):
+    d = make_draft(seed, rope)
+    B, T, steps = 2, 13, 7
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, 97, (B, T), generator=g)
+    aux = torch.randn(B, T, 3 * 32, generator=g)
+    lengths = torch.tensor([T, T])
+    with torch.no_grad():
+        out = ttt_forward(d, aux, ids, torch.ones(B, T), lengths, None, ttt_steps=steps)
+        fused = d.fuse(aux)
+        for b in range(B):
+            for i in range(T - 1):  # chain after the verified prefix x_0..x_{i+1}
+                cache = KVCache()
+                # step 0: prefix states g_0..g_i with tokens x_1..x_{i+1} at positions 0..i
+                pos = torch.arange(i + 1)[None]
+                h, logits = d.step(ids[b:b + 1, 1:i + 2], fused[b:b + 1, :i + 1], pos, cache)
+                torch.testing.assert_close(logits[0, i], out.logits[0][b, i], atol=1e-4, rtol=0)
+                hidden = h[:, -1:]
+                for j in range(1, steps):
+                    if i + 1 + j >= T:
+                        break
+                    tok = ids[b:b + 1, i + 1 + j:i + 2 + j]  # teacher-forced x_{i+1+j}
+                    hidden, logits = d.step(tok, hidden, torch.tensor([[i + j]]), cache)
+                    diff = (logits[0, 0] - out.logits[j][b, i]).abs().max().item()
+                    assert diff <= 1e-4, f"step {j} index {i}: max abs diff {diff}"
+
+
+def test_steps_actually_differ():
+    """Guard against a vacuous pass: the chain's logits change from step to step."""
+    d = make_draft(3)
+    ids = torch.randint(0, 97, (1, 9))
+    aux = torch.randn(1, 9, 96)
+    with torch.no_grad():
+        out = ttt_forward(d, aux, ids, torch.ones(1, 9), torch.tensor([9]), None, ttt_steps=3)
+    assert (out.logits[0] - out.logits[1]).abs().max() > 1e-2
+    assert (out.logits[1] - out.logits[2]).abs().max() > 1e-2

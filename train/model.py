@@ -1,0 +1,296 @@
+"""The EAGLE-3 draft head, top to bottom.
+
+    aux states of the target  (B, T, n_aux * H_t)  -- vLLM ids: id k = input of decoder layer k
+            │ fc (no bias)
+            ▼
+    g  (B, T, H) ───────────────────────────────┐ residual stream carries h
+    embed(token) (B, T, H)                      │
+      input_layernorm(embed) ‖ hidden_norm(h)   │  (B, T, 2H)
+            │ self_attn (q/k/v take 2H, GQA, RoPE)
+            ▼                                   │
+            + ◄─────────────────────────────────┘
+            │ post_attention_layernorm → SwiGLU MLP, + residual
+            ▼
+    h_out (B, T, H)    "prenorm": fed back as the next step's h
+            │ norm → lm_head
+            ▼
+    logits over the draft vocab (B, T, V_d);  target id = draft id + d2t[draft id]
+
+Parameter names are those of the EAGLE-3 release layout (`fc`, `midlayer.*`, `norm`,
+`lm_head`, `d2t`, `t2d`, `embed_tokens`), which vLLM's `LlamaForCausalLMEagle3` loads.
+The token embedding is the target's and stays frozen.
+
+Two ways to run attention share every weight:
+  * `step()` — inference: new tokens attend to a KV cache plus themselves, causally.
+  * `train/ttt.py` — training-time test: all positions of all unrolled steps at once.
+The test `tests/test_train_serve_consistency.py` holds them equal.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass
+class DraftConfig:
+    hidden_size: int  # H; equals the target's hidden size (the embedding is the target's)
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int  # the target's vocab (embedding rows, t2d length)
+    draft_vocab_size: int  # lm_head rows
+    aux_layer_ids: list[int]  # vLLM convention: id k = input of decoder layer k = HF hidden_states[k]
+    target_hidden_size: int | None = None  # H_t; fc takes len(aux_layer_ids) * H_t
+    rms_norm_eps: float = 1e-5
+    max_position_embeddings: int = 131072
+    # transformers-style rope parameters, copied from the target (gpt-oss: yarn, theta 150000)
+    rope_parameters: dict = field(default_factory=lambda: {"rope_type": "default", "rope_theta": 10000.0})
+    hidden_act: str = "silu"
+    target_model: str | None = None  # name or path of the target the head was trained for
+
+    def __post_init__(self):
+        if self.target_hidden_size is None:
+            self.target_hidden_size = self.hidden_size
+
+    @property
+    def fc_in_features(self) -> int:
+        return len(self.aux_layer_ids) * self.target_hidden_size
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_target_config(cls, tcfg, aux_layer_ids, draft_vocab_size, target_model=None, **overrides):
+        """Sizes from a Hugging Face target config (gpt-oss-120b: H=2880, 64 heads of 64, 8 KV heads)."""
+        rope = dict(getattr(tcfg, "rope_parameters", None) or {})
+        if not rope:
+            rope = {"rope_type": "default", "rope_theta": float(getattr(tcfg, "rope_theta", 10000.0))}
+        n_heads = overrides.pop("num_attention_heads", None) or tcfg.num_attention_heads
+        head_dim = overrides.pop("head_dim", None) or getattr(tcfg, "head_dim", None) or tcfg.hidden_size // n_heads
+        kw = dict(
+            hidden_size=tcfg.hidden_size,
+            num_attention_heads=n_heads,
+            num_key_value_heads=overrides.pop("num_key_value_heads", None)
+            or getattr(tcfg, "num_key_value_heads", None) or n_heads,
+            head_dim=head_dim,
+            intermediate_size=overrides.pop("intermediate_size", None) or tcfg.intermediate_size,
+            vocab_size=tcfg.vocab_size,
+            draft_vocab_size=draft_vocab_size,
+            aux_layer_ids=list(aux_layer_ids),
+            target_hidden_size=tcfg.hidden_size,
+            rms_norm_eps=overrides.pop("rms_norm_eps", None) or getattr(tcfg, "rms_norm_eps", 1e-5),
+            max_position_embeddings=getattr(tcfg, "max_position_embeddings", 131072),
+            rope_parameters=rope,
+            target_model=target_model,
+        )
+        unknown = {k: v for k, v in overrides.items() if v is not None}
+        if unknown:
+            raise ValueError(f"unknown draft overrides: {sorted(unknown)}")
+        return cls(**kw)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class Rotary(nn.Module):
+    """cos/sin for absolute positions, from transformers' own rope functions (default, yarn, llama3…)."""
+
+    def __init__(self, cfg: DraftConfig):
+        super().__init__()
+        from transformers import LlamaConfig
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+        lcfg = LlamaConfig(
+            hidden_size=cfg.hidden_size, num_attention_heads=cfg.num_attention_heads, head_dim=cfg.head_dim,
+            max_position_embeddings=cfg.max_position_embeddings, rope_parameters=dict(cfg.rope_parameters),
+        )
+        rope_type = lcfg.rope_parameters.get("rope_type", "default")
+        if rope_type == "default":
+            base = float(lcfg.rope_parameters["rope_theta"])
+            inv_freq = 1.0 / (base ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float32) / cfg.head_dim))
+            scaling = 1.0
+        else:
+            inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](lcfg, "cpu")
+        self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
+        self.attention_scaling = float(scaling)
+
+    def forward(self, position_ids: torch.Tensor, dtype: torch.dtype):
+        # position_ids (B, T) -> cos, sin (B, T, head_dim)
+        freqs = position_ids[..., None].float() * self.inv_freq.to(position_ids.device)
+        emb = torch.cat([freqs, freqs], dim=-1)
+        return (emb.cos() * self.attention_scaling).to(dtype), (emb.sin() * self.attention_scaling).to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # x (B, heads, T, d); cos/sin (B, T, d); neox-style rotate_half, as vLLM's llama rope
+    cos, sin = cos[:, None], sin[:, None]
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: DraftConfig):
+        super().__init__()
+        self.n_heads, self.n_kv, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        in_dim = 2 * cfg.hidden_size  # [input_layernorm(embed) ‖ hidden_norm(h)]
+        self.q_proj = nn.Linear(in_dim, self.n_heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(in_dim, self.n_kv * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(in_dim, self.n_kv * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.n_heads * self.head_dim, cfg.hidden_size, bias=False)
+
+    def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        # x (B, T, 2H) -> q (B, n_heads, T, d), k and v (B, n_heads, T, d) (KV heads repeated for GQA)
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        rep = self.n_heads // self.n_kv
+        return q, k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+
+    def out(self, o: torch.Tensor) -> torch.Tensor:
+        # o (B, n_heads, T, d) -> (B, T, H)
+        B, _, T, _ = o.shape
+        return self.o_proj(o.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: DraftConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class MidLayer(nn.Module):
+    """The one decoder layer. Attention is split into `attn_input` and `finish` so that
+    inference (`Eagle3Draft.step`) and TTT (`train/ttt.py`) can run different attention
+    patterns between them with the same weights."""
+
+    def __init__(self, cfg: DraftConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def attn_input(self, embeds: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        # (B, T, H), (B, T, H) -> (B, T, 2H)
+        return torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
+
+    def finish(self, hidden: torch.Tensor, attn_o: torch.Tensor) -> torch.Tensor:
+        # residual stream carries h: h + attn, then + MLP -> prenorm output (B, T, H)
+        h = hidden + self.self_attn.out(attn_o)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class KVCache:
+    """The draft's own KV cache for inference: keys/values (B, n_heads, L, d), croppable."""
+
+    def __init__(self):
+        self.k: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return 0 if self.k is None else self.k.shape[2]
+
+    def append(self, k: torch.Tensor, v: torch.Tensor):
+        self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
+        self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
+        return self.k, self.v
+
+    def crop(self, length: int) -> None:
+        """Keep the first `length` positions (roll back rejected drafts)."""
+        if self.k is not None:
+            self.k, self.v = self.k[:, :, :length], self.v[:, :, :length]
+
+
+class Eagle3Draft(nn.Module):
+    def __init__(self, cfg: DraftConfig):
+        super().__init__()
+        self.config = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens.weight.requires_grad_(False)  # the target's, frozen
+        self.fc = nn.Linear(cfg.fc_in_features, cfg.hidden_size, bias=False)
+        self.midlayer = MidLayer(cfg)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
+        self.rotary = Rotary(cfg)
+        # draft id i <-> target id i + d2t[i];  t2d[target id] = in the draft vocab
+        self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.int64))
+        self.register_buffer("t2d", torch.zeros(cfg.vocab_size, dtype=torch.bool))
+        self.reset_parameters()
+
+    def reset_parameters(self, std: float = 0.02) -> None:
+        for lin in (self.fc, self.lm_head, self.midlayer.mlp.gate_proj, self.midlayer.mlp.up_proj,
+                    self.midlayer.mlp.down_proj, *[getattr(self.midlayer.self_attn, n) for n in
+                                                   ("q_proj", "k_proj", "v_proj", "o_proj")]):
+            nn.init.normal_(lin.weight, std=std)
+
+    # ---- pieces shared by inference and TTT
+
+    def fuse(self, aux: torch.Tensor) -> torch.Tensor:
+        """Target aux states (B, T, n_aux*H_t), concatenated in aux_layer_ids order -> g (B, T, H)."""
+        return self.fc(aux.to(self.fc.weight.dtype))
+
+    def logits(self, prenorm: torch.Tensor) -> torch.Tensor:
+        """(B, T, H) -> draft-vocab logits (B, T, V_d)."""
+        return self.lm_head(self.norm(prenorm))
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids + self.d2t[draft_ids]
+
+    def set_vocab_map(self, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
+        self.d2t.copy_(d2t.to(torch.int64))
+        self.t2d.copy_(t2d.to(torch.bool))
+
+    # ---- inference
+
+    def step(self, input_ids: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
+             cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run new positions against the cache.
+
+        input_ids (B, T): the token AFTER each position whose state is `hidden`;
+        hidden (B, T, H): fused target states g (first step) or the draft's own prenorm output;
+        position_ids (B, T): absolute positions of these new entries.
+        Returns (prenorm (B, T, H), logits (B, T, V_d)); appends T entries to `cache`.
+        """
+        layer = self.midlayer
+        x = layer.attn_input(self.embed_tokens(input_ids).to(hidden.dtype), hidden)
+        cos, sin = self.rotary(position_ids, x.dtype)
+        q, k, v = layer.self_attn.qkv(x, cos, sin)
+        past = len(cache)
+        k_all, v_all = cache.append(k, v)
+        T, L = q.shape[2], k_all.shape[2]
+        # causal: new entry i sees every cached entry and new entries <= i
+        allowed = torch.ones(T, L, dtype=torch.bool, device=q.device).tril(diagonal=past)
+        o = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=allowed)
+        prenorm = layer.finish(hidden, o)
+        return prenorm, self.logits(prenorm)
+
+    def num_parameters(self, trainable_only: bool = True) -> int:
+        return sum(p.numel() for p in self.parameters() if p.requires_grad or not trainable_only)
+
+
+def attention_scale(head_dim: int) -> float:
+    return 1.0 / math.sqrt(head_dim)
