@@ -1,0 +1,167 @@
+"""The target model: resolving its name, loading it, and reading its hidden states.
+
+Every stage loads the target the same way, with `from_pretrained` on a directory or hub id,
+whether it is openai/gpt-oss-120b or the built-in demo target ("eyas-demo", an ordinary
+model directory built and cached on first use).
+
+Layer-id convention (vLLM's `eagle_aux_hidden_state_layer_ids`): id k is the INPUT of
+decoder layer k (0-based), which is Hugging Face `hidden_states[k]`. The final state is the
+input of the target's output embedding (`lm_head`), i.e. after the final norm.
+"""
+
+from __future__ import annotations
+
+import json
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from torch import nn
+
+DEMO_TARGET = "eyas-demo"
+
+
+def resolve_path(name: str) -> str:
+    """`eyas-demo` and `eyas-demo/<file>` resolve inside the demo target's cached directory
+    (building it on first use); anything else is returned unchanged (a path or hub id)."""
+    if name == DEMO_TARGET or name.startswith(DEMO_TARGET + "/"):
+        from eyas.demo_target.build import ensure_demo_target
+
+        root = ensure_demo_target()
+        return str(root / name[len(DEMO_TARGET) + 1:]) if name != DEMO_TARGET else str(root)
+    return name
+
+
+def pick_device(device: str = "auto") -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    if dtype == "auto":
+        if device.type == "cuda" and torch.cuda.is_bf16_supported():
+            return torch.bfloat16
+        return torch.float32
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+
+
+def load_target(name: str, dtype: str = "auto", device: str = "auto", trust_remote_code: bool = False):
+    """-> (model in eval mode on `device`, tokenizer). `name` is a directory or hub id."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = resolve_path(name)
+    dev = pick_device(device)
+    model = AutoModelForCausalLM.from_pretrained(
+        path, dtype=pick_dtype(dtype, dev), trust_remote_code=trust_remote_code)
+    model.to(dev).eval()
+    tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    return model, tok
+
+
+def load_target_config(name: str, trust_remote_code: bool = False):
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(resolve_path(name), trust_remote_code=trust_remote_code)
+
+
+def text_config(cfg):
+    return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+
+
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    """The decoder layer list of a HF causal LM (model.model.layers for gpt-oss, llama, qwen…)."""
+    base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+    for attr in ("layers", "h", "blocks"):
+        layers = getattr(base, attr, None)
+        if isinstance(layers, nn.ModuleList):
+            return layers
+    raise ValueError(f"cannot find the decoder layers of {type(model).__name__}")
+
+
+class HiddenStateTap:
+    """Forward hooks that record aux states (inputs of decoder layers `layer_ids`) and the
+    final state (input of the output embedding) on each forward. No `output_hidden_states`."""
+
+    def __init__(self, model: nn.Module, layer_ids: list[int]):
+        layers = decoder_layers(model)
+        for i in layer_ids:
+            if not 0 <= i < len(layers):
+                raise ValueError(f"aux layer id {i} out of range for a target with {len(layers)} layers "
+                                 "(vLLM convention: id k = input of decoder layer k)")
+        self.layer_ids = list(layer_ids)
+        self._aux: dict[int, torch.Tensor] = {}
+        self.final: torch.Tensor | None = None
+        self._handles = [
+            layers[i].register_forward_pre_hook(self._layer_hook(i), with_kwargs=True) for i in layer_ids
+        ]
+        self._handles.append(model.get_output_embeddings().register_forward_pre_hook(self._final_hook))
+
+    def _layer_hook(self, i):
+        def hook(module, args, kwargs):
+            self._aux[i] = args[0] if args else kwargs["hidden_states"]
+        return hook
+
+    def _final_hook(self, module, args):
+        self.final = args[0]
+
+    @property
+    def aux(self) -> torch.Tensor:
+        """(B, T, n_aux * H), concatenated in `layer_ids` order (what the draft's fc takes)."""
+        return torch.cat([self._aux[i] for i in self.layer_ids], dim=-1)
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+
+@contextmanager
+def tapped(model: nn.Module, layer_ids: list[int]):
+    tap = HiddenStateTap(model, layer_ids)
+    try:
+        yield tap
+    finally:
+        tap.remove()
+
+
+def load_head_weights(name: str, trust_remote_code: bool = False) -> dict[str, torch.Tensor]:
+    """The target's input embedding and output embedding (lm_head) weights, read from its
+    safetensors files alone, without instantiating the model (120B parameters stay on disk).
+
+    Parameter names come from the model class built on the meta device, so this works for
+    any architecture, tied embeddings included. -> {"embed": (V, H), "lm_head": (V, H)}.
+    """
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    path = Path(resolve_path(name))
+    if not path.is_dir():
+        from huggingface_hub import snapshot_download
+
+        path = Path(snapshot_download(str(name), allow_patterns=["*.json", "*.safetensors"]))
+    cfg = load_target_config(str(path), trust_remote_code)
+    with torch.device("meta"):
+        meta = AutoModelForCausalLM.from_config(cfg, trust_remote_code=trust_remote_code)
+    names = {id(p): n for n, p in meta.named_parameters(remove_duplicate=False)}
+    emb_name = names[id(meta.get_input_embeddings().weight)]
+    out_name = names[id(meta.get_output_embeddings().weight)]
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text())["weight_map"]
+    else:
+        files = sorted(path.glob("*.safetensors"))
+        weight_map = {}
+        for f in files:
+            with safe_open(f, "pt") as sf:
+                weight_map.update({k: f.name for k in sf.keys()})
+
+    def read(n: str) -> torch.Tensor:
+        if n not in weight_map:
+            raise KeyError(f"{path}: no tensor {n} in the checkpoint")
+        with safe_open(path / weight_map[n], "pt") as sf:
+            return sf.get_tensor(n)
+
+    embed = read(emb_name)
+    lm_head = embed if (out_name == emb_name or out_name not in weight_map) else read(out_name)
+    return {"embed": embed, "lm_head": lm_head}

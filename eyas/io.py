@@ -1,0 +1,88 @@
+"""Files that are either complete or absent: atomic writes and stage markers.
+
+A stage writes its outputs under `RUN/<stage>/`, each file via a temporary name in the same
+directory and `os.replace`, and writes `RUN/<stage>/DONE.json` last. A re-run skips a stage
+whose marker exists, and a crashed stage leaves only files it can resume from (never a
+half-written one under its final name).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+
+@contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary path next to `path`; on success it is renamed to `path`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write_json(path: str | Path, obj: Any) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(obj, indent=2, sort_keys=False) + "\n")
+
+
+def write_text(path: str | Path, text: str) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
+
+
+def write_jsonl(path: str | Path, rows) -> None:
+    with atomic_path(path) as tmp:
+        with open(tmp, "w") as f:
+            for r in rows:
+                f.write(json.dumps(r) + "\n")
+
+
+def read_jsonl(path: str | Path) -> list[dict]:
+    """Each line a JSON object; a bad line fails with the file and line number."""
+    rows = []
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{n}: not valid JSON ({e.msg} at column {e.colno})") from None
+            if not isinstance(obj, dict):
+                raise ValueError(f"{path}:{n}: expected a JSON object, got {type(obj).__name__}")
+            rows.append(obj)
+    return rows
+
+
+def stage_dir(run_dir: str | Path, stage: str) -> Path:
+    d = Path(run_dir) / stage
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def marker(run_dir: str | Path, stage: str) -> Path:
+    return Path(run_dir) / stage / "DONE.json"
+
+
+def is_done(run_dir: str | Path, stage: str) -> bool:
+    return marker(run_dir, stage).is_file()
+
+
+def read_done(run_dir: str | Path, stage: str) -> dict:
+    return json.loads(marker(run_dir, stage).read_text())
+
+
+def mark_done(run_dir: str | Path, stage: str, info: dict) -> None:
+    write_json(marker(run_dir, stage), info)

@@ -1,0 +1,127 @@
+"""eyas draft checkpoints: a directory vLLM, SGLang and TRT-LLM load as an EAGLE-3 draft.
+
+    DIR/config.json        LlamaForCausalLMEagle3 config (+ an "eyas" block with DraftConfig)
+    DIR/model.safetensors  fc.weight, midlayer.*, norm.weight, lm_head.weight,
+                           d2t (int64 offsets), t2d (bool), embed_tokens.weight (the target's)
+
+The directory is written under a temporary name and renamed into place, so a crash never
+leaves a half-written checkpoint under its final name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from .model import DraftConfig, Eagle3Draft
+
+LAYER_ID_CONVENTION = "vLLM: id k = input of decoder layer k (0-based) = HF hidden_states[k]"
+
+
+def eagle3_config(cfg: DraftConfig, dtype: torch.dtype = torch.bfloat16) -> dict:
+    """The config.json fields an EAGLE-3 loader reads (vLLM `LlamaForCausalLMEagle3`)."""
+    rope = dict(cfg.rope_parameters)
+    rope_theta = float(rope.get("rope_theta", 10000.0))
+    rope_scaling = None if rope.get("rope_type", "default") == "default" else \
+        {k: v for k, v in rope.items() if k != "rope_theta"}
+    return {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "model_type": "llama",
+        "hidden_size": cfg.hidden_size,
+        "target_hidden_size": cfg.target_hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_attention_heads": cfg.num_attention_heads,
+        "num_key_value_heads": cfg.num_key_value_heads,
+        "head_dim": cfg.head_dim,
+        "num_hidden_layers": 1,
+        "hidden_act": cfg.hidden_act,
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "vocab_size": cfg.vocab_size,
+        "draft_vocab_size": cfg.draft_vocab_size,
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "rope_theta": rope_theta,
+        "rope_scaling": rope_scaling,
+        "rope_parameters": rope,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "tie_word_embeddings": False,
+        "torch_dtype": str(dtype).replace("torch.", ""),
+        "eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids),
+        "eagle_config": {
+            "eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids),
+            "use_aux_hidden_state": True,
+        },
+    }
+
+
+def save_draft(draft: Eagle3Draft, out_dir: str | Path, dtype: torch.dtype | None = None,
+               include_embeddings: bool = True, extra: dict | None = None) -> Path:
+    """Write `out_dir` atomically. `extra` goes into config.json's "eyas" block (run metadata)."""
+    out_dir = Path(out_dir)
+    dtype = dtype or next(draft.fc.parameters()).dtype
+    tensors = {}
+    for name, t in draft.state_dict().items():
+        if name.startswith("rotary."):
+            continue
+        if name == "embed_tokens.weight" and not include_embeddings:
+            continue
+        t = t.detach().cpu()
+        tensors[name] = t.to(dtype) if t.is_floating_point() else t
+    config = eagle3_config(draft.config, dtype)
+    config["eyas"] = {"draft_config": draft.config.to_dict(), "layer_id_convention": LAYER_ID_CONVENTION,
+                      **(extra or {})}
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / "model.safetensors"),
+                  metadata={"format": "pt"})
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        if out_dir.exists():
+            old = out_dir.with_name(f".{out_dir.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(out_dir, old)
+            os.replace(tmp, out_dir)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out_dir
+
+
+def read_config(path: str | Path) -> DraftConfig:
+    raw = json.loads((Path(path) / "config.json").read_text())
+    if "eyas" not in raw:
+        raise ValueError(f"{path}: not an eyas checkpoint (no 'eyas' block in config.json); "
+                         "use `eyas import` to convert a published draft")
+    return DraftConfig(**raw["eyas"]["draft_config"])
+
+
+def load_draft(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+               embed: torch.Tensor | None = None) -> Eagle3Draft:
+    """Load an eyas checkpoint. Without embed_tokens in the file, pass the target's as `embed`
+    (or it is read from the target named in the config)."""
+    path = Path(path)
+    cfg = read_config(path)
+    state = load_file(str(path / "model.safetensors"))
+    if "embed_tokens.weight" not in state:
+        if embed is None:
+            if not cfg.target_model:
+                raise ValueError(f"{path}: no embed_tokens.weight and no target_model to read it from")
+            from eyas.data.target import load_head_weights
+
+            embed = load_head_weights(cfg.target_model)["embed"]
+        state["embed_tokens.weight"] = embed
+    draft = Eagle3Draft(cfg)
+    missing, unexpected = draft.load_state_dict(state, strict=False)
+    missing = [m for m in missing if not m.startswith("rotary.")]
+    if missing or unexpected:
+        raise ValueError(f"{path}: checkpoint does not match the draft (missing {missing}, unexpected {unexpected})")
+    return draft.to(device=device, dtype=dtype)
