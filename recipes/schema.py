@@ -138,14 +138,14 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         args = typing.get_args(tp)
         if value is None and type(None) in args:
             return None
-        errors = []
-        for arg in args:
-            if arg is type(None):
-                continue
+        real = [a for a in args if a is not type(None)]
+        if len(real) == 1:  # Optional[X]: X's own error, which names the exact item
+            return _coerce(value, real[0], key)
+        for arg in real:
             try:
                 return _coerce(value, arg, key)
-            except RecipeError as e:
-                errors.append(str(e))
+            except RecipeError:
+                pass
         raise RecipeError(f"{key}: expected {' or '.join(_type_name(a) for a in args)}, got {value!r}")
     if origin is list:
         (item_tp,) = typing.get_args(tp)
@@ -153,6 +153,11 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             raise RecipeError(f"{key}: expected a list, got {value!r}")
         return [_coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value)]
     if tp is float:
+        if isinstance(value, str):  # YAML 1.1 reads `3e-4` (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise RecipeError(f"{key}: expected a number, got {value!r}")
         return float(value)

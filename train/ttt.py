@@ -162,3 +162,18 @@ def ttt_forward(draft: Eagle3Draft, aux: torch.Tensor, input_ids: torch.Tensor, 
 def soft_cross_entropy(logits: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
     """Per-position forward KL up to the target's entropy: -(p * log q).sum(-1)."""
     return -(probs * F.log_softmax(logits.float(), dim=-1)).sum(-1)
+
+
+class TTTModule(torch.nn.Module):
+    """The draft plus the target's frozen lm_head, with `forward` = one TTT unroll, so that
+    `accelerator.prepare` (DDP, FSDP, DeepSpeed) wraps a module whose forward does all the work."""
+
+    def __init__(self, draft: Eagle3Draft, lm_head_weight: torch.Tensor, ttt_steps: int, decay: float):
+        super().__init__()
+        self.draft = draft
+        self.register_buffer("lm_head_weight", lm_head_weight.detach(), persistent=False)  # (V, H_t)
+        self.ttt_steps, self.decay = ttt_steps, decay
+
+    def forward(self, aux, final, input_ids, loss_mask, lengths) -> TTTOutput:
+        target = target_view(final, self.lm_head_weight, self.draft)
+        return ttt_forward(self.draft, aux, input_ids, loss_mask, lengths, target, self.ttt_steps, self.decay)

@@ -1,0 +1,107 @@
+"""Stages in order, each skipped when its outputs are complete, so a re-run resumes.
+
+    prompts -> regenerate -> capture -> vocab -> train -> eval
+
+A run directory holds `recipe.yaml` (the resolved recipe) and one folder per stage with a
+`DONE.json` written last. Re-running with a recipe that changes what a finished stage made
+is refused, naming the keys, rather than silently mixing two runs.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import yaml
+
+from eyas import io
+from eyas.recipes.schema import Recipe, RecipeError, check_against_target, dump_recipe, load_recipe
+
+STAGE_ORDER = ("prompts", "regenerate", "capture", "vocab", "train", "eval")
+# the recipe sections each stage's output depends on
+STAGE_KEYS = {
+    "prompts": ("data",), "regenerate": ("target", "data"), "capture": ("target", "capture"),
+    "vocab": ("vocab",), "train": ("draft", "train"), "eval": ("eval",),
+}
+
+
+def stage_fn(stage: str):
+    if stage == "prompts":
+        from eyas.data.prompts import run_prompts as fn
+    elif stage == "regenerate":
+        from eyas.data.regenerate import run_regenerate as fn
+    elif stage == "capture":
+        from eyas.data.capture import run_capture as fn
+    elif stage == "vocab":
+        from eyas.data.vocab import run_vocab as fn
+    elif stage == "train":
+        from eyas.train.trainer import run_train as fn
+    elif stage == "eval":
+        from eyas.eval.evaluate import run_eval as fn
+    else:
+        raise ValueError(f"unknown stage {stage!r}; stages: {', '.join(STAGE_ORDER)}")
+    return fn
+
+
+def check_target(recipe: Recipe) -> list[int]:
+    """Recipe checks that need the target's config.json (layer count, vocab). -> aux layer ids."""
+    from eyas.data.target import load_target_config, text_config
+
+    cfg = text_config(load_target_config(recipe.target.model, recipe.target.trust_remote_code))
+    return check_against_target(recipe, cfg.num_hidden_layers, cfg.vocab_size)
+
+
+def _diff(a: dict, b: dict, prefix: str = "") -> list[str]:
+    keys = []
+    for k in sorted(set(a) | set(b)):
+        va, vb = a.get(k), b.get(k)
+        if isinstance(va, dict) and isinstance(vb, dict):
+            keys += _diff(va, vb, f"{prefix}{k}.")
+        elif va != vb:
+            keys.append(f"{prefix}{k}")
+    return keys
+
+
+def prepare_run(recipe: Recipe, run_dir: str | Path) -> Path:
+    """Create the run dir or check that its saved recipe agrees with `recipe` on finished stages."""
+    run_dir = Path(run_dir)
+    saved_path = run_dir / "recipe.yaml"
+    if saved_path.is_file():
+        saved = yaml.safe_load(saved_path.read_text())
+        new = recipe.to_dict()
+        for stage in STAGE_ORDER:
+            if not io.is_done(run_dir, stage):
+                continue
+            changed = [k for sec in STAGE_KEYS[stage] for k in _diff(saved.get(sec, {}), new[sec], f"{sec}.")]
+            if changed:
+                raise RecipeError(
+                    f"{run_dir}: stage '{stage}' is finished with a different recipe ({', '.join(changed)} "
+                    f"changed); use a new --out directory, or delete {run_dir / stage} to redo it")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    io.write_text(saved_path, dump_recipe(recipe))
+    return run_dir
+
+
+def run_all(recipe: Recipe, run_dir: str | Path, stages=STAGE_ORDER, progress: bool = True) -> dict:
+    check_target(recipe)
+    run_dir = prepare_run(recipe, run_dir)
+    times = {}
+    for stage in stages:
+        if io.is_done(run_dir, stage):
+            print(f"[eyas] {stage}: done already, skipped")
+            continue
+        print(f"[eyas] {stage} ...", flush=True)
+        t0 = time.perf_counter()
+        stage_fn(stage)(recipe, run_dir, progress=progress)
+        times[stage] = round(time.perf_counter() - t0, 1)
+        print(f"[eyas] {stage}: {times[stage]} s", flush=True)
+    return times
+
+
+def recipe_and_run(source: str, out: str | None, overrides: list[str]) -> tuple[Recipe, Path]:
+    """`source` is a recipe file/name, or a run dir holding recipe.yaml (then it is the run dir too)."""
+    src = Path(source)
+    if src.is_dir() and (src / "recipe.yaml").is_file():
+        return load_recipe(src / "recipe.yaml", overrides), Path(out) if out else src
+    recipe = load_recipe(source, overrides)
+    return recipe, Path(out) if out else Path("runs") / recipe.name

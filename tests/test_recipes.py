@@ -1,0 +1,76 @@
+"""Recipe validation: unknown keys, wrong types and impossible values are errors naming the key."""
+
+import pytest
+
+from eyas.recipes.schema import (Recipe, RecipeError, check_against_target, default_aux_layer_ids, load_recipe,
+                                 parse_overrides)
+
+
+def test_demo_recipe_loads():
+    r = load_recipe("demo")
+    assert isinstance(r, Recipe) and r.target.model == "eyas-demo"
+    assert r.eval.k == 4
+
+
+@pytest.mark.parametrize("raw,key", [
+    ({"trian": {}}, "trian"),
+    ({"train": {"learning_rate": 1e-3}}, "train.learning_rate"),
+    ({"capture": {"aux_layer_ids": [1, 2], "layer": 3}}, "capture.layer"),
+])
+def test_unknown_key_is_named(raw, key):
+    with pytest.raises(RecipeError, match=rf"^{key}: unknown key"):
+        load_recipe(raw)
+
+
+@pytest.mark.parametrize("raw,key", [
+    ({"train": {"lr": "fast"}}, "train.lr"),
+    ({"train": {"ttt_steps": 2.5}}, "train.ttt_steps"),
+    ({"capture": {"aux_layer_ids": [1, "x"]}}, r"capture.aux_layer_ids\[1\]"),
+    ({"eval": {"check_lossless": "yes"}}, "eval.check_lossless"),
+    ({"data": "prompts.jsonl"}, "data"),
+])
+def test_wrong_type_is_named(raw, key):
+    with pytest.raises(RecipeError, match=rf"^{key}: expected"):
+        load_recipe(raw)
+
+
+@pytest.mark.parametrize("raw,key", [
+    ({"eval": {"k": 0}}, "eval.k"),
+    ({"eval": {"k": 8}, "train": {"ttt_steps": 7}}, "eval.k"),
+    ({"train": {"ttt_steps": 0}}, "train.ttt_steps"),
+    ({"train": {"decay": 1.5}}, "train.decay"),
+    ({"capture": {"aux_layer_ids": [2, 2]}}, "capture.aux_layer_ids"),
+    ({"capture": {"aux_layer_ids": [-1, 2]}}, "capture.aux_layer_ids"),
+    ({"vocab": {"draft_vocab_size": 0}}, "vocab.draft_vocab_size"),
+    ({"target": {"dtype": "fp8"}}, "target.dtype"),
+])
+def test_impossible_value_is_named(raw, key):
+    with pytest.raises(RecipeError, match=rf"^{key}: "):
+        load_recipe(raw)
+
+
+def test_checks_against_target():
+    r = load_recipe({"capture": {"aux_layer_ids": [2, 18, 36]}})
+    with pytest.raises(RecipeError, match=r"^capture.aux_layer_ids: layer id 36 >= the target's 36 layers"):
+        check_against_target(r, num_layers=36, vocab_size=201088)
+    r = load_recipe({"vocab": {"draft_vocab_size": 300000}})
+    with pytest.raises(RecipeError, match=r"^vocab.draft_vocab_size: 300000 > the target's vocab size 201088"):
+        check_against_target(r, num_layers=36, vocab_size=201088)
+    assert check_against_target(load_recipe({}), 36, 201088) == [2, 18, 33]  # gpt-oss-120b
+
+
+def test_default_layer_ids_follow_vllm():
+    assert default_aux_layer_ids(36) == [2, 18, 33]  # gpt-oss-120b
+    assert default_aux_layer_ids(24) == [2, 12, 21]  # gpt-oss-20b
+    assert default_aux_layer_ids(4) == [1, 2]  # tiny: clipped, distinct, in range
+
+
+def test_dotted_overrides():
+    assert parse_overrides(["train.lr=0.0003", "capture.aux_layer_ids=[1,2,3]", "draft.init_from="]) == {
+        "train": {"lr": 3e-4}, "capture": {"aux_layer_ids": [1, 2, 3]}, "draft": {"init_from": None}}
+    r = load_recipe("demo", ["eval.k=3", "train.lr=0.002"])
+    assert r.eval.k == 3 and r.train.lr == 0.002
+    with pytest.raises(RecipeError, match=r"^eval.kk: unknown key"):
+        load_recipe("demo", ["eval.kk=3"])
+    with pytest.raises(RecipeError, match=r"override 'trainlr': expected key.sub=value"):
+        load_recipe("demo", ["trainlr"])

@@ -1,0 +1,186 @@
+"""The TTT trainer: accelerate (plain CPU, DDP, FSDP or DeepSpeed from `accelerate launch`),
+AdamW, linear warmup + cosine decay, gradient clipping, bf16 autocast where the device has it.
+
+Inputs: RUN/capture (shards of aux + final states, vLLM layer ids), RUN/vocab (d2t, t2d).
+Outputs: RUN/train/log.jsonl (per-step TTT metrics), RUN/train/state/ (optimizer, scheduler,
+RNG and step, for resuming), RUN/train/checkpoint-final/ (the draft, EAGLE-3 format).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import time
+from functools import partial
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+from tqdm.auto import tqdm
+
+from eyas import io
+from eyas.recipes.schema import Recipe
+
+from .checkpoint import load_draft, save_draft
+from .model import DraftConfig, Eagle3Draft
+from .ttt import TTTModule
+
+
+def build_draft(recipe: Recipe, run_dir: Path) -> Eagle3Draft:
+    """A fresh head sized from the target config, with the target's embedding and the run's vocab map."""
+    from eyas.data.target import load_head_weights, load_target_config, text_config
+
+    index = json.loads((run_dir / "capture" / "index.json").read_text())
+    vocab = load_file(str(run_dir / "vocab" / "vocab.safetensors"))
+    tcfg = text_config(load_target_config(recipe.target.model, recipe.target.trust_remote_code))
+    d = recipe.draft
+    cfg = DraftConfig.from_target_config(
+        tcfg, index["aux_layer_ids"], int(vocab["d2t"].numel()), target_model=recipe.target.model,
+        intermediate_size=d.intermediate_size, num_attention_heads=d.num_attention_heads,
+        num_key_value_heads=d.num_key_value_heads, head_dim=d.head_dim, rms_norm_eps=d.rms_norm_eps)
+    if d.init_from:
+        draft = load_draft(d.init_from)
+        if draft.config.aux_layer_ids != cfg.aux_layer_ids or draft.config.draft_vocab_size != cfg.draft_vocab_size:
+            raise ValueError(f"draft.init_from={d.init_from}: its aux ids {draft.config.aux_layer_ids} / draft "
+                             f"vocab {draft.config.draft_vocab_size} differ from this run's "
+                             f"{cfg.aux_layer_ids} / {cfg.draft_vocab_size}")
+        return draft
+    torch.manual_seed(recipe.train.seed)
+    draft = Eagle3Draft(cfg)
+    heads = load_head_weights(recipe.target.model, recipe.target.trust_remote_code)
+    draft.embed_tokens.weight.data.copy_(heads["embed"].float())
+    draft.set_vocab_map(vocab["d2t"], vocab["t2d"])
+    return draft
+
+
+class EpochShuffle(torch.utils.data.Sampler):
+    """A permutation that depends only on (seed, epoch): resumable without saving sampler state."""
+
+    def __init__(self, n: int, seed: int):
+        self.n, self.seed, self.epoch = n, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self):
+        g = torch.Generator().manual_seed(self.seed * 100003 + self.epoch)
+        return iter(torch.randperm(self.n, generator=g).tolist())
+
+
+def lr_lambda(total: int, warmup: int, min_ratio: float):
+    def f(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = (step - warmup) / max(1, total - warmup)
+        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+    return f
+
+
+def mixed_precision(setting: str) -> str:
+    if setting != "auto":
+        return setting
+    return "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
+
+
+def run_train(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> dict:
+    from accelerate import Accelerator
+    from accelerate.utils import set_seed
+    from torch.utils.data import DataLoader
+
+    from eyas.data.shards import ShardDataset, collate
+    from eyas.data.target import load_head_weights
+
+    run_dir = Path(run_dir)
+    if io.is_done(run_dir, "train"):
+        return io.read_done(run_dir, "train")
+    t_start = time.perf_counter()
+    tr = recipe.train
+    out_dir = io.stage_dir(run_dir, "train")
+    acc = Accelerator(mixed_precision=mixed_precision(tr.mixed_precision), gradient_accumulation_steps=tr.grad_accum)
+    set_seed(tr.seed)
+
+    draft = build_draft(recipe, run_dir)
+    lm_head = load_head_weights(recipe.target.model, recipe.target.trust_remote_code)["lm_head"].float()
+    module = TTTModule(draft, lm_head, tr.ttt_steps, tr.decay)
+    dataset = ShardDataset(run_dir / "capture")
+    loader = DataLoader(dataset, batch_size=tr.batch_size, sampler=EpochShuffle(len(dataset), tr.seed),
+                        num_workers=tr.num_workers, collate_fn=partial(collate, max_length=tr.max_length))
+    updates_per_epoch = max(1, math.ceil(len(loader) / tr.grad_accum))
+    total = tr.max_steps or max(1, math.ceil(tr.epochs * updates_per_epoch))
+    params = [p for p in module.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=tr.lr, weight_decay=tr.weight_decay, betas=(0.9, 0.95))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(total, int(tr.warmup_ratio * total), tr.min_lr_ratio))
+    module, opt, loader, sched = acc.prepare(module, opt, loader, sched)
+
+    state_dir, log_path = out_dir / "state", out_dir / "log.jsonl"
+    step = 0
+    if (state_dir / "step.json").is_file():  # resume
+        acc.load_state(str(state_dir))
+        step = json.loads((state_dir / "step.json").read_text())["step"]
+        acc.print(f"[train] resuming at step {step}/{total}")
+
+    def save_state():
+        tmp = out_dir / "state.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        acc.save_state(str(tmp))
+        if acc.is_main_process:
+            (tmp / "step.json").write_text(json.dumps({"step": step}))
+            shutil.rmtree(state_dir, ignore_errors=True)
+            tmp.rename(state_dir)
+
+    bar = tqdm(total=total, initial=step, desc="train (TTT)", disable=not (progress and acc.is_main_process))
+    epoch, tokens, last = step // updates_per_epoch, 0, {}
+    skip = (step % updates_per_epoch) * tr.grad_accum  # batches of the resumed epoch already trained on
+    module.train()
+    while step < total:
+        loader.set_epoch(epoch)  # the same permutation per epoch on every run, so a resume continues it
+        batches = acc.skip_first_batches(loader, skip) if skip else loader
+        skip = 0
+        for batch in batches:
+            with acc.accumulate(module):
+                out = module(batch["aux"], batch["final"], batch["input_ids"], batch["loss_mask"], batch["lengths"])
+                acc.backward(out.loss)
+                if acc.sync_gradients and tr.grad_clip > 0:
+                    acc.clip_grad_norm_(params, tr.grad_clip)
+                opt.step()
+                sched.step()
+                opt.zero_grad()
+            tokens += int(batch["lengths"].sum())
+            if not acc.sync_gradients:
+                continue
+            step += 1
+            bar.update(1)
+            last = {"step": step, "epoch": epoch, "lr": sched.get_last_lr()[0], "loss": out.loss.item(),
+                    "acc": out.step_acc, "cond_acc": out.step_cond_acc, "step_loss": out.step_loss,
+                    "simulated_acceptance": out.simulated_acceptance}
+            if step % tr.log_every == 0 or step == total:
+                bar.set_postfix(loss=f"{last['loss']:.3f}", acc0=f"{out.step_acc[0]:.2f}",
+                                tau_sim=f"{out.simulated_acceptance:.2f}")
+                if acc.is_main_process:
+                    with open(log_path, "a") as f:
+                        f.write(json.dumps(last) + "\n")
+            if tr.save_every and step % tr.save_every == 0 and step < total:
+                save_state()
+            if step >= total:
+                break
+        epoch += 1
+    bar.close()
+
+    acc.wait_for_everyone()
+    final = acc.unwrap_model(module).draft
+    info = {
+        "wall_s": round(time.perf_counter() - t_start, 2),
+        "steps": total, "epochs_seen": round(step / updates_per_epoch, 3), "tokens_seen": tokens,
+        "trainable_parameters": final.num_parameters(),
+        "last": last, "mixed_precision": acc.mixed_precision, "num_processes": acc.num_processes,
+    }
+    if acc.is_main_process:
+        save_draft(final, out_dir / "checkpoint-final", dtype=torch.float32,
+                   extra={"recipe": recipe.name, "train": info})
+        save_state()
+        io.mark_done(run_dir, "train", info)
+    return info
