@@ -21,24 +21,6 @@ from eyas.recipes.schema import Recipe
 STAGES = ("prompts", "regenerate", "capture", "vocab", "train")
 
 
-def render_prompt(tokenizer, messages: list[dict]) -> list[int]:
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    if hasattr(ids, "keys"):  # transformers 5 returns a BatchEncoding
-        ids = ids["input_ids"]
-    return list(ids)
-
-
-def eos_ids(model, tokenizer) -> set[int]:
-    ids = set()
-    for src in (getattr(model, "generation_config", None), model.config):
-        e = getattr(src, "eos_token_id", None) if src is not None else None
-        if e is not None:
-            ids.update(e if isinstance(e, (list, tuple)) else [e])
-    if not ids and tokenizer.eos_token_id is not None:
-        ids.add(tokenizer.eos_token_id)
-    return ids
-
-
 def summarize(name: str, benchmark: str, k: int, runs: list, refs: list[list[int]]) -> dict:
     forwards = sum(r.target_forwards for r in runs)
     emitted = sum(r.emitted for r in runs)
@@ -65,6 +47,7 @@ def run_eval(recipe: Recipe, run_dir: str | Path, drafts: list[tuple[str, str]] 
     """drafts: (name, checkpoint dir) pairs, default the run's own; ks: default [recipe.eval.k];
     benchmarks: (name, prompts file) pairs, default the run's held-out prompts."""
     from eyas.data.prompts import load_conversations, prompt_messages
+    from eyas.data.regenerate import eos_token_ids, render_prompt
     from eyas.data.target import load_target
     from eyas.serve.speculative import greedy_generate, speculative_generate
     from eyas.train.checkpoint import load_draft
@@ -79,7 +62,7 @@ def run_eval(recipe: Recipe, run_dir: str | Path, drafts: list[tuple[str, str]] 
     benchmarks = benchmarks or [("held-out", str(run_dir / "prompts" / "eval.jsonl"))]
     model, tok = load_target(recipe.target.model, recipe.target.dtype, recipe.target.device,
                              recipe.target.trust_remote_code)
-    eos = eos_ids(model, tok)
+    eos = set(eos_token_ids(model, tok))
     dtype = next(model.parameters()).dtype
     device = model.get_output_embeddings().weight.device
     loaded = [(name, load_draft(path, device=device, dtype=dtype if dtype != torch.float16 else torch.float32).eval())

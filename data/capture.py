@@ -1,0 +1,171 @@
+"""The `capture` stage: run the target over the regenerated sequences and store its hidden states.
+
+Per token the draft trains on the target's aux states (inputs of decoder layers
+`aux_layer_ids`, vLLM convention: id k = HF hidden_states[k]) and its final state (the
+input of lm_head, after the final norm). They are read with forward hooks
+(`data.target.tapped`), not `output_hidden_states`, so only the requested layers are kept.
+
+Before anything is stored, the first batch checks that `lm_head(final)` reproduces the
+target's logits: if the hooks saw anything else (logit soft-capping or scaling after the
+lm_head, a model that never calls its lm_head module…) the draft would learn the wrong
+thing, so the stage stops loudly.
+
+Sequences are processed shortest first in fixed batches and packed into shards of about
+`capture.shard_tokens` tokens (format in data/shards.py). `index.json` is rewritten after
+each shard; a re-run keeps the listed shards and continues with the next sequence.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from eyas.data.regenerate import loss_mask, read_sequences
+from eyas.data.shards import INDEX, read_index, shard_name, write_shard
+from eyas.data.target import load_target, tapped, text_config
+from eyas.io import is_done, mark_done, read_done, stage_dir, write_json
+from eyas.recipes.schema import Recipe, check_against_target
+
+STAGE = "capture"
+LAYER_ID_CONVENTION = "vLLM: id k = input of decoder layer k = HF hidden_states[k]"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def capture_batch(model, tap, input_ids: torch.Tensor, attention_mask: torch.Tensor):
+    """One forward of the target with `tap` attached.
+
+    input_ids, attention_mask (B, T) -> aux (B, T, n_aux*H), final (B, T, H), logits (B, T, V)."""
+    with torch.no_grad():
+        out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+    final = tap.final
+    if final is None or final.shape[:2] != input_ids.shape:
+        raise RuntimeError(f"{model.name_or_path}: the lm_head hook saw "
+                           f"{None if final is None else tuple(final.shape)} for input of shape "
+                           f"{tuple(input_ids.shape)}; the model does not apply its output embedding module "
+                           "to every position")
+    return tap.aux, final, out.logits
+
+
+def verify_final(model, final: torch.Tensor, logits: torch.Tensor, attention_mask: torch.Tensor,
+                 tolerance: float, target: str) -> float:
+    """max |lm_head(final) - logits| / max |logits| over real tokens; raises if above `tolerance`.
+
+    final (B, T, H), logits (B, T, V), attention_mask (B, T)."""
+    with torch.no_grad():
+        ref = model.get_output_embeddings()(final).float()  # (B, T, V)
+    real = attention_mask.bool()
+    diff = (ref - logits.float())[real].abs().max().item()
+    scale = logits.float()[real].abs().max().item()
+    rel = diff / max(scale, 1e-30)
+    if not rel <= tolerance:
+        raise RuntimeError(
+            f"target {target}: lm_head(captured final state) does not reproduce the target's logits: max abs "
+            f"diff {diff:.4g} = {rel:.4g} of max |logit| {scale:.4g} > capture.verify_tolerance={tolerance}. "
+            "The captured final state is not what the logits come from (logit soft-capping or scaling after "
+            "lm_head?), so a draft trained on it would be wrong.")
+    return rel
+
+
+def _check_resumable(index: dict, expected: dict, out_dir: Path) -> None:
+    for key, value in expected.items():
+        if index.get(key) != value:
+            raise RuntimeError(f"{out_dir / INDEX}: a partial capture with {key}={index.get(key)!r}, but this run "
+                               f"has {key}={value!r}; delete {out_dir} to capture from scratch")
+
+
+def run_capture(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> dict:
+    """The `capture` stage (needs the `regen` stage)."""
+    if is_done(run_dir, STAGE):
+        return read_done(run_dir, STAGE)
+    if not is_done(run_dir, "regenerate"):
+        raise RuntimeError(f"{run_dir}: the regen stage has not finished; run it before capture")
+    t0 = time.time()
+    c, t = recipe.capture, recipe.target
+    out_dir = stage_dir(run_dir, STAGE)
+    model, _ = load_target(t.model, t.dtype, t.device, t.trust_remote_code)
+    cfg = text_config(model.config)
+    layer_ids = check_against_target(recipe, cfg.num_hidden_layers, cfg.vocab_size)
+    dtype = DTYPES[c.dtype]
+    header = {"target": t.model, "aux_layer_ids": layer_ids, "layer_id_convention": LAYER_ID_CONVENTION,
+              "hidden_size": cfg.hidden_size, "dtype": c.dtype}
+
+    seqs = read_sequences(run_dir)
+    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]["input_ids"]))  # stable: fixed across runs
+    batches = [order[i:i + c.batch_size] for i in range(0, len(order), c.batch_size)]
+
+    for stray in out_dir.glob(".*.tmp"):  # left by a killed process
+        stray.unlink()
+    shards: list[dict] = []
+    if (out_dir / INDEX).is_file():
+        index = read_index(out_dir)
+        _check_resumable(index, header, out_dir)
+        shards = index["shards"]
+    listed = {s["file"] for s in shards}
+    for f in out_dir.glob("shard-*.safetensors"):  # written, but the crash came before the index
+        if f.name not in listed:
+            f.unlink()
+    done = sum(s["num_sequences"] for s in shards)
+
+    def save_index() -> dict:
+        num_tokens = sum(s["num_tokens"] for s in shards)
+        index = {**header, "shards": shards, "num_sequences": sum(s["num_sequences"] for s in shards),
+                 "num_tokens": num_tokens,
+                 "bytes_per_token": sum(s["bytes"] for s in shards) / num_tokens if num_tokens else None}
+        write_json(out_dir / INDEX, index)
+        return index
+
+    index = save_index()
+    total_tokens = sum(len(s["input_ids"]) for s in seqs)
+    bar = tqdm(total=total_tokens, initial=sum(s["num_tokens"] for s in shards), desc="capture", unit="tok",
+               unit_scale=True, disable=not progress)
+    buffer: list[dict[str, torch.Tensor]] = []
+    buffered = 0
+    verified = None
+    new_tokens, fwd_s = 0, 0.0
+    with tapped(model, layer_ids) as tap:
+        for k in range(done // c.batch_size, len(batches)):
+            batch = [seqs[i] for i in batches[k]]
+            T = max(len(s["input_ids"]) for s in batch)
+            ids = torch.zeros((len(batch), T), dtype=torch.long)  # (B, T), right padded
+            mask = torch.zeros((len(batch), T), dtype=torch.long)
+            for b, s in enumerate(batch):
+                ids[b, :len(s["input_ids"])] = torch.tensor(s["input_ids"])
+                mask[b, :len(s["input_ids"])] = 1
+            ids, mask = ids.to(model.device), mask.to(model.device)
+            tf = time.time()
+            aux, final, logits = capture_batch(model, tap, ids, mask)
+            if verified is None:
+                verified = verify_final(model, final, logits, mask, c.verify_tolerance, t.model)
+            del logits
+            aux, final = aux.to(dtype).cpu(), final.to(dtype).cpu()  # (B, T, n_aux*H), (B, T, H)
+            fwd_s += time.time() - tf
+            for b, s in enumerate(batch):
+                if k * c.batch_size + b < done:  # already in a shard (resumed mid-batch)
+                    continue
+                L = len(s["input_ids"])
+                buffer.append({"aux": aux[b, :L], "final": final[b, :L],
+                               "input_ids": torch.tensor(s["input_ids"]),
+                               "loss_mask": torch.tensor(loss_mask(s))})
+                buffered += L
+                new_tokens += L
+                bar.update(L)
+                if buffered >= c.shard_tokens:
+                    shards.append(write_shard(out_dir / shard_name(len(shards)), buffer))
+                    index = save_index()
+                    buffer, buffered = [], 0
+        if buffer:
+            shards.append(write_shard(out_dir / shard_name(len(shards)), buffer))
+            index = save_index()
+    bar.close()
+
+    bpt = index["bytes_per_token"]
+    print(f"capture: {index['num_tokens']} tokens in {len(shards)} shards, {bpt:.1f} bytes/token "
+          f"(aux {len(layer_ids)}x{cfg.hidden_size} + final {cfg.hidden_size} in {c.dtype}, ids, mask)")
+    stats = {"num_sequences": index["num_sequences"], "num_tokens": index["num_tokens"], "num_shards": len(shards),
+             "bytes_per_token": bpt, "aux_layer_ids": layer_ids, "lm_head_max_rel_diff": verified,
+             "tokens_per_s": new_tokens / fwd_s if fwd_s > 0 else None, "wall_s": round(time.time() - t0, 3)}
+    mark_done(run_dir, STAGE, stats)
+    return stats

@@ -1,0 +1,176 @@
+"""The `regen` stage: the target answers every training prompt itself.
+
+The draft must learn the target's own distribution, so the answers in the data set are
+replaced by the target's generations. Each prompt is rendered with the target's chat template
+(`add_generation_prompt=True`), the target generates (greedy when `data.temperature == 0`),
+and the generated TOKEN IDS are kept as they are (never decoded and re-tokenized), cut at
+and including the first end-of-sequence token.
+
+    RUN/regenerate/part-00000.jsonl   {"id", "input_ids": prompt + generated, "prompt_len", "finished"}
+
+The loss mask of a sequence is 1 exactly on positions >= prompt_len (the generated tokens).
+Parts are written atomically, one per `part_batches` batches; a re-run keeps the complete
+parts and continues with the next one.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from eyas.data.prompts import read_prompts
+from eyas.data.target import load_target
+from eyas.io import is_done, mark_done, read_done, read_jsonl, stage_dir, write_jsonl
+from eyas.recipes.schema import Recipe
+
+STAGE = "regenerate"
+PART_BATCHES = 8  # batches per part file: what a crash can cost at most
+
+
+def render_prompt(tokenizer, messages: list[dict]) -> list[int]:
+    """The chat-template token ids of `messages` followed by the assistant generation prompt."""
+    out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    ids = out["input_ids"] if isinstance(out, Mapping) else out
+    return [int(t) for t in ids]
+
+
+def eos_token_ids(model, tokenizer) -> list[int]:
+    """End-of-sequence ids: the target's generation config (gpt-oss: <|return|>, <|call|>, …),
+    else the tokenizer's eos token."""
+    eos = model.generation_config.eos_token_id
+    if eos is None:
+        eos = tokenizer.eos_token_id
+    if eos is None:
+        raise ValueError(f"{model.name_or_path}: neither the generation config nor the tokenizer names an "
+                         "eos token, so generations could never finish")
+    return [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
+
+
+def pad_token_id(model, tokenizer, eos_ids: list[int]) -> int:
+    """The generation config's pad id, else the tokenizer's, else the first eos id."""
+    for pad in (model.generation_config.pad_token_id, tokenizer.pad_token_id):
+        if pad is not None:
+            return int(pad)
+    return eos_ids[0]
+
+
+def cut_at_eos(tokens: list[int], eos_ids: set[int]) -> tuple[list[int], bool]:
+    """-> (tokens up to and including the first eos, whether an eos was found)."""
+    for i, t in enumerate(tokens):
+        if t in eos_ids:
+            return tokens[:i + 1], True
+    return tokens, False
+
+
+def generate_batch(model, prompts: list[list[int]], *, eos_ids: list[int], pad_id: int, max_new_tokens: int,
+                   temperature: float, top_p: float) -> list[tuple[list[int], bool]]:
+    """Left-padded batched generation. -> per prompt (generated ids cut at eos, finished)."""
+    B, L = len(prompts), max(len(p) for p in prompts)
+    ids = torch.full((B, L), pad_id, dtype=torch.long)  # (B, L), left padded
+    mask = torch.zeros((B, L), dtype=torch.long)
+    for b, p in enumerate(prompts):
+        ids[b, L - len(p):] = torch.tensor(p)
+        mask[b, L - len(p):] = 1
+    sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": 0} if temperature > 0 \
+        else {"do_sample": False}
+    with torch.no_grad():
+        out = model.generate(input_ids=ids.to(model.device), attention_mask=mask.to(model.device),
+                             max_new_tokens=max_new_tokens, eos_token_id=eos_ids, pad_token_id=pad_id,
+                             **sampling)  # (B, L + n_new)
+    eos = set(eos_ids)
+    return [cut_at_eos(row, eos) for row in out[:, L:].tolist()]
+
+
+def loss_mask(seq: dict) -> list[int]:
+    """1 on the generated tokens (positions >= prompt_len), 0 on the prompt."""
+    n, p = len(seq["input_ids"]), seq["prompt_len"]
+    return [0] * p + [1] * (n - p)
+
+
+def part_path(run_dir: str | Path, index: int) -> Path:
+    return Path(run_dir) / STAGE / f"part-{index:05d}.jsonl"
+
+
+def read_sequences(run_dir: str | Path) -> list[dict]:
+    """Every stored sequence, in part order. -> [{"id", "input_ids", "prompt_len", "finished"}]."""
+    parts = sorted((Path(run_dir) / STAGE).glob("part-*.jsonl"))
+    return [row for p in parts for row in read_jsonl(p)]
+
+
+def run_regenerate(recipe: Recipe, run_dir: str | Path, progress: bool = True,
+                   part_batches: int = PART_BATCHES) -> dict:
+    """The `regen` stage. Prompts longer than `data.max_prompt_tokens` are skipped (cutting a
+    rendered chat prompt would cut off its generation prompt) and counted."""
+    if is_done(run_dir, STAGE):
+        return read_done(run_dir, STAGE)
+    if not is_done(run_dir, "prompts"):
+        raise RuntimeError(f"{run_dir}: the prompts stage has not finished; run it before regeneration")
+    t0 = time.time()
+    d, t = recipe.data, recipe.target
+    out_dir = stage_dir(run_dir, STAGE)
+    for stray in out_dir.glob(".*.tmp"):  # left by a killed process
+        stray.unlink()
+    model, tok = load_target(t.model, t.dtype, t.device, t.trust_remote_code)
+    eos_ids = eos_token_ids(model, tok)
+    pad_id = pad_token_id(model, tok, eos_ids)
+
+    rendered = [(p["id"], render_prompt(tok, p["messages"])) for p in read_prompts(run_dir, "train")]
+    kept = [(pid, ids) for pid, ids in rendered if len(ids) <= d.max_prompt_tokens]
+    if not kept:
+        raise RuntimeError(f"data.max_prompt_tokens={d.max_prompt_tokens}: every one of the {len(rendered)} "
+                           "training prompts is longer once rendered with the chat template")
+    kept.sort(key=lambda x: len(x[1]))  # stable: similar lengths share a batch, less padding
+    batches = [kept[i:i + d.batch_size] for i in range(0, len(kept), d.batch_size)]
+    parts = [batches[i:i + part_batches] for i in range(0, len(batches), part_batches)]
+
+    extra = sorted(q for q in out_dir.glob("part-*.jsonl") if int(q.stem.split("-")[1]) >= len(parts))
+    if extra:
+        raise RuntimeError(f"{extra[0]}: this run makes only {len(parts)} parts (the prompts or data settings "
+                           f"changed since it was written); delete {out_dir} to regenerate from scratch")
+    new_tokens, gen_s = 0, 0.0
+    bar = tqdm(total=len(batches), desc="regenerate", unit="batch", disable=not progress)
+    for p, part in enumerate(parts):
+        path = part_path(run_dir, p)
+        expected = [pid for batch in part for pid, _ in batch]
+        if path.is_file():
+            stored = [row["id"] for row in read_jsonl(path)]
+            if stored != expected:
+                raise RuntimeError(f"{path}: holds other prompts than this run would put there (the prompts, "
+                                   "data.batch_size or data.max_prompt_tokens changed since it was written); "
+                                   f"delete {out_dir} to regenerate from scratch")
+            bar.update(len(part))
+            continue
+        rows = []
+        for j, batch in enumerate(part):
+            torch.manual_seed(d.seed * 1_000_003 + p * part_batches + j)  # resume-stable sampling
+            tb = time.time()
+            gens = generate_batch(model, [ids for _, ids in batch], eos_ids=eos_ids, pad_id=pad_id,
+                                  max_new_tokens=d.max_new_tokens, temperature=d.temperature, top_p=d.top_p)
+            gen_s += time.time() - tb
+            for (pid, ids), (gen, finished) in zip(batch, gens):
+                rows.append({"id": pid, "input_ids": ids + gen, "prompt_len": len(ids), "finished": finished})
+                new_tokens += len(gen)
+            bar.update(1)
+            bar.set_postfix(tok_s=f"{new_tokens / max(gen_s, 1e-9):.0f}")
+        write_jsonl(path, rows)
+    bar.close()
+
+    seqs = read_sequences(run_dir)
+    gen_lens = [len(s["input_ids"]) - s["prompt_len"] for s in seqs]
+    stats = {
+        "num_prompts": len(rendered),
+        "num_skipped_long": len(rendered) - len(kept),
+        "num_sequences": len(seqs),
+        "num_parts": len(parts),
+        "mean_generated_tokens": sum(gen_lens) / len(seqs),
+        "fraction_finished": sum(s["finished"] for s in seqs) / len(seqs),
+        "generated_tokens_this_run": new_tokens,
+        "generation_tokens_per_s": new_tokens / gen_s if gen_s > 0 else None,
+        "wall_s": round(time.time() - t0, 3),
+    }
+    mark_done(run_dir, STAGE, stats)
+    return stats

@@ -1,0 +1,92 @@
+"""Tiny random gpt-oss targets with a word-level harmony-style tokenizer, for the data-stage tests.
+
+`make_tiny_target(dir)` writes an ordinary model directory (config, safetensors weights,
+generation config, tokenizer with a chat template) that `data.target.load_target` loads with
+`from_pretrained`, exactly as it loads openai/gpt-oss-120b.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+SPECIAL_TOKENS = ["<|start|>", "<|message|>", "<|channel|>", "<|end|>", "<|return|>", "<|pad|>"]
+WORDS = (
+    "system user assistant final analysis you are a helpful model what is the capital of france "
+    "tell me story about cat dog two plus three write poem on sea why sky blue how do birds fly "
+    "name some colors count to five explain gravity please thanks hello world good bad yes no "
+    "one four six seven eight nine ten red green"
+).split()
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|start|>{{ m['role'] }}<|message|>{{ m['content'] }}<|end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|start|>assistant<|channel|>final<|message|>{% endif %}"
+)
+
+
+def make_tokenizer():
+    """A word-level fast tokenizer: [UNK], the harmony special tokens, then WORDS."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {w: i for i, w in enumerate(["[UNK]"] + SPECIAL_TOKENS + WORDS)}
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, unk_token="[UNK]", pad_token="<|pad|>",
+                                  eos_token="<|return|>", additional_special_tokens=SPECIAL_TOKENS)
+    tok.chat_template = CHAT_TEMPLATE
+    return tok
+
+
+def make_tiny_target(path: str | Path, num_layers: int = 4, seed: int = 0) -> Path:
+    """Save a random GptOssForCausalLM (+ tokenizer, generation config) under `path`.
+
+    Its eos ids are <|return|> and <|end|>; with seed 0 greedy decoding reaches one of them
+    on some prompts and not on others."""
+    from transformers import GenerationConfig, GptOssConfig, GptOssForCausalLM
+
+    path = Path(path)
+    tok = make_tokenizer()
+    V = len(tok)
+    cfg = GptOssConfig(num_hidden_layers=num_layers, num_local_experts=4, num_experts_per_tok=2, vocab_size=V,
+                       hidden_size=64, intermediate_size=64, head_dim=16, num_attention_heads=4,
+                       num_key_value_heads=2, sliding_window=8, max_position_embeddings=512,
+                       rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, initializer_range=0.2,
+                       tie_word_embeddings=False, pad_token_id=tok.pad_token_id,
+                       eos_token_id=tok.convert_tokens_to_ids("<|return|>"))
+    torch.manual_seed(seed)
+    model = GptOssForCausalLM(cfg).eval()
+    eos = [tok.convert_tokens_to_ids("<|return|>"), tok.convert_tokens_to_ids("<|end|>")]
+    model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=tok.pad_token_id,
+                                               bos_token_id=None, do_sample=False)
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def write_prompts(path: str | Path, n: int, seed: int = 0) -> Path:
+    """`n` distinct OpenAI-layout records (a user turn of 2-10 words + an assistant answer
+    that regeneration replaces)."""
+    g = torch.Generator().manual_seed(seed)
+    texts: list[str] = []
+    while len(texts) < n:
+        k = int(torch.randint(2, 11, (1,), generator=g))
+        text = " ".join(WORDS[int(j)] for j in torch.randint(5, len(WORDS), (k,), generator=g))
+        if text not in texts:
+            texts.append(text)
+    path = Path(path)
+    path.write_text("".join(json.dumps({"messages": [{"role": "user", "content": t},
+                                                     {"role": "assistant", "content": "no"}]}) + "\n"
+                            for t in texts))
+    return path
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Run a test module on one CPU thread: tiny models are dominated by thread sync on a busy machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -1,0 +1,111 @@
+"""The whole pipeline on a tiny random gpt-oss target: report fields, and crash + resume."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from eyas import io
+from eyas.pipeline import STAGE_ORDER, prepare_run, run_all
+from eyas.recipes.schema import RecipeError, load_recipe
+
+from data_fixtures import make_tiny_target, write_prompts
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pipe")
+    target = make_tiny_target(root / "target", num_layers=4)
+    prompts = write_prompts(root / "prompts.jsonl", 24)
+    return root, target, prompts
+
+
+def recipe_for(target, prompts, **over):
+    raw = {
+        "name": "tiny",
+        "target": {"model": str(target)},
+        "data": {"prompts": str(prompts), "num_eval_prompts": 4, "max_new_tokens": 12, "batch_size": 8},
+        "capture": {"batch_size": 4, "shard_tokens": 96},
+        "vocab": {"draft_vocab_size": 40},
+        "train": {"max_steps": 4, "batch_size": 4, "ttt_steps": 3, "log_every": 1},
+        "eval": {"k": 3, "max_new_tokens": 12},
+    }
+    for k, v in over.items():
+        raw[k] = {**raw[k], **v}
+    return load_recipe(raw)
+
+
+def test_full_run_report(setup):
+    root, target, prompts = setup
+    run = root / "run-full"
+    run_all(recipe_for(target, prompts), run, progress=False)
+    report = json.loads((run / "report.json").read_text())
+    for key in ("acceptance_length", "k", "per_position_acceptance", "lossless", "num_prompts",
+                "tokens_per_second", "target_entropy", "stage_times"):
+        assert key in report, key
+    assert report["k"] == 3 and len(report["per_position_acceptance"]) == 3
+    assert report["num_prompts"] == 4
+    assert report["lossless"] is True
+    assert 1.0 <= report["acceptance_length"] <= 4.0
+    # tau is exactly 1 + the sum of the per-position rates
+    assert report["acceptance_length"] == pytest.approx(1 + sum(report["per_position_acceptance"]), abs=1e-9)
+    assert set(report["tokens_per_second"]) == {"speculative", "baseline"}
+    assert report["target_entropy"] > 0
+    assert set(report["stage_times"]) == set(STAGE_ORDER)
+    assert (run / "report.md").read_text().startswith("# eyas evaluation report")
+    # the eval prompts were held out: none of them was regenerated for training
+    train_ids = {r["id"] for r in io.read_jsonl(run / "prompts" / "train.jsonl")}
+    eval_ids = {r["id"] for r in io.read_jsonl(run / "prompts" / "eval.jsonl")}
+    assert len(eval_ids) == 4 and not train_ids & eval_ids
+
+
+def test_crash_then_resume(setup, monkeypatch):
+    root, target, prompts = setup
+    recipe = recipe_for(target, prompts)
+    clean = root / "run-clean"
+    run_all(recipe, clean, stages=("prompts", "regenerate", "capture"), progress=False)
+
+    run = root / "run-crash"
+    import eyas.data.capture as capture_mod
+
+    real_write = capture_mod.write_shard
+    calls = {"n": 0}
+
+    def crash_on_second(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("simulated crash")
+        return real_write(*a, **k)
+
+    monkeypatch.setattr(capture_mod, "write_shard", crash_on_second)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        run_all(recipe, run, stages=("prompts", "regenerate", "capture"), progress=False)
+    assert io.is_done(run, "regenerate") and not io.is_done(run, "capture")
+    assert not list((run / "capture").glob("*.tmp")) and not list((run / "capture").glob(".*tmp"))
+    monkeypatch.setattr(capture_mod, "write_shard", real_write)
+
+    # the re-run must not regenerate (generation would fail now) and must finish capture
+    import eyas.data.regenerate as regen_mod
+
+    def no_generation(*a, **k):
+        raise AssertionError("regenerate ran again")
+
+    monkeypatch.setattr(regen_mod, "generate_batch", no_generation)
+    run_all(recipe, run, stages=("prompts", "regenerate", "capture"), progress=False)
+    assert io.is_done(run, "capture")
+    a, b = sorted((clean / "capture").glob("shard-*")), sorted((run / "capture").glob("shard-*"))
+    assert [p.name for p in a] == [p.name for p in b] and len(a) >= 2
+    for pa, pb in zip(a, b):
+        ta, tb = load_file(str(pa)), load_file(str(pb))
+        assert ta.keys() == tb.keys()
+        assert all(torch.equal(ta[k], tb[k]) for k in ta)
+
+
+def test_changed_recipe_refused_for_finished_stage(setup):
+    root, target, prompts = setup
+    run = root / "run-change"
+    run_all(recipe_for(target, prompts), run, stages=("prompts",), progress=False)
+    with pytest.raises(RecipeError, match=r"stage 'prompts' is finished with a different recipe \(data.num_eval_prompts"):
+        prepare_run(recipe_for(target, prompts, data={"num_eval_prompts": 5}), run)
+    prepare_run(recipe_for(target, prompts, eval={"k": 2}), run)  # eval is not finished: fine
