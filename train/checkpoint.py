@@ -24,42 +24,6 @@ from .model import DraftConfig, Eagle3Draft
 LAYER_ID_CONVENTION = "vLLM: id k = input of decoder layer k (0-based) = HF hidden_states[k]"
 
 
-def eagle3_config(cfg: DraftConfig, dtype: torch.dtype = torch.bfloat16) -> dict:
-    """The config.json fields an EAGLE-3 loader reads (vLLM `LlamaForCausalLMEagle3`)."""
-    rope = dict(cfg.rope_parameters)
-    rope_theta = float(rope.get("rope_theta", 10000.0))
-    rope_scaling = None if rope.get("rope_type", "default") == "default" else \
-        {k: v for k, v in rope.items() if k != "rope_theta"}
-    return {
-        "architectures": ["LlamaForCausalLMEagle3"],
-        "model_type": "llama",
-        "hidden_size": cfg.hidden_size,
-        "target_hidden_size": cfg.target_hidden_size,
-        "intermediate_size": cfg.intermediate_size,
-        "num_attention_heads": cfg.num_attention_heads,
-        "num_key_value_heads": cfg.num_key_value_heads,
-        "head_dim": cfg.head_dim,
-        "num_hidden_layers": 1,
-        "hidden_act": cfg.hidden_act,
-        "rms_norm_eps": cfg.rms_norm_eps,
-        "vocab_size": cfg.vocab_size,
-        "draft_vocab_size": cfg.draft_vocab_size,
-        "max_position_embeddings": cfg.max_position_embeddings,
-        "rope_theta": rope_theta,
-        "rope_scaling": rope_scaling,
-        "rope_parameters": rope,
-        "attention_bias": False,
-        "mlp_bias": False,
-        "tie_word_embeddings": False,
-        "torch_dtype": str(dtype).replace("torch.", ""),
-        "eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids),
-        "eagle_config": {
-            "eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids),
-            "use_aux_hidden_state": True,
-        },
-    }
-
-
 def save_draft(draft: Eagle3Draft, out_dir: str | Path, dtype: torch.dtype | None = None,
                include_embeddings: bool = True, extra: dict | None = None) -> Path:
     """Write `out_dir` atomically. `extra` goes into config.json's "eyas" block (run metadata)."""
@@ -67,12 +31,12 @@ def save_draft(draft: Eagle3Draft, out_dir: str | Path, dtype: torch.dtype | Non
     dtype = dtype or next(draft.fc.parameters()).dtype
     tensors = {}
     for name, t in draft.state_dict().items():
-        if name.startswith("rotary."):
-            continue
         if name == "embed_tokens.weight" and not include_embeddings:
             continue
         t = t.detach().cpu()
         tensors[name] = t.to(dtype) if t.is_floating_point() else t
+    from eyas.serve.formats import eagle3_config  # the one definition of the EAGLE-3 config fields
+
     config = eagle3_config(draft.config, dtype)
     config["eyas"] = {"draft_config": draft.config.to_dict(), "layer_id_convention": LAYER_ID_CONVENTION,
                       **(extra or {})}
@@ -121,7 +85,6 @@ def load_draft(path: str | Path, device: str | torch.device = "cpu", dtype: torc
         state["embed_tokens.weight"] = embed
     draft = Eagle3Draft(cfg)
     missing, unexpected = draft.load_state_dict(state, strict=False)
-    missing = [m for m in missing if not m.startswith("rotary.")]
     if missing or unexpected:
         raise ValueError(f"{path}: checkpoint does not match the draft (missing {missing}, unexpected {unexpected})")
     return draft.to(device=device, dtype=dtype)

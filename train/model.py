@@ -127,12 +127,15 @@ class Rotary(nn.Module):
             scaling = 1.0
         else:
             inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](lcfg, "cpu")
-        self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
+        # a plain attribute, not a buffer: `.to(bfloat16)` on the draft must not round the frequencies
+        self.inv_freq = inv_freq.float()
         self.attention_scaling = float(scaling)
 
     def forward(self, position_ids: torch.Tensor, dtype: torch.dtype):
-        # position_ids (B, T) -> cos, sin (B, T, head_dim)
-        freqs = position_ids[..., None].float() * self.inv_freq.to(position_ids.device)
+        # position_ids (B, T) -> cos, sin (B, T, head_dim), computed in fp32
+        if self.inv_freq.device != position_ids.device:
+            self.inv_freq = self.inv_freq.to(position_ids.device)
+        freqs = position_ids[..., None].float() * self.inv_freq
         emb = torch.cat([freqs, freqs], dim=-1)
         return (emb.cos() * self.attention_scaling).to(dtype), (emb.sin() * self.attention_scaling).to(dtype)
 

@@ -1,0 +1,315 @@
+"""`eyas export`: write an eyas checkpoint in a published layout, checked and re-read.
+
+    eyas export RUN_OR_CKPT --format {eagle3,speculators} --out DIR
+                [--num-speculative-tokens 3] [--dtype bfloat16] [--include-embeddings]
+                [--engines vllm,sglang,trtllm] [--target TARGET]
+
+Order of work (nothing is written under DIR unless every step passes):
+  1. the draft itself: vocab map valid, SiLU MLP (the eyas layer);
+  2. against the target, when its config is readable: aux layer ids within its layer count
+     (vLLM numbering: id k = input of decoder layer k, so 1 <= k < N), hidden and vocab sizes;
+     when the target is a local directory, the draft's embedding equals the target's;
+  3. per engine (serve/engines.py): refused with the engine's reason;
+  4. tensors and config.json written to a temporary directory next to DIR (serve/formats.py);
+  5. re-read by the importer and run on a fixed batch: the logits (and d2t/t2d, and every config
+     field) must equal those of the source checkpoint with its weights rounded to the export
+     dtype — bit for bit, in fp32; then the directory is renamed into place.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from eyas.train.checkpoint import load_draft
+from eyas.train.model import DraftConfig, Eagle3Draft, KVCache
+
+from . import engines as engine_rules
+from .formats import (
+    FORMATS,
+    check_vocab_map,
+    eagle3_config,
+    parse_dtype,
+    plan_tensors,
+    speculators_config,
+)
+from .importer import load_published
+from .run_dir import resolve_checkpoint
+
+# Files an export directory may hold; anything else under --out is never replaced.
+EXPORT_FILES = {"config.json", "model.safetensors", "README.md", "eyas_report.json", "recipe.yaml"}
+
+
+class ExportError(ValueError):
+    """An export refused or failed its check; the message says why."""
+
+
+@dataclass
+class ExportResult:
+    path: Path
+    fmt: str
+    engines: tuple[str, ...]
+    dtype: torch.dtype
+    num_speculative_tokens: int
+    include_embeddings: bool
+    config: DraftConfig
+    target: str | None
+    notes: list[str] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------------------- checks
+
+
+def check_draft(draft: Eagle3Draft) -> None:
+    """What the eyas layer is, whatever the engine: SwiGLU with SiLU, a one-to-one vocab map."""
+    cfg = draft.config
+    if cfg.hidden_act != "silu":
+        raise ExportError(f"hidden_act {cfg.hidden_act!r}: the eyas MLP is SwiGLU with SiLU")
+    try:
+        check_vocab_map(draft.d2t, draft.t2d, cfg.draft_vocab_size, cfg.vocab_size, "checkpoint")
+    except ValueError as e:
+        raise ExportError(str(e)) from None
+
+
+def _local_target_dir(target: str) -> Path | None:
+    from eyas.data.target import DEMO_TARGET, resolve_path
+
+    if target == DEMO_TARGET or target.startswith(DEMO_TARGET + "/"):
+        return Path(resolve_path(target))
+    return Path(target) if Path(target).is_dir() else None
+
+
+def read_target_config(target: str | None, notes: list[str]):
+    """The target's text config, or None (with a note) when it cannot be read here."""
+    if not target:
+        notes.append("no target recorded; aux layer ids and sizes not checked against it")
+        return None
+    from eyas.data.target import load_target_config, text_config
+
+    if _local_target_dir(target) is not None:
+        return text_config(load_target_config(target))
+    try:
+        return text_config(load_target_config(target))
+    except OSError as e:
+        notes.append(f"config of target {target} not readable ({e.__class__.__name__}); aux layer ids and "
+                     "sizes not checked against it")
+        return None
+
+
+def check_against_target(cfg: DraftConfig, tcfg) -> None:
+    n_layers = tcfg.num_hidden_layers
+    bad = [k for k in cfg.aux_layer_ids if not 0 <= k < n_layers]
+    if bad:
+        raise ExportError(f"aux_layer_ids {cfg.aux_layer_ids}: {bad} out of range for a target with {n_layers} "
+                          "layers (vLLM convention: id k = input of decoder layer k, 0 <= k < N)")
+    if cfg.target_hidden_size != tcfg.hidden_size:
+        raise ExportError(f"target_hidden_size {cfg.target_hidden_size} != the target's hidden_size "
+                          f"{tcfg.hidden_size} (fc takes {len(cfg.aux_layer_ids)} target states)")
+    if cfg.vocab_size != tcfg.vocab_size:
+        raise ExportError(f"vocab_size {cfg.vocab_size} != the target's vocab_size {tcfg.vocab_size}")
+
+
+def check_embedding(draft: Eagle3Draft, target: str | None, dtype: torch.dtype, notes: list[str]) -> None:
+    """Engines run the draft with the target's embedding: the checkpoint's copy must equal it."""
+    local = _local_target_dir(target) if target else None
+    if local is None:
+        notes.append("embed_tokens not compared with the target's (the target is not a local directory)")
+        return
+    from eyas.data.target import load_head_weights
+
+    embed = load_head_weights(str(local))["embed"]
+    mine = draft.embed_tokens.weight.detach()
+    if tuple(embed.shape) != tuple(mine.shape):
+        raise ExportError(f"embed_tokens shape {tuple(mine.shape)} != the target's {tuple(embed.shape)}")
+    if not torch.equal(mine.to(dtype), embed.to(dtype)):
+        diff = (mine.float() - embed.float()).abs().max().item()
+        raise ExportError(f"embed_tokens differs from the embedding of target {target} (max |diff| {diff:.3g}); "
+                          "the draft must use the target's own embedding (engines substitute it)")
+
+
+def engine_check(cfg: DraftConfig, selected: tuple[str, ...], include_embeddings: bool,
+                 notes: list[str]) -> None:
+    refused = [f"{engine_rules.ENGINE_LABELS[e]}: {p}"
+               for e in selected for p in engine_rules.problems(cfg, e, include_embeddings)]
+    if refused:
+        raise ExportError("refused for " + "; ".join(refused)
+                          + " (narrow --engines to export for the other engines)")
+    for e in selected:
+        notes.extend(engine_rules.notes(cfg, e))
+
+
+# ---------------------------------------------------------------------------- validation
+
+
+def fixed_batch_outputs(draft: Eagle3Draft) -> list[torch.Tensor]:
+    """Logits of a fixed random batch: a 5-token prefix on fused aux states, then one chained step
+    on the draft's own output and its mapped guess. Deterministic for a given config."""
+    cfg = draft.config
+    g = torch.Generator().manual_seed(0)
+    B, T = 2, 5
+    ids = torch.randint(0, cfg.vocab_size, (B, T), generator=g)
+    aux = torch.randn(B, T, cfg.fc_in_features, generator=g)
+    pos = torch.arange(T).expand(B, T)
+    with torch.no_grad():
+        cache = KVCache()
+        hidden, first = draft.step(ids, draft.fuse(aux), pos, cache)
+        guess = draft.to_target_ids(first[:, -1:].argmax(-1))
+        _, second = draft.step(guess, hidden[:, -1:], pos[:, -1:] + 1, cache)
+    return [first, second]
+
+
+def round_to(draft: Eagle3Draft, dtype: torch.dtype) -> None:
+    """Round every floating parameter through `dtype` in place (what the export file holds)."""
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.copy_(p.to(dtype).to(p.dtype))
+
+
+def verify_export(path: Path, draft: Eagle3Draft) -> None:
+    """Re-read `path` with the importer; it must equal `draft` (already rounded to the export dtype)."""
+    imported, _, _ = load_published(path, embed=draft.embed_tokens.weight.detach())
+    mine, theirs = draft.config, imported.config
+    for f in dataclasses.fields(DraftConfig):
+        if f.name != "target_model" and getattr(mine, f.name) != getattr(theirs, f.name):
+            raise ExportError(f"export check failed: re-read {f.name} = {getattr(theirs, f.name)!r}, "
+                              f"the checkpoint has {getattr(mine, f.name)!r}")
+    for name in ("d2t", "t2d"):
+        if not torch.equal(getattr(draft, name), getattr(imported, name)):
+            raise ExportError(f"export check failed: re-read {name} differs from the checkpoint's")
+    for step, (a, b) in enumerate(zip(fixed_batch_outputs(draft), fixed_batch_outputs(imported))):
+        if not torch.equal(a, b):
+            raise ExportError(f"export check failed: step {step} logits of the re-read export differ from the "
+                              f"checkpoint's (max |diff| {(a - b).abs().max().item():.3g})")
+
+
+# ---------------------------------------------------------------------------- writing
+
+
+def _verifier(cfg: DraftConfig, target: str | None, tcfg, notes: list[str]) -> tuple[str, list[str]]:
+    if not target:
+        raise ExportError("the speculators format names the verifier (target) model, and the checkpoint records "
+                          "none; pass --target")
+    if _local_target_dir(target) is not None:
+        notes.append(f"verifier recorded as {target}, a local path: `vllm serve` of this export only works "
+                     "where that path exists")
+    architectures = list(getattr(tcfg, "architectures", None) or []) if tcfg is not None else []
+    if not architectures:
+        notes.append("verifier architectures unknown (target config not readable); written as []")
+    return target, architectures
+
+
+def _write(tmp: Path, draft: Eagle3Draft, fmt: str, dtype: torch.dtype, include_embeddings: bool,
+           config: dict) -> None:
+    state = draft.state_dict()
+    tensors = {p.name: state[p.source].detach().to(p.dtype).contiguous()
+               for p in plan_tensors(draft.config, fmt, dtype, include_embeddings)}
+    save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
+def _replace_dir(tmp: Path, out_dir: Path) -> None:
+    if out_dir.exists():
+        other = sorted(p.name for p in out_dir.iterdir()) if out_dir.is_dir() else [out_dir.name]
+        if not out_dir.is_dir() or set(other) - EXPORT_FILES:
+            raise ExportError(f"refusing to replace {out_dir}: it holds files an export does not write ({other})")
+        old = out_dir.with_name(f".{out_dir.name}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(out_dir, old)
+        os.replace(tmp, out_dir)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, out_dir)
+
+
+def export(src: str | Path, fmt: str, out_dir: str | Path, *, dtype: str | torch.dtype = "bfloat16",
+           num_speculative_tokens: int = 3, include_embeddings: bool = False,
+           engines: tuple[str, ...] | list[str] | None = None, target: str | None = None) -> ExportResult:
+    """Export the checkpoint of a run (or a checkpoint directory) to `out_dir` in layout `fmt`.
+
+    `engines` (default: every engine that loads `fmt`) are the engines the export is checked
+    for; `target` overrides the checkpoint's recorded target (e.g. a local copy of it)."""
+    if fmt not in FORMATS:
+        raise ExportError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    dtype = parse_dtype(dtype) if isinstance(dtype, str) else dtype
+    if num_speculative_tokens < 1:
+        raise ExportError(f"num_speculative_tokens must be >= 1, got {num_speculative_tokens}")
+    selected = tuple(engines) if engines else engine_rules.FORMAT_ENGINES[fmt]
+    unsupported = [e for e in selected if e not in engine_rules.FORMAT_ENGINES[fmt]]
+    if unsupported:
+        raise ExportError(f"engines {unsupported} do not load the {fmt} format "
+                          f"(it is loaded by {', '.join(engine_rules.FORMAT_ENGINES[fmt])})")
+
+    checkpoint = resolve_checkpoint(src)
+    draft = load_draft(checkpoint, dtype=torch.float32).eval()
+    cfg = draft.config
+    target = target or cfg.target_model
+    notes: list[str] = []
+    check_draft(draft)
+    tcfg = read_target_config(target, notes)
+    if tcfg is not None:
+        check_against_target(cfg, tcfg)
+    engine_check(cfg, selected, include_embeddings, notes)
+    if target:
+        check_embedding(draft, target, dtype, notes)
+    if fmt == "eagle3":
+        config = eagle3_config(cfg, dtype)
+    else:
+        verifier, architectures = _verifier(cfg, target, tcfg, notes)
+        config = speculators_config(cfg, dtype, num_speculative_tokens, verifier, architectures)
+
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        _write(tmp, draft, fmt, dtype, include_embeddings, config)
+        round_to(draft, dtype)
+        verify_export(tmp, draft)
+        _replace_dir(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return ExportResult(path=out_dir, fmt=fmt, engines=selected, dtype=dtype,
+                        num_speculative_tokens=num_speculative_tokens, include_embeddings=include_embeddings,
+                        config=cfg, target=target, notes=notes)
+
+
+def main_export(argv: list[str] | None = None) -> int:
+    """`eyas export RUN_OR_CKPT --format {eagle3,speculators} --out DIR [...]`."""
+    parser = argparse.ArgumentParser(prog="eyas export", description="Write an eyas draft in a published "
+                                     "EAGLE-3 layout, checked for the serving engines and re-read.")
+    parser.add_argument("src", help="run directory (uses RUN/train/checkpoint-final) or eyas checkpoint")
+    parser.add_argument("--format", required=True, choices=FORMATS, dest="fmt")
+    parser.add_argument("--out", required=True, help="directory to write")
+    parser.add_argument("--num-speculative-tokens", type=int, default=3,
+                        help="speculators format: proposal_methods[0].speculative_tokens (default 3)")
+    parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
+    parser.add_argument("--include-embeddings", action="store_true",
+                        help="also write embed_tokens.weight (the target's; engines share the target's "
+                             "embedding, so it is only needed when hidden sizes differ)")
+    parser.add_argument("--engines", help="comma-separated engines to check for (default: all that load the "
+                                          "format: eagle3 -> vllm,sglang,trtllm; speculators -> vllm)")
+    parser.add_argument("--target", help="target model (directory or hub id); default: the one the checkpoint "
+                                         "records")
+    args = parser.parse_args(argv)
+    engines = tuple(e.strip() for e in args.engines.split(",") if e.strip()) if args.engines else None
+    try:
+        result = export(args.src, args.fmt, args.out, dtype=args.dtype,
+                        num_speculative_tokens=args.num_speculative_tokens,
+                        include_embeddings=args.include_embeddings, engines=engines, target=args.target)
+    except (ValueError, OSError) as e:
+        print(f"eyas export: error: {e}", file=sys.stderr)
+        return 1
+    for note in result.notes:
+        print(f"eyas export: note: {note}", file=sys.stderr)
+    print(result.path)
+    return 0

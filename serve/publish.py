@@ -1,0 +1,103 @@
+"""`eyas publish`: a run's draft on the Hugging Face Hub, with a model card of its measurements.
+
+    eyas publish RUN --repo ORG/NAME [--private] [--revision BRANCH] [--dry-run] [--out DIR]
+
+The folder uploaded is the eagle3 export of RUN/train/checkpoint-final (checked for vLLM,
+SGLang and TensorRT-LLM, re-read by eyas), README.md (serve/model_card.py), and the run's
+report.json (as eyas_report.json) and recipe.yaml. The token is huggingface_hub's usual one
+(HF_TOKEN, or the one `hf auth login` stored); it is checked before any work. `--dry-run`
+builds the folder, uploads nothing and prints its path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from .export import export
+from .model_card import HUB_ID, render_model_card
+from .run_dir import load_run
+
+
+class PublishError(ValueError):
+    """Publishing cannot proceed; the message says what to do."""
+
+
+@dataclass
+class Published:
+    folder: Path
+    url: str | None  # None for a dry run
+
+
+def hub_token() -> str:
+    from huggingface_hub import get_token
+
+    token = get_token()
+    if not token:
+        raise PublishError("no Hugging Face token: run `hf auth login` (formerly `huggingface-cli login`) "
+                           "or set HF_TOKEN, then publish again (or use --dry-run to only build the folder)")
+    return token
+
+
+def publish(run: str | Path, repo: str, private: bool = False, revision: str | None = None,
+            dry_run: bool = False, out: str | Path | None = None, license: str = "apache-2.0",
+            num_speculative_tokens: int | None = None,
+            engines: tuple[str, ...] | list[str] | None = None) -> Published:
+    """Build the folder for `repo` from `run` and upload it (unless `dry_run`).
+
+    `num_speculative_tokens` (default: the report's k, else 3) goes into the serving commands."""
+    if not HUB_ID.match(repo):
+        raise PublishError(f"--repo {repo!r}: expected ORG/NAME")
+    token = None if dry_run else hub_token()
+    finished = load_run(run)
+    k = num_speculative_tokens or finished.report.get("k") or 3
+    folder = Path(out) if out else Path(tempfile.mkdtemp(prefix="eyas-publish-")) / repo.split("/")[-1]
+    result = export(finished.checkpoint, "eagle3", folder, num_speculative_tokens=k, engines=engines)
+    (folder / "README.md").write_text(render_model_card(finished, repo, result, k, license))
+    shutil.copyfile(finished.root / "report.json", folder / "eyas_report.json")
+    (folder / "recipe.yaml").write_text(finished.recipe_text)
+    if dry_run:
+        return Published(folder=folder, url=None)
+
+    from huggingface_hub import HfApi
+
+    api = HfApi(token=token)
+    repo_url = api.create_repo(repo, private=private, exist_ok=True, repo_type="model")
+    if revision:
+        api.create_branch(repo, branch=revision, exist_ok=True, repo_type="model")
+    api.upload_folder(repo_id=repo, folder_path=str(folder), revision=revision, repo_type="model",
+                      commit_message=f"eyas publish {finished.root.name}")
+    url = str(repo_url) + (f"/tree/{revision}" if revision else "")
+    return Published(folder=folder, url=url)
+
+
+def main_publish(argv: list[str] | None = None) -> int:
+    """`eyas publish RUN --repo ORG/NAME [--private] [--revision BRANCH] [--dry-run] [--out DIR]`."""
+    parser = argparse.ArgumentParser(prog="eyas publish", description="Upload a run's EAGLE-3 draft to the "
+                                     "Hugging Face Hub with a model card of its measured acceptance.")
+    parser.add_argument("run", help="finished run directory (train/checkpoint-final, report.json, recipe.yaml)")
+    parser.add_argument("--repo", required=True, help="hub repo id ORG/NAME")
+    parser.add_argument("--private", action="store_true", help="create the repo private")
+    parser.add_argument("--revision", help="branch to upload to (created if missing)")
+    parser.add_argument("--dry-run", action="store_true", help="build the folder, upload nothing, print its path")
+    parser.add_argument("--out", help="folder to build (default: a new temporary directory)")
+    parser.add_argument("--license", default="apache-2.0", help="license in the model card (default apache-2.0)")
+    parser.add_argument("--num-speculative-tokens", type=int,
+                        help="k in the serving commands (default: the report's k)")
+    parser.add_argument("--engines", help="comma-separated engines to check and document "
+                                          "(default vllm,sglang,trtllm)")
+    args = parser.parse_args(argv)
+    engines = tuple(e.strip() for e in args.engines.split(",") if e.strip()) if args.engines else None
+    try:
+        published = publish(args.run, args.repo, private=args.private, revision=args.revision,
+                            dry_run=args.dry_run, out=args.out, license=args.license,
+                            num_speculative_tokens=args.num_speculative_tokens, engines=engines)
+    except (ValueError, OSError) as e:
+        print(f"eyas publish: error: {e}", file=sys.stderr)
+        return 1
+    print(published.folder if args.dry_run else published.url)
+    return 0

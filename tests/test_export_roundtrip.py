@@ -1,0 +1,137 @@
+"""eyas -> published layout -> eyas gives identical logits, and exports refuse what engines cannot serve."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from eyas.serve import export as export_mod
+from eyas.serve.export import ExportError, export, fixed_batch_outputs, main_export
+from eyas.serve.importer import import_draft
+from eyas.train.checkpoint import load_draft, save_draft
+from test_export_support import YARN, make_draft, tiny_target
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    return tiny_target(tmp_path_factory.mktemp("target"))
+
+
+def saved(tmp_path, draft, name="ckpt"):
+    return save_draft(draft, tmp_path / name, dtype=torch.float32)
+
+
+def same_outputs(a, b):
+    return all(torch.equal(x, y) for x, y in zip(fixed_batch_outputs(a), fixed_batch_outputs(b)))
+
+
+@pytest.mark.parametrize("fmt", ["eagle3", "speculators"])
+@pytest.mark.parametrize("rope", [None, YARN])
+def test_round_trip_identical_logits(tmp_path, target, fmt, rope):
+    ckpt = saved(tmp_path, make_draft(0, target, rope))
+    result = export(ckpt, fmt, tmp_path / "out", dtype="float32", num_speculative_tokens=5)
+    # eagle3 names no target; speculators names it as verifier, so the import finds the embedding itself
+    back = import_draft(tmp_path / "out", tmp_path / "back", target=str(target) if fmt == "eagle3" else None)
+    a, b = load_draft(ckpt), load_draft(back)
+    assert same_outputs(a, b)
+    assert torch.equal(a.d2t, b.d2t) and torch.equal(a.t2d, b.t2d)
+    assert b.config.aux_layer_ids == [2, 4, 6] and b.config.rope_parameters == a.config.rope_parameters
+    assert b.config.target_model == str(target)
+    assert result.engines == (("vllm", "sglang", "trtllm") if fmt == "eagle3" else ("vllm",))
+
+
+def test_bf16_export_is_checked_against_rounded_weights(tmp_path, target):
+    ckpt = saved(tmp_path, make_draft(1, target))
+    export(ckpt, "eagle3", tmp_path / "out")  # verify_export passed inside
+    tensors = load_file(str(tmp_path / "out" / "model.safetensors"))
+    assert tensors["fc.weight"].dtype == torch.bfloat16 and tensors["d2t"].dtype == torch.int64
+    assert tensors["t2d"].dtype == torch.bool and "embed_tokens.weight" not in tensors
+    source = load_draft(ckpt)
+    assert torch.equal(tensors["fc.weight"], source.fc.weight.to(torch.bfloat16))
+
+
+def test_run_directory_and_included_embeddings(tmp_path, target):
+    run = tmp_path / "run"
+    save_draft(make_draft(2, target), run / "train" / "checkpoint-final", dtype=torch.float32)
+    export(run, "eagle3", tmp_path / "out", include_embeddings=True)
+    tensors = load_file(str(tmp_path / "out" / "model.safetensors"))
+    assert tensors["embed_tokens.weight"].shape == (97, 32)
+
+
+def test_a_wrong_config_fails_the_export_loudly(tmp_path, target, monkeypatch):
+    ckpt = saved(tmp_path, make_draft(3, target))
+    real = export_mod.eagle3_config
+
+    def wrong_theta(cfg, dtype):
+        config = real(cfg, dtype)
+        config["rope_parameters"] = {"rope_type": "default", "rope_theta": 20000.0}
+        return config
+
+    monkeypatch.setattr(export_mod, "eagle3_config", wrong_theta)
+    with pytest.raises(ExportError, match="re-read rope_parameters"):
+        export(ckpt, "eagle3", tmp_path / "out", dtype="float32")
+    assert not (tmp_path / "out").exists()
+
+
+def test_engine_refusals_name_the_engine_and_reason(tmp_path, target):
+    ckpt = saved(tmp_path, make_draft(4, target, aux=(1, 3, 5, 6)))
+    with pytest.raises(ExportError) as err:
+        export(ckpt, "eagle3", tmp_path / "out")
+    assert "vLLM: 4 aux layers" in str(err.value) and "SGLang: 4 aux layers" in str(err.value)
+    assert "TensorRT-LLM" not in str(err.value)
+    result = export(ckpt, "eagle3", tmp_path / "out", engines=["trtllm"])  # TRT-LLM takes any count
+    assert result.engines == ("trtllm",)
+    with pytest.raises(ExportError, match="do not load the speculators format"):
+        export(ckpt, "speculators", tmp_path / "out2", engines=["sglang"])
+
+
+@pytest.mark.parametrize("aux,message", [((4, 2, 6), "not strictly increasing"), ((0, 2, 6), "id 0"),
+                                         ((2, 4, 8), "out of range for a target with 8 layers")])
+def test_aux_layer_ids_checked(tmp_path, target, aux, message):
+    ckpt = saved(tmp_path, make_draft(5, target, aux=aux))
+    with pytest.raises(ExportError, match=message):
+        export(ckpt, "eagle3", tmp_path / "out")
+
+
+def test_dynamic_rope_refused(tmp_path, target):
+    ckpt = saved(tmp_path, make_draft(6, target, rope={"rope_type": "dynamic", "rope_theta": 10000.0,
+                                                        "factor": 2.0}))
+    with pytest.raises(ExportError, match="rope_type 'dynamic'"):
+        export(ckpt, "eagle3", tmp_path / "out")
+
+
+def test_embedding_must_be_the_targets(tmp_path, target):
+    draft = make_draft(7, target)
+    with torch.no_grad():
+        draft.embed_tokens.weight[3] += 1.0
+    with pytest.raises(ExportError, match="embed_tokens differs from the embedding of target"):
+        export(saved(tmp_path, draft), "eagle3", tmp_path / "out")
+
+
+def test_speculators_config_and_names(tmp_path, target):
+    ckpt = saved(tmp_path, make_draft(8, target, rope=YARN))
+    export(ckpt, "speculators", tmp_path / "out", num_speculative_tokens=4)
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["speculators_model_type"] == "eagle3" and config["norm_before_residual"] is False
+    method = config["speculators_config"]["proposal_methods"][0]
+    assert method == {"proposal_type": "greedy", "speculative_tokens": 4, "verifier_accept_k": 1,
+                      "accept_tolerance": 0.0}
+    assert config["speculators_config"]["verifier"] == {"name_or_path": str(target),
+                                                        "architectures": ["LlamaForCausalLM"]}
+    names = set(load_file(str(tmp_path / "out" / "model.safetensors")))
+    assert "layers.0.self_attn.q_proj.weight" in names and not any(n.startswith("midlayer.") for n in names)
+
+
+def test_cli(tmp_path, target, capsys):
+    ckpt = saved(tmp_path, make_draft(9, target))
+    assert main_export([str(ckpt), "--format", "eagle3", "--out", str(tmp_path / "out")]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / "out")
+    assert main_export([str(tmp_path / "nowhere"), "--format", "eagle3", "--out", str(tmp_path / "x")]) == 1
+    assert "neither an eyas checkpoint" in capsys.readouterr().err
+    # an existing directory with foreign files is never replaced
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "notes.txt").write_text("mine")
+    assert main_export([str(ckpt), "--format", "eagle3", "--out", str(tmp_path / "busy")]) == 1
+    assert "refusing to replace" in capsys.readouterr().err
+    assert (tmp_path / "busy" / "notes.txt").read_text() == "mine"
