@@ -262,10 +262,11 @@ def check_against_target(r: Recipe, num_layers: int, vocab_size: int) -> list[in
 
 def default_aux_layer_ids(num_layers: int) -> list[int]:
     """vLLM's default EAGLE-3 aux layers: inputs of layers [2, N//2, N-3]."""
-    ids = [2, num_layers // 2, num_layers - 3]
-    if num_layers < 6:  # tiny targets: keep ids distinct and in range
-        ids = sorted({min(max(i, 0), num_layers - 1) for i in ids})
-    return ids
+    if num_layers >= 6:
+        return [2, num_layers // 2, num_layers - 3]
+    # tiny targets: three distinct ids where possible (vLLM and SGLang build fc for exactly 3),
+    # never 0 (the embeddings; engines number from the output of layer 0)
+    return sorted({min(i, num_layers - 1) for i in (1, max(num_layers // 2, 1), num_layers - 1)})
 
 
 # --------------------------------------------------------------------------- loading

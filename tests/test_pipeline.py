@@ -36,10 +36,16 @@ def recipe_for(target, prompts, **over):
     return load_recipe(raw)
 
 
-def test_full_run_report(setup):
+@pytest.fixture(scope="module")
+def full_run(setup):
     root, target, prompts = setup
     run = root / "run-full"
     run_all(recipe_for(target, prompts), run, progress=False)
+    return run
+
+
+def test_full_run_report(full_run):
+    run = full_run
     report = json.loads((run / "report.json").read_text())
     for key in ("acceptance_length", "k", "per_position_acceptance", "lossless", "num_prompts",
                 "tokens_per_second", "target_entropy", "stage_times"):
@@ -109,3 +115,28 @@ def test_changed_recipe_refused_for_finished_stage(setup):
     with pytest.raises(RecipeError, match=r"stage 'prompts' is finished with a different recipe \(data.num_eval_prompts"):
         prepare_run(recipe_for(target, prompts, data={"num_eval_prompts": 5}), run)
     prepare_run(recipe_for(target, prompts, eval={"k": 2}), run)  # eval is not finished: fine
+
+
+def test_eval_compares_imported_published_draft(setup, full_run, capsys):
+    """Our draft exported to the EAGLE-3 release layout and imported back sits beside ours in one
+    `eyas eval` command, in the same report format, with the same numbers."""
+    from eyas.cli import main
+    from eyas.serve.export import export
+    from eyas.serve.importer import import_draft
+
+    root, target, prompts = setup
+    ours = full_run / "train" / "checkpoint-final"
+    export(ours, "eagle3", root / "published", dtype="float32")
+    import_draft(root / "published", root / "imported", target=str(target))  # embedding from the target
+    rc = main(["eval", str(full_run), "--draft", f"eyas={ours}", "--draft", f"published={root / 'imported'}",
+               "--k", "1", "--k", "3", "--no-progress"])
+    assert rc == 0
+    report = json.loads((full_run / "report.json").read_text())
+    got = {(r["draft"], r["k"]): r for r in report["results"]}
+    assert set(got) == {("eyas", 1), ("eyas", 3), ("published", 1), ("published", 3)}
+    for k in (1, 3):
+        assert got[("eyas", k)]["acceptance_length"] == got[("published", k)]["acceptance_length"]
+        assert got[("eyas", k)]["per_position_acceptance"] == got[("published", k)]["per_position_acceptance"]
+        assert len(got[("eyas", k)]["per_position_acceptance"]) == k
+    assert report["lossless"] is True
+    assert "published" in capsys.readouterr().out

@@ -62,7 +62,7 @@ def test_checks_against_target():
 def test_default_layer_ids_follow_vllm():
     assert default_aux_layer_ids(36) == [2, 18, 33]  # gpt-oss-120b
     assert default_aux_layer_ids(24) == [2, 12, 21]  # gpt-oss-20b
-    assert default_aux_layer_ids(4) == [1, 2]  # tiny: clipped, distinct, in range
+    assert default_aux_layer_ids(4) == [1, 2, 3]  # tiny: three distinct, in range, not 0
 
 
 def test_dotted_overrides():
