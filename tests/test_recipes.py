@@ -74,3 +74,10 @@ def test_dotted_overrides():
         load_recipe("demo", ["eval.kk=3"])
     with pytest.raises(RecipeError, match=r"override 'trainlr': expected key.sub=value"):
         load_recipe("demo", ["trainlr"])
+
+
+def test_shipped_gpt_oss_recipe():
+    r = load_recipe("gpt-oss-120b")
+    assert r.target.model == "openai/gpt-oss-120b"
+    assert check_against_target(r, num_layers=36, vocab_size=201088) == [2, 18, 33]
+    assert r.draft.intermediate_size == 17280 and r.vocab.draft_vocab_size == 32000
