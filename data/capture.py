@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 
 from eyas.data.regenerate import loss_mask, read_sequences
 from eyas.data.shards import INDEX, read_index, shard_name, write_shard
-from eyas.data.target import load_target, tapped, text_config
+from eyas.data.target import StopForward, load_target, tapped, text_config
 from eyas.io import is_done, mark_done, read_done, stage_dir, write_json
 from eyas.recipes.schema import Recipe, check_against_target
 
@@ -37,16 +37,22 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 def capture_batch(model, tap, input_ids: torch.Tensor, attention_mask: torch.Tensor):
     """One forward of the target with `tap` attached.
 
-    input_ids, attention_mask (B, T) -> aux (B, T, n_aux*H), final (B, T, H), logits (B, T, V)."""
+    input_ids, attention_mask (B, T) -> aux (B, T, n_aux*H), final (B, T, H), logits (B, T, V),
+    or logits None when the tap stops the forward at the lm_head input (`tap.stop_at_final`)."""
+    tap.final = None
+    logits = None
     with torch.no_grad():
-        out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        try:
+            logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+        except StopForward:
+            pass
     final = tap.final
     if final is None or final.shape[:2] != input_ids.shape:
         raise RuntimeError(f"{model.name_or_path}: the lm_head hook saw "
                            f"{None if final is None else tuple(final.shape)} for input of shape "
                            f"{tuple(input_ids.shape)}; the model does not apply its output embedding module "
                            "to every position")
-    return tap.aux, final, out.logits
+    return tap.aux, final, logits
 
 
 def verify_final(model, final: torch.Tensor, logits: torch.Tensor, attention_mask: torch.Tensor,
@@ -137,8 +143,9 @@ def run_capture(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> d
             ids, mask = ids.to(model.device), mask.to(model.device)
             tf = time.time()
             aux, final, logits = capture_batch(model, tap, ids, mask)
-            if verified is None:
+            if verified is None:  # first batch: full logits once, to check the final state against them
                 verified = verify_final(model, final, logits, mask, c.verify_tolerance, t.model)
+                tap.stop_at_final = True  # later batches skip the lm_head
             del logits
             aux, final = aux.to(dtype).cpu(), final.to(dtype).cpu()  # (B, T, n_aux*H), (B, T, H)
             fwd_s += time.time() - tf
