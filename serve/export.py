@@ -21,16 +21,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
-import shutil
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 
+from eyas import io
 from eyas.train.checkpoint import load_draft
 from eyas.train.model import DraftConfig, Eagle3Draft, KVCache
 
@@ -217,18 +215,12 @@ def _write(tmp: Path, draft: Eagle3Draft, fmt: str, dtype: torch.dtype, include_
     (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
-def _replace_dir(tmp: Path, out_dir: Path) -> None:
+def _check_replaceable(out_dir: Path) -> None:
+    """Never replace a directory holding files an export does not write."""
     if out_dir.exists():
         other = sorted(p.name for p in out_dir.iterdir()) if out_dir.is_dir() else [out_dir.name]
         if not out_dir.is_dir() or set(other) - EXPORT_FILES:
             raise ExportError(f"refusing to replace {out_dir}: it holds files an export does not write ({other})")
-        old = out_dir.with_name(f".{out_dir.name}.old")
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(out_dir, old)
-        os.replace(tmp, out_dir)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, out_dir)
 
 
 def export(src: str | Path, fmt: str, out_dir: str | Path, *, dtype: str | torch.dtype = "bfloat16",
@@ -268,16 +260,11 @@ def export(src: str | Path, fmt: str, out_dir: str | Path, *, dtype: str | torch
         config = speculators_config(cfg, dtype, num_speculative_tokens, verifier, architectures)
 
     out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    try:
+    _check_replaceable(out_dir)
+    with io.atomic_dir(out_dir) as tmp:  # nothing lands under out_dir unless the re-read matches
         _write(tmp, draft, fmt, dtype, include_embeddings, config)
         round_to(draft, dtype)
         verify_export(tmp, draft)
-        _replace_dir(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return ExportResult(path=out_dir, fmt=fmt, engines=selected, dtype=dtype,
                         num_speculative_tokens=num_speculative_tokens, include_embeddings=include_embeddings,
                         config=cfg, target=target, notes=notes)

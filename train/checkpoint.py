@@ -11,13 +11,12 @@ leaves a half-written checkpoint under its final name.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
+
+from eyas import io
 
 from .model import DraftConfig, Eagle3Draft
 
@@ -40,23 +39,10 @@ def save_draft(draft: Eagle3Draft, out_dir: str | Path, dtype: torch.dtype | Non
     config = eagle3_config(draft.config, dtype)
     config["eyas"] = {"draft_config": draft.config.to_dict(), "layer_id_convention": LAYER_ID_CONVENTION,
                       **(extra or {})}
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    try:
+    with io.atomic_dir(out_dir) as tmp:
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / "model.safetensors"),
                   metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        if out_dir.exists():
-            old = out_dir.with_name(f".{out_dir.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(out_dir, old)
-            os.replace(tmp, out_dir)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out_dir
 
 
