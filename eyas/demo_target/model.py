@@ -1,0 +1,39 @@
+"""The demo target's architecture: transformers' own `GptOssForCausalLM`, in miniature.
+
+Everything gpt-oss-120b has that a draft head or a speculative decoder must cope with is here:
+a mixture of experts (top-2 of 8 local experts per token), attention sinks, grouped-query
+attention, and alternating sliding-window / full attention layers, with a window (32 tokens)
+shorter than a typical conversation, so the sliding layers really do forget the question.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import GptOssConfig, GptOssForCausalLM
+
+ARCHITECTURE = dict(
+    num_hidden_layers=4,  # layer_types default: sliding, full, sliding, full
+    hidden_size=128,
+    intermediate_size=256,  # per expert
+    num_local_experts=8,
+    num_experts_per_tok=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    sliding_window=32,
+    max_position_embeddings=2048,
+    rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    tie_word_embeddings=False,
+)
+
+
+def demo_config(tokenizer) -> GptOssConfig:
+    """The demo architecture sized to `tokenizer`, with its bos/eos/pad ids (eos = `<|return|>`)."""
+    return GptOssConfig(vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id,
+                        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, **ARCHITECTURE)
+
+
+def init_model(tokenizer, seed: int) -> GptOssForCausalLM:
+    """A freshly initialised float32 demo target (deterministic in `seed`)."""
+    torch.manual_seed(seed)
+    return GptOssForCausalLM(demo_config(tokenizer)).float()
