@@ -9,7 +9,10 @@ import torch
 from eyas.serve.speculative import DraftRunner, greedy_generate, speculative_generate
 from eyas.train.model import DraftConfig, Eagle3Draft
 
+from data_fixtures import one_thread  # noqa: F401  (tiny models: one thread is faster)
 from tiny_targets import tiny_gpt_oss
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def draft_for(target, seed):
