@@ -54,7 +54,11 @@ def main(argv: list[str] | None = None) -> int:
     ev.add_argument("--prompts", action="append", help="BENCHMARK=FILE (repeatable); default held-out prompts")
     for name in ("export", "import", "publish", "demo-target"):
         sub.add_parser(name, help=f"see `eyas {name} --help`", add_help=False)
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)  # overrides may also follow the options
+    stray = [e for e in extra if e.startswith("-") or "=" not in e]
+    if stray:
+        parser.error(f"unrecognized arguments: {' '.join(stray)}")
+    args.overrides = list(args.overrides) + extra
 
     from eyas.pipeline import check_target, prepare_run, recipe_and_run, run_all, stage_fn
 

@@ -81,3 +81,15 @@ def test_shipped_gpt_oss_recipe():
     assert r.target.model == "openai/gpt-oss-120b"
     assert check_against_target(r, num_layers=36, vocab_size=201088) == [2, 18, 33]
     assert r.draft.intermediate_size == 17280 and r.vocab.draft_vocab_size == 32000
+
+
+def test_cli_overrides_after_options(tmp_path, capsys):
+    """`eyas <stage> RECIPE --out DIR key=value` and `eyas <stage> RECIPE key=value --out DIR` agree;
+    a bad override is a recipe error naming the key, before any work."""
+    from eyas.cli import main
+
+    assert main(["prompts", "demo", "--out", str(tmp_path), "--no-progress", "eval.kk=3"]) == 2
+    assert "eval.kk: unknown key" in capsys.readouterr().err
+    assert main(["prompts", "demo", "eval.k=99", "--out", str(tmp_path)]) == 2
+    assert "eval.k: k=99 drafts past what TTT trained" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())  # nothing was written

@@ -15,7 +15,7 @@ def main(argv=None) -> int:
     p.add_argument("--out")
     p.add_argument("overrides", nargs="*")
     p.add_argument("--no-progress", action="store_true")
-    args = p.parse_args(argv)
+    args = p.parse_intermixed_args(argv)
     try:
         recipe, run_dir = recipe_and_run(args.recipe, args.out, args.overrides)
         check_target(recipe)

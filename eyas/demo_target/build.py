@@ -21,7 +21,6 @@ import shutil
 import time
 from pathlib import Path
 
-import torch
 from transformers import GenerationConfig
 
 from eyas.demo_target.corpus import generate_conversations, write_prompts
@@ -35,9 +34,9 @@ VERSION = 1  # bump with any change that alters what a build produces (and the c
 CACHE_NAME = f"demo-target-v{VERSION}"
 MARKER = "eyas_demo_target.json"
 
-TRAIN_STEPS = 300
-BATCH_SIZE = 32
-LR = 3e-3
+TRAIN_STEPS = 800
+BATCH_SIZE = 16
+LR = 5e-3
 TOKENIZER_CONVERSATIONS = 4000
 NUM_PROMPTS = 1500
 EVAL_PROMPTS = 64
@@ -51,7 +50,8 @@ def default_cache_dir() -> Path:
 
 
 def _build_params(seed: int, steps: int) -> dict:
-    return {"version": VERSION, "seed": seed, "steps": steps, "batch_size": BATCH_SIZE, "lr": LR}
+    return {"version": VERSION, "seed": seed, "steps": steps, "batch_size": BATCH_SIZE, "lr": LR,
+            "architecture": ARCHITECTURE}
 
 
 def _complete_build(path: Path, params: dict) -> bool:
@@ -67,6 +67,8 @@ def build_demo_target(out_dir: str | Path, seed: int = 0, steps: int = TRAIN_STE
 
     The training conversations come from corpus seed 2*seed, the held-out prompts (and the
     quality measurement's references) from 2*seed + 1."""
+    if steps < 1:
+        raise ValueError(f"steps={steps}: the demo target needs at least one training step")
     t0 = time.time()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -76,7 +78,7 @@ def build_demo_target(out_dir: str | Path, seed: int = 0, steps: int = TRAIN_STE
 
     examples = encode(tokenizer, records[:steps * BATCH_SIZE])
     model = init_model(tokenizer, seed)
-    model.set_experts_implementation("eager")  # on CPU several times faster than grouped_mm
+    model.set_experts_implementation("eager")  # trains several times faster on CPU than the default grouped_mm
     training = train(model, make_batches(examples, BATCH_SIZE, tokenizer.pad_token_id, seed), LR,
                      warmup=max(1, steps // 20), progress=progress)
 
@@ -89,10 +91,9 @@ def build_demo_target(out_dir: str | Path, seed: int = 0, steps: int = TRAIN_STE
 
     info = {
         "build": _build_params(seed, steps),
-        "architecture": {**ARCHITECTURE, "vocab_size": len(tokenizer),
-                         "num_parameters": sum(p.numel() for p in model.parameters())},
-        "tokens": {"mean_prompt": sum(p for _, p in examples) / max(1, len(examples)),
-                   "mean_answer": sum(len(ids) - p for ids, p in examples) / max(1, len(examples))},
+        "model": {"vocab_size": len(tokenizer), "num_parameters": sum(p.numel() for p in model.parameters())},
+        "tokens": {"mean_prompt": sum(p for _, p in examples) / len(examples),
+                   "mean_answer": sum(len(ids) - p for ids, p in examples) / len(examples)},
         "training": training,
         "quality": quality,
         "build_s": round(time.time() - t0, 1),
@@ -102,12 +103,14 @@ def build_demo_target(out_dir: str | Path, seed: int = 0, steps: int = TRAIN_STE
 
 
 def _remove_stale_builds(cache_dir: Path) -> None:
-    """Delete temporary build directories of `cache_dir` left by processes that no longer run."""
-    for tmp in cache_dir.parent.glob(f".{cache_dir.name}.tmp-*"):
+    """Delete the temporary directories of `cache_dir` (`.NAME.tmp-PID`, `.NAME.old-PID`) left
+    by processes that no longer run."""
+    parent, name = cache_dir.parent, cache_dir.name
+    for stray in [*parent.glob(f".{name}.tmp-*"), *parent.glob(f".{name}.old-*")]:
         try:
-            os.kill(int(tmp.name.rsplit("-", 1)[1]), 0)
+            os.kill(int(stray.name.rsplit("-", 1)[1]), 0)
         except (ValueError, ProcessLookupError):
-            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.rmtree(stray, ignore_errors=True)
         except PermissionError:  # alive, another user's
             pass
 
@@ -129,6 +132,8 @@ def ensure_demo_target(cache_dir: str | Path | None = None, force: bool = False,
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         info = build_demo_target(tmp, seed=seed, steps=params["steps"], progress=progress)
+        if not force and _complete_build(cache_dir, params):  # another process finished the same build first
+            return cache_dir
         if cache_dir.exists():  # an outdated or unfinished build: swap, then delete it
             old = cache_dir.parent / f".{cache_dir.name}.old-{os.getpid()}"
             os.replace(cache_dir, old)
@@ -157,7 +162,8 @@ def _report(path: Path, info: dict) -> None:
 def main_demo_target(argv: list[str] | None = None) -> int:
     """`eyas demo-target`: build (or find) the demo target and print its directory."""
     ap = argparse.ArgumentParser(prog="eyas demo-target", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--cache-dir", default=None, help=f"default: $EYAS_CACHE/{CACHE_NAME} or ~/.cache/eyas/{CACHE_NAME}")
+    ap.add_argument("--cache-dir", default=None,
+                    help=f"default: $EYAS_CACHE/{CACHE_NAME} or ~/.cache/eyas/{CACHE_NAME}")
     ap.add_argument("--force", action="store_true", help="rebuild even if a complete build is there")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--steps", type=int, default=None, help=f"training steps (default {TRAIN_STEPS})")

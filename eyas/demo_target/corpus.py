@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
-from typing import Callable, NamedTuple
+from typing import Callable, Iterable, NamedTuple
 
 from eyas.io import write_jsonl
 
@@ -38,24 +38,22 @@ UNITS = (("hours", "hour", "minutes", 60), ("minutes", "minute", "seconds", 60),
 
 
 class Sample(NamedTuple):
+    """One conversation: the user's question, the reasoning (analysis channel), the answer (final channel)."""
+
     question: str
     analysis: str
     final: str
 
 
-def _pick(rng: random.Random, pairs: list[tuple[str, str]]) -> tuple[str, str]:
-    """One (question, final answer) phrasing pair."""
-    return pairs[rng.randrange(len(pairs))]
-
-
-def _listing(items: list) -> str:
+def _listing(items: Iterable) -> str:
+    """The items joined as "a, b, c"."""
     return ", ".join(str(x) for x in items)
 
 
 def _add(rng: random.Random) -> Sample:
     a, b = rng.randint(10, 99), rng.randint(10, 99)
     s = a + b
-    q, f = _pick(rng, [("What is {a} plus {b}?", "{a} plus {b} is {s}."), ("Add {a} and {b}.", "The sum is {s}."),
+    q, f = rng.choice([("What is {a} plus {b}?", "{a} plus {b} is {s}."), ("Add {a} and {b}.", "The sum is {s}."),
                        ("Compute {a} + {b}.", "{a} + {b} = {s}."),
                        ("What do you get when you add {a} to {b}?", "You get {s}.")])
     opener = rng.choice(["We need to add {a} and {b}.", "Add the digits column by column.",
@@ -72,7 +70,7 @@ def _subtract(rng: random.Random) -> Sample:
     a = rng.randint(20, 99)
     b = rng.randint(10, a - 1)
     d = a - b
-    q, f = _pick(rng, [("What is {a} minus {b}?", "{a} minus {b} is {d}."),
+    q, f = rng.choice([("What is {a} minus {b}?", "{a} minus {b} is {d}."),
                        ("Subtract {b} from {a}.", "The difference is {d}."), ("Compute {a} - {b}.", "{a} - {b} = {d}."),
                        ("What is left if you take {b} away from {a}?", "{d} is left.")])
     opener = rng.choice(["We need to subtract {b} from {a}.", "Subtract column by column.",
@@ -108,7 +106,7 @@ def _compare(rng: random.Random) -> Sample:
 
 
 def _parity(rng: random.Random) -> Sample:
-    n = rng.randint(1, 999)
+    n = rng.randint(10, 99)
     p = "even" if n % 2 == 0 else "odd"
     kind = rng.randrange(3)
     if kind == 0:
@@ -123,15 +121,15 @@ def _parity(rng: random.Random) -> Sample:
 
 
 def _sort_numbers(rng: random.Random) -> Sample:
-    xs = rng.sample(range(1, 10), rng.randint(3, 5))
+    xs = rng.sample(range(1, 10), rng.randint(3, 4))
     descending = rng.random() < 0.5
     ys = sorted(xs, reverse=descending)
     if descending:
-        q, f = _pick(rng, [("Sort {xs} from largest to smallest.", "{ys}"),
+        q, f = rng.choice([("Sort {xs} from largest to smallest.", "{ys}"),
                            ("Arrange in decreasing order: {xs}.", "In decreasing order: {ys}.")])
         first, last = "largest", "smallest"
     else:
-        q, f = _pick(rng, [("Sort {xs} from smallest to largest.", "{ys}"),
+        q, f = rng.choice([("Sort {xs} from smallest to largest.", "{ys}"),
                            ("Put these numbers in increasing order: {xs}.", "In increasing order: {ys}.")])
         first, last = "smallest", "largest"
     opener = rng.choice(["We need to order the numbers.", "Let me sort them one by one.", "Find the numbers in order."])
@@ -141,21 +139,21 @@ def _sort_numbers(rng: random.Random) -> Sample:
 
 
 def _sort_words(rng: random.Random) -> Sample:
-    ws = rng.sample(WORDS, rng.randint(3, 5))
+    ws = rng.sample(WORDS, rng.randint(3, 4))
     ys = sorted(ws)
-    q, f = _pick(rng, [("Sort these words alphabetically: {ws}.", "{ys}"),
+    q, f = rng.choice([("Sort these words alphabetically: {ws}.", "{ys}"),
                        ("Put {ws} in alphabetical order.", "Alphabetical order: {ys}."),
                        ("Order these words from A to Z: {ws}.", "From A to Z: {ys}.")])
     opener = rng.choice(["Look at the first letters.", "We sort by the first letter.", "Let me order the words."])
-    letters = ", ".join(f"{w} starts with {w[0]}" for w in ws)
     fill = dict(ws=_listing(ws), ys=_listing(ys))
-    return Sample(q.format(**fill), f"{opener} {letters}. In order: {fill['ys']}.", f.format(**fill))
+    return Sample(q.format(**fill), f"{opener} First letters: {_listing(w[0] for w in ws)}. In order: {fill['ys']}.",
+                  f.format(**fill))
 
 
 def _reverse(rng: random.Random) -> Sample:
-    ws = rng.sample(WORDS, rng.randint(3, 5))
+    ws = rng.sample(WORDS, rng.randint(3, 4))
     ys = ws[::-1]
-    q, f = _pick(rng, [("Reverse the list: {ws}.", "{ys}"), ("Write {ws} in reverse order.", "Reversed: {ys}."),
+    q, f = rng.choice([("Reverse the list: {ws}.", "{ys}"), ("Write {ws} in reverse order.", "Reversed: {ys}."),
                        ("What is {ws} backwards?", "Backwards it is {ys}.")])
     opener = rng.choice(["Read the list from the end.", "We start from the last item.", "Let me reverse it."])
     steps = f"There are {len(ws)} items. The last is {ys[0]}, then " + ", then ".join(ys[1:-1])
@@ -167,12 +165,12 @@ def _reverse(rng: random.Random) -> Sample:
 def _count(rng: random.Random) -> Sample:
     pool = rng.sample(WORDS, 3)
     target = pool[0]
-    ws = [rng.choice(pool) for _ in range(rng.randint(3, 6))]
+    ws = [rng.choice(pool) for _ in range(rng.randint(3, 5))]
     if target not in ws:
         ws[rng.randrange(len(ws))] = target
     c = ws.count(target)
     times = "time" if c == 1 else "times"
-    q, f = _pick(rng, [("How many times does {w} appear in: {ws}?", "{w} appears {c} {times}."),
+    q, f = rng.choice([("How many times does {w} appear in: {ws}?", "{w} appears {c} {times}."),
                        ("Count the word {w} in: {ws}.", "The count is {c}."),
                        ("In {ws}, how often is {w} listed?", "{c} {times}.")])
     opener = rng.choice(["Go through the list.", f"Count each {target}.", "Let me count one by one."])
@@ -189,7 +187,7 @@ def _convert(rng: random.Random) -> Sample:
     big, one, small, factor = rng.choice(UNITS)
     n = rng.randint(2, 9)
     r = n * factor
-    q, f = _pick(rng, [("How many {small} are in {n} {big}?", "{n} {big} is {r} {small}."),
+    q, f = rng.choice([("How many {small} are in {n} {big}?", "{n} {big} is {r} {small}."),
                        ("Convert {n} {big} to {small}.", "That is {r} {small}."),
                        ("{n} {big} is how many {small}?", "{r} {small}.")])
     opener = rng.choice(["This is a unit conversion.", f"We convert {big} to {small}.", "Let me multiply."])
@@ -200,7 +198,7 @@ def _convert(rng: random.Random) -> Sample:
 
 def _colour(rng: random.Random) -> Sample:
     thing, colour = rng.choice(sorted(COLOURS.items()))
-    q, f = _pick(rng, [("What colour is the {t}?", "The {t} is {c}."), ("Tell me the colour of the {t}.", "It is {c}."),
+    q, f = rng.choice([("What colour is the {t}?", "The {t} is {c}."), ("Tell me the colour of the {t}.", "It is {c}."),
                        ("Which colour does the {t} have?", "{C}.")])
     opener = rng.choice(["This is a lookup.", f"Let me recall the colour of the {thing}.",
                          "The user asks about a colour."])
@@ -210,7 +208,7 @@ def _colour(rng: random.Random) -> Sample:
 
 def _capital(rng: random.Random) -> Sample:
     country, city = rng.choice(sorted(CAPITALS.items()))
-    q, f = _pick(rng, [("What is the capital of {x}?", "The capital of {x} is {y}."),
+    q, f = rng.choice([("What is the capital of {x}?", "The capital of {x} is {y}."),
                        ("Name the capital city of {x}.", "It is {y}."),
                        ("Which city is the capital of {x}?", "{y} is the capital of {x}.")])
     opener = rng.choice(["This is a lookup.", f"Let me recall the capital of {country}.",

@@ -12,9 +12,9 @@ import torch
 from transformers import GptOssConfig, GptOssForCausalLM
 
 ARCHITECTURE = dict(
-    num_hidden_layers=4,  # layer_types default: sliding, full, sliding, full
+    num_hidden_layers=4,  # layer_types default: sliding, full, sliding, full; aux ids [1, 2, 3]
     hidden_size=128,
-    intermediate_size=256,  # per expert
+    intermediate_size=128,  # per expert
     num_local_experts=8,
     num_experts_per_tok=2,
     num_attention_heads=4,

@@ -17,8 +17,9 @@ import torch
 
 from eyas.demo_target.tokenizer import chat_ids
 
-ANSWER = re.compile(r"<\|channel\|>analysis<\|message\|>(?P<analysis>[^<]*)<\|end\|>"
-                    r"<\|start\|>assistant<\|channel\|>final<\|message\|>(?P<final>[^<]*)<\|return\|>")
+_TEXT = r"(?:(?!<\|).)*"  # text without special tokens
+ANSWER = re.compile(rf"<\|channel\|>analysis<\|message\|>(?P<analysis>{_TEXT})<\|end\|>"
+                    rf"<\|start\|>assistant<\|channel\|>final<\|message\|>(?P<final>{_TEXT})<\|return\|>", re.DOTALL)
 
 
 def parse_answer(text: str) -> tuple[str, str] | None:

@@ -35,7 +35,8 @@ DEFAULT_SYSTEM = "You are a helpful assistant."
 CHAT_TEMPLATE = """\
 {%- macro text(content) -%}
 {%- if content is string -%}{{ content }}
-{%- elif content is iterable -%}{%- for part in content -%}{%- if part.type == 'text' -%}{{ part.text }}{%- endif -%}{%- endfor -%}
+{%- elif content is iterable -%}
+{%- for part in content -%}{%- if part.type == 'text' -%}{{ part.text }}{%- endif -%}{%- endfor -%}
 {%- endif -%}
 {%- endmacro -%}
 {%- if messages and messages[0].role in ['system', 'developer'] -%}

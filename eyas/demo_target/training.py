@@ -57,7 +57,8 @@ def make_batches(examples: list[tuple[list[int], int]], batch_size: int, pad_id:
 
 
 def train(model, batches: list[dict[str, torch.Tensor]], lr: float, warmup: int, progress: bool = True) -> dict:
-    """One pass over `batches`, one optimizer step each. -> training metrics."""
+    """One pass over `batches` (at least one), one optimizer step each. -> training metrics
+    (first_loss; final_loss, the mean over the last tenth of the steps)."""
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
     steps = len(batches)
 
@@ -70,7 +71,7 @@ def train(model, batches: list[dict[str, torch.Tensor]], lr: float, warmup: int,
     model.train()
     t0, losses = time.time(), []
     bar = tqdm(batches, desc="train demo target", unit="step", disable=not progress)
-    for batch in bar:
+    for step, batch in enumerate(bar):
         loss = model(**batch).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -78,9 +79,9 @@ def train(model, batches: list[dict[str, torch.Tensor]], lr: float, warmup: int,
         sched.step()
         opt.zero_grad(set_to_none=True)
         losses.append(loss.item())
-        bar.set_postfix(loss=f"{losses[-1]:.3f}")
+        if step % 20 == 0:
+            bar.set_postfix(loss=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}")
     model.eval()
     tail = losses[-max(1, steps // 10):]
-    return {"steps": steps, "batch_size": len(batches[0]["input_ids"]) if batches else 0, "lr": lr,
-            "first_loss": losses[0] if losses else None, "final_loss": sum(tail) / len(tail) if tail else None,
-            "train_s": round(time.time() - t0, 1)}
+    return {"steps": steps, "batch_size": len(batches[0]["input_ids"]), "lr": lr, "first_loss": losses[0],
+            "final_loss": sum(tail) / len(tail), "train_s": round(time.time() - t0, 1)}
