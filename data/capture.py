@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 from eyas.data.regenerate import loss_mask, read_sequences
 from eyas.data.shards import INDEX, read_index, shard_name, write_shard
 from eyas.data.target import StopForward, load_target, tapped, text_config
-from eyas.io import is_done, mark_done, read_done, stage_dir, write_json
+from eyas.io import is_done, mark_done, read_done, require_done, stage_dir, write_json
 from eyas.recipes.schema import Recipe, check_against_target
 
 STAGE = "capture"
@@ -83,11 +83,10 @@ def _check_resumable(index: dict, expected: dict, out_dir: Path) -> None:
 
 
 def run_capture(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> dict:
-    """The `capture` stage (needs the `regen` stage)."""
+    """The `capture` stage (needs the `regenerate` stage)."""
     if is_done(run_dir, STAGE):
         return read_done(run_dir, STAGE)
-    if not is_done(run_dir, "regenerate"):
-        raise RuntimeError(f"{run_dir}: the regen stage has not finished; run it before capture")
+    require_done(run_dir, "regenerate", STAGE)
     t0 = time.time()
     c, t = recipe.capture, recipe.target
     out_dir = stage_dir(run_dir, STAGE)

@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 
 from eyas.data.prompts import read_prompts
 from eyas.data.target import load_target
-from eyas.io import is_done, mark_done, read_done, read_jsonl, stage_dir, write_jsonl
+from eyas.io import is_done, mark_done, read_done, read_jsonl, require_done, stage_dir, write_jsonl
 from eyas.recipes.schema import Recipe
 
 STAGE = "regenerate"
@@ -103,12 +103,11 @@ def read_sequences(run_dir: str | Path) -> list[dict]:
 
 def run_regenerate(recipe: Recipe, run_dir: str | Path, progress: bool = True,
                    part_batches: int = PART_BATCHES) -> dict:
-    """The `regen` stage. Prompts longer than `data.max_prompt_tokens` are skipped (cutting a
+    """The `regenerate` stage. Prompts longer than `data.max_prompt_tokens` are skipped (cutting a
     rendered chat prompt would cut off its generation prompt) and counted."""
     if is_done(run_dir, STAGE):
         return read_done(run_dir, STAGE)
-    if not is_done(run_dir, "prompts"):
-        raise RuntimeError(f"{run_dir}: the prompts stage has not finished; run it before regeneration")
+    require_done(run_dir, "prompts", STAGE)
     t0 = time.time()
     d, t = recipe.data, recipe.target
     out_dir = stage_dir(run_dir, STAGE)

@@ -19,7 +19,7 @@ from safetensors.torch import save_file
 
 from eyas.data.regenerate import loss_mask, read_sequences
 from eyas.data.target import load_target_config, text_config
-from eyas.io import atomic_path, is_done, mark_done, read_done, stage_dir
+from eyas.io import atomic_path, is_done, mark_done, read_done, require_done, stage_dir
 from eyas.recipes.schema import Recipe, check_against_target
 
 STAGE = "vocab"
@@ -54,11 +54,10 @@ def count_tokens(run_dir: str | Path, vocab_size: int) -> torch.Tensor:
 
 
 def run_vocab(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> dict:
-    """The `vocab` stage (needs the `regen` stage); reads only the target's config."""
+    """The `vocab` stage (needs the `regenerate` stage); reads only the target's config."""
     if is_done(run_dir, STAGE):
         return read_done(run_dir, STAGE)
-    if not is_done(run_dir, "regenerate"):
-        raise RuntimeError(f"{run_dir}: the regen stage has not finished; run it before vocab")
+    require_done(run_dir, "regenerate", STAGE)
     t0 = time.time()
     cfg = text_config(load_target_config(recipe.target.model, recipe.target.trust_remote_code))
     check_against_target(recipe, cfg.num_hidden_layers, cfg.vocab_size)

@@ -110,3 +110,10 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def require_done(run_dir: str | Path, needed: str, stage: str) -> None:
+    """Fail clearly when `stage` is run before the stage it reads from."""
+    if not is_done(run_dir, needed):
+        raise RuntimeError(f"{run_dir}: the {needed} stage has not finished; run it before {stage} "
+                           f"(`eyas {needed} {run_dir}`, or `eyas run` for every stage)")
