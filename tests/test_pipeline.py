@@ -140,3 +140,50 @@ def test_eval_compares_imported_published_draft(setup, full_run, capsys):
         assert len(got[("eyas", k)]["per_position_acceptance"]) == k
     assert report["lossless"] is True
     assert "published" in capsys.readouterr().out
+
+
+def test_training_resumes_to_identical_weights(setup, monkeypatch):
+    """A crash after the step-2 state save, then a re-run, gives the same draft as no crash."""
+    import shutil
+
+    import eyas.train.ttt as ttt_mod
+    from eyas.train.trainer import run_train
+
+    root, target, prompts = setup
+    recipe = recipe_for(target, prompts, train={"max_steps": 4, "save_every": 2})
+    base = root / "run-train-base"
+    run_all(recipe, base, stages=("prompts", "regenerate", "capture", "vocab"), progress=False)
+    crashed = root / "run-train-crash"
+    shutil.copytree(base, crashed)
+
+    run_train(recipe, base, progress=False)
+
+    real_forward = ttt_mod.TTTModule.forward
+    calls = {"n": 0}
+
+    def crash_at_step_3(self, *a, **k):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("simulated crash")
+        return real_forward(self, *a, **k)
+
+    monkeypatch.setattr(ttt_mod.TTTModule, "forward", crash_at_step_3)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        run_train(recipe, crashed, progress=False)
+    assert json.loads((crashed / "train" / "state" / "step.json").read_text()) == {"step": 2}
+    assert not io.is_done(crashed, "train")
+    resumed = {"n": 0}
+
+    def counting(self, *a, **k):
+        resumed["n"] += 1
+        return real_forward(self, *a, **k)
+
+    monkeypatch.setattr(ttt_mod.TTTModule, "forward", counting)
+    run_train(recipe, crashed, progress=False)
+    assert resumed["n"] == 2  # steps 3 and 4 only: the first two came from the saved state
+
+    a = load_file(str(base / "train" / "checkpoint-final" / "model.safetensors"))
+    b = load_file(str(crashed / "train" / "checkpoint-final" / "model.safetensors"))
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
