@@ -3,14 +3,16 @@
     python benchmarks/bench_ttt_step.py                       # demo-sized head, CPU
     python benchmarks/bench_ttt_step.py --size gpt-oss-120b --lengths 256 512 --device cuda
 
-Prints one line per length: seconds per step (forward + backward, median of --repeat),
-tokens/s and peak memory (CUDA: torch.cuda.max_memory_allocated; CPU: growth of the
-process's peak RSS, a coarser number).
+Prints one line per length: seconds per step (forward + backward + AdamW, median of
+--repeat), tokens/s and peak memory (CUDA: torch.cuda.max_memory_allocated; CPU: the peak
+RSS of a fresh process per length, so allocator reuse across lengths cannot hide growth).
 """
 
 import argparse
 import resource
 import statistics
+import subprocess
+import sys
 import time
 
 import torch
@@ -20,7 +22,7 @@ from eyas.train.ttt import TTTModule
 
 SIZES = {
     # H, heads, kv heads, head_dim, intermediate, target vocab, draft vocab
-    "demo": (192, 6, 2, 32, 512, 512, 256),
+    "demo": (128, 4, 2, 32, 512, 915, 256),  # recipes/demo.yaml on the built-in target
     "gpt-oss-120b": (2880, 64, 8, 64, 17280, 201088, 32000),
 }
 
@@ -37,7 +39,14 @@ def main():
     p.add_argument("--ttt-steps", type=int, default=7)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--device", default="cpu")
+    p.add_argument("--one-process", action="store_true", help="(internal) run the lengths in this process")
     args = p.parse_args()
+    if args.device == "cpu" and not args.one_process and len(args.lengths) > 1:
+        same = ["--size", args.size, "--batch", str(args.batch), "--ttt-steps", str(args.ttt_steps),
+                "--repeat", str(args.repeat), "--device", args.device, "--one-process"]
+        for T in args.lengths:
+            subprocess.run([sys.executable, __file__, *same, "--lengths", str(T)], check=True)
+        return
     H, nh, nkv, hd, inter, V, Vd = SIZES[args.size]
     dev = torch.device(args.device)
     cfg = DraftConfig(hidden_size=H, num_attention_heads=nh, num_key_value_heads=nkv, head_dim=hd,
@@ -60,7 +69,6 @@ def main():
         lengths = torch.full((B,), T)
         if dev.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
-        rss0 = peak_rss_mb()
         times = []
         for _ in range(args.repeat):
             t0 = time.perf_counter()
@@ -72,8 +80,8 @@ def main():
                 torch.cuda.synchronize()
             times.append(time.perf_counter() - t0)
         sec = statistics.median(times)
-        mem = (torch.cuda.max_memory_allocated() / 2**20) if dev.type == "cuda" else (peak_rss_mb() - rss0)
-        print(f"T={T:6d}  {sec:8.3f} s/step  {B * T / sec:9.0f} tok/s  peak {'GPU' if dev.type == 'cuda' else 'RSS+'}"
+        mem = (torch.cuda.max_memory_allocated() / 2**20) if dev.type == "cuda" else peak_rss_mb()
+        print(f"T={T:6d}  {sec:8.3f} s/step  {B * T / sec:9.0f} tok/s  peak {'GPU' if dev.type == 'cuda' else 'RSS'}"
               f" {mem:9.0f} MiB", flush=True)
 
 
