@@ -24,6 +24,9 @@ SIZES = {
     # H, heads, kv heads, head_dim, intermediate, target vocab, draft vocab
     "demo": (128, 4, 2, 32, 512, 915, 256),  # recipes/demo.yaml on the built-in target
     "gpt-oss-120b": (2880, 64, 8, 64, 17280, 201088, 32000),
+    # gpt-oss-120b's attention shape (64 heads of 64, 8 KV heads) with small H/MLP/vocab: what
+    # the (T x T) attention blocks cost at that head count, on a machine without a GPU
+    "gpt-oss-attention": (512, 64, 8, 64, 1024, 4096, 1024),
 }
 
 
@@ -39,11 +42,13 @@ def main():
     p.add_argument("--ttt-steps", type=int, default=7)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--device", default="cpu")
+    p.add_argument("--checkpoint-attention", action="store_true", help="recompute attention in backward")
     p.add_argument("--one-process", action="store_true", help="(internal) run the lengths in this process")
     args = p.parse_args()
     if args.device == "cpu" and not args.one_process and len(args.lengths) > 1:
         same = ["--size", args.size, "--batch", str(args.batch), "--ttt-steps", str(args.ttt_steps),
-                "--repeat", str(args.repeat), "--device", args.device, "--one-process"]
+                "--repeat", str(args.repeat), "--device", args.device, "--one-process",
+                *(["--checkpoint-attention"] if args.checkpoint_attention else [])]
         for T in args.lengths:
             subprocess.run([sys.executable, __file__, *same, "--lengths", str(T)], check=True)
         return
@@ -56,10 +61,10 @@ def main():
     t2d = torch.zeros(V, dtype=torch.bool)
     t2d[ids] = True
     draft.set_vocab_map(ids - torch.arange(Vd), t2d)
-    module = TTTModule(draft, torch.randn(V, H) * 0.02, args.ttt_steps, 0.8).to(dev)
+    module = TTTModule(draft, torch.randn(V, H) * 0.02, args.ttt_steps, 0.8, args.checkpoint_attention).to(dev)
     opt = torch.optim.AdamW([q for q in module.parameters() if q.requires_grad], lr=1e-4)
     print(f"size={args.size} trainable={draft.num_parameters() / 1e6:.1f}M ttt_steps={args.ttt_steps} "
-          f"batch={args.batch} device={dev}")
+          f"batch={args.batch} device={dev} checkpoint_attention={args.checkpoint_attention}")
     for T in args.lengths:
         B = args.batch
         aux = torch.randn(B, T, 3 * H, device=dev)

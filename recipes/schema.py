@@ -89,6 +89,9 @@ class TrainSection:
     batch_size: int = 4  # sequences per device per step
     grad_accum: int = 1
     max_length: int = 2048  # longer sequences are truncated
+    # recompute each TTT step's (T x T) attention in backward instead of keeping ttt_steps of
+    # them: long-context memory for some extra compute
+    checkpoint_attention: bool = False
     lr: float = 1e-4
     weight_decay: float = 0.0
     warmup_ratio: float = 0.03

@@ -58,3 +58,29 @@ def test_steps_actually_differ():
         out = ttt_forward(d, aux, ids, torch.ones(1, 9), torch.tensor([9]), None, ttt_steps=3)
     assert (out.logits[0] - out.logits[1]).abs().max() > 1e-2
     assert (out.logits[1] - out.logits[2]).abs().max() > 1e-2
+
+
+def test_checkpointed_attention_same_loss_and_grads():
+    """Recomputing the attention in backward changes memory, not math (fp32, <= 1e-6)."""
+    from eyas.train.ttt import TargetView
+
+    d = make_draft(5)
+    d.train()
+    g = torch.Generator().manual_seed(5)
+    B, T = 2, 11
+    ids = torch.randint(0, 97, (B, T), generator=g)
+    aux = torch.randn(B, T, 96, generator=g)
+    probs = torch.softmax(torch.randn(B, T, 40, generator=g), -1)
+    target = TargetView(probs, d.to_target_ids(probs.argmax(-1)), torch.ones(B, T, dtype=torch.bool))
+    grads, losses = [], []
+    for ckpt in (False, True):
+        d.zero_grad()
+        out = ttt_forward(d, aux, ids, torch.ones(B, T), torch.tensor([T, T - 3]), target, ttt_steps=4,
+                          checkpoint_attention=ckpt)
+        out.loss.backward()
+        losses.append(out.loss.item())
+        grads.append({n: p.grad.clone() for n, p in d.named_parameters() if p.grad is not None})
+    assert abs(losses[0] - losses[1]) <= 1e-6
+    assert grads[0].keys() == grads[1].keys() and len(grads[0]) > 5
+    for n in grads[0]:
+        torch.testing.assert_close(grads[0][n], grads[1][n], atol=1e-6, rtol=0)

@@ -105,7 +105,7 @@ def run_train(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> dic
 
     draft = build_draft(recipe, run_dir)
     lm_head = load_head_weights(recipe.target.model, recipe.target.trust_remote_code)["lm_head"].float()
-    module = TTTModule(draft, lm_head, tr.ttt_steps, tr.decay)
+    module = TTTModule(draft, lm_head, tr.ttt_steps, tr.decay, tr.checkpoint_attention)
     dataset = ShardDataset(run_dir / "capture")
     loader = DataLoader(dataset, batch_size=tr.batch_size, sampler=EpochShuffle(len(dataset), tr.seed),
                         num_workers=tr.num_workers, collate_fn=partial(collate, max_length=tr.max_length))

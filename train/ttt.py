@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 
 from .model import Eagle3Draft, attention_scale
 
@@ -93,13 +94,30 @@ class TTTOutput:
         return tau
 
 
+def chain_attention(q: torch.Tensor, causal: torch.Tensor, scale: float, *kv: torch.Tensor) -> torch.Tensor:
+    """Step j's attention: q (B, nh, T, d) against the step-0 keys causally and the keys of steps
+    1..j at the same index. kv = keys of steps 0..j, then values of steps 0..j. -> (B, nh, T, d)"""
+    n = len(kv) // 2
+    keys, values = kv[:n], kv[n:]
+    T = q.shape[2]
+    s0 = (q @ keys[0].transpose(-1, -2)) * scale  # (B, nh, T, T)
+    s0 = s0.masked_fill(~causal, float("-inf"))
+    diag = [((q * keys[m]).sum(-1) * scale)[..., None] for m in range(1, n)]  # each (B, nh, T, 1)
+    p = torch.softmax(torch.cat([s0, *diag], dim=-1).float(), dim=-1).to(q.dtype)
+    o = p[..., :T] @ values[0]
+    for m in range(1, n):
+        o = o + p[..., T + m - 1:T + m] * values[m]
+    return o
+
+
 def ttt_forward(draft: Eagle3Draft, aux: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor,
                 lengths: torch.Tensor, target: TargetView | None, ttt_steps: int,
-                decay: float = 0.8) -> TTTOutput:
+                decay: float = 0.8, checkpoint_attention: bool = False) -> TTTOutput:
     """Unroll `ttt_steps` steps over a right-padded batch.
 
     aux (B, T, n_aux*H_t); input_ids, loss_mask (B, T); lengths (B,) valid tokens per row.
-    `target` may be None (logits only, for tests).
+    `target` may be None (logits only, for tests). `checkpoint_attention` recomputes each step's
+    (T x T) attention block in backward instead of keeping ttt_steps of them (long context).
     """
     B, T = input_ids.shape
     device = input_ids.device
@@ -124,13 +142,12 @@ def ttt_forward(draft: Eagle3Draft, aux: torch.Tensor, input_ids: torch.Tensor, 
         keys.append(k)
         values.append(v)
         # scores against the step-0 prefix (causal) and this index's own chain (steps 1..j)
-        s0 = (q @ keys[0].transpose(-1, -2)) * scale  # (B, nh, T, T)
-        s0 = s0.masked_fill(~causal, float("-inf"))
-        diag = [((q * keys[m]).sum(-1) * scale)[..., None] for m in range(1, j + 1)]  # each (B, nh, T, 1)
-        p = torch.softmax(torch.cat([s0, *diag], dim=-1).float(), dim=-1).to(q.dtype)
-        o = p[..., :T] @ values[0]
-        for m in range(1, j + 1):
-            o = o + p[..., T + m - 1:T + m] * values[m]
+        if checkpoint_attention and torch.is_grad_enabled():
+            # keep only q/k/v for backward; the (T x T) block is recomputed one step at a time
+            o = torch.utils.checkpoint.checkpoint(chain_attention, q, causal, scale, *keys, *values,
+                                                  use_reentrant=False)
+        else:
+            o = chain_attention(q, causal, scale, *keys, *values)
         hidden = layer.finish(hidden, o)  # (B, T, H) prenorm, the next step's input
         logits = draft.logits(hidden)  # (B, T, V_d)
         out.logits.append(logits)
@@ -168,12 +185,14 @@ class TTTModule(torch.nn.Module):
     """The draft plus the target's frozen lm_head, with `forward` = one TTT unroll, so that
     `accelerator.prepare` (DDP, FSDP, DeepSpeed) wraps a module whose forward does all the work."""
 
-    def __init__(self, draft: Eagle3Draft, lm_head_weight: torch.Tensor, ttt_steps: int, decay: float):
+    def __init__(self, draft: Eagle3Draft, lm_head_weight: torch.Tensor, ttt_steps: int, decay: float,
+                 checkpoint_attention: bool = False):
         super().__init__()
         self.draft = draft
         self.register_buffer("lm_head_weight", lm_head_weight.detach(), persistent=False)  # (V, H_t)
-        self.ttt_steps, self.decay = ttt_steps, decay
+        self.ttt_steps, self.decay, self.checkpoint_attention = ttt_steps, decay, checkpoint_attention
 
     def forward(self, aux, final, input_ids, loss_mask, lengths) -> TTTOutput:
         target = target_view(final, self.lm_head_weight, self.draft)
-        return ttt_forward(self.draft, aux, input_ids, loss_mask, lengths, target, self.ttt_steps, self.decay)
+        return ttt_forward(self.draft, aux, input_ids, loss_mask, lengths, target, self.ttt_steps, self.decay,
+                           self.checkpoint_attention)
