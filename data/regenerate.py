@@ -31,9 +31,10 @@ STAGE = "regenerate"
 PART_BATCHES = 8  # batches per part file: what a crash can cost at most
 
 
-def render_prompt(tokenizer, messages: list[dict]) -> list[int]:
-    """The chat-template token ids of `messages` followed by the assistant generation prompt."""
-    out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+def render_prompt(tokenizer, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+    """The chat-template token ids of `messages`, by default followed by the assistant
+    generation prompt (whatever container this transformers version returns)."""
+    out = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True)
     ids = out["input_ids"] if isinstance(out, Mapping) else out
     return [int(t) for t in ids]
 
@@ -66,15 +67,22 @@ def cut_at_eos(tokens: list[int], eos_ids: set[int]) -> tuple[list[int], bool]:
     return tokens, False
 
 
-def generate_batch(model, prompts: list[list[int]], *, eos_ids: list[int], pad_id: int, max_new_tokens: int,
-                   temperature: float, top_p: float) -> list[tuple[list[int], bool]]:
-    """Left-padded batched generation. -> per prompt (generated ids cut at eos, finished)."""
+def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> input_ids, attention_mask (B, L), left padded to the longest prompt (for `generate`)."""
     B, L = len(prompts), max(len(p) for p in prompts)
-    ids = torch.full((B, L), pad_id, dtype=torch.long)  # (B, L), left padded
+    ids = torch.full((B, L), pad_id, dtype=torch.long)
     mask = torch.zeros((B, L), dtype=torch.long)
     for b, p in enumerate(prompts):
         ids[b, L - len(p):] = torch.tensor(p)
         mask[b, L - len(p):] = 1
+    return ids, mask
+
+
+def generate_batch(model, prompts: list[list[int]], *, eos_ids: list[int], pad_id: int, max_new_tokens: int,
+                   temperature: float, top_p: float) -> list[tuple[list[int], bool]]:
+    """Left-padded batched generation. -> per prompt (generated ids cut at eos, finished)."""
+    ids, mask = left_pad(prompts, pad_id)
+    L = ids.shape[1]
     sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": 0} if temperature > 0 \
         else {"do_sample": False}
     with torch.no_grad():

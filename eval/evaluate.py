@@ -16,10 +16,8 @@ import torch
 from tqdm.auto import tqdm
 
 from eyas import io
+from eyas.pipeline import STAGE_ORDER
 from eyas.recipes.schema import Recipe
-
-STAGES = ("prompts", "regenerate", "capture", "vocab", "train")
-
 
 def summarize(name: str, benchmark: str, k: int, runs: list, refs: list[list[int]]) -> dict:
     forwards = sum(r.target_forwards for r in runs)
@@ -89,7 +87,7 @@ def run_eval(recipe: Recipe, run_dir: str | Path, drafts: list[tuple[str, str]] 
 
     main = results[0]
     baseline_tps = base_tokens / max(base_seconds, 1e-9)
-    stage_times = {s: io.read_done(run_dir, s).get("wall_s") for s in STAGES if io.is_done(run_dir, s)}
+    stage_times = {s: io.read_done(run_dir, s).get("wall_s") for s in STAGE_ORDER[:-1] if io.is_done(run_dir, s)}
     stage_times["eval"] = round(time.perf_counter() - t0, 2)
     report = {
         "acceptance_length": main["acceptance_length"],

@@ -14,9 +14,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from eyas.pipeline import STAGE_ORDER
 from eyas.recipes.schema import RecipeError
 
-STAGES = ("prompts", "regenerate", "capture", "vocab", "train")
 
 
 def _recipe_args(p: argparse.ArgumentParser) -> None:
@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
     _recipe_args(sub.add_parser("run", help="run every stage in order (resumes finished ones)"))
-    for s in STAGES:
+    for s in STAGE_ORDER[:-1]:  # eval has its own parser below
         _recipe_args(sub.add_parser(s, help=f"run the {s} stage"))
     ev = sub.add_parser("eval", help="measure acceptance length with the speculative loop")
     _recipe_args(ev)

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import yaml
 
+from eyas.pipeline import STAGE_ORDER
+
 FINAL_CHECKPOINT = Path("train") / "checkpoint-final"
-STAGES = ("prompts", "regenerate", "capture", "vocab", "train", "eval")
 
 
 def is_checkpoint(path: Path) -> bool:
@@ -62,7 +63,7 @@ def load_run(run: str | Path) -> FinishedRun:
         raise FileNotFoundError(f"{root}: no recipe.yaml")
     recipe_text = recipe_path.read_text()
     stages = {}
-    for stage in STAGES:
+    for stage in STAGE_ORDER:
         marker = root / stage / "DONE.json"
         if marker.is_file():
             stages[stage] = json.loads(marker.read_text())

@@ -8,7 +8,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, GptOssForCausalLM
 from eyas.demo_target.build import MARKER, NUM_PROMPTS, ensure_demo_target
 from eyas.demo_target.corpus import FAMILIES, generate_conversations, write_prompts
 from eyas.demo_target.quality import parse_answer
-from eyas.demo_target.tokenizer import DEFAULT_SYSTEM, build_tokenizer, chat_ids, corpus_texts
+from eyas.data.regenerate import render_prompt
+from eyas.demo_target.tokenizer import DEFAULT_SYSTEM, build_tokenizer, corpus_texts
 from eyas.demo_target.training import encode
 
 
@@ -94,7 +95,7 @@ def test_chat_template_generic_messages(tokenizer):
 def test_prompt_is_a_prefix_of_the_conversation(tokenizer):
     records = generate_conversations(20, 1)
     for r, (ids, prompt_len) in zip(records, encode(tokenizer, records)):
-        assert ids == chat_ids(tokenizer, r["messages"])
+        assert ids == render_prompt(tokenizer, r["messages"], False)
         assert tokenizer.convert_ids_to_tokens(ids[prompt_len - 2:prompt_len]) == ["<|start|>", "assistant"]
         assert ids[-1] == tokenizer.eos_token_id
 
@@ -103,8 +104,8 @@ def test_save_and_reload_keep_ids(tokenizer, tmp_path):
     tokenizer.save_pretrained(tmp_path)
     reloaded = AutoTokenizer.from_pretrained(tmp_path)
     for r in generate_conversations(20, 5):
-        assert chat_ids(reloaded, r["messages"]) == chat_ids(tokenizer, r["messages"])
-        assert chat_ids(reloaded, r["messages"][:1], True) == chat_ids(tokenizer, r["messages"][:1], True)
+        assert render_prompt(reloaded, r["messages"], False) == render_prompt(tokenizer, r["messages"], False)
+        assert render_prompt(reloaded, r["messages"][:1]) == render_prompt(tokenizer, r["messages"][:1])
     assert (reloaded.eos_token_id, reloaded.pad_token_id) == (tokenizer.eos_token_id, tokenizer.pad_token_id)
 
 

@@ -27,11 +27,13 @@ from .model import DraftConfig, Eagle3Draft
 from .ttt import TTTModule
 
 
-def build_draft(recipe: Recipe, run_dir: Path) -> Eagle3Draft:
-    """A fresh head sized from the target config, with the target's embedding and the run's vocab map."""
-    from eyas.data.target import load_head_weights, load_target_config, text_config
+def build_draft(recipe: Recipe, run_dir: Path, embed: torch.Tensor) -> Eagle3Draft:
+    """A fresh head sized from the target config, with the target's embedding `embed` (V, H)
+    and the run's vocab map (or the warm-start checkpoint of `draft.init_from`)."""
+    from eyas.data.shards import read_index
+    from eyas.data.target import load_target_config, text_config
 
-    index = json.loads((run_dir / "capture" / "index.json").read_text())
+    index = read_index(run_dir / "capture")
     vocab = load_file(str(run_dir / "vocab" / "vocab.safetensors"))
     tcfg = text_config(load_target_config(recipe.target.model, recipe.target.trust_remote_code))
     d = recipe.draft
@@ -48,8 +50,7 @@ def build_draft(recipe: Recipe, run_dir: Path) -> Eagle3Draft:
         return draft
     torch.manual_seed(recipe.train.seed)
     draft = Eagle3Draft(cfg)
-    heads = load_head_weights(recipe.target.model, recipe.target.trust_remote_code)
-    draft.embed_tokens.weight.data.copy_(heads["embed"].float())
+    draft.embed_tokens.weight.data.copy_(embed.float())
     draft.set_vocab_map(vocab["d2t"], vocab["t2d"])
     return draft
 
@@ -103,9 +104,10 @@ def run_train(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> dic
     acc = Accelerator(mixed_precision=mixed_precision(tr.mixed_precision), gradient_accumulation_steps=tr.grad_accum)
     set_seed(tr.seed)
 
-    draft = build_draft(recipe, run_dir)
-    lm_head = load_head_weights(recipe.target.model, recipe.target.trust_remote_code)["lm_head"].float()
-    module = TTTModule(draft, lm_head, tr.ttt_steps, tr.decay, tr.checkpoint_attention)
+    # the target's embedding and lm_head, read once (2 x 1.2 GB for gpt-oss-120b)
+    heads = load_head_weights(recipe.target.model, recipe.target.trust_remote_code)
+    draft = build_draft(recipe, run_dir, heads["embed"])
+    module = TTTModule(draft, heads["lm_head"].float(), tr.ttt_steps, tr.decay, tr.checkpoint_attention)
     dataset = ShardDataset(run_dir / "capture")
     loader = DataLoader(dataset, batch_size=tr.batch_size, sampler=EpochShuffle(len(dataset), tr.seed),
                         num_workers=tr.num_workers, collate_fn=partial(collate, max_length=tr.max_length))

@@ -15,7 +15,7 @@ import re
 
 import torch
 
-from eyas.demo_target.tokenizer import chat_ids
+from eyas.data.regenerate import left_pad, render_prompt
 
 _TEXT = r"(?:(?!<\|).)*"  # text without special tokens
 ANSWER = re.compile(rf"<\|channel\|>analysis<\|message\|>(?P<analysis>{_TEXT})<\|end\|>"
@@ -32,13 +32,8 @@ def parse_answer(text: str) -> tuple[str, str] | None:
 def greedy_generate(model, tokenizer, prompts: list[list[dict]], max_new_tokens: int) -> tuple[list[list[int]], float]:
     """Greedy answers to chat `prompts` (one left-padded batch). -> (per prompt the generated ids,
     cut after the first eos; mean next-token entropy in nats over all those positions)."""
-    rows = [chat_ids(tokenizer, p, add_generation_prompt=True) for p in prompts]
-    B, L = len(rows), max(len(r) for r in rows)
-    ids = torch.full((B, L), tokenizer.pad_token_id, dtype=torch.long)  # (B, L), left padded
-    mask = torch.zeros((B, L), dtype=torch.long)
-    for b, r in enumerate(rows):
-        ids[b, L - len(r):] = torch.tensor(r)
-        mask[b, L - len(r):] = 1
+    ids, mask = left_pad([render_prompt(tokenizer, p) for p in prompts], tokenizer.pad_token_id)  # (B, L)
+    B, L = ids.shape
     out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
                          eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
                          output_logits=True, return_dict_in_generate=True)

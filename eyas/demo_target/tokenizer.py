@@ -90,11 +90,3 @@ def build_tokenizer(texts: Iterable[str], vocab_size: int = 1024) -> PreTrainedT
 def corpus_texts(records: Iterable[dict]) -> list[str]:
     """Every message text of messages records (content, and thinking where present)."""
     return [m[key] for r in records for m in r["messages"] for key in ("content", "thinking") if m.get(key)]
-
-
-def chat_ids(tokenizer, messages: list[dict], add_generation_prompt: bool = False) -> list[int]:
-    """Token ids of `messages` rendered with the chat template (whatever container
-    `apply_chat_template(tokenize=True)` returns in this transformers version)."""
-    out = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True)
-    ids = out["input_ids"] if hasattr(out, "keys") else out
-    return [int(t) for t in ids]
