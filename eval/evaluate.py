@@ -1,9 +1,16 @@
-"""`eyas eval`: measure acceptance length τ with the built-in speculative loop.
+"""`eyas eval`: acceptance and speed of drafts in the built-in serving loop, at the operating points
+people serve at, next to the same requests without speculation (and, with `--server`, next to a
+production engine serving the exported draft).
 
-For every held-out prompt: the target's plain greedy output (Hugging Face `generate`), then
-the speculative loop with each draft at each k; the run is `lossless` only if every
-speculative output equals the plain greedy output token for token. Writes RUN/report.json
-and RUN/report.md (several drafts side by side when given).
+For every benchmark x temperature x concurrency x draft x shape (chain k or tree S,K,N):
+    - the continuous-batching engine (serve/decoding) answers every prompt holding `concurrency`
+      requests in flight (eval/load.py), and measures tau, per-position acceptance, output tokens/s,
+      TTFT / ITL / TPOT percentiles;
+    - the same engine without a draft, at the same concurrency and temperature: the baseline;
+    - at temperature 0 every output is checked token for token against the target's plain greedy
+      output (Hugging Face `generate`): `lossless`.
+Then a cost model fitted to every iteration predicts each k / tree at each concurrency and
+recommends one (eval/advice.py). Writes RUN/report.json, RUN/report.md and the PNG plots.
 """
 
 from __future__ import annotations
@@ -16,48 +23,78 @@ import torch
 from tqdm.auto import tqdm
 
 from eyas import io
+from eyas.eval import advice
+from eyas.eval.benchmarks import Benchmark, held_out, load_benchmark
+from eyas.eval.load import LoadResult, acceptance, pct, run_engine
 from eyas.pipeline import STAGE_ORDER
 from eyas.recipes.schema import Recipe
+from eyas.serve.decoding.sampling import SamplingParams
+from eyas.serve.decoding.tree import TreeShape
 
-def summarize(name: str, benchmark: str, k: int, runs: list, refs: list[list[int]]) -> dict:
-    forwards = sum(r.target_forwards for r in runs)
-    emitted = sum(r.emitted for r in runs)
-    per_pos = []
-    for s in range(1, k + 1):
-        per_pos.append(sum(sum(a >= s for a in r.accepted) for r in runs) / max(forwards, 1))
-    tokens = sum(len(r.tokens) for r in runs)
-    return {
-        "draft": name, "benchmark": benchmark, "k": k,
-        "acceptance_length": emitted / max(forwards, 1),
-        "per_position_acceptance": per_pos,
-        "lossless": all(r.tokens == ref for r, ref in zip(runs, refs)),
-        "num_mismatched": sum(r.tokens != ref for r, ref in zip(runs, refs)),
-        "num_prompts": len(runs),
-        "target_forwards": forwards,
-        "generated_tokens": tokens,
-        "tokens_per_second": tokens / max(sum(r.seconds for r in runs), 1e-9),
+
+def latency_fields(res: LoadResult, prefix: str = "") -> dict:
+    return {f"{prefix}ttft_ms_p50": pct(res.ttft_s, 50), f"{prefix}ttft_ms_p95": pct(res.ttft_s, 95),
+            f"{prefix}itl_ms_p50": pct(res.itl_s, 50), f"{prefix}itl_ms_p95": pct(res.itl_s, 95),
+            f"{prefix}tpot_ms_p50": pct(res.tpot_s, 50)}
+
+
+def result_entry(name: str, bench: Benchmark, engine: str, concurrency: int, temperature: float,
+                 shape: TreeShape | None, res: LoadResult, base: LoadResult | None,
+                 refs: list[list[int]] | None, depth: int | None = None) -> dict:
+    depth = depth if depth is not None else (shape.steps if shape else 0)
+    acc = acceptance(res.emitted, res.accepted, depth) if res.emitted is not None else {
+        "acceptance_length": None, "per_position_acceptance": [], "target_forwards": None,
+        "cut_verifications": None, "num_prompts": len(res.outputs)}
+    entry = {
+        "draft": name, "benchmark": bench.name, "engine": engine, "concurrency": concurrency,
+        "temperature": temperature,
+        "k": (shape.steps if shape.is_chain else None) if shape else depth or None,
+        "tree": shape.to_json() if shape else None,
+        **acc,
+        "output_tokens_per_s": res.tokens_per_s,
+        "baseline_output_tokens_per_s": base.tokens_per_s if base else None,
+        "speedup": res.tokens_per_s / base.tokens_per_s if base else None,
+        **latency_fields(res),
+        **(latency_fields(base, "baseline_") if base else {}),
+        "lossless": None, "num_mismatched": None,
+        "generated_tokens": res.generated, "wall_s": res.wall_s,
+        "tokens_per_second": {"speculative": res.tokens_per_s, "baseline": base.tokens_per_s if base else None},
     }
+    if temperature == 0 and refs is not None:
+        mismatched = sum(o != r for o, r in zip(res.outputs, refs))
+        entry["lossless"], entry["num_mismatched"] = mismatched == 0, mismatched
+    if res.emitted is not None and any(bench.categories):
+        entry["by_category"] = {c: acceptance(res.emitted, res.accepted, depth, [x == c for x in bench.categories])
+                                for c in sorted({c for c in bench.categories if c})}
+    return entry
 
 
 def run_eval(recipe: Recipe, run_dir: str | Path, drafts: list[tuple[str, str]] | None = None,
-             ks: list[int] | None = None, benchmarks: list[tuple[str, str]] | None = None,
-             progress: bool = True, force: bool = False) -> dict:
-    """drafts: (name, checkpoint dir) pairs, default the run's own; ks: default [recipe.eval.k];
-    benchmarks: (name, prompts file) pairs, default the run's held-out prompts."""
-    from eyas.data.prompts import load_conversations, prompt_messages
+             ks: list[int] | None = None, trees: list[str] | None = None, concurrency: list[int] | None = None,
+             temperatures: list[float] | None = None, benchmarks: list[tuple[str, str]] | None = None,
+             servers: list[tuple[str, str]] | None = None, progress: bool = True, force: bool = False) -> dict:
+    """drafts: (name, checkpoint dir), default the run's own; ks / trees ("S,K,N"): default the
+    recipe's eval.k and eval.tree; concurrency / temperatures: default the recipe's; benchmarks:
+    (name, prompt file or known name), default the run's held-out prompts; servers: (name, URL) of
+    OpenAI-compatible servers to drive with the same prompts (eval/server_client.py)."""
     from eyas.data.regenerate import eos_token_ids, render_prompt
     from eyas.data.target import load_target
-    from eyas.serve.speculative import greedy_generate, speculative_generate
+    from eyas.serve.decoding.engine import Engine
+    from eyas.serve.decoding.reference import greedy_generate
     from eyas.train.checkpoint import load_draft
 
     run_dir = Path(run_dir)
-    if io.is_done(run_dir, "eval") and not force and drafts is None and ks is None and benchmarks is None:
+    asked = (drafts, ks, trees, concurrency, temperatures, benchmarks, servers)
+    if io.is_done(run_dir, "eval") and not force and all(a is None for a in asked):
         return json.loads((run_dir / "report.json").read_text())
     t0 = time.perf_counter()
     ev = recipe.eval
     drafts = drafts or [("eyas", str(run_dir / "train" / "checkpoint-final"))]
-    ks = ks or [ev.k]
-    benchmarks = benchmarks or [("held-out", str(run_dir / "prompts" / "eval.jsonl"))]
+    if ks is None and trees is None:
+        ks, trees = [ev.k], list(ev.tree)
+    shapes = [TreeShape.chain(k) for k in (ks or [])] + [TreeShape.parse(t) for t in (trees or [])]
+    concurrency = sorted(set(concurrency or ev.concurrency))
+    temperatures = list(dict.fromkeys(temperatures if temperatures is not None else ev.temperature))
     model, tok = load_target(recipe.target.model, recipe.target.dtype, recipe.target.device,
                              recipe.target.trust_remote_code)
     eos = set(eos_token_ids(model, tok))
@@ -65,71 +102,109 @@ def run_eval(recipe: Recipe, run_dir: str | Path, drafts: list[tuple[str, str]] 
     device = model.get_output_embeddings().weight.device
     loaded = [(name, load_draft(path, device=device, dtype=dtype if dtype != torch.float16 else torch.float32).eval())
               for name, path in drafts]
+    benches = [held_out(run_dir, ev.num_prompts)] if not benchmarks else \
+        [load_benchmark(name, src, recipe.data.system_prompt, ev.num_prompts) for name, src in benchmarks]
 
-    results, entropies, base_tokens, base_seconds = [], [], 0, 0.0
-    for bench, path in benchmarks:
-        convs = load_conversations(path)
-        if ev.num_prompts:
-            convs = convs[:ev.num_prompts]
-        prompts = [render_prompt(tok, prompt_messages(c, recipe.data.system_prompt)) for c in convs]
-        refs = []
-        for p in tqdm(prompts, desc=f"eval {bench}: target greedy", disable=not progress):
-            ref, ent, sec = greedy_generate(model, p, ev.max_new_tokens, eos)
-            refs.append(ref)
-            entropies.append(ent)
-            base_tokens += len(ref)
-            base_seconds += sec
-        for name, draft in loaded:
-            for k in ks:
-                runs = [speculative_generate(model, draft, p, k, ev.max_new_tokens, eos)
-                        for p in tqdm(prompts, desc=f"eval {bench}: {name} k={k}", disable=not progress)]
-                results.append(summarize(name, bench, k, runs, refs))
+    runs_per_point = 1 + len(loaded) * len(shapes) + len(servers or [])
+    total = sum(len(b.messages) for b in benches) * len(temperatures) * len(concurrency) * runs_per_point
+    bar = tqdm(total=total, desc="eval", unit="req", disable=not progress)
+    results, cost_runs, entropies, contexts = [], [], [], []
+    _warm_up(model, loaded, shapes, eos)
+    for bench in benches:
+        prompts = [render_prompt(tok, m) for m in bench.messages]
+        refs = None
+        if 0.0 in temperatures:
+            refs = []
+            for p in prompts:
+                ref, ent, _ = greedy_generate(model, p, ev.max_new_tokens, eos)
+                refs.append(ref)
+                entropies.append(ent)
+        for temp in temperatures:
+            params = [SamplingParams(temperature=temp, top_p=ev.top_p, top_k=ev.top_k, seed=ev.seed + i,
+                                     max_tokens=ev.max_new_tokens) for i in range(len(prompts))]
+            for c in concurrency:
+                bar.set_postfix_str(f"{bench.name} T={temp:g} C={c} plain")
+                base = run_engine(Engine(model, max_batch=c, eos_ids=eos, profile=True), prompts, params, c, bar)
+                cost_runs.append({"shape": None, "steps": base.steps})
+                contexts += [s.context for s in base.steps if s.kind == "decode"]
+                for name, draft in loaded:
+                    for shape in shapes:
+                        bar.set_postfix_str(f"{bench.name} T={temp:g} C={c} {name} {shape.label}")
+                        eng = Engine(model, draft, shape, max_batch=c, eos_ids=eos, profile=True)
+                        res = run_engine(eng, prompts, params, c, bar)
+                        eng.close()
+                        results.append(result_entry(name, bench, "eyas", c, temp, shape, res, base, refs))
+                        cost_runs.append({"shape": shape, "steps": res.steps})
+                for name, url in servers or []:
+                    from eyas.eval.server_client import run_server
 
-    main = results[0]
-    baseline_tps = base_tokens / max(base_seconds, 1e-9)
+                    bar.set_postfix_str(f"{bench.name} T={temp:g} C={c} server {name}")
+                    res, engine_name, depth = run_server(url, prompts, params, c, bar)
+                    results.append(result_entry(name, bench, engine_name, c, temp, None, res, None, refs, depth))
+    bar.close()
+
+    model_fit = advice.fit_cost_model(cost_runs)
+    context = sum(contexts) / max(len(contexts), 1)
+    recommendation = advice.recommend(results, model_fit, context)
+    plots = _plots(results, run_dir, [b.name for b in benches])
+    main = next(r for r in results if r["engine"] == "eyas") if any(r["engine"] == "eyas" for r in results) \
+        else results[0]
+    greedy_rows = [r["lossless"] for r in results if r["lossless"] is not None]
     stage_times = {s: io.read_done(run_dir, s).get("wall_s") for s in STAGE_ORDER[:-1] if io.is_done(run_dir, s)}
     stage_times["eval"] = round(time.perf_counter() - t0, 2)
     report = {
         "acceptance_length": main["acceptance_length"],
         "k": main["k"],
         "per_position_acceptance": main["per_position_acceptance"],
-        "lossless": all(r["lossless"] for r in results),
+        "lossless": all(greedy_rows) if greedy_rows else None,
         "num_prompts": main["num_prompts"],
-        "tokens_per_second": {"speculative": main["tokens_per_second"], "baseline": baseline_tps},
-        "speedup": main["tokens_per_second"] / max(baseline_tps, 1e-9),
-        "target_entropy": sum(entropies) / max(len(entropies), 1),
+        "tokens_per_second": {"speculative": main["output_tokens_per_s"],
+                              "baseline": main["baseline_output_tokens_per_s"]},
+        "speedup": main["speedup"],
+        "target_entropy": sum(entropies) / len(entropies) if entropies else None,
         "stage_times": stage_times,
         "target": recipe.target.model,
         "draft": drafts[0][1],
         "device": str(device),
-        "eval_settings": {"max_new_tokens": ev.max_new_tokens, "greedy": True, "benchmark": main["benchmark"],
-                          "ks": ks, "batch_size": 1},
+        "eval_settings": {"max_new_tokens": ev.max_new_tokens, "greedy": temperatures == [0.0],
+                          "benchmark": main["benchmark"], "benchmarks": [b.name for b in benches],
+                          "ks": ks or [], "trees": [s.to_json() for s in shapes if not s.is_chain],
+                          "concurrency": concurrency, "temperatures": temperatures, "top_p": ev.top_p,
+                          "top_k": ev.top_k, "seed": ev.seed,
+                          "servers": [{"name": n, "url": u} for n, u in servers or []]},
         "results": results,
+        "recommendation": recommendation,
+        "cost_model": {**model_fit, "mean_context": context},
+        "plots": [p.name for p in plots],
     }
+    from eyas.eval.report import report_markdown
+
     io.write_json(run_dir / "report.json", report)
     io.write_text(run_dir / "report.md", report_markdown(report))
     io.mark_done(run_dir, "eval", {"wall_s": stage_times["eval"], "acceptance_length": report["acceptance_length"]})
     return report
 
 
-def report_markdown(r: dict) -> str:
-    lines = [
-        "# eyas evaluation report", "",
-        f"- target: `{r['target']}`  (device {r['device']}, greedy, max_new_tokens "
-        f"{r['eval_settings']['max_new_tokens']}, batch 1)",
-        f"- acceptance length τ = **{r['acceptance_length']:.3f}** at k = {r['k']} on {r['num_prompts']} prompts "
-        f"(tokens per target forward, bonus token included)",
-        f"- lossless: **{str(r['lossless']).lower()}** (speculative output == plain greedy output, token for token)",
-        f"- tokens/s: {r['tokens_per_second']['speculative']:.1f} speculative vs "
-        f"{r['tokens_per_second']['baseline']:.1f} plain greedy ({r['speedup']:.2f}x)",
-        f"- target mean next-token entropy on its outputs: {r['target_entropy']:.3f} nats", "",
-        "| draft | benchmark | k | τ | per-position acceptance | lossless | prompts | tokens/s |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for x in r["results"]:
-        pp = ", ".join(f"{a:.2f}" for a in x["per_position_acceptance"])
-        lines.append(f"| {x['draft']} | {x['benchmark']} | {x['k']} | {x['acceptance_length']:.3f} | {pp} | "
-                     f"{str(x['lossless']).lower()} | {x['num_prompts']} | {x['tokens_per_second']:.1f} |")
-    lines += ["", "| stage | wall time (s) |", "|---|---|"]
-    lines += [f"| {s} | {t} |" for s, t in r["stage_times"].items()]
-    return "\n".join(lines) + "\n"
+def _warm_up(model, loaded, shapes, eos) -> None:
+    """One short request through each engine kind, so first-call costs (kernel selection, lazy
+    buffers) are not timed."""
+    from eyas.serve.decoding.engine import Engine, Request
+
+    p = SamplingParams(temperature=0, max_tokens=4)
+    Engine(model, max_batch=1, eos_ids=eos).run([Request([1, 2, 3], p)])
+    for _, draft in loaded[:1]:
+        for shape in shapes:
+            eng = Engine(model, draft, shape, max_batch=1, eos_ids=eos)
+            eng.run([Request([1, 2, 3], p)])
+            eng.close()
+
+
+def _plots(results: list[dict], run_dir: Path, benches: list[str]) -> list[Path]:
+    from eyas.eval.plots import acceptance_plot, throughput_plot
+
+    out = []
+    for i, b in enumerate(benches):
+        suffix = "" if i == 0 else f"-{''.join(c if c.isalnum() else '-' for c in b)}"
+        out.append(throughput_plot(results, run_dir / f"report-throughput{suffix}.png", b))
+        out.append(acceptance_plot(results, run_dir / f"report-acceptance{suffix}.png", b))
+    return out

@@ -2,7 +2,9 @@
 
     eyas run RECIPE [--out DIR] [key.sub=value ...]      every stage, resuming finished ones
     eyas prompts|regenerate|capture|vocab|train RECIPE_OR_RUN [--out DIR] [overrides]
-    eyas eval RECIPE_OR_RUN [--draft NAME=CKPT ...] [--k K ...] [--prompts NAME=FILE ...]
+    eyas eval RECIPE_OR_RUN [--draft NAME=CKPT ...] [--k K ...] [--tree S,K,N ...] [--concurrency C ...]
+              [--temperature T ...] [--prompts NAME=FILE ...] [--server [NAME=]URL ...]
+    eyas serve RUN_OR_RECIPE [--draft DIR] [--k K | --tree S,K,N] [--host 127.0.0.1] [--port 8000]
     eyas demo-target [--cache-dir DIR] [--force]
     eyas export | import | publish ...                   see `eyas <cmd> --help`
 
@@ -35,10 +37,42 @@ def _pairs(values, flag):
     return out
 
 
+def _result_line(r: dict) -> str:
+    def f(x, d=2):
+        return "-" if x is None else f"{x:.{d}f}"
+    shape = f"k={r['k']}" if r["tree"] is None else "tree " + ",".join(map(str, r["tree"]))
+    return (f"{r['draft']:>12s} {r['engine']:>6s} {r['benchmark']:>10s} T={r['temperature']:g} "
+            f"C={r['concurrency']} {shape}  tau={f(r['acceptance_length'], 3)}  "
+            f"tok/s={f(r['output_tokens_per_s'], 1)}  speedup={f(r['speedup'])}  lossless={r['lossless']}")
+
+
+def _tree_arg(text: str):
+    from eyas.serve.decoding.tree import TreeShape
+
+    try:
+        return TreeShape.parse(text)
+    except ValueError as e:
+        raise RecipeError(f"--tree {text}: {e}") from None
+
+
+def _benchmarks(values):
+    """--prompts NAME=FILE or a known name (eval/benchmarks.py HUB_SETS)."""
+    return [tuple(v.split("=", 1)) if "=" in v else (v, v) for v in values or []] or None
+
+
+def _servers(values):
+    """--server [NAME=]URL."""
+    out = []
+    for v in values or []:
+        name, url = v.split("=", 1) if "=" in v and not v.startswith("http") else ("server", v)
+        out.append((name, url))
+    return out or None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     # export/import/publish/demo-target have their own parsers
-    if argv and argv[0] in ("export", "import", "publish", "demo-target"):
+    if argv and argv[0] in ("export", "import", "publish", "demo-target", "serve"):
         return _delegate(argv[0], argv[1:])
 
     parser = argparse.ArgumentParser(prog="eyas", description=__doc__,
@@ -50,9 +84,17 @@ def main(argv: list[str] | None = None) -> int:
     ev = sub.add_parser("eval", help="measure acceptance length with the speculative loop")
     _recipe_args(ev)
     ev.add_argument("--draft", action="append", help="NAME=CHECKPOINT (repeatable); default the run's own")
-    ev.add_argument("--k", type=int, action="append", help="draft length (repeatable); default eval.k")
-    ev.add_argument("--prompts", action="append", help="BENCHMARK=FILE (repeatable); default held-out prompts")
-    for name in ("export", "import", "publish", "demo-target"):
+    ev.add_argument("--k", type=int, action="append", help="chain length (repeatable); default eval.k")
+    ev.add_argument("--tree", action="append", help="STEPS,TOPK,NUM_DRAFT_TOKENS dynamic tree (repeatable)")
+    ev.add_argument("--concurrency", type=int, action="append", help="requests in flight (repeatable)")
+    ev.add_argument("--temperature", type=float, action="append", help="sampling temperature (repeatable; 0 = greedy)")
+    ev.add_argument("--prompts", action="append",
+                    help="BENCHMARK=FILE or a known name (mt-bench, humaneval, gsm8k; repeatable); "
+                         "default the held-out prompts")
+    ev.add_argument("--server", action="append",
+                    help="[NAME=]URL of an OpenAI-compatible server (vLLM, SGLang, eyas serve) to measure "
+                         "with the same prompts (repeatable)")
+    for name in ("export", "import", "publish", "demo-target", "serve"):
         sub.add_parser(name, help=f"see `eyas {name} --help`", add_help=False)
     args, extra = parser.parse_known_args(argv)  # overrides may also follow the options
     stray = [e for e in extra if e.startswith("-") or "=" not in e]
@@ -71,14 +113,22 @@ def main(argv: list[str] | None = None) -> int:
         elif args.cmd == "eval":
             from eyas.eval.evaluate import run_eval
 
+            for t in args.tree or []:
+                _tree_arg(t)
+            if any(k < 1 for k in args.k or []) or any(c < 1 for c in args.concurrency or []) \
+                    or any(t < 0 for t in args.temperature or []):
+                raise RecipeError("--k and --concurrency must be >= 1, --temperature >= 0")
             check_target(recipe)
-            prepare_run(recipe, run_dir)
+            prepare_run(recipe, run_dir, redo=("eval",))
             report = run_eval(recipe, run_dir, drafts=_pairs(args.draft, "--draft") or None, ks=args.k,
-                              benchmarks=_pairs(args.prompts, "--prompts") or None, progress=progress,
-                              force=True)
+                              trees=args.tree, concurrency=args.concurrency, temperatures=args.temperature,
+                              benchmarks=_benchmarks(args.prompts), servers=_servers(args.server),
+                              progress=progress, force=True)
             for r in report["results"]:
-                print(f"[eyas] {r['draft']:>12s} {r['benchmark']:>10s} k={r['k']}  "
-                      f"tau={r['acceptance_length']:.3f}  lossless={r['lossless']}")
+                print(f"[eyas] {_result_line(r)}")
+            for x in report["recommendation"]:
+                print(f"[eyas] recommend {x['draft']} {x['benchmark']} T={x['temperature']:g} C={x['concurrency']}: "
+                      f"{x['choice']} (predicted {x['predicted_speedup']:.2f}x)")
             print(f"[eyas] report: {run_dir / 'report.json'}")
         else:
             check_target(recipe)
@@ -93,12 +143,14 @@ def main(argv: list[str] | None = None) -> int:
 def _delegate(cmd: str, argv: list[str]) -> int:
     if cmd == "demo-target":
         from eyas.demo_target.build import main_demo_target as fn
+    elif cmd == "serve":
+        from eyas.serve.api.server import main_serve as fn
     elif cmd == "export":
-        from eyas.serve.export import main_export as fn
+        from eyas.serve.interchange.export import main_export as fn
     elif cmd == "import":
-        from eyas.serve.importer import main_import as fn
+        from eyas.serve.interchange.importer import main_import as fn
     else:
-        from eyas.serve.publish import main_publish as fn
+        from eyas.serve.interchange.publish import main_publish as fn
     return int(fn(argv) or 0)
 
 

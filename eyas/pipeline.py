@@ -62,15 +62,16 @@ def _diff(a: dict, b: dict, prefix: str = "") -> list[str]:
     return keys
 
 
-def prepare_run(recipe: Recipe, run_dir: str | Path) -> Path:
-    """Create the run dir or check that its saved recipe agrees with `recipe` on finished stages."""
+def prepare_run(recipe: Recipe, run_dir: str | Path, redo: tuple[str, ...] = ()) -> Path:
+    """Create the run dir or check that its saved recipe agrees with `recipe` on finished stages
+    (except the stages in `redo`, which the caller is about to run again: `eyas eval`)."""
     run_dir = Path(run_dir)
     saved_path = run_dir / "recipe.yaml"
     if saved_path.is_file():
         saved = yaml.safe_load(saved_path.read_text())
         new = recipe.to_dict()
         for stage in STAGE_ORDER:
-            if not io.is_done(run_dir, stage):
+            if not io.is_done(run_dir, stage) or stage in redo:
                 continue
             changed = [k for sec in STAGE_KEYS[stage] for k in _diff(saved.get(sec, {}), new[sec], f"{sec}.")]
             if changed:

@@ -106,7 +106,14 @@ class TrainSection:
 
 @dataclass
 class EvalSection:
-    k: int = 4
+    k: int = 4  # chain length (draft tokens per verification)
+    # EAGLE-2 dynamic trees as "STEPS,TOPK,NUM_DRAFT_TOKENS" (SGLang's parameters), evaluated next to k
+    tree: list[str] = field(default_factory=list)
+    concurrency: list[int] = field(default_factory=lambda: [1])  # requests held in flight
+    temperature: list[float] = field(default_factory=lambda: [0.0])  # 0 = greedy (checked lossless)
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    seed: int = 0  # request i samples with seed + i
     max_new_tokens: int = 256
     num_prompts: int | None = None  # None = every held-out prompt
     check_lossless: bool = True
@@ -248,6 +255,21 @@ def validate(r: Recipe) -> Recipe:
     _check(r.eval.k <= r.train.ttt_steps, "eval.k",
            f"k={r.eval.k} drafts past what TTT trained (train.ttt_steps={r.train.ttt_steps})")
     _check(r.eval.max_new_tokens >= 1, "eval.max_new_tokens", "must be >= 1")
+    _check(len(r.eval.concurrency) >= 1 and all(c >= 1 for c in r.eval.concurrency), "eval.concurrency",
+           f"must list levels >= 1, got {r.eval.concurrency}")
+    _check(len(r.eval.temperature) >= 1 and all(t >= 0 for t in r.eval.temperature), "eval.temperature",
+           f"must list temperatures >= 0, got {r.eval.temperature}")
+    _check(0 < r.eval.top_p <= 1, "eval.top_p", "must be in (0, 1]")
+    _check(r.eval.top_k >= -1, "eval.top_k", "must be -1 or 0 (off) or >= 1")
+    for i, t in enumerate(r.eval.tree):
+        from eyas.serve.decoding.tree import TreeShape
+
+        try:
+            shape = TreeShape.parse(t)
+        except ValueError as e:
+            raise RecipeError(f"eval.tree[{i}]: {e}") from None
+        _check(shape.steps <= r.train.ttt_steps, f"eval.tree[{i}]",
+               f"{shape.steps} steps draft past what TTT trained (train.ttt_steps={r.train.ttt_steps})")
     return r
 
 

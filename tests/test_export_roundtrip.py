@@ -6,9 +6,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from eyas.serve import export as export_mod
-from eyas.serve.export import ExportError, export, fixed_batch_outputs, main_export
-from eyas.serve.importer import import_draft
+from eyas.serve.interchange import export as export_mod
+from eyas.serve.interchange.export import ExportError, export, fixed_batch_outputs, main_export
+from eyas.serve.interchange.importer import import_draft
 from eyas.train.checkpoint import load_draft, save_draft
 from test_export_support import YARN, make_draft, tiny_target
 

@@ -9,7 +9,7 @@ vllm/transformers_utils/configs/speculators/{base,algos}.py.
 import pytest
 import torch
 
-from eyas.serve.formats import describe_export_keys, eagle3_config, speculators_config
+from eyas.serve.interchange.formats import describe_export_keys, eagle3_config, speculators_config
 from eyas.train.model import DraftConfig
 
 BF16, I64, BOOL = torch.bfloat16, torch.int64, torch.bool

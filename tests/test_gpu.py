@@ -1,16 +1,19 @@
-"""GPU checks (marked `gpu`, skipped on CPU CI): the speculative loop stays lossless in bf16 on
-CUDA, and TTT matches the inference chain there within bf16 tolerance."""
+"""GPU checks (marked `gpu`, skipped on CPU CI): the batched speculative loop stays lossless on
+CUDA (fp32 and bf16, chains and a tree, 4 requests in flight), and TTT matches the inference chain
+there within bf16 tolerance."""
 
 import pytest
 import torch
 
-from eyas.serve.speculative import greedy_generate, speculative_generate
+from eyas.serve.decoding.engine import Engine, Request
+from eyas.serve.decoding.reference import greedy_generate
+from eyas.serve.decoding.sampling import SamplingParams
+from eyas.serve.decoding.tree import TreeShape
 from eyas.train.model import KVCache
 from eyas.train.ttt import ttt_forward
 
-from test_lossless import draft_for
 from test_train_serve_consistency import make_draft
-from tiny_targets import tiny_gpt_oss
+from tiny_targets import draft_for, tiny_gpt_oss
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -21,11 +24,12 @@ def test_lossless_on_cuda(dtype):
     target = tiny_gpt_oss(seed=0, layers=4, hidden=64, window=8)
     draft = draft_for(target, 0).to("cuda", dtype)
     target = target.to("cuda", dtype)
-    for k in (1, 3, 5):
-        prompt = list(range(2, 2 + 20 + k))
-        ref, _, _ = greedy_generate(target, prompt, max_new_tokens=32)
-        out = speculative_generate(target, draft, prompt, k=k, max_new_tokens=32)
-        assert out.tokens == ref
+    prompts = [list(range(2, 2 + 20 + i)) for i in range(4)]
+    refs = [greedy_generate(target, p, max_new_tokens=32)[0] for p in prompts]
+    for shape in (TreeShape.chain(1), TreeShape.chain(3), TreeShape.chain(5), TreeShape(3, 2, 6)):
+        eng = Engine(target, draft, shape, max_batch=4)
+        reqs = eng.run([Request(p, SamplingParams(temperature=0, max_tokens=32)) for p in prompts])
+        assert [r.tokens for r in reqs] == refs, shape
 
 
 def test_ttt_matches_chain_on_cuda():

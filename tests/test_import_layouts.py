@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from eyas.serve.importer import DraftFormatError, import_draft, load_published, main_import
+from eyas.serve.interchange.importer import DraftFormatError, import_draft, load_published, main_import
 from eyas.train.checkpoint import load_draft
 from eyas.train.model import KVCache
 from test_export_support import (DRAFT_VOCAB, HEAD_DIM, HEADS, HIDDEN, KV_HEADS, TARGET_LAYERS, VOCAB,

@@ -54,8 +54,11 @@ def test_full_run_report(full_run):
     assert report["num_prompts"] == 4
     assert report["lossless"] is True
     assert 1.0 <= report["acceptance_length"] <= 4.0
-    # tau is exactly 1 + the sum of the per-position rates
-    assert report["acceptance_length"] == pytest.approx(1 + sum(report["per_position_acceptance"]), abs=1e-9)
+    # tau is exactly 1 + the sum of the per-position rates, less the verifications cut short by eos /
+    # max_tokens before their bonus token (they emitted only accepted drafts)
+    main = report["results"][0]
+    assert report["acceptance_length"] == pytest.approx(
+        1 + sum(report["per_position_acceptance"]) - main["cut_verifications"] / main["target_forwards"], abs=1e-9)
     assert set(report["tokens_per_second"]) == {"speculative", "baseline"}
     assert report["target_entropy"] > 0
     assert set(report["stage_times"]) == set(STAGE_ORDER)
@@ -121,8 +124,8 @@ def test_eval_compares_imported_published_draft(setup, full_run, capsys):
     """Our draft exported to the EAGLE-3 release layout and imported back sits beside ours in one
     `eyas eval` command, in the same report format, with the same numbers."""
     from eyas.cli import main
-    from eyas.serve.export import export
-    from eyas.serve.importer import import_draft
+    from eyas.serve.interchange.export import export
+    from eyas.serve.interchange.importer import import_draft
 
     root, target, prompts = setup
     ours = full_run / "train" / "checkpoint-final"
@@ -140,6 +143,48 @@ def test_eval_compares_imported_published_draft(setup, full_run, capsys):
         assert len(got[("eyas", k)]["per_position_acceptance"]) == k
     assert report["lossless"] is True
     assert "published" in capsys.readouterr().out
+
+
+def test_eval_operating_points(setup, full_run, tmp_path, capsys):
+    """`eyas eval RUN --concurrency 1 --concurrency 4 --temperature 0 --temperature 1 --k 1 --k 3 --tree ...`
+    on an MT-bench-layout file: every result carries the serving fields, greedy rows are lossless,
+    MT-bench categories are reported separately, the plots are PNGs and each (T, C) has a recommendation."""
+    from eyas.cli import main
+
+    bench = tmp_path / "mt.jsonl"
+    cats = ["writing", "math", "coding"]
+    bench.write_text("".join(json.dumps({"question_id": i, "category": cats[i % 3],
+                                         "turns": [f"tell me story about cat {i}", "and a dog"]}) + "\n"
+                             for i in range(9)))
+    rc = main(["eval", str(full_run), "--concurrency", "1", "--concurrency", "4", "--temperature", "0",
+               "--temperature", "1", "--k", "1", "--k", "3", "--tree", "2,2,4", "--prompts", f"mt={bench}",
+               "--no-progress"])
+    assert rc == 0
+    report = json.loads((full_run / "report.json").read_text())
+    rows = report["results"]
+    assert len(rows) == 2 * 2 * 3
+    fields = ("concurrency", "temperature", "k", "tree", "acceptance_length", "per_position_acceptance",
+              "output_tokens_per_s", "baseline_output_tokens_per_s", "speedup", "ttft_ms_p50", "itl_ms_p50",
+              "itl_ms_p95", "lossless")
+    for r in rows:
+        assert all(f in r for f in fields), [f for f in fields if f not in r]
+        assert r["lossless"] is (True if r["temperature"] == 0 else None)
+        assert r["output_tokens_per_s"] > 0 and r["speedup"] > 0 and r["ttft_ms_p50"] > 0
+        assert set(r["by_category"]) == set(cats) and sum(c["num_prompts"] for c in r["by_category"].values()) == 9
+        depth = r["k"] if r["tree"] is None else r["tree"][0]
+        assert len(r["per_position_acceptance"]) == depth
+    assert {(r["k"], r["tree"] and tuple(r["tree"])) for r in rows} == {(1, None), (3, None), (None, (2, 2, 4))}
+    # the same prompts at the same temperature: acceptance does not depend on concurrency (greedy)
+    g = {(r["k"], r["concurrency"]): r["acceptance_length"] for r in rows if r["temperature"] == 0 and r["tree"] is None}
+    assert g[(3, 1)] == g[(3, 4)] and g[(1, 1)] == g[(1, 4)]
+    rec = {(x["temperature"], x["concurrency"]) for x in report["recommendation"]}
+    assert rec == {(0.0, 1), (0.0, 4), (1.0, 1), (1.0, 4)}
+    for p in report["plots"]:
+        assert (full_run / p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    md = (full_run / "report.md").read_text()
+    assert "## Recommendation" in md and "report-throughput.png" in md and "τ by category" in md
+    out = capsys.readouterr().out
+    assert "recommend" in out and "tree 2,2,4" in out
 
 
 def test_training_resumes_to_identical_weights(setup, monkeypatch):

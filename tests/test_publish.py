@@ -7,8 +7,8 @@ import huggingface_hub
 import pytest
 import yaml
 
-from eyas.serve.model_card import front_matter
-from eyas.serve.publish import PublishError, main_publish, publish
+from eyas.serve.interchange.model_card import front_matter
+from eyas.serve.interchange.publish import PublishError, main_publish, publish
 from test_export_support import fabricate_run, make_draft, tiny_target
 
 

@@ -20,3 +20,20 @@ def tiny_gpt_oss(seed=0, layers=4, hidden=64, vocab=128, window=8, experts=4, he
             if p.dim() >= 2:
                 p.normal_(0, 0.3 if "embed" in name or "lm_head" in name else 0.1)
     return model
+
+
+def draft_for(target, seed, aux_ids=None):
+    """A random EAGLE-3 draft for `target` (its embedding; draft vocab = every other target id)."""
+    from eyas.train.model import DraftConfig, Eagle3Draft
+
+    tc = target.config
+    torch.manual_seed(seed)
+    ids = aux_ids or [0, 2, tc.num_hidden_layers - 1]
+    cfg = DraftConfig.from_target_config(tc, ids, draft_vocab_size=tc.vocab_size // 2)
+    d = Eagle3Draft(cfg)
+    d.embed_tokens.weight.data.copy_(target.get_input_embeddings().weight)
+    kept = torch.arange(cfg.draft_vocab_size) * 2  # every other target id
+    t2d = torch.zeros(cfg.vocab_size, dtype=torch.bool)
+    t2d[kept] = True
+    d.set_vocab_map(kept - torch.arange(cfg.draft_vocab_size), t2d)
+    return d.eval()

@@ -34,7 +34,7 @@ def save_draft(draft: Eagle3Draft, out_dir: str | Path, dtype: torch.dtype | Non
             continue
         t = t.detach().cpu()
         tensors[name] = t.to(dtype) if t.is_floating_point() else t
-    from eyas.serve.formats import eagle3_config  # the one definition of the EAGLE-3 config fields
+    from eyas.serve.interchange.formats import eagle3_config  # the one definition of the EAGLE-3 config fields
 
     config = eagle3_config(draft.config, dtype)
     config["eyas"] = {"draft_config": draft.config.to_dict(), "layer_id_convention": LAYER_ID_CONVENTION,

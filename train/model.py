@@ -270,26 +270,33 @@ class Eagle3Draft(nn.Module):
     # ---- inference
 
     def step(self, input_ids: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
-             cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
+             cache, attn_mask: torch.Tensor | None = None, logits_to_keep: int = 0
+             ) -> tuple[torch.Tensor, torch.Tensor]:
         """Run new positions against the cache.
 
         input_ids (B, T): the token AFTER each position whose state is `hidden`;
         hidden (B, T, H): fused target states g (first step) or the draft's own prenorm output;
-        position_ids (B, T): absolute positions of these new entries.
-        Returns (prenorm (B, T, H), logits (B, T, V_d)); appends T entries to `cache`.
+        position_ids (B, T): absolute positions of these new entries;
+        cache: `KVCache` (one sequence) or the serving loop's per-row cache, whose `append`
+        returns every key/value the new entries may attend to;
+        attn_mask (B, T, L) bool: which of those each new entry sees (None: causal over `KVCache`);
+        logits_to_keep: logits for the last that many positions only (0: all).
+        Returns (prenorm (B, T, H), logits (B, T or logits_to_keep, V_d)); appends T entries to `cache`.
         """
         layer = self.midlayer
         x = layer.attn_input(self.embed_tokens(input_ids).to(hidden.dtype), hidden)
         cos, sin = self.rotary(position_ids, x.dtype)
         q, k, v = layer.self_attn.qkv(x, cos, sin)
-        past = len(cache)
         k_all, v_all = cache.append(k, v)
-        T, L = q.shape[2], k_all.shape[2]
-        # causal: new entry i sees every cached entry and new entries <= i
-        allowed = torch.ones(T, L, dtype=torch.bool, device=q.device).tril(diagonal=past)
-        o = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=allowed)
+        if attn_mask is None:
+            # causal: new entry i sees every cached entry and new entries <= i
+            T, L = q.shape[2], k_all.shape[2]
+            attn_mask = torch.ones(T, L, dtype=torch.bool, device=q.device).tril(diagonal=L - T)
+        else:
+            attn_mask = attn_mask[:, None]  # (B, 1, T, L): the same for every head
+        o = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=attn_mask)
         prenorm = layer.finish(hidden, o)
-        return prenorm, self.logits(prenorm)
+        return prenorm, self.logits(prenorm[:, -logits_to_keep:] if logits_to_keep else prenorm)
 
     def num_parameters(self, trainable_only: bool = True) -> int:
         return sum(p.numel() for p in self.parameters() if p.requires_grad or not trainable_only)

@@ -1,0 +1,119 @@
+"""Holding a concurrency level: C requests in flight until every prompt is answered, and what
+a serving user measures from it.
+
+    output tokens/s   generated tokens of all requests / wall time from the first arrival to the
+                      last token
+    TTFT              a request's first token time - its arrival (waiting for a free row included)
+    ITL               time between consecutive emissions of a request (vLLM's benchmark_serving
+                      definition: a speculative emission carries several tokens at once)
+    TPOT              (last token time - first token time) / (tokens - 1), per request
+    tau               tokens emitted per verification, over all requests (only tokens actually
+                      emitted: cuts at eos / max_tokens count what was emitted)
+    per-position      fraction of verifications whose emitted tokens include >= s accepted drafts
+
+Both the built-in engine (`run_engine`) and an external OpenAI-compatible server
+(eval/server_client.py) produce `LoadResult`s, so their rows sit side by side in one report.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from eyas.serve.decoding.engine import Engine, Request
+from eyas.serve.decoding.sampling import SamplingParams
+
+
+@dataclass
+class LoadResult:
+    outputs: list[list[int]]  # per prompt, generated token ids
+    wall_s: float
+    ttft_s: list[float]
+    itl_s: list[float]
+    tpot_s: list[float]
+    # speculative acceptance (None without speculation)
+    emitted: list[list[int]] | None = None  # per prompt, per verification
+    accepted: list[list[int]] | None = None
+    steps: list = field(default_factory=list)  # engine StepStats (cost model)
+
+    @property
+    def generated(self) -> int:
+        return sum(len(o) for o in self.outputs)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.generated / max(self.wall_s, 1e-9)
+
+
+def pct(values: list[float], q: float) -> float | None:
+    return float(np.percentile(values, q)) * 1000 if values else None  # seconds -> ms
+
+
+def acceptance(emitted: list[list[int]], accepted: list[list[int]], depth: int,
+               select: list[bool] | None = None) -> dict:
+    """tau, per-position acceptance (positions 1..depth) and counts over the selected prompts."""
+    rows = [i for i in range(len(emitted)) if select is None or select[i]]
+    e = [x for i in rows for x in emitted[i]]
+    a = [x for i in rows for x in accepted[i]]
+    forwards = len(e)
+    return {
+        "acceptance_length": sum(e) / forwards if forwards else None,
+        "per_position_acceptance": [sum(x >= s for x in a) / forwards if forwards else 0.0
+                                    for s in range(1, depth + 1)],
+        "target_forwards": forwards,
+        "cut_verifications": sum(x == y for x, y in zip(e, a)),  # emitted only accepted drafts (cut early)
+        "num_prompts": len(rows),
+    }
+
+
+def request_latencies(token_times: list[float], arrival: float) -> tuple[float | None, list[float], float | None]:
+    """-> (ttft, inter-emission gaps, tpot) of one request from its token emission times."""
+    if not token_times:
+        return None, [], None
+    emissions = sorted(set(token_times))
+    itl = [b - a for a, b in zip(emissions, emissions[1:])]
+    tpot = (token_times[-1] - token_times[0]) / (len(token_times) - 1) if len(token_times) > 1 else None
+    return token_times[0] - arrival, itl, tpot
+
+
+def run_engine(engine: Engine, prompts: list[list[int]], params: list[SamplingParams], concurrency: int,
+               progress=None) -> LoadResult:
+    """Keep `concurrency` requests in flight on `engine` until every prompt is answered: a new
+    request arrives as soon as one finishes (at the next step boundary)."""
+    todo = list(range(len(prompts)))[::-1]
+    reqs: dict[int, Request] = {}
+    in_flight: set[int] = set()
+    engine.stats.clear()
+    t0 = time.perf_counter()
+    while todo or in_flight:
+        while todo and len(in_flight) < concurrency:
+            i = todo.pop()
+            reqs[i] = engine.add(Request(prompts[i], params[i], id=f"p{i}"))
+            in_flight.add(i)
+        engine.step()
+        done = {i for i in in_flight if reqs[i].finished}
+        in_flight -= done
+        if progress is not None and done:
+            progress.update(len(done))
+    wall = max(t for r in reqs.values() for t in r.token_times) - t0
+    out = LoadResult(outputs=[], wall_s=wall, ttft_s=[], itl_s=[], tpot_s=[], steps=list(engine.stats))
+    spec = engine.draft is not None
+    if spec:
+        out.emitted, out.accepted = [], []
+    for i in range(len(prompts)):
+        r = reqs[i]
+        if r.error:
+            raise RuntimeError(f"prompt {i}: {r.error}")
+        out.outputs.append(list(r.tokens))
+        ttft, itl, tpot = request_latencies(r.token_times, r.arrival)
+        if ttft is not None:
+            out.ttft_s.append(ttft)
+        out.itl_s += itl
+        if tpot is not None:
+            out.tpot_s.append(tpot)
+        if spec:
+            out.emitted.append(list(r.emitted))
+            out.accepted.append(list(r.accepted))
+    return out

@@ -1,0 +1,78 @@
+"""RUN/report.md from the report dict (eval/evaluate.py)."""
+
+from __future__ import annotations
+
+
+def _f(x, digits: int = 2) -> str:
+    return f"{x:.{digits}f}" if isinstance(x, (int, float)) and not isinstance(x, bool) else "—"
+
+
+def shape_label(r: dict) -> str:
+    if r.get("tree") is not None:
+        return "tree " + ",".join(map(str, r["tree"]))
+    return f"k={r['k']}" if r.get("k") is not None else "—"
+
+
+def report_markdown(r: dict) -> str:
+    s = r["eval_settings"]
+    lossless = {True: "true", False: "**false**", None: "— (no greedy rows)"}[r["lossless"]]
+    lines = [
+        "# eyas evaluation report", "",
+        f"- target: `{r['target']}` on {r['device']}; max_new_tokens {s['max_new_tokens']}; temperatures "
+        f"{s['temperatures']} (top-p {s['top_p']}, top-k {s['top_k'] or 'off'}); concurrency {s['concurrency']}",
+        f"- acceptance length τ = **{_f(r['acceptance_length'], 3)}** ({shape_label(r['results'][0])}, "
+        f"{r['num_prompts']} prompts): tokens emitted per target verification, the bonus token included",
+        f"- lossless: {lossless} (at temperature 0, every speculative output == the target's plain greedy "
+        "output, token for token)",
+        f"- target mean next-token entropy on its greedy outputs: {_f(r['target_entropy'], 3)} nats", "",
+        "## Results", "",
+        "Output tokens/s over the whole run holding the concurrency level; TTFT from arrival (queueing "
+        "included); ITL between consecutive emissions of a request (a speculative emission holds several "
+        "tokens); the baseline is the same engine without a draft at the same concurrency and temperature.", "",
+        "| draft | engine | benchmark | T | C | shape | τ | per-position acceptance | tok/s | baseline tok/s "
+        "| speedup | TTFT p50 ms | ITL p50 / p95 ms | lossless |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for x in r["results"]:
+        pp = ", ".join(f"{a:.2f}" for a in x["per_position_acceptance"])
+        ll = {True: "yes", False: "**no**", None: "—"}[x["lossless"]]
+        lines.append(
+            f"| {x['draft']} | {x['engine']} | {x['benchmark']} | {x['temperature']:g} | {x['concurrency']} "
+            f"| {shape_label(x)} | {_f(x['acceptance_length'], 3)} | {pp} | {_f(x['output_tokens_per_s'], 1)} "
+            f"| {_f(x['baseline_output_tokens_per_s'], 1)} | {_f(x['speedup'])}× | {_f(x['ttft_ms_p50'], 1)} "
+            f"| {_f(x['itl_ms_p50'], 1)} / {_f(x['itl_ms_p95'], 1)} | {ll} |")
+    cats = [x for x in r["results"] if x.get("by_category")]
+    if cats:
+        lines += ["", "## τ by category", "", "| draft | benchmark | T | C | shape | " +
+                  " | ".join(cats[0]["by_category"]) + " |", "|---|---|---|---|---|" + "---|" * len(cats[0]["by_category"])]
+        for x in cats:
+            lines.append(f"| {x['draft']} | {x['benchmark']} | {x['temperature']:g} | {x['concurrency']} | "
+                         f"{shape_label(x)} | " + " | ".join(_f(v["acceptance_length"], 3)
+                                                          for v in x["by_category"].values()) + " |")
+    lines += ["", "## Recommendation", "", recommendation_table(r.get("recommendation") or []), ""]
+    cm = r.get("cost_model")
+    if cm:
+        t, d = cm["target"], cm["draft"]
+        lines += [f"Cost model fitted to {cm['num_steps']} iterations: target forward = {t['intercept_s'] * 1e3:.3f} ms "
+                  f"+ {t['per_verified_token_s'] * 1e6:.2f} µs per verified token + {t['per_context_token_s'] * 1e9:.2f} ns "
+                  f"per context token; draft = {d['per_forward_s'] * 1e3:.3f} ms per forward + "
+                  f"{d['per_draft_token_s'] * 1e6:.2f} µs per draft token; plain-decoding overhead "
+                  f"{cm['plain_overhead_s'] * 1e3:.3f} ms per step.", ""]
+    for p in r.get("plots") or []:
+        lines += [f"![{p}]({p})", ""]
+    lines += ["| stage | wall time (s) |", "|---|---|"]
+    lines += [f"| {s_} | {t_} |" for s_, t_ in r["stage_times"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def recommendation_table(rows: list[dict]) -> str:
+    if not rows:
+        return "(no eyas-engine results to base a recommendation on)"
+    out = ["| draft | benchmark | T | concurrency | recommended | predicted speedup | measured speedup | predicted τ |",
+           "|---|---|---|---|---|---|---|---|"]
+    for x in rows:
+        out.append(f"| {x['draft']} | {x['benchmark']} | {x['temperature']:g} | {x['concurrency']} | "
+                   f"{'no speculation' if x['k'] == 0 else x['choice']} | {_f(x['predicted_speedup'])}× | "
+                   f"{_f(x['measured_speedup'])}{'×' if x['measured_speedup'] is not None else ''} | "
+                   f"{_f(x['predicted_tau'])} |")
+    return "\n".join(out)

@@ -1,0 +1,425 @@
+"""Continuous-batching speculative decoding: many requests in flight, each accepting its own prefix.
+
+State of a running row b between iterations (n_b = tokens in the target's cache):
+
+    target cache   x_0 .. x_{n_b-1}                (cache.py: every layer, sliding ones included)
+    pending        x_{n_b}: the last emitted token, not yet run through the target
+    draft cache    step-0 entries for positions 0 .. n_b-1 (from the target's own aux states)
+    draft head     logits and output state of the last step-0 entry: the distribution of x_{n_b+1}
+
+One engine step:
+
+    1. admit      waiting requests join (as many as free rows): one left-padded target prefill per
+                  group (its first token is sampled here: TTFT), then the draft's step 0 over the prompt
+    2. draft      per row a tree (tree.py; a chain is the 1-wide tree): depth 1 from the draft head,
+                  then steps-1 draft forwards, each new node attending to the committed entries and
+                  its own ancestors only
+    3. verify     ONE target forward over every row's N tree tokens at positions n_b + depth, with a
+                  tree attention mask; sampling.verify walks each row's tree (greedy, or speculative
+                  sampling at the row's temperature / top-k / top-p with its own generator)
+    4. commit     each row keeps its accepted path: the target cache moves those entries down to
+                  n_b.. (a chain's are already there), the rest become garbage nobody can see; the
+                  emitted tokens (accepted + the next one) are cut at eos / stop ids / max_tokens
+    5. draft step 0 on the accepted path (tokens after each accepted node, the target's aux states
+                  there), left-padded across rows; its last entry gives the next draft head
+    6. retire     finished rows leave (the last row takes their place)
+
+Without a draft the same engine decodes one token per row per step (the baseline at the same
+concurrency). Statistics count only emitted tokens: a verification whose accepted tokens were cut
+by eos or max_tokens counts what was emitted.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from eyas.data.target import HiddenStateTap, decoder_layers
+from eyas.serve.decoding import masks as M
+from eyas.serve.decoding.cache import RowKVCache
+from eyas.serve.decoding.sampling import RowSampling, SamplingParams, sample, verify
+from eyas.serve.decoding.tree import TreeShape, select_tree
+
+
+@dataclass
+class Request:
+    prompt: list[int]
+    params: SamplingParams = field(default_factory=SamplingParams)
+    id: str = ""
+    arrival: float = field(default_factory=time.perf_counter)
+    # called with (request, new token ids) after every emission; `request.finished` tells the end
+    on_tokens: Callable | None = None
+    # --- filled by the engine
+    tokens: list[int] = field(default_factory=list)
+    token_times: list[float] = field(default_factory=list)
+    emitted: list[int] = field(default_factory=list)  # per verification: tokens emitted
+    accepted: list[int] = field(default_factory=list)  # per verification: accepted drafts among them
+    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    error: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def ttft(self) -> float | None:
+        return self.token_times[0] - self.arrival if self.token_times else None
+
+
+@dataclass
+class StepStats:
+    """One engine forward group, for the cost model of k advice (eval/advice.py)."""
+    kind: str  # "prefill" | "decode"
+    rows: int
+    tokens_per_row: int  # N verified per row (1 without speculation)
+    context: int  # mean committed length
+    draft_s: float
+    target_s: float
+    total_s: float
+    emitted: int
+
+
+class Engine:
+    """Speculative (draft given) or plain decoding of many concurrent requests on one target."""
+
+    def __init__(self, target, draft=None, shape: TreeShape | None = None, *, max_batch: int = 64,
+                 eos_ids=(), prefill_tokens: int = 8192, seed: int = 0, max_model_len: int | None = None,
+                 profile: bool = False):
+        if (draft is None) != (shape is None):
+            raise ValueError("give both a draft and a chain/tree shape, or neither (plain decoding)")
+        self.model, self.draft, self.shape = target, draft, shape
+        self.config = target.config.get_text_config() if hasattr(target.config, "get_text_config") else target.config
+        impl = self.config._attn_implementation
+        if impl not in ("eager", "sdpa"):
+            # the loop passes explicit ragged / tree masks, which only these two take as-is
+            target.set_attn_implementation("eager")
+        self.window = M.model_window(self.config)
+        self.num_layers = len(decoder_layers(target))
+        self.vocab = target.get_output_embeddings().weight.shape[0]
+        self.device = target.get_input_embeddings().weight.device
+        self.dtype = next(p for p in target.parameters() if p.is_floating_point()).dtype
+        self.max_batch = max_batch
+        self.eos_ids = set(int(e) for e in eos_ids)
+        self.prefill_tokens = prefill_tokens
+        self.max_model_len = max_model_len or getattr(self.config, "max_position_embeddings", None) or 1 << 30
+        self.profile = profile
+        self.tcache = RowKVCache(max_batch)
+        self.waiting: deque[Request] = deque()
+        self.rows: list[Request] = []
+        self.n: list[int] = []  # committed target entries per row
+        self.pending = torch.zeros(max_batch, dtype=torch.long, device=self.device)
+        self.gens: list[torch.Generator] = []
+        self._seeds = torch.Generator().manual_seed(seed)
+        self._ids = itertools.count()
+        self.stats: list[StepStats] = []
+        self.tap = None
+        if draft is not None:
+            self.tap = HiddenStateTap(target, draft.config.aux_layer_ids)
+            self.dcache = RowKVCache(max_batch)
+            H = draft.config.hidden_size
+            dd = draft.fc.weight
+            self.head_logits = torch.zeros(max_batch, draft.config.draft_vocab_size, device=dd.device)
+            self.head_state = torch.zeros(max_batch, H, device=dd.device, dtype=dd.dtype)
+
+    # ------------------------------------------------------------------ requests
+
+    def add(self, req: Request) -> Request:
+        if not req.prompt:
+            raise ValueError("empty prompt")
+        if len(req.prompt) + 1 > self.max_model_len:
+            raise ValueError(f"prompt of {len(req.prompt)} tokens does not fit the model's "
+                             f"{self.max_model_len} positions")
+        if any(not 0 <= t < self.vocab for t in req.prompt):
+            raise ValueError(f"prompt token ids must be in [0, {self.vocab})")
+        if not req.id:
+            req.id = f"req-{next(self._ids)}"
+        self.waiting.append(req)
+        return req
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.waiting or self.rows)
+
+    def close(self) -> None:
+        if self.tap is not None:
+            self.tap.remove()
+            self.tap = None
+
+    # ------------------------------------------------------------------ the loop
+
+    @torch.no_grad()
+    def step(self) -> None:
+        self._admit()
+        need = self.shape.num_draft_tokens if self.shape else 1
+        for b in range(len(self.rows)):  # no room for another verification: stop at the limit
+            if self.n[b] + need > self.max_model_len:
+                self._finish(b, "length")
+        self._retire()
+        if self.rows:
+            self._decode()
+            self._retire()
+
+    def run(self, requests: list[Request]) -> list[Request]:
+        """Add every request and step until all are finished (at most max_batch at a time)."""
+        for r in requests:
+            self.add(r)
+        while self.busy:
+            self.step()
+        return requests
+
+    # ------------------------------------------------------------------ forwards
+
+    def _target(self, row0: int, ids: torch.Tensor, pos: torch.Tensor, committed: torch.Tensor,
+                write: torch.Tensor, vis: torch.Tensor, kv_len: int, last_only: bool):
+        """One target forward appending ids (n, q) to rows row0..; -> logits (n, q or 1, V) fp32, aux."""
+        full = M.attention_allowed(committed, write, pos, vis, kv_len)
+        win = M.attention_allowed(committed, write, pos, vis, kv_len, self.window) if self.window else None
+        self.tcache.plan(row0, write, kv_len)
+        out = self.model(input_ids=ids, position_ids=pos, past_key_values=self.tcache, use_cache=True,
+                         attention_mask=M.target_masks(self.config, full, win, self.dtype),
+                         logits_to_keep=1 if last_only else 0)
+        self.tcache.check_routed(self.num_layers)
+        aux = self.tap.aux if self.tap is not None else None
+        return out.logits.float(), aux
+
+    def _draft_step(self, row0: int, ids, hidden, pos, committed, spec_slots, spec_pos, vis, kv_len,
+                    last_only: bool):
+        q = ids.shape[1]
+        allowed = M.attention_allowed(committed, spec_slots, spec_pos, vis, kv_len)
+        self.dcache.plan(row0, spec_slots[:, -q:], kv_len)
+        return self.draft.step(ids, hidden, pos, self.dcache, attn_mask=allowed, logits_to_keep=1 if last_only else 0)
+
+    # ------------------------------------------------------------------ 1. admit
+
+    def _admit(self) -> None:
+        free = self.max_batch - len(self.rows)
+        group: list[Request] = []
+        while self.waiting and free > 0:
+            req = self.waiting[0]
+            longest = max([len(r.prompt) for r in group] + [len(req.prompt)])
+            if group and longest * (len(group) + 1) > self.prefill_tokens:
+                self._prefill(group)
+                group = []
+                continue
+            group.append(self.waiting.popleft())
+            free -= 1
+        if group:
+            self._prefill(group)
+
+    def _prefill(self, group: list[Request]) -> None:
+        row0, n = len(self.rows), len(group)
+        dev = self.device
+        lens = torch.tensor([len(r.prompt) for r in group], device=dev)
+        q = int(lens.max())
+        ids = torch.zeros(n, q, dtype=torch.long, device=dev)
+        for b, r in enumerate(group):
+            ids[b, q - len(r.prompt):] = torch.tensor(r.prompt, device=dev)
+        i = torch.arange(q, device=dev)[None]
+        pos = (i - (q - lens)[:, None]).clamp(min=0)  # left padding: real token j at position j
+        zero = torch.zeros(n, dtype=torch.long, device=dev)
+        write = M.left_padded_slots(zero, lens, q)
+        vis = M.causal_vis(lens, q)
+        for r in group:
+            g = torch.Generator(device=dev)
+            g.manual_seed(r.params.seed if r.params.seed is not None
+                          else int(torch.randint(0, 2**62, (1,), generator=self._seeds)))
+            self.gens.append(g)
+        self.rows.extend(group)
+        self.n.extend(len(r.prompt) for r in group)
+        rows = self._sampling(row0, row0 + n)
+        t0 = time.perf_counter()
+        logits, aux = self._target(row0, ids, pos, zero, write, vis, q, last_only=True)
+        first = sample(logits[:, -1], rows)
+        self.pending[row0:row0 + n] = first
+        if self.draft is not None:
+            # step 0 over the prompt: the entry at position j pairs x_j's aux state with x_{j+1}
+            dids = torch.cat([ids[:, 1:], first[:, None]], 1)
+            hidden = self.draft.fuse(aux)
+            h, dl = self._draft_step(row0, dids, hidden, pos, zero, write, pos, vis, q, last_only=True)
+            self.head_logits[row0:row0 + n] = dl[:, -1].float()
+            self.head_state[row0:row0 + n] = h[:, -1]
+        now = time.perf_counter()
+        for b, (r, t) in enumerate(zip(group, first.tolist())):
+            self._emit(row0 + b, [t], now)
+        if self.profile:
+            self.stats.append(StepStats("prefill", n, q, 0, 0.0, now - t0, now - t0, n))
+
+    # ------------------------------------------------------------------ 2-5. one iteration
+
+    def _decode(self) -> None:
+        B = len(self.rows)
+        dev = self.device
+        t0 = time.perf_counter()
+        n = torch.tensor(self.n, device=dev)
+        rows = self._sampling(0, B)
+        if self.draft is None:
+            logits, _ = self._target(0, self.pending[:B, None], n[:, None], n, n[:, None],
+                                     torch.ones(B, 1, 1, dtype=torch.bool, device=dev), int(n.max()) + 1, False)
+            self._sync()
+            t1 = time.perf_counter()
+            nxt = sample(logits[:, 0], rows).tolist()
+            now = time.perf_counter()
+            for b in range(B):
+                self.n[b] += 1
+                self.pending[b] = nxt[b]
+                self._emit(b, [nxt[b]], now, verification=(0, 0))
+            if self.profile:
+                self.stats.append(StepStats("decode", B, 1, int(n.float().mean()), 0.0, t1 - t0, now - t0, B))
+            return
+
+        S, K, N = self.shape.steps, self.shape.topk, self.shape.num_draft_tokens
+        tree = self._draft_tree(n, B)
+        self._sync()
+        t1 = time.perf_counter()
+        slots = n[:, None] + torch.arange(N, device=dev)
+        pos = n[:, None] + tree.depth
+        logits, aux = self._target(0, tree.tokens, pos, n, slots, tree.ancestors, int(n.max()) + N, False)
+        verdict = verify(tree, logits, rows, S)
+        path, acc, nxt = verdict.path, verdict.accepted, verdict.next_token
+        # accepted path -> committed slots n..n+a (a chain's path is already there)
+        last = path.gather(1, acc[:, None])
+        filled = torch.where(path >= 0, path, last)
+        if not self.shape.is_chain:
+            keep_dst = torch.arange(S + 1, device=dev)[None].minimum(acc[:, None])
+            self.tcache.keep(0, n[:, None] + filled, n[:, None] + keep_dst)
+        toks = tree.tokens.gather(1, filled)  # (B, S+1): path tokens (root first)
+        host_acc, host_toks, host_nxt = acc.tolist(), toks.tolist(), nxt.tolist()
+        t2 = time.perf_counter()
+        emitted = 0
+        for b in range(B):
+            a = host_acc[b]
+            before = len(self.rows[b].tokens)
+            self._emit(b, host_toks[b][1:a + 1] + [host_nxt[b]], t2, verification=(a, N - 1))
+            emitted += len(self.rows[b].tokens) - before
+        # 5. the draft's step 0 on each row's accepted path, left padded to the longest
+        lens = acc + 1
+        q = int(lens.max())
+        j = torch.arange(q, device=dev)[None] - (q - lens)[:, None]  # index along the path (< 0: padding)
+        jc = j.clamp(min=0)
+        nxt_tok = torch.where(jc < acc[:, None], toks.gather(1, (jc + 1).clamp(max=S)), nxt[:, None])
+        node = filled.gather(1, jc)  # tree node whose aux state pairs with nxt_tok
+        hidden = self.draft.fuse(aux.gather(1, node[:, :, None].expand(-1, -1, aux.shape[-1])))
+        dpos = n[:, None] + jc
+        write = M.left_padded_slots(n, lens, q)
+        h, dl = self._draft_step(0, nxt_tok, hidden, dpos, n, write, dpos, M.causal_vis(lens, q),
+                                 int(n.max()) + q, last_only=True)
+        self.head_logits[:B] = dl[:, -1].float()
+        self.head_state[:B] = h[:, -1]
+        self.pending[:B] = nxt
+        for b in range(B):
+            self.n[b] += host_acc[b] + 1
+        self._sync()
+        now = time.perf_counter()
+        if self.profile:
+            self.stats.append(StepStats("decode", B, N, int(n.float().mean()), t1 - t0 + (now - t2), t2 - t1, now - t0,
+                                        emitted))
+
+    def _draft_tree(self, n: torch.Tensor, B: int):
+        """Steps 2: the dynamic tree (a chain when topk = 1) of every row."""
+        S, K = self.shape.steps, self.shape.topk
+        dev = self.device
+        d = self.draft
+        probs = self.head_logits[:B].softmax(-1)
+        p1, i1 = probs.topk(K, dim=-1)  # (B, K), decreasing
+        tok = d.to_target_ids(i1)
+        cand_tok, cand_score = [tok], [p1]
+        cand_par = [torch.full((B, K), -1, dtype=torch.long, device=dev)]
+        cand_depth = [torch.ones(B, K, dtype=torch.long, device=dev)]
+        f_tok, f_score, f_cand = tok, p1, torch.arange(K, device=dev).expand(B, K)
+        f_hidden = self.head_state[:B, None].expand(B, K, -1)
+        fed_vis = torch.zeros(B, K, 0, dtype=torch.bool, device=dev)  # frontier x earlier fed entries
+        eye = torch.eye(K, dtype=torch.bool, device=dev)[None].expand(B, K, K)
+        spec_slots = torch.zeros(B, 0, dtype=torch.long, device=dev)
+        spec_pos = torch.zeros(B, 0, dtype=torch.long, device=dev)
+        base = K
+        for s in range(1, S):
+            pos = (n + s - 1)[:, None].expand(B, K)
+            spec_slots = torch.cat([spec_slots, n[:, None] + (s - 1) * K + torch.arange(K, device=dev)], 1)
+            spec_pos = torch.cat([spec_pos, pos], 1)
+            vis = torch.cat([fed_vis, eye], 2)
+            h, logits = self._draft_step(0, f_tok, f_hidden, pos, n, spec_slots, spec_pos, vis,
+                                         int(n.max()) + s * K, last_only=False)
+            cp, ci = logits.float().softmax(-1).topk(K, dim=-1)  # (B, K, K)
+            c_score = (f_score[:, :, None] * cp).reshape(B, K * K)
+            c_tok = d.to_target_ids(ci).reshape(B, K * K)
+            cand_tok.append(c_tok)
+            cand_score.append(c_score)
+            cand_par.append(f_cand[:, :, None].expand(B, K, K).reshape(B, K * K))
+            cand_depth.append(torch.full((B, K * K), s + 1, dtype=torch.long, device=dev))
+            sel = c_score.topk(K, dim=-1).indices  # the next frontier
+            parent = sel // K
+            f_tok, f_score = c_tok.gather(1, sel), c_score.gather(1, sel)
+            f_cand = base + sel
+            f_hidden = h.gather(1, parent[:, :, None].expand(B, K, h.shape[-1]))
+            fed_vis = vis.gather(1, parent[:, :, None].expand(B, K, vis.shape[-1]))
+            base += K * K
+        return select_tree(self.pending[:B], torch.cat(cand_tok, 1), torch.cat(cand_score, 1),
+                           torch.cat(cand_par, 1), torch.cat(cand_depth, 1), self.shape)
+
+    # ------------------------------------------------------------------ bookkeeping
+
+    def _sampling(self, lo: int, hi: int) -> RowSampling:
+        return RowSampling.of([r.params for r in self.rows[lo:hi]], self.gens[lo:hi], self.vocab, self.device)
+
+    def _sync(self) -> None:
+        if self.profile and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def _emit(self, b: int, tokens: list[int], now: float, verification: tuple[int, int] | None = None) -> None:
+        """Append tokens to row b's request, cut at eos / stop ids / max_tokens."""
+        r = self.rows[b]
+        if r.finished:
+            return
+        p = r.params
+        out = []
+        for t in tokens:
+            out.append(t)
+            if (t in self.eos_ids and not p.ignore_eos) or t in p.stop_token_ids:
+                r.finish_reason = "stop"
+                break
+            if len(r.tokens) + len(out) >= p.max_tokens:
+                r.finish_reason = "length"
+                break
+        r.tokens.extend(out)
+        r.token_times.extend([now] * len(out))
+        if verification is not None:
+            a, _ = verification
+            r.emitted.append(len(out))
+            r.accepted.append(min(a, len(out)))
+        if r.on_tokens is not None:
+            r.on_tokens(r, out)
+
+    def _finish(self, b: int, reason: str) -> None:
+        r = self.rows[b]
+        if not r.finished:
+            r.finish_reason = reason
+            if r.on_tokens is not None:
+                r.on_tokens(r, [])
+
+    def abort(self, req: Request) -> None:
+        """Stop a request (a client went away): it leaves at the next retire."""
+        if req in self.waiting:
+            self.waiting.remove(req)
+        req.finish_reason = req.finish_reason or "abort"
+
+    def _retire(self) -> None:
+        b = 0
+        while b < len(self.rows):
+            if not self.rows[b].finished:
+                b += 1
+                continue
+            last = len(self.rows) - 1
+            self.tcache.move_row(last, b)
+            if self.draft is not None:
+                self.dcache.move_row(last, b)
+                self.head_logits[b] = self.head_logits[last]
+                self.head_state[b] = self.head_state[last]
+            self.pending[b] = self.pending[last]
+            for lst in (self.rows, self.n, self.gens):
+                lst[b] = lst[last]
+                lst.pop()
