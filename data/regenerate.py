@@ -31,10 +31,12 @@ STAGE = "regenerate"
 PART_BATCHES = 8  # batches per part file: what a crash can cost at most
 
 
-def render_prompt(tokenizer, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+def render_prompt(tokenizer, messages: list[dict], add_generation_prompt: bool = True, **template_kwargs) -> list[int]:
     """The chat-template token ids of `messages`, by default followed by the assistant
-    generation prompt (whatever container this transformers version returns)."""
-    out = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True)
+    generation prompt (whatever container this transformers version returns). `template_kwargs`
+    reach the template (gpt-oss: reasoning_effort)."""
+    out = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True,
+                                        **template_kwargs)
     ids = out["input_ids"] if isinstance(out, Mapping) else out
     return [int(t) for t in ids]
 

@@ -40,11 +40,13 @@ def latency_fields(res: LoadResult, prefix: str = "") -> dict:
 
 def result_entry(name: str, bench: Benchmark, engine: str, concurrency: int, temperature: float,
                  shape: TreeShape | None, res: LoadResult, base: LoadResult | None,
-                 refs: list[list[int]] | None, depth: int | None = None) -> dict:
+                 refs: list[list[int]] | None, depth: int | None = None, acc: dict | None = None) -> dict:
+    """One row of report.json `results`. `acc`: acceptance read from an external server's counters."""
     depth = depth if depth is not None else (shape.steps if shape else 0)
-    acc = acceptance(res.emitted, res.accepted, depth) if res.emitted is not None else {
-        "acceptance_length": None, "per_position_acceptance": [], "target_forwards": None,
-        "cut_verifications": None, "num_prompts": len(res.outputs)}
+    if acc is None:
+        acc = acceptance(res.emitted, res.accepted, depth) if res.emitted is not None else {
+            "acceptance_length": None, "per_position_acceptance": [], "target_forwards": None,
+            "cut_verifications": None, "num_prompts": len(res.outputs)}
     entry = {
         "draft": name, "benchmark": bench.name, "engine": engine, "concurrency": concurrency,
         "temperature": temperature,
@@ -139,8 +141,8 @@ def run_eval(recipe: Recipe, run_dir: str | Path, drafts: list[tuple[str, str]] 
                     from eyas.eval.server_client import run_server
 
                     bar.set_postfix_str(f"{bench.name} T={temp:g} C={c} server {name}")
-                    res, engine_name, depth = run_server(url, prompts, params, c, bar)
-                    results.append(result_entry(name, bench, engine_name, c, temp, None, res, None, refs, depth))
+                    res, engine_name, depth, acc = run_server(url, prompts, params, c, bar)
+                    results.append(result_entry(name, bench, engine_name, c, temp, None, res, None, refs, depth, acc))
     bar.close()
 
     model_fit = advice.fit_cost_model(cost_runs)

@@ -128,14 +128,19 @@ class Engine:
 
     # ------------------------------------------------------------------ requests
 
+    def validate(self, prompt: list[int]) -> None:
+        """Raise ValueError for a prompt this engine cannot take (reads nothing it changes)."""
+        if not prompt:
+            raise ValueError("the prompt is empty")
+        if len(prompt) + 1 > self.max_model_len:
+            raise ValueError(f"the prompt has {len(prompt)} tokens; this model's maximum context length is "
+                             f"{self.max_model_len} tokens, which leaves no room to generate")
+        bad = [t for t in prompt if not (isinstance(t, int) and 0 <= t < self.vocab)]
+        if bad:
+            raise ValueError(f"prompt token id {bad[0]!r} is outside the vocabulary [0, {self.vocab})")
+
     def add(self, req: Request) -> Request:
-        if not req.prompt:
-            raise ValueError("empty prompt")
-        if len(req.prompt) + 1 > self.max_model_len:
-            raise ValueError(f"prompt of {len(req.prompt)} tokens does not fit the model's "
-                             f"{self.max_model_len} positions")
-        if any(not 0 <= t < self.vocab for t in req.prompt):
-            raise ValueError(f"prompt token ids must be in [0, {self.vocab})")
+        self.validate(req.prompt)
         if not req.id:
             req.id = f"req-{next(self._ids)}"
         self.waiting.append(req)
@@ -159,10 +164,10 @@ class Engine:
         for b in range(len(self.rows)):  # no room for another verification: stop at the limit
             if self.n[b] + need > self.max_model_len:
                 self._finish(b, "length")
-        self._retire()
+        self.retire()
         if self.rows:
             self._decode()
-            self._retire()
+            self.retire()
 
     def run(self, requests: list[Request]) -> list[Request]:
         """Add every request and step until all are finished (at most max_batch at a time)."""
@@ -407,7 +412,8 @@ class Engine:
             self.waiting.remove(req)
         req.finish_reason = req.finish_reason or "abort"
 
-    def _retire(self) -> None:
+    def retire(self) -> None:
+        """Finished rows leave; the last row takes each one's place."""
         b = 0
         while b < len(self.rows):
             if not self.rows[b].finished:
