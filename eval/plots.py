@@ -36,11 +36,19 @@ def throughput_plot(results: list[dict], path: Path, benchmark: str) -> Path:
             cs = sorted(base)
             ax.plot(cs, [base[c] for c in cs], marker="s", color="black", linestyle="--", label="no speculation")
         ax.set_xscale("log", base=2)
-        ax.set_xlabel("concurrent requests")
-        ax.set_ylabel("output tokens/s")
-        ax.set_title(f"{benchmark}, temperature {temp:g}")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        _axes(ax, "concurrent requests", "output tokens/s", f"{benchmark}, temperature {temp:g}")
+    return _save(fig, path)
+
+
+def _axes(ax, xlabel: str, ylabel: str, title: str) -> None:
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+
+
+def _save(fig, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -58,13 +66,6 @@ def acceptance_plot(results: list[dict], path: Path, benchmark: str) -> Path:
         seen.add(key)
         pp = r["per_position_acceptance"]
         ax.plot(range(1, len(pp) + 1), pp, marker="o", label=f"{key[0]}, T={key[1]:g} (τ={r['acceptance_length']:.2f})")
-    ax.set_xlabel("draft position")
-    ax.set_ylabel("acceptance rate")
     ax.set_ylim(0, 1.02)
-    ax.set_title(f"{benchmark}: per-position acceptance")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    _axes(ax, "draft position", "acceptance rate", f"{benchmark}: per-position acceptance")
+    return _save(fig, path)

@@ -37,6 +37,16 @@ def _pairs(values, flag):
     return out
 
 
+def parse_with_overrides(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """Parse `argv`; dotted overrides (key.sub=value) may come before or after the options."""
+    args, extra = parser.parse_known_args(argv)
+    stray = [e for e in extra if e.startswith("-") or "=" not in e]
+    if stray:
+        parser.error(f"unrecognized arguments: {' '.join(stray)}")
+    args.overrides = list(args.overrides) + extra
+    return args
+
+
 def _result_line(r: dict) -> str:
     def f(x, d=2):
         return "-" if x is None else f"{x:.{d}f}"
@@ -96,11 +106,7 @@ def main(argv: list[str] | None = None) -> int:
                          "with the same prompts (repeatable)")
     for name in ("export", "import", "publish", "demo-target", "serve"):
         sub.add_parser(name, help=f"see `eyas {name} --help`", add_help=False)
-    args, extra = parser.parse_known_args(argv)  # overrides may also follow the options
-    stray = [e for e in extra if e.startswith("-") or "=" not in e]
-    if stray:
-        parser.error(f"unrecognized arguments: {' '.join(stray)}")
-    args.overrides = list(args.overrides) + extra
+    args = parse_with_overrides(parser, argv)
 
     from eyas.pipeline import check_target, prepare_run, recipe_and_run, run_all, stage_fn
 

@@ -85,6 +85,12 @@ REPORT = {
          "per_position_acceptance": [0.85, 0.62, 0.41, 0.25], "lossless": True, "num_prompts": 80,
          "tokens_per_second": 70.1},
     ],
+    "recommendation": [
+        {"draft": "eyas", "benchmark": "held-out", "temperature": 0.0, "concurrency": 1, "k": 3, "tree": None,
+         "choice": "k=3", "predicted_speedup": 1.8, "measured_speedup": 1.75, "predicted_tau": 3.2},
+        {"draft": "eyas", "benchmark": "held-out", "temperature": 0.0, "concurrency": 64, "k": 0, "tree": None,
+         "choice": "k=0", "predicted_speedup": 1.0, "measured_speedup": None, "predicted_tau": 1.0},
+    ],
 }
 
 RECIPE = """name: tiny

@@ -34,8 +34,12 @@ def test_dry_run_builds_the_folder(run, tmp_path, monkeypatch, capsys):
     meta, body = card_of(folder)
     assert meta["tags"][:3] == ["speculative-decoding", "eagle3", "eyas"] and meta["license"] == "apache-2.0"
     assert "library_name" in meta and "base_model" not in meta  # the tiny target is a local path
-    assert "| eyas | held-out | 4 | 3.14 | 0.91 / 0.74 / 0.55 / 0.38 | 32 | yes | 88.5 | 41.2 | 2.15× |" in body
-    assert "| eyas | mt-bench | 4 | 2.72 | 0.85 / 0.62 / 0.41 / 0.25 | 80 | yes | 70.1 | 41.2 | 1.70× |" in body
+    assert "| eyas | held-out | 0 | 1 | k=4 | 3.14 | 0.91 / 0.74 / 0.55 / 0.38 | 32 | yes | 88.5 | 41.2 | 2.15× |" in body
+    assert "| eyas | mt-bench | 0 | 1 | k=4 | 2.72 | 0.85 / 0.62 / 0.41 / 0.25 | 80 | yes | 70.1 | 41.2 | 1.70× |" in body
+    # the eval's recommendation per concurrency level
+    assert "## Which k at which concurrency" in body
+    assert "| eyas | held-out | 0 | 1 | k=3 | 1.80× | 1.75× | 3.20 |" in body
+    assert "| eyas | held-out | 0 | 64 | no speculation | 1.00× | — | 1.00 |" in body
     assert '"method": "eagle3", "model": "acme/tiny-eagle3", "num_speculative_tokens": 4' in body
     assert "--speculative-num-steps 4 --speculative-eagle-topk 1 --speculative-num-draft-tokens 5" in body
     assert "eagle3_layers_to_capture: [1, 3, 5]" in body and "max_draft_len: 4" in body

@@ -36,6 +36,13 @@ def test_wrong_type_is_named(raw, key):
 
 @pytest.mark.parametrize("raw,key", [
     ({"eval": {"k": 0}}, "eval.k"),
+    ({"eval": {"concurrency": [1, 0]}}, "eval.concurrency"),
+    ({"eval": {"concurrency": []}}, "eval.concurrency"),
+    ({"eval": {"temperature": [-0.5]}}, "eval.temperature"),
+    ({"eval": {"top_p": 0}}, "eval.top_p"),
+    ({"eval": {"tree": ["3,2"]}}, r"eval.tree\[0\]"),
+    ({"eval": {"tree": ["3,1,5"]}}, r"eval.tree\[0\]"),  # a chain of 3 verifies 4 tokens
+    ({"eval": {"tree": ["2,2,4", "9,2,8"]}, "train": {"ttt_steps": 7}}, r"eval.tree\[1\]"),
     ({"eval": {"k": 8}, "train": {"ttt_steps": 7}}, "eval.k"),
     ({"train": {"ttt_steps": 0}}, "train.ttt_steps"),
     ({"train": {"decay": 1.5}}, "train.decay"),

@@ -239,3 +239,27 @@ def test_eval_reads_acceptance_from_the_server(demo, server, tmp_path, capsys):
     assert theirs["target_forwards"] == ours["target_forwards"]
     assert theirs["output_tokens_per_s"] > 0 and theirs["ttft_ms_p50"] > 0 and theirs["k"] == K
     assert "eyas-serve" in (run / "report.md").read_text()
+
+
+def test_sglang_verify_counts_give_the_loops_tau(demo, server, monkeypatch):
+    """Without Prometheus counters (SGLang), acceptance comes from each response's
+    `sglext.spec_tokens_details.spec_verify_ct`: tau = (completion tokens - 1) / verifications,
+    the loop's own emitted-tokens-per-verification."""
+    from eyas.eval import server_client
+    from eyas.eval.load import acceptance, run_engine
+    from eyas.serve.decoding.engine import Engine
+    from eyas.serve.decoding.sampling import SamplingParams
+    from eyas.serve.decoding.tree import TreeShape
+    from eyas.train.checkpoint import load_draft
+
+    model, tok, eos, root = demo
+    prompts = [render_prompt(tok, m) for m in MESSAGES]
+    params = [SamplingParams(temperature=0, max_tokens=40) for _ in prompts]
+    monkeypatch.setattr(server_client, "scrape", lambda client, url: {})
+    res, engine, _, acc = server_client.run_server(f"{server}/v1", prompts, params, concurrency=2)
+    assert engine == "eyas-serve" and acc["per_position_acceptance"] == []
+    draft = load_draft(root / "draft", device="cpu", dtype=torch.float32).eval()
+    ours = run_engine(Engine(model, draft, TreeShape.chain(K), max_batch=2, eos_ids=eos), prompts, params, 2)
+    assert res.outputs == ours.outputs
+    assert acc["acceptance_length"] == pytest.approx(acceptance(ours.emitted, ours.accepted, K)["acceptance_length"],
+                                                     abs=1e-12)

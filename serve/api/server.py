@@ -449,6 +449,7 @@ def build_served(recipe, draft_dir: str | None, shape: TreeShape | None, name: s
 
 
 def main_serve(argv: list[str]) -> int:
+    from eyas.cli import parse_with_overrides
     from eyas.pipeline import recipe_and_run
     from eyas.recipes.schema import RecipeError
     from eyas.serve.interchange.run_dir import FINAL_CHECKPOINT
@@ -468,11 +469,7 @@ def main_serve(argv: list[str]) -> int:
     p.add_argument("--max-num-seqs", type=int, default=64, help="requests decoded at once (default 64)")
     p.add_argument("--max-model-len", type=int, help="context limit (default: the target's max positions)")
     p.add_argument("--log-level", default="info")
-    args, extra = p.parse_known_args(argv)  # overrides may also follow the options
-    stray = [e for e in extra if e.startswith("-") or "=" not in e]
-    if stray:
-        p.error(f"unrecognized arguments: {' '.join(stray)}")
-    args.overrides = list(args.overrides) + extra
+    args = parse_with_overrides(p, argv)
     try:
         recipe, run_dir = recipe_and_run(args.source, None, args.overrides)
         is_run = Path(args.source).is_dir()

@@ -52,22 +52,44 @@ def acceptance_rows(report: dict) -> list[dict]:
 
 
 def acceptance_table(report: dict) -> str:
+    """One row per eval result: temperature T, concurrency C and draft shape (k or tree) included.
+    Older reports (greedy, one request at a time) read as T = 0, C = 1."""
+    from eyas.eval.report import shape_label
+
     baseline = _baseline_tps(report)
-    lines = ["| draft | benchmark | k | τ (mean accepted length) | per-position acceptance | prompts | lossless "
-             "| tok/s speculative | tok/s plain greedy | speedup |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    greedy = (report.get("eval_settings") or {}).get("greedy", True)
+    lines = ["| draft | benchmark | T | C | shape | τ (mean accepted length) | per-position acceptance | prompts "
+             "| lossless | tok/s speculative | tok/s no speculation | speedup |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in acceptance_rows(report):
         per_pos = " / ".join(_num(p) for p in row.get("per_position_acceptance") or []) or "—"
         tps = row.get("tokens_per_second")
-        spec = tps.get("speculative") if isinstance(tps, dict) else tps
-        base = (tps.get("baseline") if isinstance(tps, dict) else None) or baseline
+        spec = row.get("output_tokens_per_s", tps.get("speculative") if isinstance(tps, dict) else tps)
+        base = row.get("baseline_output_tokens_per_s") or (tps.get("baseline") if isinstance(tps, dict) else None) \
+            or baseline
         speedup = f"{spec / base:.2f}×" if isinstance(spec, (int, float)) and isinstance(base, (int, float)) \
             and base > 0 else "—"
         lossless = {True: "yes", False: "**no**"}.get(row.get("lossless"), "—")
-        lines.append(f"| {row.get('draft', '—')} | {row.get('benchmark', '—')} | {row.get('k', '—')} "
+        temp = row.get("temperature", 0.0 if greedy else None)
+        lines.append(f"| {row.get('draft', '—')} | {row.get('benchmark', '—')} | "
+                     f"{'—' if temp is None else f'{temp:g}'} | {row.get('concurrency', 1)} | {shape_label(row)} "
                      f"| {_num(row.get('acceptance_length'))} | {per_pos} | {row.get('num_prompts', '—')} "
                      f"| {lossless} | {_num(spec, 1)} | {_num(base, 1)} | {speedup} |")
     return "\n".join(lines)
+
+
+def advice_section(report: dict) -> list[str]:
+    """The k / tree recommendation per concurrency level (eval/advice.py), when the eval made one."""
+    from eyas.eval.report import recommendation_table
+
+    rows = report.get("recommendation")
+    if not rows:
+        return []
+    return ["## Which k at which concurrency", "",
+            "Predicted from the measured acceptance and the measured cost of target and draft forwards by "
+            "batch size and tokens verified (eyas eval's cost model), next to the measured speedup where that "
+            "shape was run. `no speculation` means no shape was predicted to beat plain decoding.", "",
+            recommendation_table(rows), ""]
 
 
 def _flat(stats: dict, prefix: str = "") -> list[str]:
@@ -178,7 +200,9 @@ def render_model_card(run: FinishedRun, repo_id: str, result: ExportResult, k: i
              f"Eval: greedy={settings.get('greedy', '—')}, max_new_tokens={settings.get('max_new_tokens', '—')}, "
              f"benchmark={settings.get('benchmark', '—')}, target entropy {_num(report.get('target_entropy'))}. "
              "τ is the mean number of tokens emitted per target forward pass (accepted draft tokens + 1); "
-             "per-position acceptance is the acceptance rate at draft position 1, 2, … .", "",
+             "per-position acceptance is the acceptance rate at draft position 1, 2, … ; T is the sampling "
+             "temperature, C the number of requests in flight.", "",
+             *advice_section(report),
              serving_section(repo_id, target, k, result),
              convention_section(result),
              "## Training", ""]

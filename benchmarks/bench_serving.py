@@ -1,0 +1,197 @@
+"""The built-in serving loop at operating points: tau, output tokens/s and speedup per concurrency x
+k / tree x temperature, and the loop's own overhead.
+
+    python benchmarks/bench_serving.py runs/demo                       # the demo run (its target + draft)
+    python benchmarks/bench_serving.py runs/demo --device cuda
+    python benchmarks/bench_serving.py --random-target gpt-oss-20b --device cuda --concurrency 1 16 64 \\
+        --k 3 --temperature 0 --overhead-only                          # random weights, gpt-oss-20b shape
+
+Loop overhead = median time of one decoding iteration of the engine (draft tree, masks, the target's
+verification forward, acceptance, cache rollback, the draft's step 0, bookkeeping) / median time of
+one plain Hugging Face forward of the target over the same tokens (B rows x N new tokens against a
+DynamicCache already holding the same context length). Plain decoding (k=0) gives the overhead of
+the engine alone (N=1). Everything runs in one process, one configuration after the other.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+
+def random_target(name: str, layers: int | None, device: str, dtype: torch.dtype):
+    """A random-weight GptOssForCausalLM with the named shape (built directly on the device)."""
+    from transformers import GptOssConfig, GptOssForCausalLM
+
+    shapes = {"gpt-oss-20b": dict(num_hidden_layers=24, num_local_experts=32),
+              "gpt-oss-120b": dict(num_hidden_layers=36, num_local_experts=128)}
+    cfg = GptOssConfig(**{**shapes[name], **({"num_hidden_layers": layers} if layers else {})},
+                       hidden_size=2880, intermediate_size=2880, head_dim=64, num_attention_heads=64,
+                       num_key_value_heads=8, vocab_size=201088, sliding_window=128, num_experts_per_tok=4,
+                       max_position_embeddings=131072)
+    with torch.device(device):
+        model = GptOssForCausalLM(cfg).to(dtype).eval()
+    return model
+
+
+def bare_forward_s(model, rows: int, tokens: int, context: int, repeats: int = 5) -> float:
+    """Median seconds of model(B x N new tokens) against a DynamicCache holding `context` tokens."""
+    from transformers import DynamicCache
+
+    dev = model.get_input_embeddings().weight.device
+    V = model.config.vocab_size
+    g = torch.Generator().manual_seed(0)
+    ctx = torch.randint(0, V, (rows, max(context, 1)), generator=g).to(dev)
+    new = torch.randint(0, V, (rows, tokens), generator=g).to(dev)
+    times = []
+    with torch.no_grad():
+        prefilled = DynamicCache(config=model.config)
+        model(input_ids=ctx, past_key_values=prefilled, use_cache=True, logits_to_keep=1)
+        for _ in range(repeats + 1):
+            cache = copy.deepcopy(prefilled)  # (no crop: DynamicCache cannot roll sliding layers back)
+            _sync(dev)
+            t0 = time.perf_counter()
+            model(input_ids=new, past_key_values=cache, use_cache=True)
+            _sync(dev)
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times[1:])
+
+
+def _sync(dev):
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def decode_median(stats) -> tuple[float, int, int, int]:
+    """-> (median iteration seconds, typical rows, tokens per row, mean context) over decode steps."""
+    dec = [s for s in stats if s.kind == "decode"]
+    rows = statistics.median_low([s.rows for s in dec])
+    same = [s for s in dec if s.rows == rows] or dec
+    return (statistics.median(s.total_s for s in same), rows, same[0].tokens_per_row,
+            int(statistics.mean(s.context for s in same)))
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run", nargs="?", help="an eyas run directory (target, draft, held-out prompts)")
+    p.add_argument("--random-target", choices=["gpt-oss-20b", "gpt-oss-120b"])
+    p.add_argument("--layers", type=int, help="override the random target's layer count (smoke runs)")
+    p.add_argument("--device", default=None)
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
+    p.add_argument("--k", type=int, nargs="+", default=[1, 2, 3, 4])
+    p.add_argument("--tree", nargs="*", default=["3,2,6"])
+    p.add_argument("--temperature", type=float, nargs="+", default=[0.0, 1.0])
+    p.add_argument("--prompts", type=int, default=32, help="prompts per configuration")
+    p.add_argument("--prompt-len", type=int, default=512, help="random-target prompt length")
+    p.add_argument("--max-new-tokens", type=int, default=160)
+    p.add_argument("--overhead-only", action="store_true", help="skip the throughput table (random targets)")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--json", help="also write the rows here")
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    from eyas.eval.load import acceptance, run_engine
+    from eyas.serve.decoding.engine import Engine
+    from eyas.serve.decoding.sampling import SamplingParams
+    from eyas.serve.decoding.tree import TreeShape
+
+    eos: set[int] = set()
+    if args.random_target:
+        dev = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        model = random_target(args.random_target, args.layers, dev, torch.bfloat16)
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+        from tiny_targets import draft_for
+
+        n = model.config.num_hidden_layers
+        draft = draft_for(model, 0, aux_ids=[2, n // 2, n - 3] if n >= 6 else [0, 1, n - 1]).to(dev, torch.bfloat16)
+        g = torch.Generator().manual_seed(0)
+        prompts = [torch.randint(0, model.config.vocab_size, (args.prompt_len,), generator=g).tolist()
+                   for _ in range(args.prompts)]
+        what = f"random {args.random_target}" + (f" ({args.layers} layers)" if args.layers else "")
+    else:
+        from eyas.data.regenerate import eos_token_ids, render_prompt
+        from eyas.data.target import load_target
+        from eyas.eval.benchmarks import held_out
+        from eyas.recipes.schema import load_recipe
+        from eyas.train.checkpoint import load_draft
+
+        run = Path(args.run)
+        recipe = load_recipe(run / "recipe.yaml", [f"target.device={args.device}"] if args.device else [])
+        model, tok = load_target(recipe.target.model, recipe.target.dtype, recipe.target.device)
+        dev = model.get_input_embeddings().weight.device
+        dtype = next(model.parameters()).dtype
+        draft = load_draft(run / "train" / "checkpoint-final", device=dev, dtype=dtype).eval()
+        eos = set(eos_token_ids(model, tok))
+        prompts = [render_prompt(tok, m) for m in held_out(run, args.prompts).messages]
+        what = f"{recipe.target.model} ({run})"
+    dev = torch.device(dev) if isinstance(dev, str) else dev
+    shapes = [TreeShape.chain(k) for k in args.k] + [TreeShape.parse(t) for t in args.tree]
+    print(f"# {what} on {dev}, {len(prompts)} prompts, max_new_tokens {args.max_new_tokens}, "
+          f"torch threads {torch.get_num_threads()}")
+
+    def engine(shape, c):
+        return Engine(model, draft if shape else None, shape, max_batch=c, eos_ids=eos, profile=True)
+
+    warm = [SamplingParams(temperature=0, max_tokens=4)]
+    for shape in [None] + shapes:  # first-call costs out of the timings
+        run_engine(engine(shape, 1), prompts[:1], warm, 1)
+
+    rows = []
+    if not args.overhead_only:
+        print("\n| T | C | shape | τ | tok/s | baseline tok/s | speedup | ms/iter | loop overhead |")
+        print("|---|---|---|---|---|---|---|---|---|")
+    for temp in args.temperature:
+        for c in args.concurrency:
+            # random targets: 2C requests, so that C rows stay busy for most of the run
+            n = 2 * c if args.overhead_only else len(prompts)
+            ps = [prompts[i % len(prompts)] for i in range(n)]
+            params = [SamplingParams(temperature=temp, seed=i, max_tokens=args.max_new_tokens) for i in range(n)]
+            base = run_engine(engine(None, c), ps, params, c)
+            it, B, N, L = decode_median(base.steps)
+            bare = bare_forward_s(model, B, N, L)
+            row = {"temperature": temp, "concurrency": c, "shape": "plain", "tau": 1.0,
+                   "tokens_per_s": base.tokens_per_s, "baseline_tokens_per_s": base.tokens_per_s, "speedup": 1.0,
+                   "iteration_ms": it * 1e3, "bare_forward_ms": bare * 1e3, "overhead": it / bare, "rows": B,
+                   "tokens_per_row": N, "context": L}
+            rows.append(row)
+            _print(row, args.overhead_only)
+            for shape in shapes:
+                eng = engine(shape, c)
+                res = run_engine(eng, ps, params, c)
+                eng.close()
+                it, B, N, L = decode_median(res.steps)
+                bare = bare_forward_s(model, B, N, L)
+                acc = acceptance(res.emitted, res.accepted, shape.steps)
+                row = {"temperature": temp, "concurrency": c, "shape": shape.label,
+                       "tau": acc["acceptance_length"], "tokens_per_s": res.tokens_per_s,
+                       "baseline_tokens_per_s": base.tokens_per_s, "speedup": res.tokens_per_s / base.tokens_per_s,
+                       "iteration_ms": it * 1e3, "bare_forward_ms": bare * 1e3, "overhead": it / bare,
+                       "rows": B, "tokens_per_row": N, "context": L}
+                rows.append(row)
+                _print(row, args.overhead_only)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2))
+    return 0
+
+
+def _print(r: dict, overhead_only: bool) -> None:
+    if overhead_only:
+        print(f"C={r['concurrency']:>3} {r['shape']:>14}  rows {r['rows']:>3} x {r['tokens_per_row']} tokens, "
+              f"context {r['context']}: iteration {r['iteration_ms']:.2f} ms / bare forward {r['bare_forward_ms']:.2f} ms"
+              f" = {r['overhead']:.2f}", flush=True)
+        return
+    print(f"| {r['temperature']:g} | {r['concurrency']} | {r['shape']} | {r['tau']:.3f} | {r['tokens_per_s']:.1f} | "
+          f"{r['baseline_tokens_per_s']:.1f} | {r['speedup']:.2f}× | {r['iteration_ms']:.1f} | "
+          f"{r['overhead']:.2f} ({r['bare_forward_ms']:.1f} ms bare) |", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
