@@ -154,3 +154,42 @@ def test_row_cache_keep_and_guard():
     assert c.keys[0].shape[2] >= 40 and c.keys[0][0, 0, 0:4, 0].tolist() == [4, 5, 6, 7]
     with pytest.raises(RuntimeError, match="past_key_values.update"):
         c.check_routed(num_layers=4)  # one update call, four layers
+
+
+def test_context_limit_cuts_speculative_and_plain_alike():
+    """At max_model_len, prompt + output stops at exactly the limit, with or without a draft, and
+    a speculative row is not stopped early for want of room for a whole verification."""
+    target = tiny_gpt_oss(seed=6)
+    draft = draft_for(target, 6)
+    prompt = list(range(3, 13))  # 10 tokens
+    ref, _, _ = greedy_generate(target, prompt, max_new_tokens=20)
+    for limit in (11, 12, 16, 18):
+        outs = []
+        for shape in (None, TreeShape.chain(3), TreeShape(3, 2, 6)):
+            truth = {"r": prompt + ref}
+            eng = Engine(target, max_batch=2, max_model_len=limit) if shape is None else \
+                OracleEngine(target, draft, shape, max_batch=2, max_model_len=limit, truth=truth, p_wrong=0.2)
+            r = eng.run([Request(prompt, SamplingParams(temperature=0, max_tokens=100), id="r")])[0]
+            assert len(prompt) + len(r.tokens) == limit and r.finish_reason == "length", (limit, shape)
+            outs.append(r.tokens)
+        assert outs[0] == outs[1] == outs[2] == ref[:limit - len(prompt)]
+
+
+def test_greedy_and_sampled_rows_share_a_batch():
+    """Greedy requests decoded next to sampled ones (one target forward, one verification per step)
+    still equal plain greedy; seeded sampled requests repeat exactly."""
+    target = tiny_gpt_oss(seed=8)
+    draft = draft_for(target, 8)
+    prompts = prompts_for(target, 8, n=6)
+    refs = [greedy_generate(target, p, max_new_tokens=NEW)[0] for p in prompts]
+    runs = []
+    for _ in range(2):
+        eng = Engine(target, draft, TreeShape(3, 2, 5), max_batch=6)
+        reqs = [Request(p, SamplingParams(temperature=0 if i % 2 == 0 else 1.0, top_k=20, seed=i, max_tokens=NEW))
+                for i, p in enumerate(prompts)]
+        runs.append(eng.run(reqs))
+    for i, (a, b) in enumerate(zip(*runs)):
+        assert a.tokens == b.tokens
+        if i % 2 == 0:
+            assert a.tokens == refs[i]
+    assert any(runs[0][i].tokens != refs[i] for i in range(1, 6, 2))  # sampling did sample

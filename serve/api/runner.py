@@ -73,7 +73,7 @@ class EngineRunner:
                     self._finish_with_error(req, str(e))
             else:
                 for engine in self.engines.values():
-                    if req in engine.waiting or req in engine.rows:
+                    if any(r is req for r in engine.waiting) or any(r is req for r in engine.rows):
                         engine.abort(req)
 
     def _fail(self, engine: Engine, message: str) -> None:

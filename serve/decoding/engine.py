@@ -46,7 +46,7 @@ from eyas.serve.decoding.sampling import RowSampling, SamplingParams, sample, ve
 from eyas.serve.decoding.tree import TreeShape, select_tree
 
 
-@dataclass
+@dataclass(eq=False)  # requests compare by identity (abort, removal from queues)
 class Request:
     prompt: list[int]
     params: SamplingParams = field(default_factory=SamplingParams)
@@ -102,6 +102,11 @@ class Engine:
         self.num_layers = len(decoder_layers(target))
         self.vocab = target.get_output_embeddings().weight.shape[0]
         self.device = target.get_input_embeddings().weight.device
+        out_device = target.get_output_embeddings().weight.device
+        if out_device != self.device or (draft is not None and draft.fc.weight.device != self.device):
+            raise ValueError(f"the serving loop keeps its per-row state on one device: the target's input "
+                             f"embedding is on {self.device}, its lm_head on {out_device}"
+                             + (f", the draft on {draft.fc.weight.device}" if draft is not None else ""))
         self.dtype = next(p for p in target.parameters() if p.is_floating_point()).dtype
         self.max_batch = max_batch
         self.eos_ids = set(int(e) for e in eos_ids)
@@ -118,6 +123,7 @@ class Engine:
         self._ids = itertools.count()
         self.stats: list[StepStats] = []
         self.tap = None
+        self.closed = False
         if draft is not None:
             self.tap = HiddenStateTap(target, draft.config.aux_layer_ids)
             self.dcache = RowKVCache(max_batch)
@@ -151,18 +157,22 @@ class Engine:
         return bool(self.waiting or self.rows)
 
     def close(self) -> None:
+        """Remove the hooks this engine put on the target (the target may outlive the engine)."""
         if self.tap is not None:
             self.tap.remove()
             self.tap = None
+        self.closed = True
 
     # ------------------------------------------------------------------ the loop
 
     @torch.no_grad()
     def step(self) -> None:
+        if self.closed:
+            raise RuntimeError("this engine was closed")
+        self.retire()  # rows aborted since the last step free their place first
         self._admit()
-        need = self.shape.num_draft_tokens if self.shape else 1
-        for b in range(len(self.rows)):  # no room for another verification: stop at the limit
-            if self.n[b] + need > self.max_model_len:
+        for b in range(len(self.rows)):  # prompt + output (pending x_n included) at the context limit
+            if self.n[b] + 1 >= self.max_model_len:
                 self._finish(b, "length")
         self.retire()
         if self.rows:
@@ -342,7 +352,7 @@ class Engine:
         spec_slots = torch.zeros(B, 0, dtype=torch.long, device=dev)
         spec_pos = torch.zeros(B, 0, dtype=torch.long, device=dev)
         base = K
-        for s in range(1, S):
+        for s in range(1, min(S, self.shape.num_draft_tokens - 1)):  # deeper levels could hold no chosen node
             pos = (n + s - 1)[:, None].expand(B, K)
             spec_slots = torch.cat([spec_slots, n[:, None] + (s - 1) * K + torch.arange(K, device=dev)], 1)
             spec_pos = torch.cat([spec_pos, pos], 1)
@@ -387,7 +397,8 @@ class Engine:
             if (t in self.eos_ids and not p.ignore_eos) or t in p.stop_token_ids:
                 r.finish_reason = "stop"
                 break
-            if len(r.tokens) + len(out) >= p.max_tokens:
+            if len(r.tokens) + len(out) >= p.max_tokens or \
+                    len(r.prompt) + len(r.tokens) + len(out) >= self.max_model_len:
                 r.finish_reason = "length"
                 break
         r.tokens.extend(out)
@@ -408,8 +419,7 @@ class Engine:
 
     def abort(self, req: Request) -> None:
         """Stop a request (a client went away): it leaves at the next retire."""
-        if req in self.waiting:
-            self.waiting.remove(req)
+        self.waiting = deque(r for r in self.waiting if r is not req)
         req.finish_reason = req.finish_reason or "abort"
 
     def retire(self) -> None:

@@ -73,6 +73,7 @@ def target_masks(config, allowed_full: torch.Tensor, allowed_window: torch.Tenso
     impl = config._attn_implementation
     types = set(getattr(config, "layer_types", None) or [])
     if "sliding_attention" in types and len(types) > 1:
+        allowed_window = allowed_full if allowed_window is None else allowed_window
         return {"full_attention": as_attention_mask(allowed_full, impl, dtype),
                 "sliding_attention": as_attention_mask(allowed_window, impl, dtype)}
     return as_attention_mask(allowed_window if allowed_window is not None else allowed_full, impl, dtype)
