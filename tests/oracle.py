@@ -19,8 +19,8 @@ class OracleEngine(Engine):
         super().__init__(*args, **kw)
         self.truth, self.p_wrong, self.rng = truth, p_wrong, random.Random(seed)
 
-    def _draft_tree(self, n, B):
-        tree = super()._draft_tree(n, B)
+    def _draft_tree(self, n, n_max, B):
+        tree = super()._draft_tree(n, n_max, B)
         tokens = tree.tokens.tolist()
         parents, depth = tree.parents.tolist(), tree.depth.tolist()
         for b in range(B):

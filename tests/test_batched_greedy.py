@@ -47,10 +47,8 @@ def run_batched(engine, prompts, params):
     assert len(engine.rows) == 8 and not engine.waiting
     for r in reqs[8:]:
         engine.add(r)
-    steps = 0
     while engine.busy:
         engine.step()
-        steps += 1
         assert len(engine.rows) <= engine.max_batch
     return reqs
 
@@ -193,3 +191,11 @@ def test_greedy_and_sampled_rows_share_a_batch():
         if i % 2 == 0:
             assert a.tokens == refs[i]
     assert any(runs[0][i].tokens != refs[i] for i in range(1, 6, 2))  # sampling did sample
+
+
+def test_plain_decoding_records_no_verifications():
+    """Without a draft there is nothing to verify: no acceptance entries (and so no spec-decode
+    metrics on a server for `speculative: false` requests or a `--no-speculation` server)."""
+    target = tiny_gpt_oss(seed=9)
+    r = Engine(target).run([Request(list(range(3, 12)), SamplingParams(temperature=0, max_tokens=6))])[0]
+    assert len(r.tokens) == 6 and r.emitted == [] and r.accepted == []

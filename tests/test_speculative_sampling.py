@@ -170,8 +170,8 @@ class RankedEngine(Engine):
         super().__init__(*a, **kw)
         self.dist = dist
 
-    def _draft_tree(self, n, B):
-        tree = super()._draft_tree(n, B)
+    def _draft_tree(self, n, n_max, B):
+        tree = super()._draft_tree(n, n_max, B)
         tokens, kids = tree.tokens.tolist(), tree.children.tolist()
         for b in range(B):
             def fill(node, prefix):

@@ -30,7 +30,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from fastapi import FastAPI, Request as HttpRequest
+from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -122,10 +122,6 @@ class Call:
     def abort(self) -> None:
         if not self.req.finished:
             self.served.runner.abort(self.req)
-
-
-def _finish_reason(call: Call) -> str:
-    return {"abort": "abort"}.get(call.req.finish_reason, call.req.finish_reason)
 
 
 def _stop_reason(call: Call):
@@ -242,7 +238,7 @@ def build_app(served: Served) -> FastAPI:
         if any(c.req.error for c in calls):
             return _engine_error(calls)
         out = {**base, "choices": [{
-            "index": c.index, "text": text, "logprobs": None, "finish_reason": _finish_reason(c),
+            "index": c.index, "text": text, "logprobs": None, "finish_reason": c.req.finish_reason,
             "stop_reason": _stop_reason(c), "prompt_logprobs": None,
             "token_ids": list(c.req.tokens) if body.return_token_ids else None,
             "prompt_token_ids": list(c.req.prompt) if body.return_token_ids else None,
@@ -298,7 +294,7 @@ def build_app(served: Served) -> FastAPI:
                 if c.req.error:
                     yield _sse(error_body(c.req.error, "InternalServerError", 500))
                 choice = {"index": c.index, "text": delta, "logprobs": None,
-                          "finish_reason": _finish_reason(c) if reason else None,
+                          "finish_reason": c.req.finish_reason if reason else None,
                           "stop_reason": _stop_reason(c) if reason else None,
                           "token_ids": tokens if body.return_token_ids else None,
                           "prompt_token_ids": list(c.req.prompt) if body.return_token_ids and first[c.index] else None}
@@ -359,7 +355,7 @@ def build_app(served: Served) -> FastAPI:
         out = {"id": rid, "object": "chat.completion", "created": created, "model": served.name, "choices": [{
             "index": 0, "message": {"role": "assistant", "content": content,
                                     "reasoning_content": reasoning or None, "tool_calls": []},
-            "logprobs": None, "finish_reason": _finish_reason(call), "stop_reason": _stop_reason(call),
+            "logprobs": None, "finish_reason": call.req.finish_reason, "stop_reason": _stop_reason(call),
             "token_ids": list(call.req.tokens) if body.return_token_ids else None}],
             "usage": _usage(calls), "prompt_logprobs": None,
             "prompt_token_ids": list(call.req.prompt) if body.return_token_ids else None,
@@ -397,7 +393,7 @@ def build_app(served: Served) -> FastAPI:
                 if c or not r:
                     delta["content"] = c
                 choice = {"index": 0, "delta": delta, "logprobs": None,
-                          "finish_reason": _finish_reason(call) if reason else None}
+                          "finish_reason": call.req.finish_reason if reason else None}
                 if reason:
                     choice["stop_reason"] = _stop_reason(call)
                 if body.return_token_ids:

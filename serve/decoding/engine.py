@@ -66,10 +66,6 @@ class Request:
     def finished(self) -> bool:
         return self.finish_reason is not None
 
-    @property
-    def ttft(self) -> float | None:
-        return self.token_times[0] - self.arrival if self.token_times else None
-
 
 @dataclass
 class StepStats:
@@ -78,7 +74,6 @@ class StepStats:
     rows: int
     tokens_per_row: int  # N verified per row (1 without speculation)
     context: int  # mean committed length
-    draft_s: float
     target_s: float
     total_s: float
     emitted: int
@@ -230,7 +225,7 @@ class Engine:
         row0, n = len(self.rows), len(group)
         dev = self.device
         lens = torch.tensor([len(r.prompt) for r in group], device=dev)
-        q = int(lens.max())
+        q = max(len(r.prompt) for r in group)
         ids = torch.zeros(n, q, dtype=torch.long, device=dev)
         for b, r in enumerate(group):
             ids[b, q - len(r.prompt):] = torch.tensor(r.prompt, device=dev)
@@ -259,10 +254,10 @@ class Engine:
             self.head_logits[row0:row0 + n] = dl[:, -1].float()
             self.head_state[row0:row0 + n] = h[:, -1]
         now = time.perf_counter()
-        for b, (r, t) in enumerate(zip(group, first.tolist())):
+        for b, t in enumerate(first.tolist()):
             self._emit(row0 + b, [t], now)
         if self.profile:
-            self.stats.append(StepStats("prefill", n, q, 0, 0.0, now - t0, now - t0, n))
+            self.stats.append(StepStats("prefill", n, q, 0, now - t0, now - t0, n))
 
     # ------------------------------------------------------------------ 2-5. one iteration
 
@@ -271,10 +266,11 @@ class Engine:
         dev = self.device
         t0 = time.perf_counter()
         n = torch.tensor(self.n, device=dev)
+        n_max, n_mean = max(self.n), sum(self.n) // B  # from the host copy: no device sync
         rows = self._sampling(0, B)
         if self.draft is None:
             logits, _ = self._target(0, self.pending[:B, None], n[:, None], n, n[:, None],
-                                     torch.ones(B, 1, 1, dtype=torch.bool, device=dev), int(n.max()) + 1, False)
+                                     torch.ones(B, 1, 1, dtype=torch.bool, device=dev), n_max + 1, False)
             self._sync()
             t1 = time.perf_counter()
             nxt = sample(logits[:, 0], rows).tolist()
@@ -282,18 +278,18 @@ class Engine:
             for b in range(B):
                 self.n[b] += 1
                 self.pending[b] = nxt[b]
-                self._emit(b, [nxt[b]], now, verification=(0, 0))
+                self._emit(b, [nxt[b]], now)
             if self.profile:
-                self.stats.append(StepStats("decode", B, 1, int(n.float().mean()), 0.0, t1 - t0, now - t0, B))
+                self.stats.append(StepStats("decode", B, 1, n_mean, t1 - t0, now - t0, B))
             return
 
-        S, K, N = self.shape.steps, self.shape.topk, self.shape.num_draft_tokens
-        tree = self._draft_tree(n, B)
+        S, N = self.shape.steps, self.shape.num_draft_tokens
+        tree = self._draft_tree(n, n_max, B)
         self._sync()
         t1 = time.perf_counter()
         slots = n[:, None] + torch.arange(N, device=dev)
         pos = n[:, None] + tree.depth
-        logits, aux = self._target(0, tree.tokens, pos, n, slots, tree.ancestors, int(n.max()) + N, False)
+        logits, aux = self._target(0, tree.tokens, pos, n, slots, tree.ancestors, n_max + N, False)
         verdict = verify(tree, logits, rows, S)
         path, acc, nxt = verdict.path, verdict.accepted, verdict.next_token
         # accepted path -> committed slots n..n+a (a chain's path is already there)
@@ -309,11 +305,11 @@ class Engine:
         for b in range(B):
             a = host_acc[b]
             before = len(self.rows[b].tokens)
-            self._emit(b, host_toks[b][1:a + 1] + [host_nxt[b]], t2, verification=(a, N - 1))
+            self._emit(b, host_toks[b][1:a + 1] + [host_nxt[b]], t2, accepted=a)
             emitted += len(self.rows[b].tokens) - before
         # 5. the draft's step 0 on each row's accepted path, left padded to the longest
         lens = acc + 1
-        q = int(lens.max())
+        q = max(host_acc) + 1
         j = torch.arange(q, device=dev)[None] - (q - lens)[:, None]  # index along the path (< 0: padding)
         jc = j.clamp(min=0)
         nxt_tok = torch.where(jc < acc[:, None], toks.gather(1, (jc + 1).clamp(max=S)), nxt[:, None])
@@ -322,7 +318,7 @@ class Engine:
         dpos = n[:, None] + jc
         write = M.left_padded_slots(n, lens, q)
         h, dl = self._draft_step(0, nxt_tok, hidden, dpos, n, write, dpos, M.causal_vis(lens, q),
-                                 int(n.max()) + q, last_only=True)
+                                 n_max + q, last_only=True)
         self.head_logits[:B] = dl[:, -1].float()
         self.head_state[:B] = h[:, -1]
         self.pending[:B] = nxt
@@ -331,10 +327,9 @@ class Engine:
         self._sync()
         now = time.perf_counter()
         if self.profile:
-            self.stats.append(StepStats("decode", B, N, int(n.float().mean()), t1 - t0 + (now - t2), t2 - t1, now - t0,
-                                        emitted))
+            self.stats.append(StepStats("decode", B, N, n_mean, t2 - t1, now - t0, emitted))
 
-    def _draft_tree(self, n: torch.Tensor, B: int):
+    def _draft_tree(self, n: torch.Tensor, n_max: int, B: int):
         """Steps 2: the dynamic tree (a chain when topk = 1) of every row."""
         S, K = self.shape.steps, self.shape.topk
         dev = self.device
@@ -358,7 +353,7 @@ class Engine:
             spec_pos = torch.cat([spec_pos, pos], 1)
             vis = torch.cat([fed_vis, eye], 2)
             h, logits = self._draft_step(0, f_tok, f_hidden, pos, n, spec_slots, spec_pos, vis,
-                                         int(n.max()) + s * K, last_only=False)
+                                         n_max + s * K, last_only=False)
             cp, ci = logits.float().softmax(-1).topk(K, dim=-1)  # (B, K, K)
             c_score = (f_score[:, :, None] * cp).reshape(B, K * K)
             c_tok = d.to_target_ids(ci).reshape(B, K * K)
@@ -385,8 +380,9 @@ class Engine:
         if self.profile and self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def _emit(self, b: int, tokens: list[int], now: float, verification: tuple[int, int] | None = None) -> None:
-        """Append tokens to row b's request, cut at eos / stop ids / max_tokens."""
+    def _emit(self, b: int, tokens: list[int], now: float, accepted: int | None = None) -> None:
+        """Append tokens to row b's request, cut at eos / stop ids / max_tokens. `accepted`: the drafts
+        a verification accepted (None for a prefill or a plain decoding step: no verification)."""
         r = self.rows[b]
         if r.finished:
             return
@@ -403,10 +399,9 @@ class Engine:
                 break
         r.tokens.extend(out)
         r.token_times.extend([now] * len(out))
-        if verification is not None:
-            a, _ = verification
+        if accepted is not None:
             r.emitted.append(len(out))
-            r.accepted.append(min(a, len(out)))
+            r.accepted.append(min(accepted, len(out)))
         if r.on_tokens is not None:
             r.on_tokens(r, out)
 
