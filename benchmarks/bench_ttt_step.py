@@ -1,11 +1,20 @@
 """TTT training-step time and peak memory vs sequence length, for a draft of a given size.
 
-    python benchmarks/bench_ttt_step.py                       # demo-sized head, CPU
-    python benchmarks/bench_ttt_step.py --size gpt-oss-120b --lengths 256 512 --device cuda
+    python benchmarks/bench_ttt_step.py                                   # demo-sized head, CPU
+    python benchmarks/bench_ttt_step.py --size gpt-oss-attention --attention dense chunked \
+        --lengths 1024 2048 4096 8192 16384 --repeat 1                    # linear vs quadratic, CPU
+    python benchmarks/bench_ttt_step.py --size gpt-oss-120b --device cuda --lengths 4096 16384 32768
 
-Prints one line per length: seconds per step (forward + backward + AdamW, median of
---repeat), tokens/s and peak memory (CUDA: torch.cuda.max_memory_allocated; CPU: the peak
-RSS of a fresh process per length, so allocator reuse across lengths cannot hide growth).
+Prints one line per (attention, length), in the anchors' format (../shared/bench):
+
+    T=  4096     0.123 s/step      33301 tok/s  peak GPU     23456 MiB  (warm-up 41.2 s, loss 5.1234)
+
+seconds per step (forward + backward + AdamW, median of --repeat after --warmup untimed steps,
+where torch.compile happens), tokens/s and peak memory (CUDA: torch.cuda.max_memory_allocated;
+CPU: the peak RSS of a fresh process per length, so allocator reuse across lengths cannot hide
+growth). A length that runs out of memory prints OOM and the next one runs.
+Precision: --precision bf16 autocasts like the trainer on GPUs (fp32 weights and AdamW, bf16
+matmuls; the default on CUDA); fp32 is the default on CPU.
 """
 
 import argparse
@@ -14,18 +23,21 @@ import statistics
 import subprocess
 import sys
 import time
+from contextlib import nullcontext
 
 import torch
 
 from eyas.train.model import DraftConfig, Eagle3Draft
+from eyas.train.packing import doc_ids_from_lengths
 from eyas.train.ttt import TTTModule
 
 SIZES = {
     # H, heads, kv heads, head_dim, intermediate, target vocab, draft vocab
     "demo": (128, 4, 2, 32, 512, 915, 256),  # recipes/demo.yaml on the built-in target
     "gpt-oss-120b": (2880, 64, 8, 64, 17280, 201088, 32000),
+    "gpt-oss-20b": (2880, 64, 8, 64, 17280, 201088, 32000),  # the same draft dimensions as 120b
     # gpt-oss-120b's attention shape (64 heads of 64, 8 KV heads) with small H/MLP/vocab: what
-    # the (T x T) attention blocks cost at that head count, on a machine without a GPU
+    # the TTT attention costs at that head count, on a machine without a GPU
     "gpt-oss-attention": (512, 64, 8, 64, 1024, 4096, 1024),
 }
 
@@ -34,60 +46,102 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def is_oom(e: BaseException) -> bool:
+    return isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower() \
+        or "can't allocate memory" in str(e) \
+        or isinstance(e, MemoryError)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--size", choices=SIZES, default="demo")
     p.add_argument("--lengths", type=int, nargs="+", default=[128, 256, 512, 1024])
+    p.add_argument("--attention", nargs="+", default=["auto"], choices=["auto", "flex", "chunked", "dense"])
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--ttt-steps", type=int, default=7)
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=None, help="untimed steps per length (default: 1 on CUDA, 0 on CPU)")
+    p.add_argument("--precision", choices=["fp32", "bf16"], default=None)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--checkpoint-attention", action="store_true", help="recompute attention in backward")
+    p.add_argument("--checkpoint-layer", action="store_true", help="recompute each step's layer in backward")
+    p.add_argument("--memory-limit-gb", type=float, default=None,
+                   help="CPU: cap each length's process (address space), so a quadratic path fails with OOM "
+                        "instead of swapping the machine")
     p.add_argument("--one-process", action="store_true", help="(internal) run the lengths in this process")
     args = p.parse_args()
-    if args.device == "cpu" and not args.one_process and len(args.lengths) > 1:
-        same = ["--size", args.size, "--batch", str(args.batch), "--ttt-steps", str(args.ttt_steps),
-                "--repeat", str(args.repeat), "--device", args.device, "--one-process",
-                *(["--checkpoint-attention"] if args.checkpoint_attention else [])]
-        for T in args.lengths:
-            subprocess.run([sys.executable, __file__, *same, "--lengths", str(T)], check=True)
-        return
-    H, nh, nkv, hd, inter, V, Vd = SIZES[args.size]
     dev = torch.device(args.device)
+    precision = args.precision or ("bf16" if dev.type == "cuda" else "fp32")
+    warmup = args.warmup if args.warmup is not None else (1 if dev.type == "cuda" else 0)
+    runs = [(a, T) for a in args.attention for T in args.lengths]
+    if args.memory_limit_gb:
+        cap = int(args.memory_limit_gb * 2**30)
+        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+    H, nh, nkv, hd, inter, V, Vd = SIZES[args.size]
     cfg = DraftConfig(hidden_size=H, num_attention_heads=nh, num_key_value_heads=nkv, head_dim=hd,
                       intermediate_size=inter, vocab_size=V, draft_vocab_size=Vd, aux_layer_ids=[2, 18, 33])
+    torch.manual_seed(0)
     draft = Eagle3Draft(cfg)
     ids = torch.randperm(V)[:Vd].sort().values
     t2d = torch.zeros(V, dtype=torch.bool)
     t2d[ids] = True
     draft.set_vocab_map(ids - torch.arange(Vd), t2d)
-    module = TTTModule(draft, torch.randn(V, H) * 0.02, args.ttt_steps, 0.8, args.checkpoint_attention).to(dev)
-    opt = torch.optim.AdamW([q for q in module.parameters() if q.requires_grad], lr=1e-4)
-    print(f"size={args.size} trainable={draft.num_parameters() / 1e6:.1f}M ttt_steps={args.ttt_steps} "
-          f"batch={args.batch} device={dev} checkpoint_attention={args.checkpoint_attention}")
-    for T in args.lengths:
+    lm_head = torch.randn(V, H) * 0.02
+    if not args.one_process:
+        print(f"size={args.size} trainable={draft.num_parameters() / 1e6:.1f}M ttt_steps={args.ttt_steps} "
+              f"batch={args.batch} device={dev} precision={precision} checkpoint_layer={args.checkpoint_layer}", flush=True)
+    if dev.type == "cpu" and not args.one_process and len(runs) > 1:
+        same = ["--size", args.size, "--batch", str(args.batch), "--ttt-steps", str(args.ttt_steps),
+                "--repeat", str(args.repeat), "--warmup", str(warmup), "--precision", precision,
+                "--device", args.device, "--one-process", *(["--checkpoint-layer"] if args.checkpoint_layer else []),
+                *(["--memory-limit-gb", str(args.memory_limit_gb)] if args.memory_limit_gb else [])]
+        for a, T in runs:
+            r = subprocess.run([sys.executable, __file__, *same, "--attention", a, "--lengths", str(T)])
+            if r.returncode:
+                print(f"[{a}] T={T:6d}  OOM or killed (exit status {r.returncode})", flush=True)
+        return
+    autocast = torch.autocast(dev.type, dtype=torch.bfloat16) if precision == "bf16" else nullcontext()
+    for attention, T in runs:
+        module = TTTModule(draft, lm_head, args.ttt_steps, 0.8, attention, args.checkpoint_layer).to(dev)
+        opt = torch.optim.AdamW([q for q in module.parameters() if q.requires_grad], lr=1e-4)
         B = args.batch
-        aux = torch.randn(B, T, 3 * H, device=dev)
-        final = torch.randn(B, T, H, device=dev)
-        x = torch.randint(0, V, (B, T), device=dev)
+        g = torch.Generator().manual_seed(T)
+        aux = torch.randn(B, T, 3 * H, generator=g).to(dev)
+        final = torch.randn(B, T, H, generator=g).to(dev)
+        x = torch.randint(0, V, (B, T), generator=g).to(dev)
         mask = torch.ones(B, T, device=dev)
-        lengths = torch.full((B,), T)
+        doc = doc_ids_from_lengths(torch.full((B,), T), T).to(dev)
         if dev.type == "cuda":
+            torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
-        times = []
-        for _ in range(args.repeat):
-            t0 = time.perf_counter()
-            out = module(aux, final, x, mask, lengths)
-            out.loss.backward()
-            opt.step()
-            opt.zero_grad()
-            if dev.type == "cuda":
-                torch.cuda.synchronize()
-            times.append(time.perf_counter() - t0)
+        times, loss, t_warm = [], float("nan"), 0.0
+        try:
+            for i in range(warmup + args.repeat):
+                t0 = time.perf_counter()
+                with autocast:
+                    out = module(aux, final, x, mask, doc)
+                out.loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                if dev.type == "cuda":
+                    torch.cuda.synchronize()
+                loss = out.loss.item()
+                del out
+                (times.append if i >= warmup else lambda s: None)(time.perf_counter() - t0)
+                if i < warmup:
+                    t_warm += time.perf_counter() - t0
+        except Exception as e:  # noqa: BLE001 -- report and go on to the next length
+            if not is_oom(e):
+                raise
+            print(f"[{attention}] T={T:6d}  OOM", flush=True)
+            opt.zero_grad(set_to_none=True)
+            continue
+        finally:
+            del opt, module
         sec = statistics.median(times)
         mem = (torch.cuda.max_memory_allocated() / 2**20) if dev.type == "cuda" else peak_rss_mb()
-        print(f"T={T:6d}  {sec:8.3f} s/step  {B * T / sec:9.0f} tok/s  peak {'GPU' if dev.type == 'cuda' else 'RSS'}"
-              f" {mem:9.0f} MiB", flush=True)
+        print(f"[{attention}] T={T:6d}  {sec:8.3f} s/step  {B * T / sec:9.0f} tok/s  "
+              f"peak {'GPU' if dev.type == 'cuda' else 'RSS'} {mem:9.0f} MiB  (warm-up {t_warm:.1f} s, loss {loss:.4f})",
+              flush=True)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ A shard `capture/shard-00000.safetensors` packs whole sequences, row after row:
 `capture/index.json` lists the shards ({"file", "num_sequences", "num_tokens", "bytes"}) with
 the layer ids, hidden size, dtype and totals. `ShardDataset` opens shards with safetensors'
 memory-mapped `safe_open` and reads one sequence's rows at a time, so a capture never has to
-fit in memory.
+fit in memory. `train/packing.py` turns items into training rows.
 """
 
 from __future__ import annotations
@@ -106,20 +106,3 @@ class ShardDataset(Dataset):
             "loss_mask": sf.get_slice("loss_mask")[a:b].to(torch.float32),  # (T,)
         }
 
-
-def collate(batch: list[dict[str, torch.Tensor]], max_length: int) -> dict[str, torch.Tensor]:
-    """Right-pad a list of ShardDataset items to the longest (cut to `max_length`).
-
-    -> aux (B, T, n_aux*H), final (B, T, H), input_ids (B, T) int64, loss_mask (B, T) float32
-    (0 on padding), lengths (B,) int64."""
-    lengths = torch.tensor([min(len(x["input_ids"]), max_length) for x in batch], dtype=torch.int64)
-    T = int(lengths.max())
-    out = {}
-    for key in ("aux", "final", "input_ids", "loss_mask"):
-        first = batch[0][key]
-        padded = first.new_zeros((len(batch), T) + tuple(first.shape[1:]))
-        for b, x in enumerate(batch):
-            padded[b, :lengths[b]] = x[key][:lengths[b]]
-        out[key] = padded
-    out["lengths"] = lengths
-    return out

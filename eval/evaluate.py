@@ -76,7 +76,7 @@ def run_eval(recipe: Recipe, run_dir: str | Path, drafts: list[tuple[str, str]] 
              temperatures: list[float] | None = None, benchmarks: list[tuple[str, str]] | None = None,
              servers: list[tuple[str, str]] | None = None, progress: bool = True, force: bool = False) -> dict:
     """drafts: (name, checkpoint dir), default the run's own; ks / trees ("S,K,N"): default the
-    recipe's eval.k and eval.tree; concurrency / temperatures: default the recipe's; benchmarks:
+    recipe's eval.k (+ eval.more_k) and eval.tree; concurrency / temperatures: default the recipe's; benchmarks:
     (name, prompt file or known name), default the run's held-out prompts; servers: (name, URL) of
     OpenAI-compatible servers to drive with the same prompts (eval/server_client.py)."""
     from eyas.data.regenerate import eos_token_ids, render_prompt
@@ -93,7 +93,7 @@ def run_eval(recipe: Recipe, run_dir: str | Path, drafts: list[tuple[str, str]] 
     ev = recipe.eval
     drafts = drafts or [("eyas", str(run_dir / "train" / "checkpoint-final"))]
     if ks is None and trees is None:
-        ks, trees = [ev.k], list(ev.tree)
+        ks, trees = list(dict.fromkeys([ev.k, *ev.more_k])), list(ev.tree)
     shapes = [TreeShape.chain(k) for k in (ks or [])] + [TreeShape.parse(t) for t in (trees or [])]
     concurrency = sorted(set(concurrency or ev.concurrency))
     temperatures = list(dict.fromkeys(temperatures if temperatures is not None else ev.temperature))
@@ -144,6 +144,7 @@ def run_eval(recipe: Recipe, run_dir: str | Path, drafts: list[tuple[str, str]] 
                     res, engine_name, depth, acc = run_server(url, prompts, params, c, bar)
                     results.append(result_entry(name, bench, engine_name, c, temp, None, res, None, refs, depth, acc))
     bar.close()
+    validation = attach_simulated_tau(results, run_dir, drafts)
 
     model_fit = advice.fit_cost_model(cost_runs)
     context = sum(contexts) / max(len(contexts), 1)
@@ -177,7 +178,8 @@ def run_eval(recipe: Recipe, run_dir: str | Path, drafts: list[tuple[str, str]] 
         "results": results,
         "recommendation": recommendation,
         "cost_model": {**model_fit, "mean_context": context},
-        "plots": [p.name for p in plots],
+        "plots": [p.name for p in plots] + (["train/curves.png"] if (run_dir / "train" / "curves.png").is_file() else []),
+        "training_validation": validation,
     }
     from eyas.eval.report import report_markdown
 
@@ -185,6 +187,25 @@ def run_eval(recipe: Recipe, run_dir: str | Path, drafts: list[tuple[str, str]] 
     io.write_text(run_dir / "report.md", report_markdown(report))
     io.mark_done(run_dir, "eval", {"wall_s": stage_times["eval"], "acceptance_length": report["acceptance_length"]})
     return report
+
+
+def attach_simulated_tau(results: list[dict], run_dir: Path, drafts: list[tuple[str, str]]) -> dict | None:
+    """The training's validation predicts a greedy chain's tau for every k <= ttt_steps
+    (train/validation.py); set it on each greedy chain row of the run's own draft, next to the
+    measured tau, so the gap between training's estimate and the loop shows. -> the validation dict."""
+    if not io.is_done(run_dir, "train"):
+        return None
+    validation = io.read_done(run_dir, "train").get("validation")
+    if not validation:
+        return None
+    own = {name for name, path in drafts
+           if Path(path).resolve() == (run_dir / "train" / "checkpoint-final").resolve()}
+    sim = validation["simulated_tau"]
+    for r in results:
+        if r["draft"] in own and r["engine"] == "eyas" and r["temperature"] == 0 and r.get("tree") is None \
+                and r["k"] and r["k"] <= len(sim):
+            r["training_simulated_tau"] = sim[r["k"] - 1]
+    return validation
 
 
 def _warm_up(model, loaded, shapes, eos) -> None:

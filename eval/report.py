@@ -49,6 +49,17 @@ def report_markdown(r: dict) -> str:
             lines.append(f"| {x['draft']} | {x['benchmark']} | {x['temperature']:g} | {x['concurrency']} | "
                          f"{shape_label(x)} | " + " | ".join(_f(v["acceptance_length"], 3)
                                                           for v in x["by_category"].values()) + " |")
+    sim = [x for x in r["results"] if x.get("training_simulated_tau") is not None]
+    if sim:
+        lines += ["", "## Training's estimate vs the serving loop", "",
+                  "Simulated τ: training's validation on held-out captured sequences (teacher-forced TTT, greedy "
+                  "chain of k drafts); measured τ: the serving loop at temperature 0.", "",
+                  "| draft | benchmark | C | k | simulated τ | measured τ | measured − simulated |",
+                  "|---|---|---|---|---|---|---|"]
+        for x in sim:
+            lines.append(f"| {x['draft']} | {x['benchmark']} | {x['concurrency']} | {x['k']} | "
+                         f"{_f(x['training_simulated_tau'], 3)} | {_f(x['acceptance_length'], 3)} | "
+                         f"{x['acceptance_length'] - x['training_simulated_tau']:+.3f} |")
     lines += ["", "## Recommendation", "", recommendation_table(r.get("recommendation") or []), ""]
     cm = r.get("cost_model")
     if cm:

@@ -88,10 +88,16 @@ class TrainSection:
     max_steps: int | None = None  # overrides epochs when set
     batch_size: int = 4  # sequences per device per step
     grad_accum: int = 1
-    max_length: int = 2048  # longer sequences are truncated
-    # recompute each TTT step's (T x T) attention in backward instead of keeping ttt_steps of
-    # them: long-context memory for some extra compute
-    checkpoint_attention: bool = False
+    max_length: int = 2048  # tokens per row; longer sequences are truncated
+    # several sequences per row (document mask, per-sequence positions), so short sequences do
+    # not waste a long row; batch_size then counts rows
+    pack: bool = False
+    # TTT attention (train/attention.py): auto (flex on CUDA, else chunked) | flex | chunked
+    # (both O(T) memory) | dense (the (T x T) reference, short sequences only)
+    attention: str = "auto"
+    # recompute each TTT step's decoder layer in backward: about a third more compute, a fraction of
+    # the activation memory (gpt-oss-120b dims on 80 GB: T = 32K without, more with; see the README)
+    checkpoint_layer: bool = False
     lr: float = 1e-4
     weight_decay: float = 0.0
     warmup_ratio: float = 0.03
@@ -100,13 +106,19 @@ class TrainSection:
     mixed_precision: str = "auto"  # auto (bf16 on GPUs that support it, else no) | no | bf16 | fp16
     log_every: int = 10
     save_every: int = 0  # 0 = only at the end
+    # captured sequences held out from training; TTT acceptance and the simulated tau for every
+    # k <= ttt_steps are measured on them every val_every steps (0: only at the end) and at the end
+    val_fraction: float = 0.02
+    val_every: int = 0
+    report_to: str = "none"  # none | wandb | tensorboard | trackio (accelerate's trackers)
     seed: int = 0
     num_workers: int = 0
 
 
 @dataclass
 class EvalSection:
-    k: int = 4  # chain length (draft tokens per verification)
+    k: int = 4  # chain length (draft tokens per verification): the report's headline shape
+    more_k: list[int] = field(default_factory=list)  # more chain lengths evaluated next to k
     # EAGLE-2 dynamic trees as "STEPS,TOPK,NUM_DRAFT_TOKENS" (SGLang's parameters), evaluated next to k
     tree: list[str] = field(default_factory=list)
     concurrency: list[int] = field(default_factory=lambda: [1])  # requests held in flight
@@ -245,6 +257,12 @@ def validate(r: Recipe) -> Recipe:
     _check(r.train.batch_size >= 1, "train.batch_size", "must be >= 1")
     _check(r.train.grad_accum >= 1, "train.grad_accum", "must be >= 1")
     _check(r.train.max_length >= 2, "train.max_length", "must be >= 2")
+    _check(0 <= r.train.val_fraction < 1, "train.val_fraction", "must be in [0, 1)")
+    _check(r.train.val_every >= 0, "train.val_every", "must be >= 0 (0: validate only at the end)")
+    _check(r.train.report_to in ("none", "wandb", "tensorboard", "trackio"), "train.report_to",
+           f"must be none, wandb, tensorboard or trackio, got {r.train.report_to!r}")
+    _check(r.train.attention in ("auto", "flex", "chunked", "dense"), "train.attention",
+           f"must be auto, flex, chunked or dense, got {r.train.attention!r}")
     _check(r.train.lr > 0, "train.lr", "must be > 0")
     _check(0 <= r.train.warmup_ratio < 1, "train.warmup_ratio", "must be in [0, 1)")
     _check(0 <= r.train.min_lr_ratio <= 1, "train.min_lr_ratio", "must be in [0, 1]")
@@ -254,6 +272,9 @@ def validate(r: Recipe) -> Recipe:
     _check(r.eval.k >= 1, "eval.k", f"must be >= 1, got {r.eval.k}")
     _check(r.eval.k <= r.train.ttt_steps, "eval.k",
            f"k={r.eval.k} drafts past what TTT trained (train.ttt_steps={r.train.ttt_steps})")
+    for i, k in enumerate(r.eval.more_k):
+        _check(1 <= k <= r.train.ttt_steps, f"eval.more_k[{i}]",
+               f"k={k} must be in 1..train.ttt_steps={r.train.ttt_steps}")
     _check(r.eval.max_new_tokens >= 1, "eval.max_new_tokens", "must be >= 1")
     _check(len(r.eval.concurrency) >= 1 and all(c >= 1 for c in r.eval.concurrency), "eval.concurrency",
            f"must list levels >= 1, got {r.eval.concurrency}")

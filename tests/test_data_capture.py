@@ -13,7 +13,8 @@ import eyas.data.capture as capture
 from eyas.data.capture import LAYER_ID_CONVENTION, capture_batch, run_capture
 from eyas.data.prompts import run_prompts
 from eyas.data.regenerate import loss_mask, read_sequences, run_regenerate
-from eyas.data.shards import ShardDataset, collate
+from eyas.data.shards import ShardDataset
+from eyas.train.packing import collate_rows
 from eyas.data.target import load_target, tapped
 from eyas.recipes.schema import load_recipe
 
@@ -113,7 +114,7 @@ def test_run_capture_round_trip(regen_run, tmp_path, capsys):
         with torch.no_grad():
             assert torch.equal(model.lm_head(item["final"]), logits[0])
 
-    batch = collate([ds[0], ds[9], ds[4]], max_length=20)
+    batch = collate_rows([[ds[0]], [ds[9]], [ds[4]]], max_length=20)
     lengths = [min(n, 20) for n in (ds.lengths[0], ds.lengths[9], ds.lengths[4])]
     assert batch["lengths"].tolist() == lengths and batch["aux"].shape == (3, max(lengths), 192)
     assert batch["final"].shape == (3, max(lengths), 64) and batch["input_ids"].shape == (3, max(lengths))
@@ -122,6 +123,7 @@ def test_run_capture_round_trip(regen_run, tmp_path, capsys):
         assert torch.equal(batch["aux"][b, :L], ds[i]["aux"][:L]) and not batch["aux"][b, L:].any()
         assert torch.equal(batch["input_ids"][b, :L], ds[i]["input_ids"][:L])
         assert torch.equal(batch["loss_mask"][b, :L], ds[i]["loss_mask"][:L]) and not batch["loss_mask"][b, L:].any()
+        assert batch["doc_ids"][b].tolist() == [0] * L + [1] * (max(lengths) - L)
 
 
 def shard_tensors(run):

@@ -37,10 +37,66 @@ def test_ttt_matches_chain_on_cuda():
     ids = torch.randint(0, 97, (1, 12), device="cuda")
     aux = torch.randn(1, 12, 96, device="cuda")
     with torch.no_grad():
-        out = ttt_forward(d, aux, ids, torch.ones(1, 12, device="cuda"), torch.tensor([12]), None, ttt_steps=4)
+        out = ttt_forward(d, aux, ids, torch.ones(1, 12, device="cuda"),
+                          torch.zeros(1, 12, dtype=torch.long, device="cuda"), None, ttt_steps=4, attention="dense")
         cache = KVCache()
         h, logits = d.step(ids[:, 1:6], d.fuse(aux)[:, :5], torch.arange(5, device="cuda")[None], cache)
         hidden = h[:, -1:]
         for j in range(1, 4):
             hidden, logits = d.step(ids[:, 5 + j:6 + j], hidden, torch.tensor([[4 + j]], device="cuda"), cache)
             assert (logits[0, 0] - out.logits[j][0, 4]).abs().max().item() <= 1e-4
+
+
+@pytest.mark.parametrize("T", [37, 300])
+def test_flex_and_chunked_attention_equal_dense_on_cuda(T):
+    """FlexAttention (block mask, GQA, packing, T not a multiple of its 128 tile) and the chunked path
+    against the dense reference: output and gradients, fp32, within 1e-4 relative."""
+    from eyas.train import attention as A
+
+    from test_ttt_attention import packed_docs
+
+    g = torch.Generator().manual_seed(T)
+    B, nh, nkv, d = 2, 8, 2, 64
+    doc = packed_docs(B, T, g).cuda()
+    for n_steps in (1, 3):
+        make = lambda h: torch.randn(B, h, T, d, generator=g).cuda().requires_grad_()  # noqa: E731
+        q, keys, values = make(nh), [make(nkv) for _ in range(n_steps)], [make(nkv) for _ in range(n_steps)]
+        w = torch.randn(B, nh, T, d, generator=g).cuda()
+        res = {}
+        for impl in ("dense", "chunked", "flex"):
+            o = A.ttt_attention(impl, q, keys, values, doc, 0.125)
+            (o * w).sum().backward()
+            res[impl] = [o.detach()] + [t.grad.clone() for t in (q, *keys, *values)]
+            for t in (q, *keys, *values):
+                t.grad = None
+        for impl in ("chunked", "flex"):
+            for a, b in zip(res[impl], res["dense"]):
+                torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4 * b.abs().max().item())
+
+
+def test_flex_ttt_same_loss_and_grads_on_cuda():
+    from test_ttt_attention import packed_docs, random_target
+
+    d = make_draft(5, H=64)  # head_dim 16: FlexAttention's smallest
+    g = torch.Generator().manual_seed(5)
+    B, T = 2, 150
+    ids = torch.randint(0, 97, (B, T), generator=g).cuda()
+    aux = torch.randn(B, T, 3 * 64, generator=g).cuda()
+    doc = packed_docs(B, T, g).cuda()
+    mask = (doc != doc.max(dim=1, keepdim=True).values).float()
+    target = random_target(d, B, T, g)
+    d.cuda().train()
+    target = type(target)(*(t.cuda() for t in (target.probs, target.argmax, target.in_draft)))
+    runs = {}
+    for impl, ckpt in (("dense", False), ("flex", False), ("flex", True)):
+        d.zero_grad()
+        out = ttt_forward(d, aux, ids, mask, doc, target, ttt_steps=4, attention=impl, checkpoint_layer=ckpt)
+        out.loss.backward()
+        runs[impl + ("+ckpt" if ckpt else "")] = (out.loss.item(), out.step_count, {n: p.grad.clone() for n, p in d.named_parameters()
+                                                         if p.grad is not None})
+    for other in ("flex", "flex+ckpt"):
+        assert abs(runs["dense"][0] - runs[other][0]) <= 1e-4 * abs(runs["dense"][0])
+        assert runs["dense"][1] == runs[other][1]
+        assert runs[other][2].keys() == runs["dense"][2].keys()
+        for n, gd in runs["dense"][2].items():
+            torch.testing.assert_close(runs[other][2][n], gd, rtol=1e-3, atol=1e-4 * gd.abs().max().item())

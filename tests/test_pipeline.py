@@ -63,6 +63,21 @@ def test_full_run_report(full_run):
     assert report["target_entropy"] > 0
     assert set(report["stage_times"]) == set(STAGE_ORDER)
     assert (run / "report.md").read_text().startswith("# eyas evaluation report")
+    # training's validation: held-out captured sequences, simulated tau for every k <= ttt_steps,
+    # set next to the loop's measured tau at the eval's k
+    val = io.read_done(run, "train")["validation"]
+    assert io.read_done(run, "train")["val_sequences"] == 1 and val["positions"] > 0
+    tau, run_ = [], 1.0
+    for a in val["cond_acc"]:
+        run_ *= a
+        tau.append(1 + (tau[-1] - 1 if tau else 0) + run_)
+    assert val["simulated_tau"] == pytest.approx(tau, abs=1e-12) and len(tau) == 3
+    log = [json.loads(x) for x in (run / "train" / "log.jsonl").read_text().splitlines()]
+    assert log[-1] == {"step": 4, "val": val}
+    assert (run / "train" / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main["k"] == 3 and main["training_simulated_tau"] == val["simulated_tau"][2]
+    assert report["training_validation"] == val and "train/curves.png" in report["plots"]
+    assert "## Training's estimate vs the serving loop" in (run / "report.md").read_text()
     # the eval prompts were held out: none of them was regenerated for training
     train_ids = {r["id"] for r in io.read_jsonl(run / "prompts" / "train.jsonl")}
     eval_ids = {r["id"] for r in io.read_jsonl(run / "prompts" / "eval.jsonl")}
@@ -220,7 +235,7 @@ def test_training_resumes_to_identical_weights(setup, monkeypatch):
     resumed = {"n": 0}
 
     def counting(self, *a, **k):
-        resumed["n"] += 1
+        resumed["n"] += self.training  # training forwards (the end's validation runs in eval mode)
         return real_forward(self, *a, **k)
 
     monkeypatch.setattr(ttt_mod.TTTModule, "forward", counting)
@@ -232,3 +247,24 @@ def test_training_resumes_to_identical_weights(setup, monkeypatch):
     assert a.keys() == b.keys()
     for name in a:
         assert torch.equal(a[name], b[name]), name
+
+
+def test_wandb_offline_tracking(setup, tmp_path, monkeypatch):
+    """train.report_to: wandb through accelerate's trackers, offline (no network): the run's metrics
+    per TTT step land in a wandb run under RUN/train/wandb."""
+    pytest.importorskip("wandb")
+    from eyas.train.trainer import run_train
+
+    root, target, prompts = setup
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    recipe = recipe_for(target, prompts, train={"max_steps": 2, "report_to": "wandb"})
+    run = tmp_path / "run"
+    run_all(recipe, run, stages=("prompts", "regenerate", "capture", "vocab"), progress=False)
+    run_train(recipe, run, progress=False)
+    records = list((run / "train" / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(records) == 1  # one offline run; its record log holds the history and config protobufs
+    data = records[0].read_bytes()
+    for key in (b"train/loss", b"train/cond_acc_2", b"train/simulated_tau", b"val/simulated_tau_k3", b"lr",
+                b"train.report_to", b"capture.aux_layer_ids"):
+        assert key in data, key

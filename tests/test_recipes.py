@@ -90,6 +90,21 @@ def test_shipped_gpt_oss_recipe():
     assert r.draft.intermediate_size == 17280 and r.vocab.draft_vocab_size == 32000
 
 
+@pytest.mark.parametrize("model,layers,ids", [("120b", 36, [2, 18, 33]), ("20b", 24, [2, 12, 21])])
+def test_shipped_gpt_oss_variants(model, layers, ids):
+    """The three variants per target: each parses, fits the target, and differs where its comment says."""
+    v = {name: load_recipe(f"gpt-oss-{model}-{name}") for name in ("short-context", "long-context", "throughput")}
+    for name, r in v.items():
+        assert r.name == f"gpt-oss-{model}-{name}" and r.target.model == f"openai/gpt-oss-{model}"
+        assert check_against_target(r, num_layers=layers, vocab_size=201088) == ids
+        assert r.train.pack and r.train.attention == "auto" and r.data.temperature == 1.0
+    assert v["short-context"].train.max_length == 8192 and v["short-context"].train.ttt_steps == 7
+    assert v["short-context"].eval.k == 3
+    assert v["long-context"].train.max_length >= 32768 and v["long-context"].train.checkpoint_layer
+    assert v["throughput"].train.ttt_steps < v["short-context"].train.ttt_steps
+    assert [v["throughput"].eval.k, *v["throughput"].eval.more_k] == [1, 2]
+
+
 def test_cli_overrides_after_options(tmp_path, capsys):
     """`eyas <stage> RECIPE --out DIR key=value` and `eyas <stage> RECIPE key=value --out DIR` agree;
     a bad override is a recipe error naming the key, before any work."""

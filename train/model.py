@@ -22,7 +22,8 @@ The token embedding is the target's and stays frozen.
 
 Two ways to run attention share every weight:
   * `step()` — inference: new tokens attend to a KV cache plus themselves, causally.
-  * `train/ttt.py` — training-time test: all positions of all unrolled steps at once.
+  * `train/ttt.py` — training-time test: all positions of all unrolled steps at once, with the
+    attention pattern of `train/attention.py`.
 The test `tests/test_train_serve_consistency.py` holds them equal.
 """
 
@@ -157,13 +158,16 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(in_dim, self.n_kv * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, cfg.hidden_size, bias=False)
 
-    def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        # x (B, T, 2H) -> q (B, n_heads, T, d), k and v (B, n_heads, T, d) (KV heads repeated for GQA)
+    def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, repeat_kv: bool = True):
+        # x (B, T, 2H) -> q (B, n_heads, T, d), k and v (B, n_heads, T, d) (KV heads repeated for GQA;
+        # with repeat_kv=False (B, n_kv, T, d): TTT attention groups the query heads instead)
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if not repeat_kv:
+            return q, k, v
         rep = self.n_heads // self.n_kv
         return q, k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
 

@@ -2,8 +2,10 @@
 AdamW, linear warmup + cosine decay, gradient clipping, bf16 autocast where the device has it.
 
 Inputs: RUN/capture (shards of aux + final states, vLLM layer ids), RUN/vocab (d2t, t2d).
-Outputs: RUN/train/log.jsonl (per-step TTT metrics), RUN/train/state/ (optimizer, scheduler,
-RNG and step, for resuming), RUN/train/checkpoint-final/ (the draft, EAGLE-3 format).
+Outputs: RUN/train/log.jsonl (per-step TTT metrics, and validation lines {"step", "val"}),
+RUN/train/curves.png, RUN/train/state/ (optimizer, scheduler, RNG and step, for resuming),
+RUN/train/checkpoint-final/ (the draft, EAGLE-3 format); `train.report_to` also sends the
+metrics to wandb / tensorboard / trackio through accelerate's trackers.
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ from eyas.recipes.schema import Recipe
 
 from .checkpoint import load_draft, save_draft
 from .model import DraftConfig, Eagle3Draft
+from .packing import PackedRows, collate_rows, plan_rows
 from .ttt import TTTModule
+from .validation import split_validation, validate
 
 
 def build_draft(recipe: Recipe, run_dir: Path, embed: torch.Tensor) -> Eagle3Draft:
@@ -81,6 +85,32 @@ def lr_lambda(total: int, warmup: int, min_ratio: float):
     return f
 
 
+def flat_config(d: dict, prefix: str = "") -> dict:
+    """The recipe as flat `section.key` scalars, for experiment trackers."""
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(flat_config(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v if isinstance(v, (int, float, str, bool)) or v is None else str(v)
+    return out
+
+
+def tracker_metrics(m: dict, split: str) -> dict:
+    """A log entry (training) or validation dict -> flat scalar metrics, per TTT step j."""
+    out = {f"{split}/loss": m["loss"]}
+    for j, a in enumerate(m["acc"]):
+        out[f"{split}/acc_{j}"] = a
+    for j, a in enumerate(m["cond_acc"]):
+        out[f"{split}/cond_acc_{j}"] = a
+    if "simulated_tau" in m:
+        for k, t in enumerate(m["simulated_tau"], start=1):
+            out[f"{split}/simulated_tau_k{k}"] = t
+    else:
+        out[f"{split}/simulated_tau"] = m["simulated_acceptance"]
+    return out
+
+
 def mixed_precision(setting: str) -> str:
     if setting != "auto":
         return setting
@@ -92,7 +122,7 @@ def run_train(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> dic
     from accelerate.utils import set_seed
     from torch.utils.data import DataLoader
 
-    from eyas.data.shards import ShardDataset, collate
+    from eyas.data.shards import ShardDataset
     from eyas.data.target import load_head_weights
 
     run_dir = Path(run_dir)
@@ -101,16 +131,23 @@ def run_train(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> dic
     t_start = time.perf_counter()
     tr = recipe.train
     out_dir = io.stage_dir(run_dir, "train")
-    acc = Accelerator(mixed_precision=mixed_precision(tr.mixed_precision), gradient_accumulation_steps=tr.grad_accum)
+    acc = Accelerator(mixed_precision=mixed_precision(tr.mixed_precision), gradient_accumulation_steps=tr.grad_accum,
+                      log_with=None if tr.report_to == "none" else tr.report_to, project_dir=str(out_dir))
     set_seed(tr.seed)
 
     # the target's embedding and lm_head, read once (2 x 1.2 GB for gpt-oss-120b)
     heads = load_head_weights(recipe.target.model, recipe.target.trust_remote_code)
     draft = build_draft(recipe, run_dir, heads["embed"])
-    module = TTTModule(draft, heads["lm_head"].float(), tr.ttt_steps, tr.decay, tr.checkpoint_attention)
-    dataset = ShardDataset(run_dir / "capture")
+    module = TTTModule(draft, heads["lm_head"].float(), tr.ttt_steps, tr.decay, tr.attention, tr.checkpoint_layer)
+    sequences = ShardDataset(run_dir / "capture")
+    train_ids, val_ids = split_validation(len(sequences), tr.val_fraction, tr.seed)
+    rows = plan_rows([sequences.lengths[i] for i in train_ids], tr.max_length, tr.pack, tr.seed)
+    dataset = PackedRows(sequences, [[train_ids[i] for i in row] for row in rows])
+    mine = [[i] for i in val_ids][acc.process_index::acc.num_processes]  # this process's validation rows
+    val_batches = lambda: (collate_rows([[sequences[r[0]]] for r in mine[b:b + tr.batch_size]], tr.max_length)  # noqa: E731
+                           for b in range(0, len(mine), tr.batch_size))
     loader = DataLoader(dataset, batch_size=tr.batch_size, sampler=EpochShuffle(len(dataset), tr.seed),
-                        num_workers=tr.num_workers, collate_fn=partial(collate, max_length=tr.max_length))
+                        num_workers=tr.num_workers, collate_fn=partial(collate_rows, max_length=tr.max_length))
     updates_per_epoch = max(1, math.ceil(len(loader) / tr.grad_accum))
     total = tr.max_steps or max(1, math.ceil(tr.epochs * updates_per_epoch))
     params = [p for p in module.parameters() if p.requires_grad]
@@ -134,6 +171,19 @@ def run_train(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> dic
             shutil.rmtree(state_dir, ignore_errors=True)
             tmp.rename(state_dir)
 
+    acc.init_trackers(recipe.name, config=flat_config(recipe.to_dict()),
+                      init_kwargs={"wandb": {"dir": str(out_dir)}} if tr.report_to == "wandb" else {})
+
+    def run_validation() -> dict | None:
+        if not val_ids:
+            return None
+        val = validate(module, val_batches(), acc, tr.ttt_steps)
+        if acc.is_main_process:
+            with open(log_path, "a") as f:
+                f.write(json.dumps({"step": step, "val": val}) + "\n")
+        acc.log(tracker_metrics(val, "val"), step=step)
+        return val
+
     bar = tqdm(total=total, initial=step, desc="train (TTT)", disable=not (progress and acc.is_main_process))
     epoch, tokens, last = step // updates_per_epoch, 0, {}
     skip = (step % updates_per_epoch) * tr.grad_accum  # batches of the resumed epoch already trained on
@@ -144,7 +194,7 @@ def run_train(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> dic
         skip = 0
         for batch in batches:
             with acc.accumulate(module):
-                out = module(batch["aux"], batch["final"], batch["input_ids"], batch["loss_mask"], batch["lengths"])
+                out = module(batch["aux"], batch["final"], batch["input_ids"], batch["loss_mask"], batch["doc_ids"])
                 acc.backward(out.loss)
                 if acc.sync_gradients and tr.grad_clip > 0:
                     acc.clip_grad_norm_(params, tr.grad_clip)
@@ -165,6 +215,9 @@ def run_train(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> dic
                 if acc.is_main_process:
                     with open(log_path, "a") as f:
                         f.write(json.dumps(last) + "\n")
+                acc.log({"lr": last["lr"], **tracker_metrics(last, "train")}, step=step)
+            if tr.val_every and step % tr.val_every == 0 and step < total:
+                run_validation()
             if tr.save_every and step % tr.save_every == 0 and step < total:
                 save_state()
             if step >= total:
@@ -172,6 +225,8 @@ def run_train(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> dic
         epoch += 1
     bar.close()
 
+    val = run_validation()
+    acc.end_training()
     acc.wait_for_everyone()
     final = acc.unwrap_model(module).draft
     info = {
@@ -179,8 +234,12 @@ def run_train(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> dic
         "steps": total, "epochs_seen": round(step / updates_per_epoch, 3), "tokens_seen": tokens,
         "trainable_parameters": final.num_parameters(),
         "last": last, "mixed_precision": acc.mixed_precision, "num_processes": acc.num_processes,
+        "validation": val, "val_sequences": len(val_ids),
     }
     if acc.is_main_process:
+        from .curves import plot_curves
+
+        plot_curves(log_path, out_dir / "curves.png")
         save_draft(final, out_dir / "checkpoint-final", dtype=torch.float32,
                    extra={"recipe": recipe.name, "train": info})
         save_state()

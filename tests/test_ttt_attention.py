@@ -1,0 +1,149 @@
+"""O(T)-memory TTT attention and sequence packing change memory, not math.
+
+* chunked (online softmax over tiles, recomputed in backward) == dense: output, TTT loss and every
+  parameter gradient, in fp32 within 1e-5 relative, with GQA, several tiles, padding and packing;
+* a packed row gives each of its sequences exactly the logits, counts and losses that sequence gets
+  alone (positions restart, no attention across sequences, no prediction across a boundary);
+* the packing plan fits rows to max_length and is deterministic.
+The flex (GPU) path is held to the same equalities in tests/test_gpu.py.
+"""
+
+import pytest
+import torch
+
+from eyas.train import attention as A
+from eyas.train.packing import collate_rows, doc_ids_from_lengths, plan_rows, positions_in_doc
+from eyas.train.ttt import TargetView, ttt_forward
+
+from test_train_serve_consistency import make_draft
+
+
+def packed_docs(B, T, g):
+    """Random non-decreasing doc ids per row, with a padding document at the end of row 1."""
+    doc = torch.zeros(B, T, dtype=torch.long)
+    for b in range(B):
+        cuts = sorted(torch.randperm(T - 2, generator=g)[:3].add(1).tolist())
+        for c in cuts:
+            doc[b, c:] += 1
+    doc[1, T - 5:] = doc[1, T - 6] + 1
+    return doc
+
+
+@pytest.mark.parametrize("tile", [4, 7, 64])
+def test_chunked_attention_equals_dense(tile, monkeypatch):
+    monkeypatch.setattr(A, "tile_size", lambda *a: tile)
+    g = torch.Generator().manual_seed(tile)
+    B, nh, nkv, T, d = 2, 6, 2, 29, 8
+    doc = packed_docs(B, T, g)
+    for n_steps in (1, 2, 4):
+        q = torch.randn(B, nh, T, d, generator=g, requires_grad=True)
+        keys = [torch.randn(B, nkv, T, d, generator=g, requires_grad=True) for _ in range(n_steps)]
+        values = [torch.randn(B, nkv, T, d, generator=g, requires_grad=True) for _ in range(n_steps)]
+        w = torch.randn(B, nh, T, d, generator=g)
+        outs, grads = [], []
+        for impl in ("dense", "chunked"):
+            o = A.ttt_attention(impl, q, keys, values, doc, 0.3)
+            (o * w).sum().backward()
+            outs.append(o.detach())
+            grads.append([t.grad.clone() for t in (q, *keys, *values)])
+            for t in (q, *keys, *values):
+                t.grad = None
+        torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-5)
+        for a, b in zip(grads[1], grads[0]):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def random_target(d, B, T, g):
+    probs = torch.softmax(torch.randn(B, T, 40, generator=g) * 3, -1)
+    in_draft = torch.rand(B, T, generator=g) > 0.2
+    return TargetView(probs, d.to_target_ids(probs.argmax(-1)), in_draft)
+
+
+def test_chunked_ttt_same_loss_and_grads(monkeypatch):
+    """dense, chunked, and chunked with each step's layer recomputed in backward: one loss, one gradient."""
+    monkeypatch.setattr(A, "tile_size", lambda *a: 5)
+    d = make_draft(5)
+    d.train()
+    g = torch.Generator().manual_seed(5)
+    B, T = 2, 23
+    ids = torch.randint(0, 97, (B, T), generator=g)
+    aux = torch.randn(B, T, 96, generator=g)
+    mask = (torch.rand(B, T, generator=g) > 0.3).float()
+    doc = packed_docs(B, T, g)
+    mask[doc == doc.max(dim=1, keepdim=True).values] = 0  # padding never counts
+    target = random_target(d, B, T, g)
+    runs = []
+    for impl, ckpt in (("dense", False), ("chunked", False), ("chunked", True)):  # ckpt: recompute the layer
+        d.zero_grad()
+        out = ttt_forward(d, aux, ids, mask, doc, target, ttt_steps=4, attention=impl, checkpoint_layer=ckpt)
+        out.loss.backward()
+        runs.append((out, {n: p.grad.clone() for n, p in d.named_parameters() if p.grad is not None}))
+    dense, gd = runs[0]
+    trainable = [n for n, p in d.named_parameters() if p.requires_grad]
+    assert list(gd) == trainable and "embed_tokens.weight" not in gd  # every trainable tensor
+    for other, go in runs[1:]:
+        assert abs(dense.loss.item() - other.loss.item()) <= 1e-5 * abs(dense.loss.item())
+        assert dense.step_count == other.step_count and dense.step_acc == other.step_acc
+        assert list(go) == trainable
+        for n in gd:
+            torch.testing.assert_close(go[n], gd[n], rtol=1e-5, atol=1e-5 * gd[n].abs().max().item())
+
+
+@pytest.mark.parametrize("attention", ["dense", "chunked"])
+def test_packed_row_equals_sequences_alone(attention):
+    d = make_draft(7)
+    g = torch.Generator().manual_seed(7)
+    lens = [9, 6, 11]
+    seqs = [{"aux": torch.randn(n, 96, generator=g), "final": torch.zeros(n, 32),
+             "input_ids": torch.randint(0, 97, (n,), generator=g), "loss_mask": (torch.rand(n, generator=g) > 0.2).float()}
+            for n in lens]
+    targets = [random_target(d, 1, n, g) for n in lens]
+    row = collate_rows([seqs], max_length=32)
+    assert row["doc_ids"][0].tolist() == [0] * 9 + [1] * 6 + [2] * 11
+    assert positions_in_doc(row["doc_ids"])[0].tolist() == list(range(9)) + list(range(6)) + list(range(11))
+    packed_target = TargetView(*(torch.cat([getattr(t, f) for t in targets], dim=1) for f in ("probs", "argmax", "in_draft")))
+    with torch.no_grad():
+        packed = ttt_forward(d, row["aux"], row["input_ids"], row["loss_mask"], row["doc_ids"], packed_target, 4,
+                             attention=attention, keep_logits=True)
+        alone = [ttt_forward(d, s["aux"][None], s["input_ids"][None], s["loss_mask"][None],
+                             torch.zeros(1, n, dtype=torch.long), t, 4, attention=attention, keep_logits=True)
+                 for s, t, n in zip(seqs, targets, lens)]
+    for j in range(4):
+        assert packed.step_count[j] == sum(a.step_count[j] for a in alone) > 0
+        start = 0
+        for a, n in zip(alone, lens):
+            keep = n - 1 - j  # later indices read a token past the sequence's end: never counted
+            torch.testing.assert_close(packed.logits[j][0, start:start + keep], a.logits[j][0, :keep], atol=1e-5, rtol=0)
+            start += n
+    # the loss is the mean over trained positions of all sequences: the count-weighted mean of their losses
+    # (step 0, where decay**0 = 1 and every sequence counts positions)
+    n_tr = [(s["loss_mask"][2:].bool() & t.in_draft[0, 1:n - 1]).sum().item() for s, t, n in zip(seqs, targets, lens)]
+    want = sum(a.step_loss[0] * k for a, k in zip(alone, n_tr)) / sum(n_tr)
+    assert abs(packed.step_loss[0] - want) <= 1e-5
+
+
+def test_padding_rows_and_doc_ids():
+    assert doc_ids_from_lengths(torch.tensor([3, 5]), 5).tolist() == [[0, 0, 0, 1, 1], [0, 0, 0, 0, 0]]
+    rows = collate_rows([[{"aux": torch.ones(4, 2), "final": torch.ones(4, 1), "input_ids": torch.arange(4),
+                           "loss_mask": torch.ones(4)}]] * 2 + [[]][:0], max_length=3)
+    assert rows["lengths"].tolist() == [3, 3] and rows["doc_ids"].tolist() == [[0, 0, 0]] * 2
+
+
+def test_plan_rows_fits_and_is_deterministic():
+    lengths = [int(x) for x in torch.randint(1, 100, (200,), generator=torch.Generator().manual_seed(0))]
+    rows = plan_rows(lengths, 128, pack=True, seed=3)
+    assert sorted(i for r in rows for i in r) == list(range(200))
+    assert all(sum(min(lengths[i], 128) for i in r) <= 128 for r in rows)
+    assert len(rows) <= 1.05 * sum(lengths) / 128 + 1  # best fit decreasing wastes little
+    assert rows == plan_rows(lengths, 128, pack=True, seed=3)
+    assert plan_rows(lengths, 128, pack=False) == [[i] for i in range(200)]
+    assert plan_rows([500, 3], 128, pack=True) == [[0], [1]]  # a long sequence fills a row by itself (cut)
+
+
+def test_validation_split_is_disjoint_and_seeded():
+    from eyas.train.validation import split_validation
+
+    tr, va = split_validation(100, 0.05, seed=1)
+    assert len(va) == 5 and sorted(tr + va) == list(range(100)) and (tr, va) == split_validation(100, 0.05, 1)
+    assert split_validation(100, 0.05, 2)[1] != va
+    assert split_validation(20, 0.02, 0)[1] and split_validation(5, 0.0, 0) == ([0, 1, 2, 3, 4], [])

@@ -1,0 +1,254 @@
+"""TTT attention: the EAGLE-3 training-time-test pattern, three ways that compute the same thing.
+
+At TTT step j the query at index i sees
+
+    * the step-0 keys at indices t <= i of the same document (the verified prefix: causal, and
+      with sequence packing only within the sequence index i belongs to), and
+    * the keys of steps 1..j at index i itself (its own draft chain: one "diagonal" per step).
+
+Inputs, for every implementation:
+
+    q        (B, nh, T, d)      step j's queries (RoPE applied)
+    keys     [j+1] x (B, nkv, T, d)   keys of steps 0..j, KV heads NOT repeated (GQA: nh = r * nkv)
+    values   [j+1] x (B, nkv, T, d)
+    doc      (B, T) int         document id per position, non-decreasing along a row (padding: a
+                                last id of its own), see `train/packing.py`
+    -> o     (B, nh, T, d)
+
+Implementations (`train.attention` in the recipe):
+
+    dense    the (T x T) scores of every step materialised: the reference, O(T^2) memory.
+    chunked  blockwise online softmax over (query block x key block) tiles, in a custom autograd
+             function whose backward recomputes each tile from the saved log-sum-exp (the
+             FlashAttention recurrences), so nothing larger than a tile is ever held: O(T) memory.
+             Plain torch ops: runs on CPU and GPU.
+    flex     torch's FlexAttention (compiled, GPU) over the keys of steps 0..j concatenated, with
+             a block mask for the pattern above; fully masked tiles are skipped, so the cost is the
+             causal half plus j diagonal tiles per query block: O(T) memory.
+
+`tests/test_ttt_attention.py` holds chunked (and flex, on a GPU) equal to dense in output,
+loss and every gradient.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+IMPLEMENTATIONS = ("auto", "dense", "chunked", "flex")
+
+
+def resolve(impl: str, device: torch.device) -> str:
+    """`auto` -> flex on CUDA (where FlexAttention compiles), chunked elsewhere."""
+    if impl != "auto":
+        return impl
+    return "flex" if device.type == "cuda" and flex_available() else "chunked"
+
+
+def flex_available() -> bool:
+    try:
+        from torch.nn.attention.flex_attention import flex_attention  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def ttt_attention(impl: str, q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],
+                  doc: torch.Tensor, scale: float) -> torch.Tensor:
+    if impl == "dense":
+        return dense(q, keys, values, doc, scale)
+    if impl == "chunked":
+        return chunked(q, keys, values, doc, scale)
+    if impl == "flex":
+        return flex(q, keys, values, doc, scale)
+    raise ValueError(f"unknown TTT attention {impl!r} (expected one of {', '.join(IMPLEMENTATIONS[1:])})")
+
+
+def visible(doc_q: torch.Tensor, doc_k: torch.Tensor, q0: int, k0: int) -> torch.Tensor:
+    """Step-0 visibility of keys k0.. to queries q0..: causal and same document.
+    doc_q (B, C_q), doc_k (B, C_k) -> (B, C_q, C_k) bool."""
+    qi = torch.arange(q0, q0 + doc_q.shape[1], device=doc_q.device)
+    ki = torch.arange(k0, k0 + doc_k.shape[1], device=doc_k.device)
+    return (ki[None, :] <= qi[:, None])[None] & (doc_k[:, None, :] == doc_q[:, :, None])
+
+
+# --------------------------------------------------------------------------- dense (reference)
+
+
+def dense(q, keys, values, doc, scale):
+    """(B, nh, T, T) scores against the step-0 keys plus one diagonal score per later step."""
+    rep = q.shape[1] // keys[0].shape[1]
+    keys = [k.repeat_interleave(rep, dim=1) for k in keys]
+    values = [v.repeat_interleave(rep, dim=1) for v in values]
+    T = q.shape[2]
+    s0 = (q @ keys[0].transpose(-1, -2)) * scale  # (B, nh, T, T)
+    s0 = s0.masked_fill(~visible(doc, doc, 0, 0)[:, None], float("-inf"))
+    diag = [((q * k).sum(-1) * scale)[..., None] for k in keys[1:]]  # each (B, nh, T, 1)
+    p = torch.softmax(torch.cat([s0, *diag], dim=-1).float(), dim=-1).to(q.dtype)
+    o = p[..., :T] @ values[0]
+    for m, v in enumerate(values[1:], start=1):
+        o = o + p[..., T + m - 1:T + m] * v
+    return o
+
+
+# --------------------------------------------------------------------------- chunked (O(T), any device)
+
+
+def tile_size(B: int, nh: int, T: int, budget: int = 1 << 24) -> int:
+    """Query/key tile edge so that one fp32 score tile (B, nh, C, C) holds about `budget` elements
+    (64 MiB): 512 for gpt-oss's 64 heads at B = 1, capped at T."""
+    c = int(math.sqrt(budget / max(1, B * nh)))
+    c = max(16, 1 << (c.bit_length() - 1))  # a power of two
+    return min(c, max(16, T))
+
+
+def _tiles(doc: torch.Tensor, T: int, C: int):
+    """(q0, q1, [(k0, k1), ...]) for every query tile, keeping only key tiles some query of the tile
+    can see: at or before the diagonal, and not wholly in earlier documents (doc is non-decreasing)."""
+    doc = doc.cpu()  # one copy, no device sync per tile
+    for q0 in range(0, T, C):
+        q1 = min(T, q0 + C)
+        first_doc = doc[:, q0]  # (B,) the smallest doc id in this query tile
+        ks = []
+        for k0 in range(0, q1, C):
+            k1 = min(q1, k0 + C)
+            if bool((doc[:, k1 - 1] < first_doc).all()):  # every key of the tile is in an earlier document
+                continue
+            ks.append((k0, k1))
+        yield q0, q1, ks
+
+
+class _ChunkedTTTAttention(torch.autograd.Function):
+    """Forward: online softmax over key tiles, then the diagonals; saves o and the log-sum-exp.
+    Backward: recomputes each tile's probabilities from the saved lse. Shapes as the module doc,
+    with q grouped as (B, nkv, r, T, d) so KV heads are never repeated."""
+
+    @staticmethod
+    def forward(ctx, q, doc, scale, n_diag, k0, v0, *diag):
+        B, nh, T, d = q.shape
+        nkv = k0.shape[1]
+        r = nh // nkv
+        kd, vd = diag[:n_diag], diag[n_diag:]  # keys/values of steps 1..j, (B, nkv, T, d) each
+        qg = q.view(B, nkv, r, T, d)
+        C = tile_size(B, nh, T)
+        o = torch.empty_like(qg)
+        lse = torch.empty(B, nkv, r, T, dtype=torch.float32, device=q.device)
+        for q0, q1, ktiles in _tiles(doc, T, C):
+            qb = qg[:, :, :, q0:q1]  # (B, nkv, r, c, d)
+            m = torch.full(qb.shape[:-1], float("-inf"), dtype=torch.float32, device=q.device)  # running max
+            l = torch.zeros_like(m)  # running sum of exp
+            acc = torch.zeros(qb.shape, dtype=torch.float32, device=q.device)  # running sum of p v
+            for a, b in ktiles:
+                s = (qb @ k0[:, :, None, a:b].transpose(-1, -2)).float() * scale  # (B, nkv, r, c, c_k)
+                s = s.masked_fill(~visible(doc[:, q0:q1], doc[:, a:b], q0, a)[:, None, None], float("-inf"))
+                m_new = torch.maximum(m, s.amax(-1))
+                m_use = m_new.masked_fill(m_new == float("-inf"), 0.0)  # rows that have seen no key yet
+                p = torch.exp(s - m_use[..., None])
+                alpha = torch.exp(m - m_use)
+                l = l * alpha + p.sum(-1)
+                acc = acc * alpha[..., None] + p.to(v0.dtype) @ v0[:, :, None, a:b]
+                m = m_new
+            for kk, vv in zip(kd, vd):  # own chain: one score per query
+                s = (qb * kk[:, :, None, q0:q1]).sum(-1).float() * scale  # (B, nkv, r, c)
+                m_new = torch.maximum(m, s)
+                p = torch.exp(s - m_new)
+                alpha = torch.exp(m - m_new)
+                l = l * alpha + p
+                acc = acc * alpha[..., None] + p[..., None] * vv[:, :, None, q0:q1].float()
+                m = m_new
+            o[:, :, :, q0:q1] = (acc / l[..., None]).to(o.dtype)
+            lse[:, :, :, q0:q1] = m + torch.log(l)
+        ctx.save_for_backward(q, doc, o, lse, k0, v0, *diag)
+        ctx.scale, ctx.n_diag, ctx.C = scale, n_diag, C
+        return o.view(B, nh, T, d)
+
+    @staticmethod
+    def backward(ctx, do):
+        q, doc, o, lse, k0, v0, *diag = ctx.saved_tensors
+        scale, n_diag, C = ctx.scale, ctx.n_diag, ctx.C
+        kd, vd = diag[:n_diag], diag[n_diag:]
+        B, nh, T, d = q.shape
+        nkv = k0.shape[1]
+        r = nh // nkv
+        qg = q.view(B, nkv, r, T, d)
+        dog = do.reshape(B, nkv, r, T, d)
+        D = (dog.float() * o.float()).sum(-1)  # (B, nkv, r, T): rowsum(dO * O)
+        f32 = dict(dtype=torch.float32, device=q.device)
+        dq = torch.zeros(qg.shape, **f32)
+        dk0, dv0 = torch.zeros(k0.shape, **f32), torch.zeros(v0.shape, **f32)
+        dkd = [torch.zeros(k.shape, **f32) for k in kd]
+        dvd = [torch.zeros(v.shape, **f32) for v in vd]
+        for q0, q1, ktiles in _tiles(doc, T, C):
+            qb, dob = qg[:, :, :, q0:q1], dog[:, :, :, q0:q1]
+            lse_b, D_b = lse[:, :, :, q0:q1, None], D[:, :, :, q0:q1, None]
+            dob32 = dob.float()
+            for a, b in ktiles:
+                kb, vb = k0[:, :, None, a:b], v0[:, :, None, a:b]  # (B, nkv, 1, c_k, d)
+                s = (qb @ kb.transpose(-1, -2)).float() * scale
+                s = s.masked_fill(~visible(doc[:, q0:q1], doc[:, a:b], q0, a)[:, None, None], float("-inf"))
+                p = torch.exp(s - lse_b)  # (B, nkv, r, c, c_k), the forward's probabilities
+                dv0[:, :, a:b] += torch.einsum("bgrck,bgrcd->bgkd", p, dob32)
+                dp = (dob @ vb.transpose(-1, -2)).float()
+                ds = p * (dp - D_b) * scale
+                dq[:, :, :, q0:q1] += ds @ kb.float()
+                dk0[:, :, a:b] += torch.einsum("bgrck,bgrcd->bgkd", ds, qb.float())
+            for m, (kk, vv) in enumerate(zip(kd, vd)):
+                kb, vb = kk[:, :, None, q0:q1].float(), vv[:, :, None, q0:q1].float()  # (B, nkv, 1, c, d)
+                s = (qb.float() * kb).sum(-1, keepdim=True) * scale  # (B, nkv, r, c, 1)
+                p = torch.exp(s - lse_b)
+                dvd[m][:, :, q0:q1] += (p * dob32).sum(2)
+                ds = p * ((dob32 * vb).sum(-1, keepdim=True) - D_b) * scale
+                dq[:, :, :, q0:q1] += ds * kb
+                dkd[m][:, :, q0:q1] += (ds * qb.float()).sum(2)
+        grads = [dq.view(B, nh, T, d).to(q.dtype), None, None, None, dk0.to(k0.dtype), dv0.to(v0.dtype)]
+        grads += [g.to(k.dtype) for g, k in zip(dkd, kd)] + [g.to(v.dtype) for g, v in zip(dvd, vd)]
+        return tuple(grads)
+
+
+def chunked(q, keys, values, doc, scale):
+    return _ChunkedTTTAttention.apply(q, doc, scale, len(keys) - 1, keys[0], values[0], *keys[1:], *values[1:])
+
+
+# --------------------------------------------------------------------------- flex (O(T), GPU)
+
+_FLEX = {}
+FLEX_BLOCK = 128  # FlexAttention's tile; T is padded up to a multiple of it
+
+
+def _compiled():
+    """torch.compile'd flex_attention and create_block_mask, built once per process. Shapes are
+    compiled automatically dynamic after the first recompile (as transformers and SpecForge do);
+    padding T to a multiple of FLEX_BLOCK keeps the number of distinct shapes small."""
+    if not _FLEX:
+        import torch._dynamo
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+        _FLEX["attention"] = torch.compile(flex_attention)
+        _FLEX["block_mask"] = torch.compile(create_block_mask)
+    return _FLEX["attention"], _FLEX["block_mask"]
+
+
+def flex(q, keys, values, doc, scale):
+    attention, block_mask = _compiled()
+    B, nh, T, d = q.shape
+    Tp = -(-T // FLEX_BLOCK) * FLEX_BLOCK
+    pad = Tp - T
+    if pad:
+        pad4 = (0, 0, 0, pad)
+        q = torch.nn.functional.pad(q, pad4)
+        keys = [torch.nn.functional.pad(k, pad4) for k in keys]
+        values = [torch.nn.functional.pad(v, pad4) for v in values]
+        doc = torch.nn.functional.pad(doc, (0, pad), value=int(doc.max()) + 1)  # padding: its own document
+    n = len(keys)
+    K, V = torch.cat(keys, dim=2), torch.cat(values, dim=2)  # (B, nkv, n * Tp, d): steps side by side
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        step, t = kv_idx // Tp, kv_idx % Tp
+        prefix = (t <= q_idx) & (doc[b, t] == doc[b, q_idx])  # step 0: causal, same document
+        return torch.where(step == 0, prefix, t == q_idx)  # steps 1..j: the query's own index
+
+    bm = block_mask(mask_mod, B, None, Tp, n * Tp, device=q.device)
+    o = attention(q, K, V, block_mask=bm, scale=scale, enable_gqa=True)
+    return o[:, :, :T]

@@ -1,0 +1,54 @@
+"""Validation that predicts serving: TTT metrics on captured sequences held out from training.
+
+A seeded slice of the captured sequences (`train.val_fraction`) is never trained on. Every
+`train.val_every` optimizer steps and at the end, the draft runs TTT over all of it (no grad) and
+the counts are summed over every batch and every process before dividing:
+
+    acc_j       top-1 agreement with the target at step j, over loss-masked positions
+    cond_acc_j  the same among positions where steps 0..j-1 were all right
+    tau_k       1 + sum_{j<k} prod_{i<=j} cond_acc_i, k = 1..ttt_steps: the acceptance length a greedy
+                chain of k drafts would get (bonus token included), which `eyas eval` sets next to
+                the serving loop's measured tau at the same k.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .ttt import simulated_tau
+
+
+def split_validation(num_sequences: int, fraction: float, seed: int) -> tuple[list[int], list[int]]:
+    """(train indices, validation indices), disjoint, from a seeded permutation. fraction > 0 holds out
+    at least one sequence (and always leaves one to train on)."""
+    if fraction <= 0 or num_sequences < 2:
+        return list(range(num_sequences)), []
+    n_val = min(num_sequences - 1, max(1, round(fraction * num_sequences)))
+    perm = torch.randperm(num_sequences, generator=torch.Generator().manual_seed(seed * 7919 + 1)).tolist()
+    return sorted(perm[n_val:]), sorted(perm[:n_val])
+
+
+@torch.no_grad()
+def validate(module, batches, accelerator, ttt_steps: int) -> dict:
+    """Sum TTT counts over `batches` (this process's share) and over processes -> metrics dict."""
+    counts = torch.zeros(4, ttt_steps, dtype=torch.float64, device=accelerator.device)
+    loss_sum = torch.zeros((), dtype=torch.float64, device=accelerator.device)
+    n_batches = 0
+    was_training = module.training
+    module.eval()
+    for batch in batches:
+        batch = {k: v.to(accelerator.device) for k, v in batch.items()}
+        out = module(batch["aux"], batch["final"], batch["input_ids"], batch["loss_mask"], batch["doc_ids"])
+        counts += torch.tensor([out.step_count, out.step_right, out.step_cond_base, out.step_cond_right],
+                               dtype=torch.float64, device=counts.device)
+        loss_sum += float(out.loss)
+        n_batches += 1
+    module.train(was_training)
+    counts = accelerator.reduce(counts, reduction="sum")
+    totals = accelerator.reduce(torch.stack([loss_sum, torch.tensor(float(n_batches), dtype=torch.float64,
+                                                                    device=counts.device)]), reduction="sum")
+    n, right, base, cond = counts.tolist()
+    acc = [r / max(c, 1) for r, c in zip(right, n)]
+    cond_acc = [c / max(b, 1) for c, b in zip(cond, base)]
+    return {"loss": totals[0].item() / max(totals[1].item(), 1), "positions": int(n[0]), "acc": acc,
+            "cond_acc": cond_acc, "simulated_tau": simulated_tau(cond_acc)}
