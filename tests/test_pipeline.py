@@ -1,6 +1,7 @@
 """The whole pipeline on a tiny random gpt-oss target: report fields, and crash + resume."""
 
 import json
+import time
 
 import pytest
 import torch
@@ -262,9 +263,14 @@ def test_wandb_offline_tracking(setup, tmp_path, monkeypatch):
     run = tmp_path / "run"
     run_all(recipe, run, stages=("prompts", "regenerate", "capture", "vocab"), progress=False)
     run_train(recipe, run, progress=False)
+    import wandb
+
+    wandb.teardown()  # the wandb-core service writes the record log asynchronously: shut it down (flush)
     records = list((run / "train" / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(records) == 1  # one offline run; its record log holds the history and config protobufs
-    data = records[0].read_bytes()
+    deadline = time.time() + 30
+    while b"val/simulated_tau_k3" not in (data := records[0].read_bytes()) and time.time() < deadline:
+        time.sleep(0.2)  # teardown flushes; allow a slow machine a moment more
     for key in (b"train/loss", b"train/cond_acc_2", b"train/simulated_tau", b"val/simulated_tau_k3", b"lr",
                 b"train.report_to", b"capture.aux_layer_ids"):
         assert key in data, key

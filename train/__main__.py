@@ -1,12 +1,13 @@
 """`accelerate launch -m eyas.train RECIPE [--out DIR] [key.sub=value ...]`: the train stage alone,
-on as many processes as accelerate starts (DDP, FSDP or DeepSpeed per `accelerate config`)."""
+on as many processes as accelerate (or torchrun) starts (DDP, FSDP or DeepSpeed per the accelerate
+config); each process trains on its share of every global batch (train/schedule.py)."""
 
 import argparse
 import sys
 
 from eyas.pipeline import check_target, prepare_run, recipe_and_run
 from eyas.recipes.schema import RecipeError
-from eyas.train.trainer import run_train
+from eyas.train.trainer import accelerator_kwargs, run_train
 
 
 def main(argv=None) -> int:
@@ -21,9 +22,10 @@ def main(argv=None) -> int:
         check_target(recipe)
         from accelerate import PartialState
 
-        if PartialState().is_main_process:
+        state = PartialState(**accelerator_kwargs())  # one per process; run_train's Accelerator shares it
+        if state.is_main_process:
             prepare_run(recipe, run_dir)
-        PartialState().wait_for_everyone()
+        state.wait_for_everyone()
         run_train(recipe, run_dir, progress=not args.no_progress)
     except RecipeError as e:
         print(f"eyas.train: recipe error: {e}", file=sys.stderr)

@@ -1,5 +1,6 @@
-"""The TTT trainer: accelerate (plain CPU, DDP, FSDP or DeepSpeed from `accelerate launch`),
-AdamW, linear warmup + cosine decay, gradient clipping, bf16 autocast where the device has it.
+"""The TTT trainer: accelerate (one process, or DDP under `accelerate launch` / `torchrun`, tested;
+FSDP and DeepSpeed go through the same `prepare` but have no configs or tests yet), AdamW, linear
+warmup + cosine decay, gradient clipping, bf16 autocast where the device has it.
 
 Inputs: RUN/capture (shards of aux + final states, vLLM layer ids), RUN/vocab (d2t, t2d).
 Outputs: RUN/train/log.jsonl (per-step TTT metrics, and validation lines {"step", "val"}),
@@ -27,6 +28,7 @@ from eyas.recipes.schema import Recipe
 from .checkpoint import load_draft, save_draft
 from .model import DraftConfig, Eagle3Draft
 from .packing import PackedRows, collate_rows, plan_rows
+from .schedule import MicroBatches, epoch_micro_batches, updates_per_epoch
 from .ttt import TTTModule
 from .validation import split_validation, validate
 
@@ -57,23 +59,6 @@ def build_draft(recipe: Recipe, run_dir: Path, embed: torch.Tensor) -> Eagle3Dra
     draft.embed_tokens.weight.data.copy_(embed.float())
     draft.set_vocab_map(vocab["d2t"], vocab["t2d"])
     return draft
-
-
-class EpochShuffle(torch.utils.data.Sampler):
-    """A permutation that depends only on (seed, epoch): resumable without saving sampler state."""
-
-    def __init__(self, n: int, seed: int):
-        self.n, self.seed, self.epoch = n, seed, 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __iter__(self):
-        g = torch.Generator().manual_seed(self.seed * 100003 + self.epoch)
-        return iter(torch.randperm(self.n, generator=g).tolist())
 
 
 def lr_lambda(total: int, warmup: int, min_ratio: float):
@@ -117,7 +102,15 @@ def mixed_precision(setting: str) -> str:
     return "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
 
 
+def accelerator_kwargs() -> dict:
+    """On machines without CUDA, tell accelerate to use CPU processes: under torchrun or
+    `accelerate launch` that is gloo DDP (MULTI_CPU); otherwise it ignores the launcher's world size."""
+    return {"cpu": not torch.cuda.is_available()}
+
+
 def run_train(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> dict:
+    """Train on this process's share of every global batch (train/schedule.py); under torchrun or
+    `accelerate launch` every process runs this, and only the main process writes shared files."""
     from accelerate import Accelerator
     from accelerate.utils import set_seed
     from torch.utils.data import DataLoader
@@ -132,8 +125,10 @@ def run_train(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> dic
     tr = recipe.train
     out_dir = io.stage_dir(run_dir, "train")
     acc = Accelerator(mixed_precision=mixed_precision(tr.mixed_precision), gradient_accumulation_steps=tr.grad_accum,
-                      log_with=None if tr.report_to == "none" else tr.report_to, project_dir=str(out_dir))
+                      log_with=None if tr.report_to == "none" else tr.report_to, project_dir=str(out_dir),
+                      **accelerator_kwargs())
     set_seed(tr.seed)
+    world, rank = acc.num_processes, acc.process_index
 
     # the target's embedding and lm_head, read once (2 x 1.2 GB for gpt-oss-120b)
     heads = load_head_weights(recipe.target.model, recipe.target.trust_remote_code)
@@ -143,17 +138,21 @@ def run_train(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> dic
     train_ids, val_ids = split_validation(len(sequences), tr.val_fraction, tr.seed)
     rows = plan_rows([sequences.lengths[i] for i in train_ids], tr.max_length, tr.pack, tr.seed)
     dataset = PackedRows(sequences, [[train_ids[i] for i in row] for row in rows])
-    mine = [[i] for i in val_ids][acc.process_index::acc.num_processes]  # this process's validation rows
-    val_batches = lambda: (collate_rows([[sequences[r[0]]] for r in mine[b:b + tr.batch_size]], tr.max_length)  # noqa: E731
-                           for b in range(0, len(mine), tr.batch_size))
-    loader = DataLoader(dataset, batch_size=tr.batch_size, sampler=EpochShuffle(len(dataset), tr.seed),
-                        num_workers=tr.num_workers, collate_fn=partial(collate_rows, max_length=tr.max_length))
-    updates_per_epoch = max(1, math.ceil(len(loader) / tr.grad_accum))
-    total = tr.max_steps or max(1, math.ceil(tr.epochs * updates_per_epoch))
+    collate = partial(collate_rows, max_length=tr.max_length)
+    # validation batches dealt to ranks like training's, padded so every rank runs as many forwards
+    # (a wrapped module's forward may hold collectives: a rank with one batch fewer would hang the rest)
+    val_rows = PackedRows(sequences, [[i] for i in val_ids])
+    n_val_mb = math.ceil(math.ceil(len(val_ids) / tr.batch_size) / world) * world
+    val_lists = [list(range(len(val_ids)))[g * tr.batch_size:(g + 1) * tr.batch_size] for g in range(rank, n_val_mb, world)]
+    val_batches = lambda: iter(MicroBatches(val_rows, val_lists, collate))  # noqa: E731
+    per_epoch = updates_per_epoch(len(dataset), tr.batch_size, tr.grad_accum, world)  # optimizer steps
+    total = tr.max_steps or max(1, math.ceil(tr.epochs * per_epoch))
     params = [p for p in module.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=tr.lr, weight_decay=tr.weight_decay, betas=(0.9, 0.95))
+    # stepped once per optimizer step by us: accelerate's prepared scheduler would step it once per process
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(total, int(tr.warmup_ratio * total), tr.min_lr_ratio))
-    module, opt, loader, sched = acc.prepare(module, opt, loader, sched)
+    module, opt = acc.prepare(module, opt)
+    acc.register_for_checkpointing(sched)
 
     state_dir, log_path = out_dir / "state", out_dir / "log.jsonl"
     step = 0
@@ -163,13 +162,19 @@ def run_train(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> dic
         acc.print(f"[train] resuming at step {step}/{total}")
 
     def save_state():
+        """Every process writes its part (sharded optimizer state under FSDP / DeepSpeed) into a
+        temporary directory; the main process renames it into place once all have finished."""
         tmp = out_dir / "state.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
+        if acc.is_main_process:
+            shutil.rmtree(tmp, ignore_errors=True)
+        acc.wait_for_everyone()
         acc.save_state(str(tmp))
+        acc.wait_for_everyone()
         if acc.is_main_process:
             (tmp / "step.json").write_text(json.dumps({"step": step}))
             shutil.rmtree(state_dir, ignore_errors=True)
             tmp.rename(state_dir)
+        acc.wait_for_everyone()
 
     acc.init_trackers(recipe.name, config=flat_config(recipe.to_dict()),
                       init_kwargs={"wandb": {"dir": str(out_dir)}} if tr.report_to == "wandb" else {})
@@ -185,25 +190,26 @@ def run_train(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> dic
         return val
 
     bar = tqdm(total=total, initial=step, desc="train (TTT)", disable=not (progress and acc.is_main_process))
-    epoch, tokens, last = step // updates_per_epoch, 0, {}
-    skip = (step % updates_per_epoch) * tr.grad_accum  # batches of the resumed epoch already trained on
+    epoch, tokens, last = step // per_epoch, 0, {}
+    skip = (step % per_epoch) * tr.grad_accum  # this rank's micro-batches of the resumed epoch already trained on
     module.train()
     while step < total:
-        loader.set_epoch(epoch)  # the same permutation per epoch on every run, so a resume continues it
-        batches = acc.skip_first_batches(loader, skip) if skip else loader
+        batches = epoch_micro_batches(len(dataset), tr.batch_size, tr.grad_accum, world, rank, tr.seed, epoch)[skip:]
         skip = 0
-        for batch in batches:
+        loader = DataLoader(MicroBatches(dataset, batches, collate), batch_size=None, num_workers=tr.num_workers)
+        for batch in loader:
+            batch = {k: v.to(acc.device) for k, v in batch.items()}
             with acc.accumulate(module):
                 out = module(batch["aux"], batch["final"], batch["input_ids"], batch["loss_mask"], batch["doc_ids"])
                 acc.backward(out.loss)
                 if acc.sync_gradients and tr.grad_clip > 0:
                     acc.clip_grad_norm_(params, tr.grad_clip)
                 opt.step()
-                sched.step()
                 opt.zero_grad()
             tokens += int(batch["lengths"].sum())
             if not acc.sync_gradients:
                 continue
+            sched.step()
             step += 1
             bar.update(1)
             last = {"step": step, "epoch": epoch, "lr": sched.get_last_lr()[0], "loss": out.loss.item(),
@@ -226,22 +232,27 @@ def run_train(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> dic
     bar.close()
 
     val = run_validation()
-    acc.end_training()
-    acc.wait_for_everyone()
-    final = acc.unwrap_model(module).draft
+    # the full weights, gathered from every process (FSDP / ZeRO-3 keep them sharded): collective
+    state = acc.get_state_dict(module)
+    tokens = int(acc.reduce(torch.tensor(tokens, device=acc.device), reduction="sum"))
     info = {
         "wall_s": round(time.perf_counter() - t_start, 2),
-        "steps": total, "epochs_seen": round(step / updates_per_epoch, 3), "tokens_seen": tokens,
-        "trainable_parameters": final.num_parameters(),
-        "last": last, "mixed_precision": acc.mixed_precision, "num_processes": acc.num_processes,
+        "steps": total, "epochs_seen": round(step / per_epoch, 3), "tokens_seen": tokens,
+        "trainable_parameters": draft.num_parameters(),
+        "last": last, "mixed_precision": acc.mixed_precision, "num_processes": world,
+        "global_batch_rows": world * tr.grad_accum * tr.batch_size,
         "validation": val, "val_sequences": len(val_ids),
     }
+    save_state()
     if acc.is_main_process:
         from .curves import plot_curves
 
+        final = Eagle3Draft(draft.config)
+        final.load_state_dict({k[len("draft."):]: v for k, v in state.items() if k.startswith("draft.")})
         plot_curves(log_path, out_dir / "curves.png")
         save_draft(final, out_dir / "checkpoint-final", dtype=torch.float32,
                    extra={"recipe": recipe.name, "train": info})
-        save_state()
         io.mark_done(run_dir, "train", info)
+    acc.wait_for_everyone()
+    acc.end_training()  # finishes the trackers, and ends the process group: last
     return info

@@ -39,6 +39,8 @@ def validate(module, batches, accelerator, ttt_steps: int) -> dict:
     for batch in batches:
         batch = {k: v.to(accelerator.device) for k, v in batch.items()}
         out = module(batch["aux"], batch["final"], batch["input_ids"], batch["loss_mask"], batch["doc_ids"])
+        if int(batch["lengths"].sum()) == 0:
+            continue  # an empty filler batch (train/schedule.py): it ran only to keep processes in step
         counts += torch.tensor([out.step_count, out.step_right, out.step_cond_base, out.step_cond_right],
                                dtype=torch.float64, device=counts.device)
         loss_sum += float(out.loss)

@@ -1,0 +1,152 @@
+"""Training on several processes shares the work: 2 CPU processes under torchrun (gloo DDP).
+
+* 2 processes x grad_accum 1 end with the weights of 1 process x grad_accum 2 (the same global
+  batch of 2 rows per optimizer step, the same rows in the same steps): fp32, within 2e-6 of each
+  tensor's largest weight (all-reduce sums in another order than accumulation does);
+* both see every training sequence once per epoch (tokens counted over all ranks), take the
+  number of optimizer steps the global batch gives, follow the same LR schedule, and only the main
+  process writes the log;
+* a 2-process run killed (SIGKILL, the whole process group) after a state save resumes to the
+  bit-identical weights of an uninterrupted 2-process run.
+"""
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from eyas import io
+from eyas.pipeline import run_all
+from eyas.recipes.schema import load_recipe
+
+from data_fixtures import make_tiny_target, write_prompts
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    root = tmp_path_factory.mktemp("dist")
+    target = make_tiny_target(root / "target", num_layers=4)
+    prompts = write_prompts(root / "prompts.jsonl", 30)
+    raw = {
+        "name": "tiny-dist",
+        "target": {"model": str(target)},
+        "data": {"prompts": str(prompts), "num_eval_prompts": 4, "max_new_tokens": 12, "batch_size": 8},
+        "capture": {"batch_size": 4, "shard_tokens": 96},
+        "vocab": {"draft_vocab_size": 40},
+        "train": {"epochs": 2, "batch_size": 1, "ttt_steps": 3, "log_every": 1, "lr": 3e-3, "warmup_ratio": 0.2,
+                  "val_fraction": 0.05},
+        "eval": {"k": 3},
+    }
+    recipe_path = root / "recipe.yaml"
+    recipe_path.write_text(yaml.safe_dump(raw))
+    run_all(load_recipe(recipe_path), root / "base", stages=("prompts", "regenerate", "capture", "vocab"),
+            progress=False)
+    return root, recipe_path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def command(recipe, run, nproc, *overrides):
+    launch = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+              "--master_addr=127.0.0.1", f"--master_port={free_port()}"] if nproc > 1 else [sys.executable]
+    return [*launch, "-m", "eyas.train", str(recipe), "--out", str(run), "--no-progress", *overrides]
+
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def train(base, name, nproc, *overrides):
+    root, recipe = base
+    run = root / name
+    if not run.exists():
+        shutil.copytree(root / "base", run)
+    r = subprocess.run(command(recipe, run, nproc, *overrides), env=ENV, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return run
+
+
+def weights(run):
+    return load_file(str(run / "train" / "checkpoint-final" / "model.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def two_procs(base):
+    return train(base, "ddp", 2, "train.grad_accum=1")
+
+
+def test_ddp_equals_one_process_with_the_same_global_batch(base, two_procs):
+    one = train(base, "single", 1, "train.grad_accum=2")
+    d2, d1 = io.read_done(two_procs, "train"), io.read_done(one, "train")
+    assert d2["num_processes"] == 2 and d1["num_processes"] == 1
+    assert d2["global_batch_rows"] == d1["global_batch_rows"] == 2
+    n_seq = sum(s["num_sequences"] for s in json.loads((one / "capture" / "index.json").read_text())["shards"])
+    n_train = n_seq - d1["val_sequences"]
+    assert d2["steps"] == d1["steps"] == 2 * ((n_train + 1) // 2)  # 2 epochs of ceil(n / global batch) steps
+    assert d2["tokens_seen"] == d1["tokens_seen"] > 0  # every training sequence, once per epoch, over all ranks
+    log2 = [json.loads(x) for x in (two_procs / "train" / "log.jsonl").read_text().splitlines()]
+    log1 = [json.loads(x) for x in (one / "train" / "log.jsonl").read_text().splitlines()]
+    steps2 = [e["step"] for e in log2 if "loss" in e]
+    assert steps2 == list(range(1, d2["steps"] + 1))  # one line per step: only the main process writes
+    assert [e["lr"] for e in log2 if "lr" in e] == pytest.approx([e["lr"] for e in log1 if "lr" in e], rel=1e-12)
+    train_losses = [e["loss"] for e in log1 if "loss" in e]
+    assert train_losses[-1] < 0.8 * train_losses[0]  # it trained
+    a, b = weights(two_procs), weights(one)
+    assert a.keys() == b.keys()
+    for k in a:
+        if a[k].is_floating_point():
+            assert (a[k] - b[k]).abs().max().item() <= 2e-6 * b[k].abs().max().item(), k
+        else:
+            assert torch.equal(a[k], b[k]), k
+
+
+def test_killed_two_process_run_resumes_to_the_same_weights(base, two_procs):
+    root, recipe = base
+    run = root / "killed"
+    shutil.copytree(root / "base", run)
+    over = ("train.grad_accum=1", "train.save_every=2")
+    proc = subprocess.Popen(command(recipe, run, 2, *over), env=ENV, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    step_file = run / "train" / "state" / "step.json"
+    deadline = time.time() + 300
+    while not step_file.is_file() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+    os.killpg(proc.pid, signal.SIGKILL)  # torchrun and both workers, mid-run
+    proc.wait()
+    assert not io.is_done(run, "train"), "the run finished before it could be killed"
+    saved = json.loads(step_file.read_text())["step"]
+    total = io.read_done(two_procs, "train")["steps"]
+    assert 2 <= saved < total
+    train(base, "killed", 2, *over)  # resumes from the saved step
+    a, b = weights(run), weights(two_procs)
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+@pytest.mark.parametrize("rows,b,a,world", [(35, 1, 1, 2), (35, 2, 3, 2), (7, 2, 1, 4), (64, 4, 2, 4)])
+def test_micro_batches_cover_every_row_once_per_epoch(rows, b, a, world):
+    from eyas.train.schedule import epoch_micro_batches, updates_per_epoch
+
+    per = [epoch_micro_batches(rows, b, a, world, r, seed=3, epoch=1) for r in range(world)]
+    steps = updates_per_epoch(rows, b, a, world)
+    assert all(len(p) == steps * a for p in per)  # every rank takes the same number of steps
+    seen = sorted(i for p in per for mb in p for i in mb)
+    assert seen == list(range(rows))  # once each; the rest are empty fillers
+    # optimizer step s on N ranks trains the rows one process with grad_accum N*a trains at step s
+    one = epoch_micro_batches(rows, b, a * world, 1, 0, seed=3, epoch=1)
+    for s in range(steps):
+        dealt = sorted(i for p in per for mb in p[s * a:(s + 1) * a] for i in mb)
+        assert dealt == sorted(i for mb in one[s * a * world:(s + 1) * a * world] for i in mb)
+    assert epoch_micro_batches(rows, b, a, world, 0, seed=3, epoch=2) != per[0] or rows <= b
