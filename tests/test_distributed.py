@@ -6,6 +6,7 @@
 * both see every training sequence once per epoch (tokens counted over all ranks), take the
   number of optimizer steps the global batch gives, follow the same LR schedule, and only the main
   process writes the log;
+* `accelerate launch` with the shipped recipes/accelerate/ddp.yaml trains exactly as torchrun does;
 * a 2-process run killed (SIGKILL, the whole process group) after a state save resumes to the
   bit-identical weights of an uninterrupted 2-process run.
 """
@@ -110,6 +111,26 @@ def test_ddp_equals_one_process_with_the_same_global_batch(base, two_procs):
             assert (a[k] - b[k]).abs().max().item() <= 2e-6 * b[k].abs().max().item(), k
         else:
             assert torch.equal(a[k], b[k]), k
+
+
+def test_accelerate_launch_with_the_shipped_ddp_config(base, two_procs):
+    """`accelerate launch --config_file recipes/accelerate/ddp.yaml` (CPU: ACCELERATE_USE_CPU=true) runs the
+    same 2-process DDP training as torchrun: bit-identical weights."""
+    from pathlib import Path
+
+    root, recipe = base
+    run = root / "accelerate-ddp"
+    shutil.copytree(root / "base", run)
+    config = Path(__file__).parents[1] / "recipes" / "accelerate" / "ddp.yaml"
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config), "--num_processes", "2",
+           "--main_process_ip", "127.0.0.1", "--main_process_port", str(free_port()),
+           "-m", "eyas.train", str(recipe), "--out", str(run), "--no-progress", "train.grad_accum=1"]
+    r = subprocess.run(cmd, env={**ENV, "ACCELERATE_USE_CPU": "true"}, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert io.read_done(run, "train")["num_processes"] == 2
+    a, b = weights(run), weights(two_procs)
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
 
 
 def test_killed_two_process_run_resumes_to_the_same_weights(base, two_procs):
