@@ -49,7 +49,8 @@ def report_markdown(r: dict) -> str:
             lines.append(f"| {x['draft']} | {x['benchmark']} | {x['temperature']:g} | {x['concurrency']} | "
                          f"{shape_label(x)} | " + " | ".join(_f(v["acceptance_length"], 3)
                                                           for v in x["by_category"].values()) + " |")
-    sim = [x for x in r["results"] if x.get("training_simulated_tau") is not None]
+    sim = [x for x in r["results"] if x.get("training_simulated_tau") is not None
+           and x.get("acceptance_length") is not None]
     if sim:
         lines += ["", "## Training's estimate vs the serving loop", "",
                   "Simulated τ: training's validation on held-out captured sequences (teacher-forced TTT, greedy "

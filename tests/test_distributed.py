@@ -103,7 +103,7 @@ def test_ddp_equals_one_process_with_the_same_global_batch(base, two_procs):
     assert steps2 == list(range(1, d2["steps"] + 1))  # one line per step: only the main process writes
     assert [e["lr"] for e in log2 if "lr" in e] == pytest.approx([e["lr"] for e in log1 if "lr" in e], rel=1e-12)
     train_losses = [e["loss"] for e in log1 if "loss" in e]
-    assert train_losses[-1] < 0.8 * train_losses[0]  # it trained
+    assert sum(train_losses[-5:]) / 5 < sum(train_losses[:5]) / 5 - 0.1  # it trained
     a, b = weights(two_procs), weights(one)
     assert a.keys() == b.keys()
     for k in a:
@@ -151,6 +151,8 @@ def test_killed_two_process_run_resumes_to_the_same_weights(base, two_procs):
     total = io.read_done(two_procs, "train")["steps"]
     assert 2 <= saved < total
     train(base, "killed", 2, *over)  # resumes from the saved step
+    log = [json.loads(x) for x in (run / "train" / "log.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in log if "loss" in e] == list(range(1, total + 1))  # steps redone are logged once
     a, b = weights(run), weights(two_procs)
     for k in a:
         assert torch.equal(a[k], b[k]), k

@@ -150,7 +150,7 @@ class _ChunkedTTTAttention(torch.autograd.Function):
                 acc = acc * alpha[..., None] + p.to(v0.dtype) @ v0[:, :, None, a:b]
                 m = m_new
             for kk, vv in zip(kd, vd):  # own chain: one score per query
-                s = (qb * kk[:, :, None, q0:q1]).sum(-1).float() * scale  # (B, nkv, r, c)
+                s = (qb.float() * kk[:, :, None, q0:q1].float()).sum(-1) * scale  # (B, nkv, r, c), fp32 as in backward
                 m_new = torch.maximum(m, s)
                 p = torch.exp(s - m_new)
                 alpha = torch.exp(m - m_new)

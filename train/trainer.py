@@ -29,7 +29,7 @@ from .checkpoint import load_draft, save_draft
 from .model import DraftConfig, Eagle3Draft
 from .packing import PackedRows, collate_rows, plan_rows
 from .schedule import MicroBatches, epoch_micro_batches, updates_per_epoch
-from .ttt import TTTModule
+from .ttt import TTTModule, simulated_tau
 from .validation import split_validation, validate
 
 
@@ -96,6 +96,20 @@ def tracker_metrics(m: dict, split: str) -> dict:
     return out
 
 
+def step_metrics(outs: list) -> dict:
+    """One optimizer step's training metrics from its micro-batches' TTT outputs (this process):
+    counts summed before dividing; the loss is the mean of the micro-batch losses."""
+    if not outs:
+        return {"loss": 0.0, "acc": [], "cond_acc": [], "step_loss": [], "simulated_acceptance": 1.0}
+    steps = len(outs[0].step_count)
+    tot = lambda f: [sum(getattr(o, f)[j] for o in outs) for j in range(steps)]  # noqa: E731
+    n, right, base, cond = tot("step_count"), tot("step_right"), tot("step_cond_base"), tot("step_cond_right")
+    cond_acc = [c / max(b, 1) for c, b in zip(cond, base)]
+    return {"loss": sum(float(o.loss.detach()) for o in outs) / len(outs), "acc": [r / max(c, 1) for r, c in zip(right, n)],
+            "cond_acc": cond_acc, "step_loss": [x / len(outs) for x in tot("step_loss")],
+            "simulated_acceptance": simulated_tau(cond_acc)[-1] if cond_acc else 1.0}
+
+
 def mixed_precision(setting: str) -> str:
     if setting != "auto":
         return setting
@@ -112,7 +126,7 @@ def run_train(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> dic
     """Train on this process's share of every global batch (train/schedule.py); under torchrun or
     `accelerate launch` every process runs this, and only the main process writes shared files."""
     from accelerate import Accelerator
-    from accelerate.utils import set_seed
+    from accelerate.utils import DistributedDataParallelKwargs, set_seed
     from torch.utils.data import DataLoader
 
     from eyas.data.shards import ShardDataset
@@ -126,6 +140,9 @@ def run_train(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> dic
     out_dir = io.stage_dir(run_dir, "train")
     acc = Accelerator(mixed_precision=mixed_precision(tr.mixed_precision), gradient_accumulation_steps=tr.grad_accum,
                       log_with=None if tr.report_to == "none" else tr.report_to, project_dir=str(out_dir),
+                      # the buffers (the target's lm_head, 2.3 GB at gpt-oss size; the vocab maps) never
+                      # change: DDP must not re-send them from rank 0 before every forward
+                      kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False)],
                       **accelerator_kwargs())
     set_seed(tr.seed)
     world, rank = acc.num_processes, acc.process_index
@@ -155,11 +172,18 @@ def run_train(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> dic
     acc.register_for_checkpointing(sched)
 
     state_dir, log_path = out_dir / "state", out_dir / "log.jsonl"
-    step = 0
+    step, tokens = 0, 0
+    if not (state_dir / "step.json").is_file() and (out_dir / "state.old" / "step.json").is_file():
+        state_dir = out_dir / "state.old"  # killed between the two renames of save_state
     if (state_dir / "step.json").is_file():  # resume
         acc.load_state(str(state_dir))
-        step = json.loads((state_dir / "step.json").read_text())["step"]
+        saved = json.loads((state_dir / "step.json").read_text())
+        step, tokens = saved["step"], saved.get("tokens", 0)
         acc.print(f"[train] resuming at step {step}/{total}")
+        if acc.is_main_process and log_path.is_file():  # drop lines of steps after the save: they are redone
+            kept = [x for x in log_path.read_text().splitlines() if x.strip() and json.loads(x)["step"] <= step]
+            io.write_text(log_path, "".join(x + "\n" for x in kept))
+    state_dir = out_dir / "state"
 
     def save_state():
         """Every process writes its part (sharded optimizer state under FSDP / DeepSpeed) into a
@@ -171,9 +195,13 @@ def run_train(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> dic
         acc.save_state(str(tmp))
         acc.wait_for_everyone()
         if acc.is_main_process:
-            (tmp / "step.json").write_text(json.dumps({"step": step}))
-            shutil.rmtree(state_dir, ignore_errors=True)
+            (tmp / "step.json").write_text(json.dumps({"step": step, "tokens": tokens}))
+            old = out_dir / "state.old"
+            shutil.rmtree(old, ignore_errors=True)
+            if state_dir.exists():
+                state_dir.rename(old)  # a kill from here on resumes from state.old
             tmp.rename(state_dir)
+            shutil.rmtree(old, ignore_errors=True)
         acc.wait_for_everyone()
 
     acc.init_trackers(recipe.name, config=flat_config(recipe.to_dict()),
@@ -190,7 +218,8 @@ def run_train(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> dic
         return val
 
     bar = tqdm(total=total, initial=step, desc="train (TTT)", disable=not (progress and acc.is_main_process))
-    epoch, tokens, last = step // per_epoch, 0, {}
+    epoch, last = step // per_epoch, {}
+    step_outs = []  # this optimizer step's TTT outputs (its micro-batches that are not empty fillers)
     skip = (step % per_epoch) * tr.grad_accum  # this rank's micro-batches of the resumed epoch already trained on
     module.train()
     while step < total:
@@ -206,18 +235,20 @@ def run_train(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> dic
                     acc.clip_grad_norm_(params, tr.grad_clip)
                 opt.step()
                 opt.zero_grad()
-            tokens += int(batch["lengths"].sum())
+            n_tok = int(batch["lengths"].sum())
+            tokens += n_tok
+            if n_tok:
+                step_outs.append(out)
             if not acc.sync_gradients:
                 continue
             sched.step()
             step += 1
             bar.update(1)
-            last = {"step": step, "epoch": epoch, "lr": sched.get_last_lr()[0], "loss": out.loss.item(),
-                    "acc": out.step_acc, "cond_acc": out.step_cond_acc, "step_loss": out.step_loss,
-                    "simulated_acceptance": out.simulated_acceptance}
+            last = {"step": step, "epoch": epoch, "lr": sched.get_last_lr()[0], **step_metrics(step_outs)}
+            step_outs = []
             if step % tr.log_every == 0 or step == total:
-                bar.set_postfix(loss=f"{last['loss']:.3f}", acc0=f"{out.step_acc[0]:.2f}",
-                                tau_sim=f"{out.simulated_acceptance:.2f}")
+                bar.set_postfix(loss=f"{last['loss']:.3f}", acc0=f"{(last['acc'] or [0.0])[0]:.2f}",
+                                tau_sim=f"{last['simulated_acceptance']:.2f}")
                 if acc.is_main_process:
                     with open(log_path, "a") as f:
                         f.write(json.dumps(last) + "\n")

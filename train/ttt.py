@@ -84,7 +84,8 @@ class TTTOutput:
     loss: torch.Tensor  # scalar, sum_j decay**j * loss_j
     step_loss: list[float]
     step_acc: list[float]  # top-1 accuracy per step over loss-masked positions
-    step_cond_acc: list[float]  # accuracy given every earlier step was right at that index
+    step_cond_acc: list[float]  # accuracy given every earlier step was right at that index (and was fed
+    # the token a greedy chain feeds: the target's argmax; with sampled data that drops some positions)
     step_count: list[int]  # positions counted per step
     logits: list[torch.Tensor]  # per step (B, T, V_d), kept only when asked (tests)
     # raw counts per step, for sums over many batches (validation): right among counted, and the
@@ -165,7 +166,9 @@ def ttt_forward(draft: Eagle3Draft, aux: torch.Tensor, input_ids: torch.Tensor, 
         cond_base = counted & prev_right[:, :L]
         stats.append(torch.stack([loss_j.detach().float(), counted.sum().float(), (right & counted).sum().float(),
                                   cond_base.sum().float(), (right & cond_base).sum().float()]))
-        prev_right = prev_right[:, :L] & right
+        # the chain goes on only if the draft was right AND the token fed to step j+1 (x_{i+2+j}) is the one
+        # a greedy chain would feed (the target's argmax): with sampled data they differ
+        prev_right = prev_right[:, :L] & right & (input_ids[:, 2 + j:] == target.argmax[:, 1 + j:T - 1])
     out.loss = total
     for loss_j, n, n_right, n_base, n_cond in (torch.stack(stats).tolist() if stats else []):
         out.step_loss.append(loss_j)
