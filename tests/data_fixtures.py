@@ -90,3 +90,19 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+def tiny_recipe(target, prompts, **over) -> dict:
+    """A raw recipe for the tiny target: every stage in seconds. `over`: section -> keys to change."""
+    raw = {
+        "name": "tiny",
+        "target": {"model": str(target)},
+        "data": {"prompts": str(prompts), "num_eval_prompts": 4, "max_new_tokens": 12, "batch_size": 8},
+        "capture": {"batch_size": 4, "shard_tokens": 96},
+        "vocab": {"draft_vocab_size": 40},
+        "train": {"max_steps": 4, "batch_size": 4, "ttt_steps": 3, "log_every": 1},
+        "eval": {"k": 3, "max_new_tokens": 12},
+    }
+    for k, v in over.items():
+        raw[k] = {**raw[k], **v}
+    return raw

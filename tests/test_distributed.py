@@ -29,7 +29,7 @@ from eyas import io
 from eyas.pipeline import run_all
 from eyas.recipes.schema import load_recipe
 
-from data_fixtures import make_tiny_target, write_prompts
+from data_fixtures import make_tiny_target, tiny_recipe, write_prompts
 
 
 @pytest.fixture(scope="module")
@@ -37,16 +37,8 @@ def base(tmp_path_factory):
     root = tmp_path_factory.mktemp("dist")
     target = make_tiny_target(root / "target", num_layers=4)
     prompts = write_prompts(root / "prompts.jsonl", 30)
-    raw = {
-        "name": "tiny-dist",
-        "target": {"model": str(target)},
-        "data": {"prompts": str(prompts), "num_eval_prompts": 4, "max_new_tokens": 12, "batch_size": 8},
-        "capture": {"batch_size": 4, "shard_tokens": 96},
-        "vocab": {"draft_vocab_size": 40},
-        "train": {"epochs": 2, "batch_size": 1, "ttt_steps": 3, "log_every": 1, "lr": 3e-3, "warmup_ratio": 0.2,
-                  "val_fraction": 0.05},
-        "eval": {"k": 3},
-    }
+    raw = tiny_recipe(target, prompts, train={"max_steps": None, "epochs": 2, "batch_size": 1, "lr": 3e-3,
+                                              "warmup_ratio": 0.2, "val_fraction": 0.05})
     recipe_path = root / "recipe.yaml"
     recipe_path.write_text(yaml.safe_dump(raw))
     run_all(load_recipe(recipe_path), root / "base", stages=("prompts", "regenerate", "capture", "vocab"),

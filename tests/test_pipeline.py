@@ -11,7 +11,7 @@ from eyas import io
 from eyas.pipeline import STAGE_ORDER, prepare_run, run_all
 from eyas.recipes.schema import RecipeError, load_recipe
 
-from data_fixtures import make_tiny_target, write_prompts
+from data_fixtures import make_tiny_target, tiny_recipe, write_prompts
 
 
 @pytest.fixture(scope="module")
@@ -23,18 +23,7 @@ def setup(tmp_path_factory):
 
 
 def recipe_for(target, prompts, **over):
-    raw = {
-        "name": "tiny",
-        "target": {"model": str(target)},
-        "data": {"prompts": str(prompts), "num_eval_prompts": 4, "max_new_tokens": 12, "batch_size": 8},
-        "capture": {"batch_size": 4, "shard_tokens": 96},
-        "vocab": {"draft_vocab_size": 40},
-        "train": {"max_steps": 4, "batch_size": 4, "ttt_steps": 3, "log_every": 1},
-        "eval": {"k": 3, "max_new_tokens": 12},
-    }
-    for k, v in over.items():
-        raw[k] = {**raw[k], **v}
-    return load_recipe(raw)
+    return load_recipe(tiny_recipe(target, prompts, **over))
 
 
 @pytest.fixture(scope="module")

@@ -28,7 +28,7 @@ from eyas.recipes.schema import Recipe
 from .checkpoint import load_draft, save_draft
 from .model import DraftConfig, Eagle3Draft
 from .packing import PackedRows, collate_rows, plan_rows
-from .schedule import MicroBatches, epoch_micro_batches, updates_per_epoch
+from .schedule import MicroBatches, epoch_micro_batches, evaluation_micro_batches, updates_per_epoch
 from .ttt import TTTModule, simulated_tau
 from .validation import split_validation, validate
 
@@ -159,8 +159,7 @@ def run_train(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> dic
     # validation batches dealt to ranks like training's, padded so every rank runs as many forwards
     # (a wrapped module's forward may hold collectives: a rank with one batch fewer would hang the rest)
     val_rows = PackedRows(sequences, [[i] for i in val_ids])
-    n_val_mb = math.ceil(math.ceil(len(val_ids) / tr.batch_size) / world) * world
-    val_lists = [list(range(len(val_ids)))[g * tr.batch_size:(g + 1) * tr.batch_size] for g in range(rank, n_val_mb, world)]
+    val_lists = evaluation_micro_batches(len(val_ids), tr.batch_size, world, rank)
     val_batches = lambda: iter(MicroBatches(val_rows, val_lists, collate))  # noqa: E731
     per_epoch = updates_per_epoch(len(dataset), tr.batch_size, tr.grad_accum, world)  # optimizer steps
     total = tr.max_steps or max(1, math.ceil(tr.epochs * per_epoch))
@@ -178,12 +177,16 @@ def run_train(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> dic
     if (state_dir / "step.json").is_file():  # resume
         acc.load_state(str(state_dir))
         saved = json.loads((state_dir / "step.json").read_text())
-        step, tokens = saved["step"], saved.get("tokens", 0)
+        step = saved["step"]
+        tokens = saved.get("tokens", 0) if acc.is_main_process else 0  # the count over all ranks, carried by one
         acc.print(f"[train] resuming at step {step}/{total}")
         if acc.is_main_process and log_path.is_file():  # drop lines of steps after the save: they are redone
             kept = [x for x in log_path.read_text().splitlines() if x.strip() and json.loads(x)["step"] <= step]
             io.write_text(log_path, "".join(x + "\n" for x in kept))
     state_dir = out_dir / "state"
+
+    def tokens_seen() -> int:  # over all ranks (a collective)
+        return int(acc.reduce(torch.tensor(tokens, device=acc.device), reduction="sum"))
 
     def save_state():
         """Every process writes its part (sharded optimizer state under FSDP / DeepSpeed) into a
@@ -193,9 +196,9 @@ def run_train(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> dic
             shutil.rmtree(tmp, ignore_errors=True)
         acc.wait_for_everyone()
         acc.save_state(str(tmp))
-        acc.wait_for_everyone()
+        seen = tokens_seen()
         if acc.is_main_process:
-            (tmp / "step.json").write_text(json.dumps({"step": step, "tokens": tokens}))
+            (tmp / "step.json").write_text(json.dumps({"step": step, "tokens": seen}))
             old = out_dir / "state.old"
             shutil.rmtree(old, ignore_errors=True)
             if state_dir.exists():
@@ -265,10 +268,9 @@ def run_train(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> dic
     val = run_validation()
     # the full weights, gathered from every process (FSDP / ZeRO-3 keep them sharded): collective
     state = acc.get_state_dict(module)
-    tokens = int(acc.reduce(torch.tensor(tokens, device=acc.device), reduction="sum"))
     info = {
         "wall_s": round(time.perf_counter() - t_start, 2),
-        "steps": total, "epochs_seen": round(step / per_epoch, 3), "tokens_seen": tokens,
+        "steps": total, "epochs_seen": round(step / per_epoch, 3), "tokens_seen": tokens_seen(),
         "trainable_parameters": draft.num_parameters(),
         "last": last, "mixed_precision": acc.mixed_precision, "num_processes": world,
         "global_batch_rows": world * tr.grad_accum * tr.batch_size,
