@@ -7,8 +7,12 @@
   number of optimizer steps the global batch gives, follow the same LR schedule, and only the main
   process writes the log;
 * `accelerate launch` with the shipped recipes/accelerate/ddp.yaml trains exactly as torchrun does;
+* with the shipped fsdp2.yaml, zero2.yaml and zero3.yaml (FSDP2, DeepSpeed ZeRO-2/3 over 2 gloo
+  processes) training ends with the weights of the 1-process run, within 2e-6 of each tensor's
+  largest weight, and the full weights are gathered from the shards into the final checkpoint;
 * a 2-process run killed (SIGKILL, the whole process group) after a state save resumes to the
-  bit-identical weights of an uninterrupted 2-process run.
+  bit-identical weights of an uninterrupted 2-process run: DDP, and FSDP2 and ZeRO-3, whose saved
+  state is sharded.
 """
 
 import json
@@ -19,6 +23,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -52,21 +57,33 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def command(recipe, run, nproc, *overrides):
-    launch = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-              "--master_addr=127.0.0.1", f"--master_port={free_port()}"] if nproc > 1 else [sys.executable]
+CONFIGS = Path(__file__).parents[1] / "recipes" / "accelerate"
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+# on CPU: DDP and FSDP2 configs run over gloo with ACCELERATE_USE_CPU; DeepSpeed must not have it
+CPU_ENV = {"ddp": {"ACCELERATE_USE_CPU": "true"}, "fsdp2": {"ACCELERATE_USE_CPU": "true"}, "zero2": {}, "zero3": {}}
+
+
+def command(recipe, run, nproc, *overrides, config=None):
+    """torchrun (`config` None) or `accelerate launch --config_file recipes/accelerate/<config>.yaml`."""
+    if config:
+        launch = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS / f"{config}.yaml"),
+                  "--num_processes", str(nproc), "--main_process_ip", "127.0.0.1", "--main_process_port",
+                  str(free_port())]
+    elif nproc > 1:
+        launch = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+                  "--master_addr=127.0.0.1", f"--master_port={free_port()}"]
+    else:
+        launch = [sys.executable]
     return [*launch, "-m", "eyas.train", str(recipe), "--out", str(run), "--no-progress", *overrides]
 
 
-ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
-
-
-def train(base, name, nproc, *overrides):
+def train(base, name, nproc, *overrides, config=None):
     root, recipe = base
     run = root / name
     if not run.exists():
         shutil.copytree(root / "base", run)
-    r = subprocess.run(command(recipe, run, nproc, *overrides), env=ENV, capture_output=True, text=True, timeout=600)
+    r = subprocess.run(command(recipe, run, nproc, *overrides, config=config), env={**ENV, **CPU_ENV.get(config, {})},
+                       capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     return run
 
@@ -80,8 +97,22 @@ def two_procs(base):
     return train(base, "ddp", 2, "train.grad_accum=1")
 
 
-def test_ddp_equals_one_process_with_the_same_global_batch(base, two_procs):
-    one = train(base, "single", 1, "train.grad_accum=2")
+@pytest.fixture(scope="module")
+def one_proc(base):
+    return train(base, "single", 1, "train.grad_accum=2")
+
+
+def assert_close_weights(a, b, rel=2e-6):
+    assert a.keys() == b.keys()
+    for k in a:
+        if a[k].is_floating_point():
+            assert (a[k] - b[k]).abs().max().item() <= rel * b[k].abs().max().item(), k
+        else:
+            assert torch.equal(a[k], b[k]), k
+
+
+def test_ddp_equals_one_process_with_the_same_global_batch(base, two_procs, one_proc):
+    one = one_proc
     d2, d1 = io.read_done(two_procs, "train"), io.read_done(one, "train")
     assert d2["num_processes"] == 2 and d1["num_processes"] == 1
     assert d2["global_batch_rows"] == d1["global_batch_rows"] == 2
@@ -96,42 +127,48 @@ def test_ddp_equals_one_process_with_the_same_global_batch(base, two_procs):
     assert [e["lr"] for e in log2 if "lr" in e] == pytest.approx([e["lr"] for e in log1 if "lr" in e], rel=1e-12)
     train_losses = [e["loss"] for e in log1 if "loss" in e]
     assert sum(train_losses[-5:]) / 5 < sum(train_losses[:5]) / 5 - 0.1  # it trained
-    a, b = weights(two_procs), weights(one)
-    assert a.keys() == b.keys()
-    for k in a:
-        if a[k].is_floating_point():
-            assert (a[k] - b[k]).abs().max().item() <= 2e-6 * b[k].abs().max().item(), k
-        else:
-            assert torch.equal(a[k], b[k]), k
+    assert_close_weights(weights(two_procs), weights(one))
+
+
+SHARDED = [("fsdp2", "pytorch_model_fsdp_0"), ("zero2", "pytorch_model"), ("zero3", "pytorch_model")]
+
+
+@pytest.mark.parametrize("config,state_dir", SHARDED, ids=[c for c, _ in SHARDED])
+def test_sharded_training_equals_one_process(base, one_proc, config, state_dir):
+    """FSDP2 / DeepSpeed through the shipped accelerate configs: the same steps, tokens and schedule as the
+    1-process run, the full weights gathered into the final checkpoint, the saved state sharded."""
+    if config.startswith("zero"):
+        pytest.importorskip("deepspeed")
+    run = train(base, config, 2, "train.grad_accum=1", config=config)
+    done, ref = io.read_done(run, "train"), io.read_done(one_proc, "train")
+    assert done["num_processes"] == 2
+    assert (done["steps"], done["tokens_seen"]) == (ref["steps"], ref["tokens_seen"])
+    assert done["last"]["lr"] == pytest.approx(ref["last"]["lr"], rel=1e-12)
+    assert (run / "train" / "state" / state_dir).is_dir()  # this launcher's own (sharded) state layout
+    assert_close_weights(weights(run), weights(one_proc))
 
 
 def test_accelerate_launch_with_the_shipped_ddp_config(base, two_procs):
     """`accelerate launch --config_file recipes/accelerate/ddp.yaml` (CPU: ACCELERATE_USE_CPU=true) runs the
     same 2-process DDP training as torchrun: bit-identical weights."""
-    from pathlib import Path
-
-    root, recipe = base
-    run = root / "accelerate-ddp"
-    shutil.copytree(root / "base", run)
-    config = Path(__file__).parents[1] / "recipes" / "accelerate" / "ddp.yaml"
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config), "--num_processes", "2",
-           "--main_process_ip", "127.0.0.1", "--main_process_port", str(free_port()),
-           "-m", "eyas.train", str(recipe), "--out", str(run), "--no-progress", "train.grad_accum=1"]
-    r = subprocess.run(cmd, env={**ENV, "ACCELERATE_USE_CPU": "true"}, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
+    run = train(base, "accelerate-ddp", 2, "train.grad_accum=1", config="ddp")
     assert io.read_done(run, "train")["num_processes"] == 2
     a, b = weights(run), weights(two_procs)
     for k in a:
         assert torch.equal(a[k], b[k]), k
 
 
-def test_killed_two_process_run_resumes_to_the_same_weights(base, two_procs):
+@pytest.mark.parametrize("config", [None, "fsdp2", "zero3"], ids=["ddp", "fsdp2", "zero3"])
+def test_killed_two_process_run_resumes_to_the_same_weights(base, two_procs, config):
+    if config == "zero3":
+        pytest.importorskip("deepspeed")
     root, recipe = base
-    run = root / "killed"
+    name = f"killed-{config or 'ddp'}"
+    run = root / name
     shutil.copytree(root / "base", run)
     over = ("train.grad_accum=1", "train.save_every=2")
-    proc = subprocess.Popen(command(recipe, run, 2, *over), env=ENV, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(command(recipe, run, 2, *over, config=config), env={**ENV, **CPU_ENV.get(config, {})},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     step_file = run / "train" / "state" / "step.json"
     deadline = time.time() + 300
     while not step_file.is_file() and proc.poll() is None and time.time() < deadline:
@@ -142,10 +179,13 @@ def test_killed_two_process_run_resumes_to_the_same_weights(base, two_procs):
     saved = json.loads(step_file.read_text())["step"]
     total = io.read_done(two_procs, "train")["steps"]
     assert 2 <= saved < total
-    train(base, "killed", 2, *over)  # resumes from the saved step
+    train(base, name, 2, *over, config=config)  # resumes from the saved step
     log = [json.loads(x) for x in (run / "train" / "log.jsonl").read_text().splitlines()]
     assert [e["step"] for e in log if "loss" in e] == list(range(1, total + 1))  # steps redone are logged once
-    a, b = weights(run), weights(two_procs)
+    # against the uninterrupted run of the same launcher (DDP: two_procs; the others ran in the test above,
+    # or run here when this test runs alone)
+    uninterrupted = two_procs if config is None else train(base, config, 2, "train.grad_accum=1", config=config)
+    a, b = weights(run), weights(uninterrupted)
     for k in a:
         assert torch.equal(a[k], b[k]), k
 

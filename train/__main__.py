@@ -7,7 +7,8 @@ import sys
 
 from eyas.pipeline import check_target, prepare_run, recipe_and_run
 from eyas.recipes.schema import RecipeError
-from eyas.train.trainer import accelerator_kwargs, run_train
+from eyas.train.distributed import process_state
+from eyas.train.trainer import run_train
 
 
 def main(argv=None) -> int:
@@ -20,9 +21,7 @@ def main(argv=None) -> int:
     try:
         recipe, run_dir = recipe_and_run(args.recipe, args.out, args.overrides)
         check_target(recipe)
-        from accelerate import PartialState
-
-        state = PartialState(**accelerator_kwargs())  # one per process; run_train's Accelerator shares it
+        state = process_state()  # one per process; run_train's Accelerator shares it
         if state.is_main_process:
             prepare_run(recipe, run_dir)
         state.wait_for_everyone()

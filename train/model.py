@@ -189,9 +189,10 @@ class MLP(nn.Module):
 
 
 class MidLayer(nn.Module):
-    """The one decoder layer. Attention is split into `attn_input` and `finish` so that
-    inference (`Eagle3Draft.step`) and TTT (`train/ttt.py`) can run different attention
-    patterns between them with the same weights."""
+    """The one decoder layer. `forward` takes the attention pattern as a function, so that
+    inference (`Eagle3Draft.step`: a KV cache) and TTT (`train/ttt.py`: the step-0 prefix plus each
+    position's own chain) run different patterns with the same weights, and every step goes through
+    the layer's `forward` (FSDP2 gathers a sharded layer's weights, ZeRO-3 its submodules', there)."""
 
     def __init__(self, cfg: DraftConfig):
         super().__init__()
@@ -200,6 +201,15 @@ class MidLayer(nn.Module):
         self.self_attn = Attention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
+
+    def forward(self, embeds: torch.Tensor, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                attend, repeat_kv: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """embeds, hidden (B, T, H); cos, sin the RoPE tables of these positions;
+        attend(q, k, v) -> o (B, n_heads, T, d), given this step's q (B, n_heads, T, d) and k, v
+        (B, n_heads or, with repeat_kv=False, n_kv, T, d).
+        -> (prenorm output (B, T, H), k, v)."""
+        q, k, v = self.self_attn.qkv(self.attn_input(embeds, hidden), cos, sin, repeat_kv=repeat_kv)
+        return self.finish(hidden, attend(q, k, v)), k, v
 
     def attn_input(self, embeds: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         # (B, T, H), (B, T, H) -> (B, T, 2H)
@@ -287,19 +297,19 @@ class Eagle3Draft(nn.Module):
         logits_to_keep: logits for the last that many positions only (0: all).
         Returns (prenorm (B, T, H), logits (B, T or logits_to_keep, V_d)); appends T entries to `cache`.
         """
-        layer = self.midlayer
-        x = layer.attn_input(self.embed_tokens(input_ids).to(hidden.dtype), hidden)
-        cos, sin = self.rotary(position_ids, x.dtype)
-        q, k, v = layer.self_attn.qkv(x, cos, sin)
-        k_all, v_all = cache.append(k, v)
-        if attn_mask is None:
-            # causal: new entry i sees every cached entry and new entries <= i
-            T, L = q.shape[2], k_all.shape[2]
-            attn_mask = torch.ones(T, L, dtype=torch.bool, device=q.device).tril(diagonal=L - T)
-        else:
-            attn_mask = attn_mask[:, None]  # (B, 1, T, L): the same for every head
-        o = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=attn_mask)
-        prenorm = layer.finish(hidden, o)
+        def attend(q, k, v):  # (B, n_heads, T, d) each -> (B, n_heads, T, d)
+            k_all, v_all = cache.append(k, v)
+            mask = attn_mask
+            if mask is None:
+                # causal: new entry i sees every cached entry and new entries <= i
+                T, L = q.shape[2], k_all.shape[2]
+                mask = torch.ones(T, L, dtype=torch.bool, device=q.device).tril(diagonal=L - T)
+            else:
+                mask = mask[:, None]  # (B, 1, T, L): the same for every head
+            return F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask)
+
+        cos, sin = self.rotary(position_ids, hidden.dtype)
+        prenorm, _, _ = self.midlayer(self.embed_tokens(input_ids).to(hidden.dtype), hidden, cos, sin, attend)
         return prenorm, self.logits(prenorm[:, -logits_to_keep:] if logits_to_keep else prenorm)
 
     def num_parameters(self, trainable_only: bool = True) -> int:

@@ -1,6 +1,6 @@
-"""The TTT trainer: accelerate (one process, or DDP under `accelerate launch` / `torchrun`, tested;
-FSDP and DeepSpeed go through the same `prepare` but have no configs or tests yet), AdamW, linear
-warmup + cosine decay, gradient clipping, bf16 autocast where the device has it.
+"""The TTT trainer: accelerate (one process; DDP under `torchrun` or `accelerate launch`; FSDP2 and
+DeepSpeed ZeRO-2/3 with the configs in recipes/accelerate/, see train/distributed.py), AdamW,
+linear warmup + cosine decay, gradient clipping, bf16 autocast where the device has it.
 
 Inputs: RUN/capture (shards of aux + final states, vLLM layer ids), RUN/vocab (d2t, t2d).
 Outputs: RUN/train/log.jsonl (per-step TTT metrics, and validation lines {"step", "val"}),
@@ -26,6 +26,7 @@ from eyas import io
 from eyas.recipes.schema import Recipe
 
 from .checkpoint import load_draft, save_draft
+from .distributed import accelerator_kwargs, process_state
 from .model import DraftConfig, Eagle3Draft
 from .packing import PackedRows, collate_rows, plan_rows
 from .schedule import MicroBatches, epoch_micro_batches, evaluation_micro_batches, updates_per_epoch
@@ -116,12 +117,6 @@ def mixed_precision(setting: str) -> str:
     return "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
 
 
-def accelerator_kwargs() -> dict:
-    """On machines without CUDA, tell accelerate to use CPU processes: under torchrun or
-    `accelerate launch` that is gloo DDP (MULTI_CPU); otherwise it ignores the launcher's world size."""
-    return {"cpu": not torch.cuda.is_available()}
-
-
 def run_train(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> dict:
     """Train on this process's share of every global batch (train/schedule.py); under torchrun or
     `accelerate launch` every process runs this, and only the main process writes shared files."""
@@ -138,17 +133,22 @@ def run_train(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> dic
     t_start = time.perf_counter()
     tr = recipe.train
     out_dir = io.stage_dir(run_dir, "train")
-    acc = Accelerator(mixed_precision=mixed_precision(tr.mixed_precision), gradient_accumulation_steps=tr.grad_accum,
-                      log_with=None if tr.report_to == "none" else tr.report_to, project_dir=str(out_dir),
-                      # the buffers (the target's lm_head, 2.3 GB at gpt-oss size; the vocab maps) never
-                      # change: DDP must not re-send them from rank 0 before every forward
-                      kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False)],
-                      **accelerator_kwargs())
+    # the target's embedding and lm_head, read once (2 x 1.2 GB for gpt-oss-120b); before the
+    # Accelerator exists: under ZeRO-3 it makes transformers build every model (here the meta-device one
+    # that names the tensors) partitioned
+    heads = load_head_weights(recipe.target.model, recipe.target.trust_remote_code)
+    process_state()
+    kwargs = accelerator_kwargs(tr.grad_accum, tr.grad_clip)
+    # the buffers (the target's lm_head, 2.3 GB at gpt-oss size; the vocab maps) never change: DDP must
+    # not re-send them from rank 0 before every forward
+    kwargs["kwargs_handlers"].append(DistributedDataParallelKwargs(broadcast_buffers=False))
+    acc = Accelerator(mixed_precision=mixed_precision(tr.mixed_precision), project_dir=str(out_dir),
+                      log_with=None if tr.report_to == "none" else tr.report_to, **kwargs)
+    if acc.state.deepspeed_plugin is not None:  # rows per micro-batch: the loader is ours, not prepared
+        acc.state.deepspeed_plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = tr.batch_size
     set_seed(tr.seed)
     world, rank = acc.num_processes, acc.process_index
 
-    # the target's embedding and lm_head, read once (2 x 1.2 GB for gpt-oss-120b)
-    heads = load_head_weights(recipe.target.model, recipe.target.trust_remote_code)
     draft = build_draft(recipe, run_dir, heads["embed"])
     module = TTTModule(draft, heads["lm_head"].float(), tr.ttt_steps, tr.decay, tr.attention, tr.checkpoint_layer)
     sequences = ShardDataset(run_dir / "capture")
@@ -168,6 +168,7 @@ def run_train(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> dic
     # stepped once per optimizer step by us: accelerate's prepared scheduler would step it once per process
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(total, int(tr.warmup_ratio * total), tr.min_lr_ratio))
     module, opt = acc.prepare(module, opt)
+    params = [p for p in module.parameters() if p.requires_grad]  # FSDP2 replaced them (sharded DTensors)
     acc.register_for_checkpointing(sched)
 
     state_dir, log_path = out_dir / "state", out_dir / "log.jsonl"

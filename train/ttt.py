@@ -184,12 +184,10 @@ def ttt_forward(draft: Eagle3Draft, aux: torch.Tensor, input_ids: torch.Tensor, 
 def layer_step(layer, impl: str, scale: float, doc_ids, hidden, embeds, cos, sin, *kv):
     """One TTT step of the decoder layer. hidden, embeds (B, T, H); kv: keys then values of the
     earlier steps (B, n_kv, T, d). -> (prenorm output (B, T, H), this step's keys, values)."""
-    x = layer.attn_input(embeds, hidden)  # (B, T, 2H)
-    q, k, v = layer.self_attn.qkv(x, cos, sin, repeat_kv=False)
     n = len(kv) // 2
     # scores against the step-0 prefix (causal, same sequence) and this index's own chain (steps 1..j)
-    o = ttt_attention(impl, q, [*kv[:n], k], [*kv[n:], v], doc_ids, scale)
-    return layer.finish(hidden, o), k, v
+    attend = lambda q, k, v: ttt_attention(impl, q, [*kv[:n], k], [*kv[n:], v], doc_ids, scale)  # noqa: E731
+    return layer(embeds, hidden, cos, sin, attend, repeat_kv=False)  # through forward: FSDP / ZeRO-3 hooks
 
 
 def step_cross_entropy(draft: Eagle3Draft, hidden: torch.Tensor, probs: torch.Tensor, weight: torch.Tensor,
