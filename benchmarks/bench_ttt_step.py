@@ -118,7 +118,7 @@ def main():
             for i in range(warmup + args.repeat):
                 t0 = time.perf_counter()
                 with autocast:
-                    out = module(aux, final, x, mask, doc)
+                    out = module(aux, x, mask, doc, final=final)
                 out.loss.backward()
                 opt.step()
                 opt.zero_grad(set_to_none=True)

@@ -24,6 +24,7 @@ import torch
 from tqdm.auto import tqdm
 
 from eyas.data.regenerate import loss_mask, read_sequences
+from eyas.data.compact import check_block_width, encode_aux, topk_teacher
 from eyas.data.shards import INDEX, read_index, shard_name, write_shard
 from eyas.data.target import StopForward, load_target, tapped, text_config
 from eyas.io import is_done, mark_done, read_done, require_done, stage_dir, write_json
@@ -82,6 +83,30 @@ def _check_resumable(index: dict, expected: dict, out_dir: Path) -> None:
                                f"has {key}={value!r}; delete {out_dir} to capture from scratch")
 
 
+def _online(recipe: Recipe, run_dir: Path, model, layer_ids: list[int], header: dict, first: list[dict],
+            seqs: list[dict], t0: float) -> dict:
+    """`capture.mode: online` (train/online.py): check the target on the first batch as an offline capture
+    does, and write an index with no shards; training runs the target itself."""
+    T = max(len(s["input_ids"]) for s in first)
+    ids = torch.zeros((len(first), T), dtype=torch.long)  # (B, T), right padded
+    mask = torch.zeros((len(first), T), dtype=torch.long)
+    for b, s in enumerate(first):
+        ids[b, :len(s["input_ids"])], mask[b, :len(s["input_ids"])] = torch.tensor(s["input_ids"]), 1
+    with tapped(model, layer_ids) as tap:
+        _, final, logits = capture_batch(model, tap, ids.to(model.device), mask.to(model.device))
+    verified = verify_final(model, final, logits, mask.to(model.device), recipe.capture.verify_tolerance,
+                            recipe.target.model)
+    num_tokens = sum(len(s["input_ids"]) for s in seqs)
+    write_json(stage_dir(run_dir, STAGE) / INDEX, {**header, "mode": "online", "shards": [], "num_sequences": len(seqs),
+                                                   "num_tokens": num_tokens, "bytes_per_token": 0})
+    print(f"capture: online: the target runs inside training for {num_tokens} tokens; nothing stored")
+    stats = {"mode": "online", "num_sequences": len(seqs), "num_tokens": num_tokens, "num_shards": 0,
+             "bytes_per_token": 0, "aux_layer_ids": layer_ids, "lm_head_max_rel_diff": verified,
+             "wall_s": round(time.time() - t0, 3)}
+    mark_done(run_dir, STAGE, stats)
+    return stats
+
+
 def run_capture(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> dict:
     """The `capture` stage (needs the `regenerate` stage)."""
     if is_done(run_dir, STAGE):
@@ -95,10 +120,15 @@ def run_capture(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> d
     layer_ids = check_against_target(recipe, cfg.num_hidden_layers, cfg.vocab_size)
     dtype = DTYPES[c.dtype]
     header = {"target": t.model, "aux_layer_ids": layer_ids, "layer_id_convention": LAYER_ID_CONVENTION,
-              "hidden_size": cfg.hidden_size, "dtype": c.dtype}
+              "hidden_size": cfg.hidden_size, "dtype": c.dtype, "aux_format": c.aux_format, "teacher": c.teacher,
+              "teacher_topk": c.teacher_topk if c.teacher == "topk" else None, "mode": c.mode}
+    check_block_width(c.aux_format, cfg.hidden_size)
+    lm_head = model.get_output_embeddings().weight  # (V, H): the top-k teacher's logits
 
     seqs = read_sequences(run_dir)
     order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]["input_ids"]))  # stable: fixed across runs
+    if c.mode == "online":
+        return _online(recipe, run_dir, model, layer_ids, header, [seqs[i] for i in order[:c.batch_size]], seqs, t0)
     batches = [order[i:i + c.batch_size] for i in range(0, len(order), c.batch_size)]
 
     for stray in out_dir.glob(".*.tmp"):  # left by a killed process
@@ -146,13 +176,20 @@ def run_capture(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> d
                 verified = verify_final(model, final, logits, mask, c.verify_tolerance, t.model)
                 tap.stop_at_final = True  # later batches skip the lm_head
             del logits
-            aux, final = aux.to(dtype).cpu(), final.to(dtype).cpu()  # (B, T, n_aux*H), (B, T, H)
+            B = len(batch)
+            # per token: the aux states in their stored form, and the teacher (final state or top-k)
+            stored = encode_aux(aux.reshape(B * T, -1), len(layer_ids), c.aux_format, dtype)
+            if c.teacher == "final":
+                stored["final"] = final.reshape(B * T, -1).to(dtype)
+            else:
+                stored.update(topk_teacher(final.reshape(B * T, -1), lm_head, c.teacher_topk))
+            stored = {n: x.cpu().view(B, T, *x.shape[1:]) for n, x in stored.items()}  # (B, T, ...)
             fwd_s += time.time() - tf
             for b, s in enumerate(batch):
                 if k * c.batch_size + b < done:  # already in a shard (resumed mid-batch)
                     continue
                 L = len(s["input_ids"])
-                buffer.append({"aux": aux[b, :L], "final": final[b, :L],
+                buffer.append({**{n: x[b, :L] for n, x in stored.items()},
                                "input_ids": torch.tensor(s["input_ids"]),
                                "loss_mask": torch.tensor(loss_mask(s))})
                 buffered += L
@@ -169,7 +206,8 @@ def run_capture(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> d
 
     bpt = index["bytes_per_token"]
     print(f"capture: {index['num_tokens']} tokens in {len(shards)} shards, {bpt:.1f} bytes/token "
-          f"(aux {len(layer_ids)}x{cfg.hidden_size} + final {cfg.hidden_size} in {c.dtype}, ids, mask)")
+          f"(aux {len(layer_ids)}x{cfg.hidden_size} as {c.aux_format if c.aux_format != 'same' else c.dtype}, "
+          f"teacher: {'final state in ' + c.dtype if c.teacher == 'final' else f'top-{c.teacher_topk}'}, ids, mask)")
     stats = {"num_sequences": index["num_sequences"], "num_tokens": index["num_tokens"], "num_shards": len(shards),
              "bytes_per_token": bpt, "aux_layer_ids": layer_ids, "lm_head_max_rel_diff": verified,
              "tokens_per_s": new_tokens / fwd_s if fwd_s > 0 else None, "wall_s": round(time.time() - t0, 3)}

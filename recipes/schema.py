@@ -59,7 +59,11 @@ class CaptureSection:
     # vLLM convention: id k is the INPUT of decoder layer k (0-based) = HF hidden_states[k].
     # None = [2, N//2, N-3] for a target with N layers (gpt-oss-120b: [2, 18, 33]).
     aux_layer_ids: list[int] | None = None
-    dtype: str = "bfloat16"  # what the shards store
+    dtype: str = "bfloat16"  # what the shards store (and the dtype compact aux states decode to)
+    mode: str = "offline"  # offline (shards on disk) | online (the target runs inside training: train/online.py)
+    aux_format: str = "same"  # same (dtype) | fp8 | int6 | int4: data/compact.py (bytes per token vs tau there)
+    teacher: str = "final"  # final (the target's final state) | topk (its top-k next-token log-probs)
+    teacher_topk: int = 32  # k for teacher: topk
     batch_size: int = 8
     shard_tokens: int = 262144  # tokens per safetensors shard
     verify_tolerance: float = 1e-3  # lm_head(final) vs target logits, relative to max |logit|
@@ -244,6 +248,15 @@ def validate(r: Recipe) -> Recipe:
         _check(len(set(ids)) == len(ids), "capture.aux_layer_ids", f"ids must be distinct, got {ids}")
     _check(r.capture.dtype in ("float32", "bfloat16", "float16"), "capture.dtype",
            f"must be float32, bfloat16 or float16, got {r.capture.dtype!r}")
+    _check(r.capture.aux_format in ("same", "fp8", "int6", "int4"), "capture.aux_format",
+           f"must be same, fp8, int6 or int4, got {r.capture.aux_format!r}")
+    _check(r.capture.teacher in ("final", "topk"), "capture.teacher",
+           f"must be final or topk, got {r.capture.teacher!r}")
+    _check(r.capture.mode in ("offline", "online"), "capture.mode", f"must be offline or online, got {r.capture.mode!r}")
+    _check(r.capture.mode == "offline" or (r.capture.aux_format, r.capture.teacher) == ("same", "final"),
+           "capture.mode", "online stores nothing: leave capture.aux_format (same) and capture.teacher (final) "
+           "at their defaults")
+    _check(r.capture.teacher_topk >= 1, "capture.teacher_topk", f"must be >= 1, got {r.capture.teacher_topk}")
     _check(r.capture.batch_size >= 1, "capture.batch_size", "must be >= 1")
     _check(r.capture.shard_tokens >= 1, "capture.shard_tokens", "must be >= 1")
     _check(r.vocab.draft_vocab_size >= 1, "vocab.draft_vocab_size", "must be >= 1")

@@ -3,6 +3,7 @@ format round trip, resume after a crash, and the lm_head check."""
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -194,3 +195,125 @@ def test_lm_head_check_raises_when_final_is_not_what_logits_come_from(regen_run,
                                            r"the target's logits: max abs diff \d"):
         run_capture(recipe(target), run, progress=False)
     assert not list((run / "capture").glob("shard-*"))
+
+
+@pytest.mark.parametrize("aux_format", ["fp8", "int6", "int4"])
+def test_compact_capture_decodes_within_its_stated_error(regen_run, tmp_path, aux_format):
+    """`capture.aux_format: fp8 | int4` and `teacher: topk` (data/compact.py): the shards hold the stated bytes
+    per token; decoded aux states are within the format's error of HF hidden_states[k] (fp8 e4m3: 1/16 of
+    each value, plus 2^-9 of its aux state's max for the subnormal range; int6 / int4: half a step, step =
+    the block's max / 31 or / 7); the teacher is the target's exact top-k over its whole vocabulary."""
+    from eyas.data.compact import BLOCK, LEVELS, bytes_per_token
+
+    target, run = regen_run[0], fresh_run(regen_run, tmp_path, f"compact-{aux_format}")
+    k = 5
+    stats = run_capture(recipe(target, aux_format=aux_format, teacher="topk", teacher_topk=k), run, progress=False)
+    index = json.loads((run / "capture" / "index.json").read_text())
+    assert (index["aux_format"], index["teacher"], index["teacher_topk"]) == (aux_format, "topk", k)
+    n_tok = index["num_tokens"]
+    offsets_bytes = sum(8 * (s["num_sequences"] + 1) for s in index["shards"])
+    assert stats["bytes_per_token"] * n_tok == bytes_per_token(3, 64, aux_format, "topk", k, 4) * n_tok + offsets_bytes
+    for s in index["shards"]:
+        t = load_file(run / "capture" / s["file"])
+        assert "final" not in t and t["teacher_ids"].dtype == torch.int32 and t["teacher_logprobs"].dtype == torch.float16
+        assert t["aux"].dtype == (torch.float8_e4m3fn if aux_format == "fp8" else torch.uint8)
+        assert t["aux"].shape[1] == {"fp8": 192, "int6": 144, "int4": 96}[aux_format]
+
+    model, _ = load_target(str(target), "float32", "cpu")
+    seqs = sorted(read_sequences(run), key=lambda s: len(s["input_ids"]))
+    ds = ShardDataset(run / "capture")
+    for item, seq in zip(ds, seqs):
+        ids = torch.tensor(seq["input_ids"])
+        hs, logits = reference(model, ids)
+        assert item["aux"].dtype == torch.float32 and item["aux"].shape == (len(ids), 3 * 64)
+        for j, layer in enumerate(IDS):
+            x, dec = hs[layer][0], item["aux"][:, j * 64:(j + 1) * 64]  # (T, 64)
+            err = (dec - x).abs()
+            if aux_format == "fp8":
+                bound = x.abs() / 16 + x.abs().amax(-1, keepdim=True) * 2 ** -9
+            else:
+                step = x.view(len(ids), -1, BLOCK).abs().amax(-1, keepdim=True) / LEVELS[aux_format]  # (T, 2, 1)
+                bound = (step * 0.502).expand(-1, -1, BLOCK).reshape(len(ids), 64)  # 0.002: the bf16 scale
+            assert (err <= bound + 1e-7).all(), f"aux layer id {layer}: max excess {(err - bound).max()}"
+            assert err.max() > 0  # it is quantised
+        top = torch.log_softmax(logits[0], -1).topk(k)
+        assert torch.equal(item["teacher_ids"], top.indices)
+        assert torch.allclose(item["teacher_logprobs"], top.values, atol=2e-2, rtol=1e-3)  # fp16
+
+
+def test_topk_teacher_with_the_whole_vocab_is_the_final_state_teacher():
+    """train/ttt.topk_view with k = V gives target_view's draft-vocab distribution, argmax and in-draft flags."""
+    from eyas.data.compact import topk_teacher
+    from eyas.train.model import DraftConfig, Eagle3Draft
+    from eyas.train.ttt import target_view, topk_view
+
+    torch.manual_seed(0)
+    V, H, V_d = 50, 16, 20
+    cfg = DraftConfig(hidden_size=H, intermediate_size=32, num_attention_heads=2, num_key_value_heads=1, head_dim=8,
+                      vocab_size=V, draft_vocab_size=V_d, aux_layer_ids=[0, 1, 2], rms_norm_eps=1e-6,
+                      max_position_embeddings=64, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    draft = Eagle3Draft(cfg)
+    keep = torch.randperm(V)[:V_d].sort().values
+    t2d = torch.zeros(V, dtype=torch.bool)
+    t2d[keep] = True
+    draft.set_vocab_map(keep - torch.arange(V_d), t2d)
+    final, w = torch.randn(2, 7, H), torch.randn(V, H)
+    ref = target_view(final, w, draft)
+    top = topk_teacher(final.view(14, H), w, V)
+    got = topk_view(top["teacher_ids"].long().view(2, 7, V), top["teacher_logprobs"].float().view(2, 7, V), draft)
+    assert torch.equal(got.argmax, ref.argmax) and torch.equal(got.in_draft, ref.in_draft)
+    assert torch.allclose(got.probs, ref.probs, atol=2e-3)  # the log-probs are stored in fp16
+    assert got.probs.shape == (2, 7, V_d)
+
+
+def train_first_steps(regen_run, tmp_path, **capture_keys) -> tuple[list[dict], Path]:
+    """capture (fp32), vocab, 3 training steps on the capture fixture's run -> (log lines, run dir)."""
+    from eyas.data.vocab import run_vocab
+    from eyas.train.trainer import run_train
+
+    target = regen_run[0]
+    run = fresh_run(regen_run, tmp_path, "train-" + "-".join(f"{k}-{v}" for k, v in capture_keys.items()))
+    r = load_recipe({"target": {"model": str(target), "dtype": "float32", "device": "cpu"},
+                     "data": {"num_eval_prompts": 2, "max_new_tokens": 12},
+                     "capture": {"aux_layer_ids": IDS, "dtype": "float32", **capture_keys},
+                     "vocab": {"draft_vocab_size": 32},
+                     "train": {"max_steps": 3, "batch_size": 2, "ttt_steps": 2, "lr": 1e-3, "val_fraction": 0.2,
+                               "log_every": 1},
+                     "eval": {"k": 2}})
+    run_capture(r, run, progress=False)
+    run_vocab(r, run, progress=False)
+    run_train(r, run, progress=False)
+    return [json.loads(x) for x in (run / "train" / "log.jsonl").read_text().splitlines()], run
+
+
+@pytest.fixture(scope="module")
+def final_teacher_log(regen_run, tmp_path_factory):
+    return train_first_steps(regen_run, tmp_path_factory.mktemp("final"))[0]
+
+
+def test_training_on_a_whole_vocab_topk_teacher_equals_the_final_state_teacher(regen_run, tmp_path, final_teacher_log):
+    """The trainer reads the top-k teacher (k = the whole vocabulary here) as it reads the final state: the
+    first step's loss within 1e-3 (relative; the log-probs are stored in fp16) and the same accuracies.
+    (Later steps are not compared: Adam's first steps turn tiny gradient differences into +-lr.)"""
+    from transformers import AutoConfig
+
+    V = AutoConfig.from_pretrained(str(regen_run[0])).vocab_size
+    a, b = train_first_steps(regen_run, tmp_path, teacher="topk", teacher_topk=V)[0][0], final_teacher_log[0]
+    assert a["step"] == b["step"] == 1
+    assert a["loss"] == pytest.approx(b["loss"], rel=1e-3) and a["acc"] == b["acc"] and a["cond_acc"] == b["cond_acc"]
+    assert a["step_loss"] == pytest.approx(b["step_loss"], rel=1e-3)
+
+
+def test_online_mode_stores_nothing_and_trains_as_the_offline_capture(regen_run, tmp_path, final_teacher_log):
+    """`capture.mode: online`: no shard is written, the target runs inside training (train/online.py), and every
+    training step and the validation see what the offline capture stored: losses within 1e-5 (relative; the
+    target runs on other batches, fp32), the same accuracies."""
+    log, run = train_first_steps(regen_run, tmp_path, mode="online")
+    assert not list((run / "capture").glob("*.safetensors"))
+    index = json.loads((run / "capture" / "index.json").read_text())
+    assert index["mode"] == "online" and index["shards"] == [] and index["num_sequences"] == 10
+    assert len(log) == len(final_teacher_log) == 4  # 3 steps and the final validation
+    for a, b in zip(log, final_teacher_log):
+        a, b = a.get("val", a), b.get("val", b)
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
+        assert a["acc"] == b["acc"] and a["cond_acc"] == b["cond_acc"]

@@ -10,6 +10,7 @@
 * with the shipped fsdp2.yaml, zero2.yaml and zero3.yaml (FSDP2, DeepSpeed ZeRO-2/3 over 2 gloo
   processes) training ends with the weights of the 1-process run, within 2e-6 of each tensor's
   largest weight, and the full weights are gathered from the shards into the final checkpoint;
+* `capture.mode: online` (the target runs inside training) on 2 processes equals 1 process the same way;
 * a 2-process run killed (SIGKILL, the whole process group) after a state save resumes to the
   bit-identical weights of an uninterrupted 2-process run: DDP, and FSDP2 and ZeRO-3, whose saved
   state is sharded.
@@ -77,11 +78,11 @@ def command(recipe, run, nproc, *overrides, config=None):
     return [*launch, "-m", "eyas.train", str(recipe), "--out", str(run), "--no-progress", *overrides]
 
 
-def train(base, name, nproc, *overrides, config=None):
+def train(base, name, nproc, *overrides, config=None, source="base"):
     root, recipe = base
     run = root / name
     if not run.exists():
-        shutil.copytree(root / "base", run)
+        shutil.copytree(root / source, run)
     r = subprocess.run(command(recipe, run, nproc, *overrides, config=config), env={**ENV, **CPU_ENV.get(config, {})},
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -128,6 +129,21 @@ def test_ddp_equals_one_process_with_the_same_global_batch(base, two_procs, one_
     train_losses = [e["loss"] for e in log1 if "loss" in e]
     assert sum(train_losses[-5:]) / 5 < sum(train_losses[:5]) / 5 - 0.1  # it trained
     assert_close_weights(weights(two_procs), weights(one))
+
+
+def test_online_mode_under_ddp_equals_one_process(base):
+    """`capture.mode: online` on 2 processes: each runs the target on its own micro-batches; the weights equal
+    a 1-process online run's with the same global batch (within 2e-6, as DDP), and nothing is stored."""
+    root, recipe = base
+    src = root / "online-base"
+    shutil.copytree(root / "base", src, ignore=shutil.ignore_patterns("capture"))
+    run_all(load_recipe(recipe, ["capture.mode=online"]), src, stages=("capture",), progress=False)
+    assert not list((src / "capture").glob("*.safetensors"))
+    two = train(base, "online-ddp", 2, "train.grad_accum=1", "capture.mode=online", source="online-base")
+    one = train(base, "online-single", 1, "train.grad_accum=2", "capture.mode=online", source="online-base")
+    assert io.read_done(two, "train")["num_processes"] == 2
+    assert io.read_done(two, "train")["tokens_seen"] == io.read_done(one, "train")["tokens_seen"] > 0
+    assert_close_weights(weights(two), weights(one))
 
 
 SHARDED = [("fsdp2", "pytorch_model_fsdp_0"), ("zero2", "pytorch_model"), ("zero3", "pytorch_model")]

@@ -59,17 +59,19 @@ class PackedRows(torch.utils.data.Dataset):
 def collate_rows(rows: list[list[dict[str, torch.Tensor]]], max_length: int) -> dict[str, torch.Tensor]:
     """Concatenate each row's sequences (each cut to `max_length`, the row too), right-pad rows.
 
-    -> aux (B, T, n_aux*H), final (B, T, H), input_ids (B, T) int64, loss_mask (B, T) float32 (0 on
-    padding), doc_ids (B, T) int64, lengths (B,) int64 valid tokens per row."""
+    -> aux (B, T, n_aux*H), the teacher (final (B, T, H), or teacher_ids and teacher_logprobs (B, T, k)),
+    input_ids (B, T) int64, loss_mask (B, T) float32 (0 on padding), doc_ids (B, T) int64,
+    lengths (B,) int64 valid tokens per row."""
+    per_token = list(rows[0][0])  # the items' keys: every tensor is per token
     joined = []
     for row in rows:
-        parts = {k: [] for k in ("aux", "final", "input_ids", "loss_mask", "doc_ids")}
+        parts = {k: [] for k in (*per_token, "doc_ids")}
         used = 0
         for d, seq in enumerate(row):
             n = min(len(seq["input_ids"]), max_length - used)
             if n <= 0:
                 break
-            for k in ("aux", "final", "input_ids", "loss_mask"):
+            for k in per_token:
                 parts[k].append(seq[k][:n])
             parts["doc_ids"].append(torch.full((n,), d, dtype=torch.int64))
             used += n
@@ -77,7 +79,7 @@ def collate_rows(rows: list[list[dict[str, torch.Tensor]]], max_length: int) -> 
     lengths = torch.tensor([len(x["input_ids"]) for x in joined], dtype=torch.int64)
     T = int(lengths.max())
     out = {}
-    for key in ("aux", "final", "input_ids", "loss_mask", "doc_ids"):
+    for key in (*per_token, "doc_ids"):
         first = joined[0][key]
         padded = first.new_zeros((len(joined), T) + tuple(first.shape[1:]))
         for b, x in enumerate(joined):

@@ -2,7 +2,8 @@
 DeepSpeed ZeRO-2/3 with the configs in recipes/accelerate/, see train/distributed.py), AdamW,
 linear warmup + cosine decay, gradient clipping, bf16 autocast where the device has it.
 
-Inputs: RUN/capture (shards of aux + final states, vLLM layer ids), RUN/vocab (d2t, t2d).
+Inputs: RUN/capture (shards of aux states + the teacher, vLLM layer ids; or, with `capture.mode:
+online`, no shards: the target runs here, train/online.py), RUN/vocab (d2t, t2d).
 Outputs: RUN/train/log.jsonl (per-step TTT metrics, and validation lines {"step", "val"}),
 RUN/train/curves.png, RUN/train/state/ (optimizer, scheduler, RNG and step, for resuming),
 RUN/train/checkpoint-final/ (the draft, EAGLE-3 format); `train.report_to` also sends the
@@ -30,7 +31,7 @@ from .distributed import accelerator_kwargs, process_state
 from .model import DraftConfig, Eagle3Draft
 from .packing import PackedRows, collate_rows, plan_rows
 from .schedule import MicroBatches, epoch_micro_batches, evaluation_micro_batches, updates_per_epoch
-from .ttt import TTTModule, simulated_tau
+from .ttt import TTTModule, model_inputs, simulated_tau
 from .validation import split_validation, validate
 
 
@@ -124,7 +125,7 @@ def run_train(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> dic
     from accelerate.utils import DistributedDataParallelKwargs, set_seed
     from torch.utils.data import DataLoader
 
-    from eyas.data.shards import ShardDataset
+    from eyas.data.shards import ShardDataset, read_index
     from eyas.data.target import load_head_weights
 
     run_dir = Path(run_dir)
@@ -137,7 +138,15 @@ def run_train(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> dic
     # Accelerator exists: under ZeRO-3 it makes transformers build every model (here the meta-device one
     # that names the tensors) partitioned
     heads = load_head_weights(recipe.target.model, recipe.target.trust_remote_code)
-    process_state()
+    state = process_state()
+    online = None
+    index = read_index(run_dir / "capture")
+    if index.get("mode") == "online":  # the target runs here (train/online.py); loaded before the Accelerator too
+        from .online import OnlineTarget
+
+        t = recipe.target
+        online = OnlineTarget(t.model, t.dtype, state.device, index["aux_layer_ids"], recipe.capture.dtype,
+                              t.trust_remote_code)
     kwargs = accelerator_kwargs(tr.grad_accum, tr.grad_clip)
     # the buffers (the target's lm_head, 2.3 GB at gpt-oss size; the vocab maps) never change: DDP must
     # not re-send them from rank 0 before every forward
@@ -151,7 +160,13 @@ def run_train(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> dic
 
     draft = build_draft(recipe, run_dir, heads["embed"])
     module = TTTModule(draft, heads["lm_head"].float(), tr.ttt_steps, tr.decay, tr.attention, tr.checkpoint_layer)
-    sequences = ShardDataset(run_dir / "capture")
+    if online is not None:
+        from .online import RegeneratedSequences
+
+        sequences, on_device = RegeneratedSequences(run_dir), online
+    else:
+        sequences = ShardDataset(run_dir / "capture")
+        on_device = lambda batch: {k: v.to(acc.device) for k, v in batch.items()}  # noqa: E731
     train_ids, val_ids = split_validation(len(sequences), tr.val_fraction, tr.seed)
     rows = plan_rows([sequences.lengths[i] for i in train_ids], tr.max_length, tr.pack, tr.seed)
     dataset = PackedRows(sequences, [[train_ids[i] for i in row] for row in rows])
@@ -160,7 +175,7 @@ def run_train(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> dic
     # (a wrapped module's forward may hold collectives: a rank with one batch fewer would hang the rest)
     val_rows = PackedRows(sequences, [[i] for i in val_ids])
     val_lists = evaluation_micro_batches(len(val_ids), tr.batch_size, world, rank)
-    val_batches = lambda: iter(MicroBatches(val_rows, val_lists, collate))  # noqa: E731
+    val_batches = lambda: map(on_device, MicroBatches(val_rows, val_lists, collate))  # noqa: E731
     per_epoch = updates_per_epoch(len(dataset), tr.batch_size, tr.grad_accum, world)  # optimizer steps
     total = tr.max_steps or max(1, math.ceil(tr.epochs * per_epoch))
     params = [p for p in module.parameters() if p.requires_grad]
@@ -231,9 +246,9 @@ def run_train(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> dic
         skip = 0
         loader = DataLoader(MicroBatches(dataset, batches, collate), batch_size=None, num_workers=tr.num_workers)
         for batch in loader:
-            batch = {k: v.to(acc.device) for k, v in batch.items()}
+            batch = on_device(batch)  # (online: the target's states added)
             with acc.accumulate(module):
-                out = module(batch["aux"], batch["final"], batch["input_ids"], batch["loss_mask"], batch["doc_ids"])
+                out = module(**model_inputs(batch))
                 acc.backward(out.loss)
                 if acc.sync_gradients and tr.grad_clip > 0:
                     acc.clip_grad_norm_(params, tr.grad_clip)

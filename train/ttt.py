@@ -71,6 +71,24 @@ def target_view(final: torch.Tensor, lm_head_weight: torch.Tensor, draft: Eagle3
     return TargetView(torch.cat(probs).view(B, T, -1), argmax, draft.t2d[argmax])
 
 
+@torch.no_grad()
+def topk_view(ids: torch.Tensor, logprobs: torch.Tensor, draft: Eagle3Draft) -> TargetView:
+    """The target from its stored top-k (`capture.teacher: topk`, `data/compact.py`): ids (B, T, k)
+    target ids, top-1 first; logprobs (B, T, k) over the whole vocabulary. The draft-vocab
+    distribution is the top-k entries inside the draft vocab, renormalised (the rest of the mass,
+    outside the top k, is dropped); the argmax is the top-1."""
+    V_d = draft.config.draft_vocab_size
+    to_draft = torch.full((draft.config.vocab_size,), -1, dtype=torch.int64, device=ids.device)  # (V,)
+    draft_ids = torch.arange(V_d, device=ids.device)
+    to_draft[draft.to_target_ids(draft_ids)] = draft_ids
+    d = to_draft[ids]  # (B, T, k), -1 outside the draft vocab
+    p = logprobs.float().exp() * (d >= 0)
+    probs = torch.zeros(*ids.shape[:2], V_d, device=ids.device).scatter_add_(-1, d.clamp(min=0), p)
+    probs = probs / probs.sum(-1, keepdim=True).clamp(min=torch.finfo(torch.float32).tiny)
+    argmax = ids[..., 0]
+    return TargetView(probs, argmax, draft.t2d[argmax])
+
+
 def shift(t: torch.Tensor, s: int, fill=0) -> torch.Tensor:
     """t[:, s:] padded on the right with `fill` back to length T (dim 1)."""
     if s == 0:
@@ -234,7 +252,17 @@ class TTTModule(torch.nn.Module):
         self.ttt_steps, self.decay = ttt_steps, decay
         self.attention, self.checkpoint_layer = attention, checkpoint_layer
 
-    def forward(self, aux, final, input_ids, loss_mask, doc_ids) -> TTTOutput:
-        target = target_view(final, self.lm_head_weight, self.draft)
+    def forward(self, aux, input_ids, loss_mask, doc_ids, final=None, teacher_ids=None,
+                teacher_logprobs=None) -> TTTOutput:
+        """A collated batch (`train/packing.collate_rows`): the teacher is the final state or the top-k."""
+        if final is not None:
+            target = target_view(final, self.lm_head_weight, self.draft)
+        else:
+            target = topk_view(teacher_ids, teacher_logprobs, self.draft)
         return ttt_forward(self.draft, aux, input_ids, loss_mask, doc_ids, target, self.ttt_steps, self.decay,
                            self.attention, checkpoint_layer=self.checkpoint_layer)
+
+
+def model_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A collated batch -> `TTTModule.forward`'s keyword arguments (all but the row lengths)."""
+    return {k: v for k, v in batch.items() if k != "lengths"}

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from .ttt import simulated_tau
+from .ttt import model_inputs, simulated_tau
 
 
 def split_validation(num_sequences: int, fraction: float, seed: int) -> tuple[list[int], list[int]]:
@@ -38,7 +38,7 @@ def validate(module, batches, accelerator, ttt_steps: int) -> dict:
     module.eval()
     for batch in batches:
         batch = {k: v.to(accelerator.device) for k, v in batch.items()}
-        out = module(batch["aux"], batch["final"], batch["input_ids"], batch["loss_mask"], batch["doc_ids"])
+        out = module(**model_inputs(batch))
         if int(batch["lengths"].sum()) == 0:
             continue  # an empty filler batch (train/schedule.py): it ran only to keep processes in step
         counts += torch.tensor([out.step_count, out.step_right, out.step_cond_base, out.step_cond_right],
