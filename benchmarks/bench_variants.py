@@ -9,8 +9,9 @@ differ from each other:
 
     short-context  the demo as it is: single-question prompts (sequences of ~100-250 tokens),
                    TTT 7, rows of up to 2048 tokens
-    long-context   the demo prompts plus LONG_TRAIN long prompts (below), packed rows of 2048 tokens,
-                   TTT 7, 3 epochs (the long sequences make each epoch ~3x the demo's tokens)
+    long-context   the demo prompts plus LONG_TRAIN long prompts (below), packed rows of 1024 tokens,
+                   4 rows per micro-batch (about the tokens of the demo's 16 short rows), TTT 7, the
+                   O(T) TTT attention (`auto`: chunked on CPU)
     throughput     the demo prompts, TTT 3, a draft MLP of 256 instead of 512
 
 Long prompts are built from the demo corpus (eyas/demo_target/corpus.py): a user turn holding a
@@ -35,10 +36,10 @@ from eyas.demo_target.corpus import generate_samples
 from eyas.pipeline import run_all
 from eyas.recipes.schema import load_recipe
 
-LONG_TRAIN, LONG_EVAL, NOTES = 160, 32, 36
+LONG_TRAIN, LONG_EVAL, NOTES = 100, 32, 36
 VARIANTS = {
     "short-context": [],
-    "long-context": ["train.pack=true", "train.epochs=3", "train.max_length=2048"],
+    "long-context": ["train.pack=true", "train.max_length=1024", "train.batch_size=4"],
     "throughput": ["train.ttt_steps=3", "draft.intermediate_size=256", "eval.k=2"],
 }
 

@@ -101,9 +101,9 @@ def topk_teacher(final: torch.Tensor, lm_head_weight: torch.Tensor, k: int, chun
     """final (N, H) post-norm target states, lm_head_weight (V, H) -> {"teacher_ids" (N, k) int32,
     top-1 first; "teacher_logprobs" (N, k) fp16, log-softmax over the whole vocabulary}."""
     ids, lps = [], []
-    w = lm_head_weight
+    w = lm_head_weight.float()  # fp32 logits, as the final-state teacher's (train/ttt.target_view)
     for s in range(0, final.shape[0], chunk):  # full-vocab logits in chunks: V is 201088 for gpt-oss
-        z = (final[s:s + chunk].to(device=w.device, dtype=w.dtype) @ w.T).float()  # (c, V)
+        z = final[s:s + chunk].to(device=w.device, dtype=torch.float32) @ w.T  # (c, V)
         top = torch.log_softmax(z, dim=-1).topk(k, dim=-1)  # sorted, largest first
         ids.append(top.indices.to(torch.int32).cpu())
         lps.append(top.values.to(torch.float16).cpu())

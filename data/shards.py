@@ -2,9 +2,9 @@
 
 A shard `capture/shard-00000.safetensors` packs whole sequences, row after row:
 
-    aux        (N_tok, n_aux * H)  capture dtype   target aux states, `aux_layer_ids` order
-                                                   (fp8 / int4 forms: `data/compact.py`, with
-    aux_scale  (N_tok, ...)                        their scales)
+    aux        (N_tok, n_aux * H)  capture dtype   target aux states, `aux_layer_ids` order (or
+                                                   their fp8 / packed int6 / int4 bytes, with
+    aux_scale  (N_tok, ...)                        their scales: `data/compact.py`)
     final      (N_tok, H)          capture dtype   input of the target's lm_head (post-norm), or
     teacher_ids, teacher_logprobs  (N_tok, k)      the target's top-k (`capture.teacher: topk`)
     input_ids  (N_tok,)            int32

@@ -5,6 +5,7 @@ import time
 
 import pytest
 import torch
+import yaml
 from safetensors.torch import load_file
 
 from eyas import io
@@ -123,6 +124,16 @@ def test_changed_recipe_refused_for_finished_stage(setup):
     with pytest.raises(RecipeError, match=r"stage 'prompts' is finished with a different recipe \(data.num_eval_prompts"):
         prepare_run(recipe_for(target, prompts, data={"num_eval_prompts": 5}), run)
     prepare_run(recipe_for(target, prompts, eval={"k": 2}), run)  # eval is not finished: fine
+    # a run made before a key existed (its saved recipe lacks it) goes on when the key is at its default
+    saved = yaml.safe_load((run / "recipe.yaml").read_text())
+    del saved["data"]["temperature"]
+    (run / "recipe.yaml").write_text(yaml.safe_dump(saved))
+    prepare_run(recipe_for(target, prompts), run)
+    saved = yaml.safe_load((run / "recipe.yaml").read_text())  # (prepare_run wrote it back in full)
+    del saved["data"]["temperature"]  # ... and is refused when the key is not at its default
+    (run / "recipe.yaml").write_text(yaml.safe_dump(saved))
+    with pytest.raises(RecipeError, match=r"different recipe \(data.temperature"):
+        prepare_run(recipe_for(target, prompts, data={"temperature": 0.5}), run)
 
 
 def test_eval_compares_imported_published_draft(setup, full_run, capsys):

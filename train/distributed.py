@@ -80,3 +80,50 @@ def accelerator_kwargs(grad_accum: int, grad_clip: float) -> dict:
         out["deepspeed_plugin"] = DeepSpeedPlugin(gradient_accumulation_steps=grad_accum,
                                                   gradient_clipping=float(grad_clip))
     return out
+
+
+def configure_fsdp2(acc, draft) -> None:
+    """Before `prepare` under FSDP2: compute in bf16 where training is bf16, but reduce gradients in fp32
+    and leave the module's inputs and outputs alone (the teacher's probabilities and the loss stay fp32,
+    as under DDP); the frozen embedding (the target's, 201088 x 2880 for gpt-oss) is not sharded: it
+    never changes, and gathering it every forward would cost more than keeping a copy."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    plugin = acc.state.fsdp_plugin
+    plugin.mixed_precision_policy = MixedPrecisionPolicy(
+        param_dtype=torch.bfloat16 if acc.mixed_precision == "bf16" else None, reduce_dtype=torch.float32,
+        output_dtype=None, cast_forward_inputs=False)
+    draft.embed_tokens.to(acc.device)  # FSDP2 places only the parameters it manages
+    plugin.ignored_modules = [draft.embed_tokens]
+
+
+def check_deepspeed(acc, grad_accum: int) -> None:
+    """At start-up under DeepSpeed: ZeRO-3 must be able to gather the final weights, and the accumulation
+    DeepSpeed runs must be the recipe's (a user `deepspeed_config_file` may set its own)."""
+    plugin = acc.state.deepspeed_plugin
+    if plugin is None:
+        return
+    if plugin.zero_stage == 3 and not plugin.zero3_save_16bit_model:
+        raise ValueError("DeepSpeed ZeRO-3 without zero3_save_16bit_model: true in the accelerate config; the "
+                         "final weights could not be gathered (recipes/accelerate/zero3.yaml sets it)")
+    ds_accum = plugin.deepspeed_config.get("gradient_accumulation_steps")
+    if ds_accum not in (None, "auto", grad_accum):
+        raise ValueError(f"the DeepSpeed config sets gradient_accumulation_steps={ds_accum}, the recipe "
+                         f"train.grad_accum={grad_accum}: remove it from the DeepSpeed config (eyas sets it)")
+
+
+def full_state_dict(acc, module) -> dict:
+    """The full weights on the main process (every process must call: it is a collective). Under DeepSpeed
+    the trainable ones are its fp32 master copies (with bf16 the module itself holds bf16 copies)."""
+    from accelerate.utils import DistributedType
+
+    state = acc.get_state_dict(module)
+    if acc.distributed_type == DistributedType.DEEPSPEED:
+        from deepspeed.utils import safe_get_full_fp32_param
+
+        for name, p in acc.unwrap_model(module).named_parameters():
+            if p.requires_grad:
+                full = safe_get_full_fp32_param(p)  # gathered under ZeRO-3
+                if acc.is_main_process:
+                    state[name] = full.detach().float().cpu()
+    return state

@@ -4,8 +4,8 @@ The capture stage still runs: it checks the layer ids and that lm_head(final sta
 target's logits, and writes `capture/index.json` with `"mode": "online"` and no shards (see
 `data/capture.py`). Training then reads the regenerated sequences, in the order an offline capture
 stores them (by length, stable), so the validation split and the packed rows are the same; for each
-micro-batch the target runs over its sequences (each one alone, right-padded, as capture batches
-them) and their aux and final states, cast to `capture.dtype`, go where the packed rows hold them.
+micro-batch the target runs over its sequences (each one alone, right-padded, shortest first,
+`capture.batch_size` at a time, as capture batches them) and their aux and final states, cast to `capture.dtype`, go where the packed rows hold them.
 The draft trains on what an offline capture would have stored, up to the float differences of
 running the target on other batches. Every process (DDP) runs its own copy of the target on its
 own micro-batches.
@@ -46,37 +46,38 @@ class OnlineTarget:
     (B, T, H) to collated batches (`train/packing.collate_rows`) on that device."""
 
     def __init__(self, model_name: str, dtype: str, device: torch.device, layer_ids: list[int], store_dtype: str,
-                 trust_remote_code: bool = False):
+                 batch_size: int, trust_remote_code: bool = False):
         self.model, _ = load_target(model_name, dtype, str(device), trust_remote_code)
         self.tap = HiddenStateTap(self.model, layer_ids, stop_at_final=True)  # no lm_head, no logits
-        self.device, self.dtype = device, DTYPES[store_dtype]
+        self.device, self.dtype, self.batch_size = device, DTYPES[store_dtype], batch_size
+        cfg = self.model.config
+        self.hidden = (cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg).hidden_size
 
     def __call__(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        batch = {k: v.to(self.device) for k, v in batch.items()}
-        ids, doc, lengths = batch["input_ids"], batch["doc_ids"], batch["lengths"]  # (B, T), (B, T), (B,)
+        ids, doc, lengths = batch["input_ids"], batch["doc_ids"], batch["lengths"]  # (B, T), (B, T), (B,) on CPU
         B, T = ids.shape
-        # the sequences of the packed rows: (row, start, length)
-        segments = []
+        segments = []  # the sequences of the packed rows: (row, start, length)
         for b in range(B):
             n = int(lengths[b])
-            if n == 0:
-                continue
-            starts = [0] + [t for t in range(1, n) if int(doc[b, t]) != int(doc[b, t - 1])] + [n]
-            segments += [(b, s, e - s) for s, e in zip(starts[:-1], starts[1:])]
-        if not segments:  # an empty filler micro-batch (train/schedule.py): zeros of the right shapes
-            H = self.model.config.get_text_config().hidden_size
-            batch["aux"] = torch.zeros(B, T, len(self.tap.layer_ids) * H, dtype=self.dtype, device=self.device)
-            batch["final"] = torch.zeros(B, T, H, dtype=self.dtype, device=self.device)
-            return batch
-        L = max(n for _, _, n in segments)
-        seg_ids = torch.zeros(len(segments), L, dtype=torch.long, device=self.device)  # right padded, as capture
-        seg_mask = torch.zeros_like(seg_ids)
-        for i, (b, s, n) in enumerate(segments):
-            seg_ids[i, :n], seg_mask[i, :n] = ids[b, s:s + n], 1
-        aux, final, _ = capture_batch(self.model, self.tap, seg_ids, seg_mask)  # (S, L, n_aux*H), (S, L, H)
-        batch["aux"] = aux.new_zeros(B, T, aux.shape[-1], dtype=self.dtype)
-        batch["final"] = final.new_zeros(B, T, final.shape[-1], dtype=self.dtype)
-        for i, (b, s, n) in enumerate(segments):
-            batch["aux"][b, s:s + n] = aux[i, :n].to(self.dtype)
-            batch["final"][b, s:s + n] = final[i, :n].to(self.dtype)
+            if n:
+                starts = [0, *(torch.nonzero(doc[b, 1:n] != doc[b, :n - 1]).flatten() + 1).tolist(), n]
+                segments += [(b, s, e - s) for s, e in zip(starts[:-1], starts[1:])]
+        batch = {k: v.to(self.device) for k, v in batch.items()}
+        aux = torch.zeros(B, T, len(self.tap.layer_ids) * self.hidden, dtype=self.dtype, device=self.device)
+        final = torch.zeros(B, T, self.hidden, dtype=self.dtype, device=self.device)
+        # like capture: sequences of similar length together, capture.batch_size at a time, right-padded
+        segments.sort(key=lambda x: x[2])
+        for c in range(0, len(segments), self.batch_size):
+            chunk = segments[c:c + self.batch_size]
+            L = chunk[-1][2]
+            seg_ids = torch.zeros(len(chunk), L, dtype=torch.long)
+            seg_mask = torch.zeros_like(seg_ids)
+            for i, (b, s, n) in enumerate(chunk):
+                seg_ids[i, :n], seg_mask[i, :n] = ids[b, s:s + n], 1
+            a, f, _ = capture_batch(self.model, self.tap, seg_ids.to(self.device), seg_mask.to(self.device))
+            for i, (b, s, n) in enumerate(chunk):  # (S, L, n_aux*H), (S, L, H) -> the packed rows
+                aux[b, s:s + n] = a[i, :n].to(self.dtype)
+                final[b, s:s + n] = f[i, :n].to(self.dtype)
+            self.tap._aux, self.tap.final = {}, None  # the tap must not hold them through training
+        batch["aux"], batch["final"] = aux, final
         return batch

@@ -27,7 +27,7 @@ from eyas import io
 from eyas.recipes.schema import Recipe
 
 from .checkpoint import load_draft, save_draft
-from .distributed import accelerator_kwargs, process_state
+from .distributed import accelerator_kwargs, check_deepspeed, configure_fsdp2, full_state_dict, process_state
 from .model import DraftConfig, Eagle3Draft
 from .packing import PackedRows, collate_rows, plan_rows
 from .schedule import MicroBatches, epoch_micro_batches, evaluation_micro_batches, updates_per_epoch
@@ -146,7 +146,7 @@ def run_train(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> dic
 
         t = recipe.target
         online = OnlineTarget(t.model, t.dtype, state.device, index["aux_layer_ids"], recipe.capture.dtype,
-                              t.trust_remote_code)
+                              recipe.capture.batch_size, t.trust_remote_code)
     kwargs = accelerator_kwargs(tr.grad_accum, tr.grad_clip)
     # the buffers (the target's lm_head, 2.3 GB at gpt-oss size; the vocab maps) never change: DDP must
     # not re-send them from rank 0 before every forward
@@ -154,12 +154,18 @@ def run_train(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> dic
     acc = Accelerator(mixed_precision=mixed_precision(tr.mixed_precision), project_dir=str(out_dir),
                       log_with=None if tr.report_to == "none" else tr.report_to, **kwargs)
     if acc.state.deepspeed_plugin is not None:  # rows per micro-batch: the loader is ours, not prepared
+        check_deepspeed(acc, tr.grad_accum)
         acc.state.deepspeed_plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = tr.batch_size
     set_seed(tr.seed)
     world, rank = acc.num_processes, acc.process_index
 
     draft = build_draft(recipe, run_dir, heads["embed"])
-    module = TTTModule(draft, heads["lm_head"].float(), tr.ttt_steps, tr.decay, tr.attention, tr.checkpoint_layer)
+    trainable = draft.num_parameters()  # before prepare: ZeRO-3 partitions them
+    # the target's lm_head turns stored final states into the teacher; a top-k capture needs none
+    lm_head = heads["lm_head"].float() if index.get("teacher", "final") == "final" else torch.empty(0)
+    module = TTTModule(draft, lm_head, tr.ttt_steps, tr.decay, tr.attention, tr.checkpoint_layer)
+    if acc.is_fsdp2:
+        configure_fsdp2(acc, draft)
     if online is not None:
         from .online import RegeneratedSequences
 
@@ -184,6 +190,9 @@ def run_train(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> dic
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(total, int(tr.warmup_ratio * total), tr.min_lr_ratio))
     module, opt = acc.prepare(module, opt)
     params = [p for p in module.parameters() if p.requires_grad]  # FSDP2 replaced them (sharded DTensors)
+    if acc.gradient_accumulation_steps != tr.grad_accum:
+        raise ValueError(f"accelerate accumulates {acc.gradient_accumulation_steps} micro-batches per step, the "
+                         f"recipe train.grad_accum={tr.grad_accum}: the launcher's config must not set its own")
     acc.register_for_checkpointing(sched)
 
     state_dir, log_path = out_dir / "state", out_dir / "log.jsonl"
@@ -283,11 +292,11 @@ def run_train(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> dic
 
     val = run_validation()
     # the full weights, gathered from every process (FSDP / ZeRO-3 keep them sharded): collective
-    state = acc.get_state_dict(module)
+    state = full_state_dict(acc, module)
     info = {
         "wall_s": round(time.perf_counter() - t_start, 2),
         "steps": total, "epochs_seen": round(step / per_epoch, 3), "tokens_seen": tokens_seen(),
-        "trainable_parameters": draft.num_parameters(),
+        "trainable_parameters": trainable,
         "last": last, "mixed_precision": acc.mixed_precision, "num_processes": world,
         "global_batch_rows": world * tr.grad_accum * tr.batch_size,
         "validation": val, "val_sequences": len(val_ids),
