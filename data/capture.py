@@ -35,6 +35,16 @@ LAYER_ID_CONVENTION = "vLLM: id k = input of decoder layer k = HF hidden_states[
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def right_padded(sequences: list) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token id sequences (lists or 1-D tensors) -> input_ids, attention_mask (B, T_max), right padded."""
+    T = max(len(x) for x in sequences)
+    ids = torch.zeros((len(sequences), T), dtype=torch.long)
+    mask = torch.zeros((len(sequences), T), dtype=torch.long)
+    for b, x in enumerate(sequences):
+        ids[b, :len(x)], mask[b, :len(x)] = torch.as_tensor(x), 1
+    return ids, mask
+
+
 def capture_batch(model, tap, input_ids: torch.Tensor, attention_mask: torch.Tensor):
     """One forward of the target with `tap` attached.
 
@@ -91,11 +101,7 @@ def _online(recipe: Recipe, run_dir: Path, model, layer_ids: list[int], header: 
             seqs: list[dict], t0: float) -> dict:
     """`capture.mode: online` (train/online.py): check the target on the first batch as an offline capture
     does, and write an index with no shards; training runs the target itself."""
-    T = max(len(s["input_ids"]) for s in first)
-    ids = torch.zeros((len(first), T), dtype=torch.long)  # (B, T), right padded
-    mask = torch.zeros((len(first), T), dtype=torch.long)
-    for b, s in enumerate(first):
-        ids[b, :len(s["input_ids"])], mask[b, :len(s["input_ids"])] = torch.tensor(s["input_ids"]), 1
+    ids, mask = right_padded([s["input_ids"] for s in first])  # (B, T)
     with tapped(model, layer_ids) as tap:
         _, final, logits = capture_batch(model, tap, ids.to(model.device), mask.to(model.device))
     verified = verify_final(model, final, logits, mask.to(model.device), recipe.capture.verify_tolerance,
@@ -167,12 +173,8 @@ def run_capture(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> d
     with tapped(model, layer_ids) as tap:
         for k in range(done // c.batch_size, len(batches)):
             batch = [seqs[i] for i in batches[k]]
-            T = max(len(s["input_ids"]) for s in batch)
-            ids = torch.zeros((len(batch), T), dtype=torch.long)  # (B, T), right padded
-            mask = torch.zeros((len(batch), T), dtype=torch.long)
-            for b, s in enumerate(batch):
-                ids[b, :len(s["input_ids"])] = torch.tensor(s["input_ids"])
-                mask[b, :len(s["input_ids"])] = 1
+            ids, mask = right_padded([s["input_ids"] for s in batch])  # (B, T)
+            T = ids.shape[1]
             ids, mask = ids.to(model.device), mask.to(model.device)
             tf = time.time()
             aux, final, logits = capture_batch(model, tap, ids, mask)

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset
 
-from eyas.data.capture import DTYPES, capture_batch
+from eyas.data.capture import DTYPES, capture_batch, right_padded
 from eyas.data.regenerate import loss_mask, read_sequences
 from eyas.data.target import HiddenStateTap, load_target
 
@@ -69,11 +69,7 @@ class OnlineTarget:
         segments.sort(key=lambda x: x[2])
         for c in range(0, len(segments), self.batch_size):
             chunk = segments[c:c + self.batch_size]
-            L = chunk[-1][2]
-            seg_ids = torch.zeros(len(chunk), L, dtype=torch.long)
-            seg_mask = torch.zeros_like(seg_ids)
-            for i, (b, s, n) in enumerate(chunk):
-                seg_ids[i, :n], seg_mask[i, :n] = ids[b, s:s + n], 1
+            seg_ids, seg_mask = right_padded([ids[b, s:s + n] for b, s, n in chunk])  # (S, L)
             a, f, _ = capture_batch(self.model, self.tap, seg_ids.to(self.device), seg_mask.to(self.device))
             for i, (b, s, n) in enumerate(chunk):  # (S, L, n_aux*H), (S, L, H) -> the packed rows
                 aux[b, s:s + n] = a[i, :n].to(self.dtype)

@@ -142,7 +142,7 @@ def run_train(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> dic
     online = None
     index = read_index(run_dir / "capture")
     if index.get("mode") == "online":  # the target runs here (train/online.py); loaded before the Accelerator too
-        from .online import OnlineTarget
+        from .online import OnlineTarget, RegeneratedSequences
 
         t = recipe.target
         online = OnlineTarget(t.model, t.dtype, state.device, index["aux_layer_ids"], recipe.capture.dtype,
@@ -167,8 +167,6 @@ def run_train(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> dic
     if acc.is_fsdp2:
         configure_fsdp2(acc, draft)
     if online is not None:
-        from .online import RegeneratedSequences
-
         sequences, on_device = RegeneratedSequences(run_dir), online
     else:
         sequences = ShardDataset(run_dir / "capture")
