@@ -64,9 +64,13 @@ def main():
     p.add_argument("--precision", choices=["fp32", "bf16"], default=None)
     p.add_argument("--device", default="cpu")
     p.add_argument("--checkpoint-layer", action="store_true", help="recompute each step's layer in backward")
+    p.add_argument("--compile", choices=["auto", "on", "off"], default="auto",
+                   help="torch.compile the draft's norms and MLP as train.compile does (auto: on CUDA)")
     p.add_argument("--memory-limit-gb", type=float, default=None,
                    help="CPU: cap each length's process (address space), so a quadratic path fails with OOM "
                         "instead of swapping the machine")
+    p.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="after the timed steps, profile one more and print its N most expensive ops (self device time)")
     p.add_argument("--one-process", action="store_true", help="(internal) run the lengths in this process")
     args = p.parse_args()
     dev = torch.device(args.device)
@@ -86,13 +90,17 @@ def main():
     t2d[ids] = True
     draft.set_vocab_map(ids - torch.arange(Vd), t2d)
     lm_head = torch.randn(V, H) * 0.02
+    compiled = args.compile == "on" or (args.compile == "auto" and dev.type == "cuda")
+    if compiled:
+        draft.compile_math()
     if not args.one_process:
         print(f"size={args.size} trainable={draft.num_parameters() / 1e6:.1f}M ttt_steps={args.ttt_steps} "
-              f"batch={args.batch} device={dev} precision={precision} checkpoint_layer={args.checkpoint_layer}", flush=True)
+              f"batch={args.batch} device={dev} precision={precision} checkpoint_layer={args.checkpoint_layer} "
+              f"compile={compiled}", flush=True)
     if dev.type == "cpu" and not args.one_process and len(runs) > 1:
         same = ["--size", args.size, "--batch", str(args.batch), "--ttt-steps", str(args.ttt_steps),
                 "--repeat", str(args.repeat), "--warmup", str(warmup), "--precision", precision,
-                "--device", args.device, "--one-process", *(["--checkpoint-layer"] if args.checkpoint_layer else []),
+                "--device", args.device, "--compile", args.compile, "--one-process", *(["--checkpoint-layer"] if args.checkpoint_layer else []),
                 *(["--memory-limit-gb", str(args.memory_limit_gb)] if args.memory_limit_gb else [])]
         for a, T in runs:
             r = subprocess.run([sys.executable, __file__, *same, "--attention", a, "--lengths", str(T)])
@@ -102,7 +110,8 @@ def main():
     autocast = torch.autocast(dev.type, dtype=torch.bfloat16) if precision == "bf16" else nullcontext()
     for attention, T in runs:
         module = TTTModule(draft, lm_head, args.ttt_steps, 0.8, attention, args.checkpoint_layer).to(dev)
-        opt = torch.optim.AdamW([q for q in module.parameters() if q.requires_grad], lr=1e-4)
+        opt = torch.optim.AdamW([q for q in module.parameters() if q.requires_grad], lr=1e-4,
+                                fused=dev.type == "cuda")  # as the trainer
         B = args.batch
         g = torch.Generator().manual_seed(T)
         aux = torch.randn(B, T, 3 * H, generator=g).to(dev)
@@ -129,6 +138,8 @@ def main():
                 (times.append if i >= warmup else lambda s: None)(time.perf_counter() - t0)
                 if i < warmup:
                     t_warm += time.perf_counter() - t0
+            if args.profile:
+                profile_step(module, opt, autocast, (aux, x, mask, doc), final, dev, args.profile)
         except Exception as e:  # noqa: BLE001 -- report and go on to the next length
             if not is_oom(e):
                 raise
@@ -142,6 +153,23 @@ def main():
         print(f"[{attention}] T={T:6d}  {sec:8.3f} s/step  {B * T / sec:9.0f} tok/s  "
               f"peak {'GPU' if dev.type == 'cuda' else 'RSS'} {mem:9.0f} MiB  (warm-up {t_warm:.1f} s, loss {loss:.4f})",
               flush=True)
+
+
+def profile_step(module, opt, autocast, inputs, final, dev, top: int) -> None:
+    """One more step under torch.profiler: the ops with the most self time on the device."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+    with profile(activities=acts) as prof:
+        with autocast:
+            out = module(*inputs, final=final)
+        out.loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+    key = "self_cuda_time_total" if dev.type == "cuda" else "self_cpu_time_total"
+    print(prof.key_averages().table(sort_by=key, row_limit=top, max_name_column_width=60), flush=True)
 
 
 if __name__ == "__main__":

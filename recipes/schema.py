@@ -102,6 +102,10 @@ class TrainSection:
     # recompute each TTT step's decoder layer in backward: about a third more compute, a fraction of
     # the activation memory (gpt-oss-120b dims on 80 GB: T = 32K without, more with; see the README)
     checkpoint_layer: bool = False
+    # torch.compile the draft's norms and MLP (Eagle3Draft.compile_math): fused elementwise math and
+    # fewer saved activations. auto: on CUDA, except under DeepSpeed ZeRO-3 (its hooks gather weights
+    # per submodule, outside what a compiled graph sees) | on | off
+    compile: str = "auto"
     lr: float = 1e-4
     weight_decay: float = 0.0
     warmup_ratio: float = 0.03
@@ -276,6 +280,8 @@ def validate(r: Recipe) -> Recipe:
            f"must be none, wandb, tensorboard or trackio, got {r.train.report_to!r}")
     _check(r.train.attention in ("auto", "flex", "chunked", "dense"), "train.attention",
            f"must be auto, flex, chunked or dense, got {r.train.attention!r}")
+    _check(r.train.compile in ("auto", "on", "off"), "train.compile",
+           f"must be auto, on or off, got {r.train.compile!r}")
     _check(r.train.lr > 0, "train.lr", "must be > 0")
     _check(0 <= r.train.warmup_ratio < 1, "train.warmup_ratio", "must be in [0, 1)")
     _check(0 <= r.train.min_lr_ratio <= 1, "train.min_lr_ratio", "must be in [0, 1]")

@@ -21,15 +21,34 @@ pytestmark = [pytest.mark.gpu,
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_lossless_on_cuda(dtype):
+    """fp32: exactly plain greedy decoding. bf16: the verification forward (k+1 positions at once)
+    rounds differently from one-token decoding, so the two may part at a near-tie of the target's
+    top two logits, and only there: up to its first difference each output equals greedy, and at
+    that difference the target's top-2 gap is within bf16 rounding (0.125 on logits of about 9)."""
     target = tiny_gpt_oss(seed=0, layers=4, hidden=64, window=8)
     draft = draft_for(target, 0).to("cuda", dtype)
     target = target.to("cuda", dtype)
     prompts = [list(range(2, 2 + 20 + i)) for i in range(4)]
     refs = [greedy_generate(target, p, max_new_tokens=32)[0] for p in prompts]
+    parted = 0
     for shape in (TreeShape.chain(1), TreeShape.chain(3), TreeShape.chain(5), TreeShape(3, 2, 6)):
         eng = Engine(target, draft, shape, max_batch=4)
         reqs = eng.run([Request(p, SamplingParams(temperature=0, max_tokens=32)) for p in prompts])
-        assert [r.tokens for r in reqs] == refs, shape
+        if dtype == torch.float32:
+            assert [r.tokens for r in reqs] == refs, shape
+            continue
+        for p, r, ref in zip(prompts, reqs, refs):
+            assert len(r.tokens) == len(ref) == 32
+            first = next((i for i, (a, b) in enumerate(zip(r.tokens, ref)) if a != b), None)
+            if first is None:
+                continue
+            parted += 1
+            with torch.no_grad():
+                logits = target(torch.tensor([p + ref[:first]], device="cuda")).logits[0, -1].float()
+            top2 = logits.topk(2).values
+            assert (top2[0] - top2[1]).item() <= 0.125, (shape, first, top2.tolist())
+            assert {r.tokens[first], ref[first]} <= set(logits.topk(2).indices.tolist()), (shape, first)
+    print(f"bf16 outputs parting from greedy at a near-tie: {parted} of 16" if dtype != torch.float32 else "")
 
 
 def test_ttt_matches_chain_on_cuda():

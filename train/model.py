@@ -312,6 +312,16 @@ class Eagle3Draft(nn.Module):
         prenorm, _, _ = self.midlayer(self.embed_tokens(input_ids).to(hidden.dtype), hidden, cos, sin, attend)
         return prenorm, self.logits(prenorm[:, -logits_to_keep:] if logits_to_keep else prenorm)
 
+    def compile_math(self) -> None:
+        """torch.compile the forward of the norms and the MLP, in place (module hooks still run around
+        them). Inductor fuses their elementwise math (fp32 RMSNorm, SiLU x up) and keeps fewer
+        activations for backward (per TTT step at gpt-oss size the MLP alone holds four (T, 17280)
+        tensors eagerly). The matmuls stay cuBLAS; attention is compiled on its own
+        (`train/attention.py`). Shapes become dynamic after the first recompile."""
+        m = self.midlayer
+        for module in (m.input_layernorm, m.hidden_norm, m.post_attention_layernorm, m.mlp, self.norm):
+            module.forward = torch.compile(module.forward)
+
     def num_parameters(self, trainable_only: bool = True) -> int:
         return sum(p.numel() for p in self.parameters() if p.requires_grad or not trainable_only)
 

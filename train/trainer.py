@@ -112,6 +112,17 @@ def step_metrics(outs: list) -> dict:
             "simulated_acceptance": simulated_tau(cond_acc)[-1] if cond_acc else 1.0}
 
 
+def compile_math(setting: str, acc: Accelerator) -> bool:
+    """train.compile: auto = on CUDA unless DeepSpeed ZeRO-3 partitions the weights (its hooks gather
+    them per submodule, which a compiled graph would not see)."""
+    plugin = acc.state.deepspeed_plugin
+    zero3 = plugin is not None and plugin.zero_stage == 3
+    if setting == "on" and zero3:
+        raise ValueError("train.compile: on does not work under DeepSpeed ZeRO-3 (it gathers each submodule's "
+                         "weights in hooks a compiled graph skips); use auto or off, or FSDP2 (fsdp2.yaml)")
+    return setting == "on" or (setting == "auto" and acc.device.type == "cuda" and not zero3)
+
+
 def mixed_precision(setting: str) -> str:
     if setting != "auto":
         return setting
@@ -161,6 +172,8 @@ def run_train(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> dic
 
     draft = build_draft(recipe, run_dir, heads["embed"])
     trainable = draft.num_parameters()  # before prepare: ZeRO-3 partitions them
+    if compile_math(tr.compile, acc):
+        draft.compile_math()
     # the target's lm_head turns stored final states into the teacher; a top-k capture needs none
     lm_head = heads["lm_head"].float() if index.get("teacher", "final") == "final" else torch.empty(0)
     module = TTTModule(draft, lm_head, tr.ttt_steps, tr.decay, tr.attention, tr.checkpoint_layer)
@@ -183,7 +196,8 @@ def run_train(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> dic
     per_epoch = updates_per_epoch(len(dataset), tr.batch_size, tr.grad_accum, world)  # optimizer steps
     total = tr.max_steps or max(1, math.ceil(tr.epochs * per_epoch))
     params = [p for p in module.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=tr.lr, weight_decay=tr.weight_decay, betas=(0.9, 0.95))
+    opt = torch.optim.AdamW(params, lr=tr.lr, weight_decay=tr.weight_decay, betas=(0.9, 0.95),
+                            fused=acc.device.type == "cuda")  # one kernel per step on GPUs
     # stepped once per optimizer step by us: accelerate's prepared scheduler would step it once per process
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(total, int(tr.warmup_ratio * total), tr.min_lr_ratio))
     module, opt = acc.prepare(module, opt)

@@ -31,10 +31,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 import torch.utils.checkpoint
 
 from .attention import resolve, ttt_attention
+from .loss import linear_soft_cross_entropy, reference_soft_cross_entropy
 from .model import Eagle3Draft, attention_scale
 from .packing import positions_in_doc
 
@@ -62,9 +62,11 @@ def target_view(final: torch.Tensor, lm_head_weight: torch.Tensor, draft: Eagle3
     draft_to_target = draft.to_target_ids(draft_ids)  # (V_d,)
     probs, argmax = [], []
     flat = final.reshape(B * T, -1)
-    w = lm_head_weight.to(device=final.device)
+    dev = final.device.type
+    dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else lm_head_weight.dtype
+    w = lm_head_weight.to(device=final.device, dtype=dtype)  # cast once, not once per chunk
     for s in range(0, B * T, chunk):  # full-vocab logits in chunks: V is 201088 for gpt-oss
-        z = (flat[s:s + chunk].to(w.dtype) @ w.T).float()  # (c, V)
+        z = (flat[s:s + chunk].to(dtype) @ w.T).float()  # (c, V)
         argmax.append(z.argmax(-1))
         probs.append(torch.softmax(z[:, draft_to_target], dim=-1))
     argmax = torch.cat(argmax).view(B, T)
@@ -208,36 +210,15 @@ def layer_step(layer, impl: str, scale: float, doc_ids, hidden, embeds, cos, sin
     return layer(embeds, hidden, cos, sin, attend, repeat_kv=False)  # through forward: FSDP / ZeRO-3 hooks
 
 
-def step_cross_entropy(draft: Eagle3Draft, hidden: torch.Tensor, probs: torch.Tensor, weight: torch.Tensor,
-                       budget: int = 1 << 24) -> tuple[torch.Tensor, torch.Tensor]:
+def step_cross_entropy(draft: Eagle3Draft, hidden: torch.Tensor, probs: torch.Tensor,
+                       weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """sum over weighted positions of soft CE(draft logits, target probs), and the draft's argmax.
-
     hidden (B, L, H) prenorm, probs (B, L, V_d), weight (B, L) bool -> (scalar, (B, L) draft ids).
-    Positions go in chunks of about `budget` logits; when there is more than one chunk each is
-    recomputed in backward, so the (B, L, V_d) logits of a long sequence are never all held (at
-    gpt-oss-120b's 32000 draft ids and L = 32K that is 4 GB per step in fp32)."""
-    B, L, _ = hidden.shape
-    chunk = max(1, budget // max(1, B * probs.shape[-1]))
-    if L <= chunk or not torch.is_grad_enabled():
-        return _ce_chunk(draft, hidden, probs, weight)
-    sums, preds = [], []
-    for s in range(0, L, chunk):
-        ce, pred = torch.utils.checkpoint.checkpoint(_ce_chunk, draft, hidden[:, s:s + chunk], probs[:, s:s + chunk],
-                                                     weight[:, s:s + chunk], use_reentrant=False)
-        sums.append(ce)
-        preds.append(pred)
-    return torch.stack(sums).sum(), torch.cat(preds, dim=1)
-
-
-def _ce_chunk(draft, hidden, probs, weight):
-    logits = draft.logits(hidden)  # (B, c, V_d)
-    ce = soft_cross_entropy(logits, probs)  # (B, c)
-    return (ce * weight).sum(), logits.argmax(-1).detach()
-
-
-def soft_cross_entropy(logits: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
-    """Per-position forward KL up to the target's entropy: -(p * log q).sum(-1)."""
-    return -(probs * F.log_softmax(logits.float(), dim=-1)).sum(-1)
+    Fused with the lm_head (`train/loss.py`), except where DeepSpeed ZeRO-3 holds the lm_head
+    weight partitioned outside its module's forward: there through the modules and autograd."""
+    if hasattr(draft.lm_head.weight, "ds_id"):
+        return reference_soft_cross_entropy(draft.logits, hidden, probs, weight)
+    return linear_soft_cross_entropy(draft.norm(hidden), draft.lm_head.weight, probs, weight)
 
 
 class TTTModule(torch.nn.Module):
