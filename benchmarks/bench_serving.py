@@ -118,14 +118,14 @@ def main(argv=None) -> int:
         what = f"random {args.random_target}" + (f" ({args.layers} layers)" if args.layers else "")
     else:
         from eyas.data.regenerate import eos_token_ids, render_prompt
-        from eyas.data.target import load_target
+        from eyas.data.target import load_recipe_target
         from eyas.eval.benchmarks import held_out
         from eyas.recipes.schema import load_recipe
         from eyas.train.checkpoint import load_draft
 
         run = Path(args.run)
         recipe = load_recipe(run / "recipe.yaml", [f"target.device={args.device}"] if args.device else [])
-        model, tok = load_target(recipe.target.model, recipe.target.dtype, recipe.target.device)
+        model, tok = load_recipe_target(recipe.target)
         dev = model.get_input_embeddings().weight.device
         dtype = next(model.parameters()).dtype
         draft = load_draft(run / "train" / "checkpoint-final", device=dev, dtype=dtype).eval()

@@ -26,7 +26,8 @@ from tqdm.auto import tqdm
 from eyas.data.regenerate import loss_mask, read_sequences
 from eyas.data.compact import check_block_width, encode_aux, topk_teacher
 from eyas.data.shards import INDEX, read_index, shard_name, write_shard
-from eyas.data.target import StopForward, load_target, tapped, text_config
+from eyas.data.target import (StopForward, input_device, load_head_weights, load_recipe_target, tapped,
+                              text_config)
 from eyas.io import is_done, mark_done, read_done, require_done, stage_dir, write_json
 from eyas.recipes.schema import Recipe, check_against_target
 
@@ -72,7 +73,7 @@ def verify_final(model, final: torch.Tensor, logits: torch.Tensor, attention_mas
 
     final (B, T, H), logits (B, T, V), attention_mask (B, T)."""
     with torch.no_grad():
-        ref = model.get_output_embeddings()(final).float()  # (B, T, V)
+        ref = model.get_output_embeddings()(final).float().to(logits.device)  # (B, T, V)
     real = attention_mask.bool()
     diff = (ref - logits.float())[real].abs().max().item()
     scale = logits.float()[real].abs().max().item()
@@ -102,9 +103,10 @@ def _online(recipe: Recipe, run_dir: Path, model, layer_ids: list[int], header: 
     """`capture.mode: online` (train/online.py): check the target on the first batch as an offline capture
     does, and write an index with no shards; training runs the target itself."""
     ids, mask = right_padded([s["input_ids"] for s in first])  # (B, T)
+    ids, mask = ids.to(input_device(model)), mask.to(input_device(model))
     with tapped(model, layer_ids) as tap:
-        _, final, logits = capture_batch(model, tap, ids.to(model.device), mask.to(model.device))
-    verified = verify_final(model, final, logits, mask.to(model.device), recipe.capture.verify_tolerance,
+        _, final, logits = capture_batch(model, tap, ids, mask)
+    verified = verify_final(model, final, logits, mask, recipe.capture.verify_tolerance,
                             recipe.target.model)
     num_tokens = sum(len(s["input_ids"]) for s in seqs)
     write_json(stage_dir(run_dir, STAGE) / INDEX, {**header, "mode": "online", "shards": [], "num_sequences": len(seqs),
@@ -125,7 +127,7 @@ def run_capture(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> d
     t0 = time.time()
     c, t = recipe.capture, recipe.target
     out_dir = stage_dir(run_dir, STAGE)
-    model, _ = load_target(t.model, t.dtype, t.device, t.trust_remote_code)
+    model, _ = load_recipe_target(t)
     cfg = text_config(model.config)
     layer_ids = check_against_target(recipe, cfg.num_hidden_layers, cfg.vocab_size)
     dtype = DTYPES[c.dtype]
@@ -134,6 +136,8 @@ def run_capture(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> d
               "teacher_topk": c.teacher_topk if c.teacher == "topk" else None, "mode": c.mode}
     check_block_width(c.aux_format, cfg.hidden_size)
     lm_head = model.get_output_embeddings().weight  # (V, H): the top-k teacher's logits
+    if c.teacher == "topk" and lm_head.device.type == "meta":  # offloaded by the device_map: read it from disk
+        lm_head = load_head_weights(t.model, t.trust_remote_code)["lm_head"]
 
     seqs = read_sequences(run_dir)
     order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]["input_ids"]))  # stable: fixed across runs
@@ -175,7 +179,7 @@ def run_capture(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> d
             batch = [seqs[i] for i in batches[k]]
             ids, mask = right_padded([s["input_ids"] for s in batch])  # (B, T)
             T = ids.shape[1]
-            ids, mask = ids.to(model.device), mask.to(model.device)
+            ids, mask = ids.to(input_device(model)), mask.to(input_device(model))
             tf = time.time()
             aux, final, logits = capture_batch(model, tap, ids, mask)
             if verified is None:  # first batch: full logits once, to check the final state against them

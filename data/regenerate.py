@@ -23,7 +23,7 @@ import torch
 from tqdm.auto import tqdm
 
 from eyas.data.prompts import read_prompts
-from eyas.data.target import load_target
+from eyas.data.target import input_device, load_recipe_target
 from eyas.io import is_done, mark_done, read_done, read_jsonl, require_done, stage_dir, write_jsonl
 from eyas.recipes.schema import Recipe
 
@@ -88,7 +88,8 @@ def generate_batch(model, prompts: list[list[int]], *, eos_ids: list[int], pad_i
     sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": 0} if temperature > 0 \
         else {"do_sample": False}
     with torch.no_grad():
-        out = model.generate(input_ids=ids.to(model.device), attention_mask=mask.to(model.device),
+        dev = input_device(model)
+        out = model.generate(input_ids=ids.to(dev), attention_mask=mask.to(dev),
                              max_new_tokens=max_new_tokens, eos_token_id=eos_ids, pad_token_id=pad_id,
                              **sampling)  # (B, L + n_new)
     eos = set(eos_ids)
@@ -123,7 +124,7 @@ def run_regenerate(recipe: Recipe, run_dir: str | Path, progress: bool = True,
     out_dir = stage_dir(run_dir, STAGE)
     for stray in out_dir.glob(".*.tmp"):  # left by a killed process
         stray.unlink()
-    model, tok = load_target(t.model, t.dtype, t.device, t.trust_remote_code)
+    model, tok = load_recipe_target(t)
     eos_ids = eos_token_ids(model, tok)
     pad_id = pad_token_id(model, tok, eos_ids)
 

@@ -4,6 +4,12 @@ Every stage loads the target the same way, with `from_pretrained` on a directory
 whether it is openai/gpt-oss-120b or the built-in demo target ("eyas-demo", an ordinary
 model directory built and cached on first use).
 
+Placement: the whole target on one device (`target.device`), or across devices with a
+`target.device_map` (a plan accelerate computes from `target.max_memory`, or an explicit map of
+module names to GPUs, cpu or disk), as `from_pretrained(device_map=...)` takes it. Inputs go to the
+device of the embedding; accelerate's hooks carry activations from device to device; the tap
+below gathers the aux states onto one device.
+
 Layer-id convention (vLLM's `eagle_aux_hidden_state_layer_ids`): id k is the INPUT of
 decoder layer k (0-based), which is Hugging Face `hidden_states[k]`. The final state is the
 input of the target's output embedding (`lm_head`), i.e. after the final norm.
@@ -46,17 +52,82 @@ def pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
 
 
-def load_target(name: str, dtype: str = "auto", device: str = "auto", trust_remote_code: bool = False):
-    """-> (model in eval mode on `device`, tokenizer). `name` is a directory or hub id."""
+def load_target(name: str, dtype: str = "auto", device: str = "auto", trust_remote_code: bool = False,
+                device_map: str | dict[str, str] | None = None, max_memory: dict[str, str] | None = None,
+                offload_folder: str | None = None):
+    """-> (model in eval mode, tokenizer). `name` is a directory or hub id. Without `device_map` the
+    whole model goes to `device`; with one, it is placed as the recipe's `target` section says."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = resolve_path(name)
     dev = pick_device(device)
+    placed = {} if device_map is None else placement_kwargs(device_map, max_memory, offload_folder)
     model = AutoModelForCausalLM.from_pretrained(
-        path, dtype=pick_dtype(dtype, dev), trust_remote_code=trust_remote_code)
-    model.to(dev).eval()
+        path, dtype=pick_dtype(dtype, dev), trust_remote_code=trust_remote_code, **placed)
+    if device_map is None:
+        model.to(dev)
+    else:
+        print(f"target: {describe_placement(model, device_map)}", flush=True)
+    model.eval()
     tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     return model, tok
+
+
+def input_device(model: nn.Module) -> torch.device:
+    """Where a target's input ids go: its embedding's device, or, where the device_map offloaded the
+    embedding (its weight on "meta"), the device accelerate's hook runs it on."""
+    emb = model.get_input_embeddings()
+    hooks = getattr(getattr(emb, "_hf_hook", None), "hooks", None) or [getattr(emb, "_hf_hook", None)]
+    for hook in hooks:
+        dev = getattr(hook, "execution_device", None)
+        if dev is not None:
+            return torch.device("cuda", dev) if isinstance(dev, int) else torch.device(dev)
+    return emb.weight.device
+
+
+def load_recipe_target(t):
+    """load_target with every key of a recipe's `target` section (recipes/schema.TargetSection)."""
+    return load_target(t.model, t.dtype, t.device, t.trust_remote_code, t.device_map, t.max_memory,
+                       t.offload_folder)
+
+
+def _device(d: str):
+    """A recipe's device name -> accelerate's: GPU indices as ints, "cuda:N" -> N, cpu/disk as they are."""
+    if d.isdigit():
+        return int(d)
+    return int(d[5:]) if d.startswith("cuda:") else d
+
+
+def placement_kwargs(device_map, max_memory=None, offload_folder=None) -> dict:
+    """The recipe's placement -> `from_pretrained` keyword arguments."""
+    kw = {"device_map": device_map if isinstance(device_map, str)
+          else {name: _device(d) for name, d in device_map.items()}}
+    if max_memory:
+        kw["max_memory"] = {_device(d): size for d, size in max_memory.items()}
+    if offload_folder:
+        kw["offload_folder"] = offload_folder
+    return kw
+
+
+def describe_placement(model: nn.Module, device_map) -> str:
+    """Which decoder layers sit where, e.g. "device_map=auto: layers 0-17 on 0, layers 18-35 on 1"."""
+    placed = getattr(model, "hf_device_map", {}) or {}
+    names = {id(m): n for n, m in model.named_modules()}
+
+    def where(name: str) -> str:  # the entry of the map that covers module `name` (itself or a parent)
+        best = max((k for k in placed if k == "" or name == k or name.startswith(k + ".")), key=len, default=None)
+        return str(placed[best]) if best is not None else "?"
+
+    runs: list[list] = []  # [device, first layer, last layer]
+    for i, layer in enumerate(decoder_layers(model)):
+        d = where(names[id(layer)])
+        if runs and runs[-1][0] == d:
+            runs[-1][2] = i
+        else:
+            runs.append([d, i, i])
+    spans = ", ".join(f"layers {a}-{b} on {d}" if a != b else f"layer {a} on {d}" for d, a, b in runs)
+    how = device_map if isinstance(device_map, str) else "explicit"
+    return f"device_map={how}: {spans}; lm_head on {where(names[id(model.get_output_embeddings())])}"
 
 
 def load_target_config(name: str, trust_remote_code: bool = False):
@@ -115,8 +186,10 @@ class HiddenStateTap:
 
     @property
     def aux(self) -> torch.Tensor:
-        """(B, T, n_aux * H), concatenated in `layer_ids` order (what the draft's fc takes)."""
-        return torch.cat([self._aux[i] for i in self.layer_ids], dim=-1)
+        """(B, T, n_aux * H), concatenated in `layer_ids` order (what the draft's fc takes), on the device
+        of the first (layers placed on several devices hand their inputs over on different ones)."""
+        first = self._aux[self.layer_ids[0]].device
+        return torch.cat([self._aux[i].to(first) for i in self.layer_ids], dim=-1)
 
     def remove(self) -> None:
         for h in self._handles:

@@ -80,7 +80,7 @@ def run_eval(recipe: Recipe, run_dir: str | Path, drafts: list[tuple[str, str]] 
     (name, prompt file or known name), default the run's held-out prompts; servers: (name, URL) of
     OpenAI-compatible servers to drive with the same prompts (eval/server_client.py)."""
     from eyas.data.regenerate import eos_token_ids, render_prompt
-    from eyas.data.target import load_target
+    from eyas.data.target import load_recipe_target
     from eyas.serve.decoding.engine import Engine
     from eyas.serve.decoding.reference import greedy_generate
     from eyas.train.checkpoint import load_draft
@@ -97,8 +97,7 @@ def run_eval(recipe: Recipe, run_dir: str | Path, drafts: list[tuple[str, str]] 
     shapes = [TreeShape.chain(k) for k in (ks or [])] + [TreeShape.parse(t) for t in (trees or [])]
     concurrency = sorted(set(concurrency or ev.concurrency))
     temperatures = list(dict.fromkeys(temperatures if temperatures is not None else ev.temperature))
-    model, tok = load_target(recipe.target.model, recipe.target.dtype, recipe.target.device,
-                             recipe.target.trust_remote_code)
+    model, tok = load_recipe_target(recipe.target)
     eos = set(eos_token_ids(model, tok))
     dtype = next(model.parameters()).dtype
     device = model.get_output_embeddings().weight.device

@@ -31,7 +31,14 @@ class TargetSection:
     # built and cached on first use; it is then an ordinary model directory).
     model: str = "eyas-demo"
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
-    device: str = "auto"  # auto (cuda if available, else cpu) | cpu | cuda | cuda:N
+    device: str = "auto"  # auto (cuda if available, else cpu) | cpu | cuda | cuda:N; the whole target there
+    # Placement across devices, instead of `device` (data/target.py): auto | balanced | balanced_low_0 |
+    # sequential (accelerate plans it from max_memory), or {module name: device} exactly, e.g.
+    # {model.embed_tokens: 0, model.layers.0: 0, ..., model.layers.35: 1, model.norm: 1, lm_head: 1};
+    # a device is a GPU index, cuda:N, cpu (kept in RAM, run on the first GPU) or disk
+    device_map: str | dict[str, str] | None = None
+    max_memory: dict[str, str] | None = None  # per device for a planned map, e.g. {0: 70GiB, 1: 70GiB, cpu: 200GiB}
+    offload_folder: str | None = None  # where modules placed on "disk" keep their weights
     trust_remote_code: bool = False
 
 
@@ -177,6 +184,16 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             except RecipeError:
                 pass
         raise RecipeError(f"{key}: expected {' or '.join(_type_name(a) for a in args)}, got {value!r}")
+    if origin is dict:
+        _, item_tp = typing.get_args(tp)
+        if not isinstance(value, dict):
+            raise RecipeError(f"{key}: expected a mapping, got {value!r}")
+        out = {}
+        for k, v in value.items():  # keys are names: YAML reads `0:` (a GPU index) as an int
+            if item_tp is str and isinstance(v, int) and not isinstance(v, bool):
+                v = str(v)  # a GPU index as a value
+            out[str(k)] = _coerce(v, item_tp, f"{key}.{k}")
+        return out
     if origin is list:
         (item_tp,) = typing.get_args(tp)
         if not isinstance(value, list):
@@ -235,10 +252,37 @@ def _check(cond: bool, key: str, msg: str) -> None:
         raise RecipeError(f"{key}: {msg}")
 
 
+DEVICE_MAP_PLANS = ("auto", "balanced", "balanced_low_0", "sequential")
+
+
+def _check_placement(r: Recipe) -> None:
+    t = r.target
+    if isinstance(t.device_map, str):
+        _check(t.device_map in DEVICE_MAP_PLANS, "target.device_map",
+               f"must be one of {', '.join(DEVICE_MAP_PLANS)} or a mapping of module names to devices, "
+               f"got {t.device_map!r}")
+    if isinstance(t.device_map, dict):
+        _check(len(t.device_map) > 0, "target.device_map", "an explicit map must place at least one module")
+        for name, dev in t.device_map.items():
+            _check(dev.isdigit() or dev in ("cpu", "disk") or (dev.startswith("cuda:") and dev[5:].isdigit()),
+                   f"target.device_map.{name}", f"must be a GPU index, cuda:N, cpu or disk, got {dev!r}")
+        _check(t.max_memory is None, "target.max_memory", "applies to a planned device_map (auto, balanced…), "
+               "not to an explicit one")
+        _check("disk" not in t.device_map.values() or t.offload_folder, "target.offload_folder",
+               "must be set when target.device_map places modules on disk")
+    _check(t.max_memory is None or t.device_map is not None, "target.max_memory",
+           "needs target.device_map (auto, balanced, balanced_low_0 or sequential)")
+    _check(t.device_map is None or t.device == "auto", "target.device",
+           "leave it at auto when target.device_map places the target")
+    _check(t.device_map is None or r.capture.mode == "offline", "target.device_map",
+           "capture.mode online runs a whole target on each training process's device; leave the map unset")
+
+
 def validate(r: Recipe) -> Recipe:
     """Value checks that need no model. Raises RecipeError naming the key."""
     _check(r.target.dtype in ("auto", "float32", "bfloat16", "float16"), "target.dtype",
            f"must be auto, float32, bfloat16 or float16, got {r.target.dtype!r}")
+    _check_placement(r)
     _check(r.data.num_eval_prompts >= 0, "data.num_eval_prompts", "must be >= 0")
     _check(r.data.num_prompts is None or r.data.num_prompts > 0, "data.num_prompts", "must be > 0")
     _check(r.data.max_new_tokens >= 1, "data.max_new_tokens", "must be >= 1")

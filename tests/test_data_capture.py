@@ -175,7 +175,7 @@ def test_resume_after_crash_is_identical(regen_run, tmp_path, monkeypatch):
 
 def test_lm_head_check_raises_when_final_is_not_what_logits_come_from(regen_run, tmp_path, monkeypatch):
     target, run = regen_run[0], fresh_run(regen_run, tmp_path)
-    real_load = capture.load_target
+    real_load = capture.load_recipe_target
 
     def load_softcapped(*args, **kwargs):
         """Logits soft-capped after lm_head: the hook's final state no longer explains them."""
@@ -190,7 +190,7 @@ def test_lm_head_check_raises_when_final_is_not_what_logits_come_from(regen_run,
         model.forward = capped
         return model, tok
 
-    monkeypatch.setattr(capture, "load_target", load_softcapped)
+    monkeypatch.setattr(capture, "load_recipe_target", load_softcapped)
     with pytest.raises(RuntimeError, match=rf"target {target}: lm_head\(captured final state\) does not reproduce "
                                            r"the target's logits: max abs diff \d"):
         run_capture(recipe(target), run, progress=False)

@@ -422,11 +422,10 @@ def build_served(recipe, draft_dir: str | None, shape: TreeShape | None, name: s
     import torch
 
     from eyas.data.regenerate import eos_token_ids
-    from eyas.data.target import load_target, resolve_path
+    from eyas.data.target import load_recipe_target, resolve_path
     from eyas.train.checkpoint import load_draft
 
-    model, tok = load_target(recipe.target.model, recipe.target.dtype, recipe.target.device,
-                             recipe.target.trust_remote_code)
+    model, tok = load_recipe_target(recipe.target)
     eos = set(eos_token_ids(model, tok))
     engines = {"plain": Engine(model, max_batch=max_num_seqs, eos_ids=eos, max_model_len=max_model_len)}
     draft = None
