@@ -54,16 +54,26 @@ def pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
 
 def load_target(name: str, dtype: str = "auto", device: str = "auto", trust_remote_code: bool = False,
                 device_map: str | dict[str, str] | None = None, max_memory: dict[str, str] | None = None,
-                offload_folder: str | None = None):
+                offload_folder: str | None = None, weights: str = "auto"):
     """-> (model in eval mode, tokenizer). `name` is a directory or hub id. Without `device_map` the
-    whole model goes to `device`; with one, it is placed as the recipe's `target` section says."""
+    whole model goes to `device`; with one, it is placed as the recipe's `target` section says.
+    `weights` (auto | mxfp4 | dequantized) is how an MXFP4 checkpoint (gpt-oss) is held: see `weight_format`."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = resolve_path(name)
     dev = pick_device(device)
     placed = {} if device_map is None else placement_kwargs(device_map, max_memory, offload_folder)
-    model = AutoModelForCausalLM.from_pretrained(
-        path, dtype=pick_dtype(dtype, dev), trust_remote_code=trust_remote_code, **placed)
+    torch_dtype = pick_dtype(dtype, dev)
+    mxfp4 = stored_as_mxfp4(load_target_config(path, trust_remote_code))
+    if weights != "auto" and not mxfp4:
+        raise ValueError(f"target.weights={weights}: {name} does not store MXFP4 weights; leave target.weights at auto")
+    if weights == "dequantized":
+        from transformers import Mxfp4Config
+
+        placed["quantization_config"] = Mxfp4Config(dequantize=True)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, trust_remote_code=trust_remote_code, **placed)
+    if mxfp4:
+        print(f"target: {weight_format(model, weights, torch_dtype)}", flush=True)
     if device_map is None:
         model.to(dev)
     else:
@@ -85,10 +95,31 @@ def input_device(model: nn.Module) -> torch.device:
     return emb.weight.device
 
 
+def stored_as_mxfp4(cfg) -> bool:
+    """Whether a checkpoint's config says its weights are MXFP4 (gpt-oss: the MoE experts)."""
+    q = getattr(cfg, "quantization_config", None)
+    method = q.get("quant_method") if isinstance(q, dict) else getattr(q, "quant_method", None)
+    return str(getattr(method, "value", method)) == "mxfp4"
+
+
+def weight_format(model: nn.Module, asked: str, dtype: torch.dtype) -> str:
+    """How transformers held an MXFP4 checkpoint, said in words; `asked` = mxfp4 fails unless it kept
+    MXFP4 (it dequantizes where its kernels cannot run: without a CUDA GPU with triton >= 3.4 and the
+    `kernels` package, or on CPU)."""
+    if getattr(model, "is_quantized", False):
+        return "MXFP4 weights kept (transformers' MXFP4 kernels)"
+    if asked == "mxfp4":
+        raise RuntimeError("target.weights=mxfp4: transformers dequantized the MXFP4 weights, because its MXFP4 "
+                           "kernels cannot run here (they need a CUDA GPU, triton >= 3.4 and the `kernels` "
+                           "package); set target.weights to auto or dequantized, and plan for the bf16 size")
+    why = "as target.weights asks" if asked == "dequantized" else "MXFP4 kernels unavailable here"
+    return f"MXFP4 weights dequantized to {str(dtype).removeprefix('torch.')} ({why})"
+
+
 def load_recipe_target(t):
     """load_target with every key of a recipe's `target` section (recipes/schema.TargetSection)."""
     return load_target(t.model, t.dtype, t.device, t.trust_remote_code, t.device_map, t.max_memory,
-                       t.offload_folder)
+                       t.offload_folder, t.weights)
 
 
 def _device(d: str):

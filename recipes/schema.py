@@ -39,6 +39,10 @@ class TargetSection:
     device_map: str | dict[str, str] | None = None
     max_memory: dict[str, str] | None = None  # per device for a planned map, e.g. {0: 70GiB, 1: 70GiB, cpu: 200GiB}
     offload_folder: str | None = None  # where modules placed on "disk" keep their weights
+    # How an MXFP4 checkpoint (gpt-oss) is held: auto (MXFP4 where transformers' kernels run: CUDA with
+    # triton >= 3.4 and `kernels`; else dequantized to `dtype`, said in the log) | mxfp4 (fail otherwise) |
+    # dequantized. Other checkpoints: auto.
+    weights: str = "auto"
     trust_remote_code: bool = False
 
 
@@ -257,6 +261,8 @@ DEVICE_MAP_PLANS = ("auto", "balanced", "balanced_low_0", "sequential")
 
 def _check_placement(r: Recipe) -> None:
     t = r.target
+    _check(t.weights in ("auto", "mxfp4", "dequantized"), "target.weights",
+           f"must be auto, mxfp4 or dequantized, got {t.weights!r}")
     if isinstance(t.device_map, str):
         _check(t.device_map in DEVICE_MAP_PLANS, "target.device_map",
                f"must be one of {', '.join(DEVICE_MAP_PLANS)} or a mapping of module names to devices, "

@@ -71,3 +71,55 @@ def test_planned_placement_offloads_and_regenerates_the_same_tokens(regen_run, t
     said = capsys.readouterr().out
     assert "target: device_map=sequential: layers 0-1 on cpu, layers 2-5 on disk; lm_head on disk" in said
     assert [s["input_ids"] for s in read_sequences(split)] == [s["input_ids"] for s in read_sequences(run)]
+
+
+def make_mxfp4_target(path):
+    """A tiny gpt-oss checkpoint stored as gpt-oss-120b is: MoE expert weights as MXFP4 blocks (E, rows,
+    cols/32, 16) uint8, two e2m1 values per byte, with e8m0 scales (E, rows, cols/32), and a
+    quantization_config naming the unquantized modules."""
+    import json
+
+    from data_fixtures import make_tiny_target
+    from safetensors.torch import load_file, save_file
+
+    path = make_tiny_target(path, num_layers=2)
+    cfg = json.loads((path / "config.json").read_text())
+    E, H, I = cfg["num_local_experts"], cfg["hidden_size"], cfg["intermediate_size"]
+    g = torch.Generator().manual_seed(0)
+    stored = {}
+    for f in list(path.glob("*.safetensors")):
+        for k, v in load_file(f).items():
+            if k.endswith(("experts.gate_up_proj", "experts.down_proj")):
+                rows, cols = (2 * I, H) if k.endswith("gate_up_proj") else (H, I)
+                stored[k + "_blocks"] = torch.randint(0, 256, (E, rows, cols // 32, 16), generator=g, dtype=torch.uint8)
+                stored[k + "_scales"] = torch.randint(120, 125, (E, rows, cols // 32), generator=g, dtype=torch.uint8)
+            else:
+                stored[k] = v
+        f.unlink()
+    save_file(stored, path / "model.safetensors", metadata={"format": "pt"})
+    cfg["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+    (path / "config.json").write_text(json.dumps(cfg))
+    return path
+
+
+def test_mxfp4_checkpoint_is_dequantized_where_its_kernels_cannot_run_and_says_so(tmp_path, capsys):
+    path = make_mxfp4_target(tmp_path / "mxfp4")
+    auto, _ = load_target(str(path), "float32", "cpu")
+    assert "target: MXFP4 weights dequantized to float32 (MXFP4 kernels unavailable here)" in capsys.readouterr().out
+    asked, _ = load_target(str(path), "float32", "cpu", weights="dequantized")
+    assert "target: MXFP4 weights dequantized to float32 (as target.weights asks)" in capsys.readouterr().out
+    experts = auto.model.layers[0].mlp.experts
+    assert experts.gate_up_proj.dtype == torch.float32 and experts.gate_up_proj.shape == (4, 64, 128)
+    ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
+    with torch.no_grad():
+        assert torch.equal(auto(input_ids=ids).logits, asked(input_ids=ids).logits)
+    with pytest.raises(RuntimeError, match=r"target.weights=mxfp4: transformers dequantized the MXFP4 weights, "
+                                           r"because its MXFP4 kernels cannot run here"):
+        load_target(str(path), "float32", "cpu", weights="mxfp4")
+
+
+def test_weights_key_on_a_checkpoint_without_mxfp4_names_the_key(regen_run):
+    with pytest.raises(ValueError, match=r"target.weights=dequantized: .* does not store MXFP4 weights; leave "
+                                         r"target.weights at auto"):
+        load_target(str(regen_run[0]), "float32", "cpu", weights="dequantized")
