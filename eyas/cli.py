@@ -5,6 +5,7 @@
     eyas eval RECIPE_OR_RUN [--draft NAME=CKPT ...] [--k K ...] [--tree S,K,N ...] [--concurrency C ...]
               [--temperature T ...] [--prompts NAME=FILE ...] [--server [NAME=]URL ...]
     eyas serve RUN_OR_RECIPE [--draft DIR] [--k K | --tree S,K,N] [--host 127.0.0.1] [--port 8000]
+    eyas plan RECIPE --gpus 8xH100 [--run DIR] [overrides]  memory, storage and time before anything runs
     eyas demo-target [--cache-dir DIR] [--force]
     eyas export | import | publish ...                   see `eyas <cmd> --help`
 
@@ -82,7 +83,7 @@ def _servers(values):
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     # export/import/publish/demo-target have their own parsers
-    if argv and argv[0] in ("export", "import", "publish", "demo-target", "serve"):
+    if argv and argv[0] in ("export", "import", "publish", "demo-target", "serve", "plan"):
         return _delegate(argv[0], argv[1:])
 
     parser = argparse.ArgumentParser(prog="eyas", description=__doc__,
@@ -104,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     ev.add_argument("--server", action="append",
                     help="[NAME=]URL of an OpenAI-compatible server (vLLM, SGLang, eyas serve) to measure "
                          "with the same prompts (repeatable)")
-    for name in ("export", "import", "publish", "demo-target", "serve"):
+    for name in ("export", "import", "publish", "demo-target", "serve", "plan"):
         sub.add_parser(name, help=f"see `eyas {name} --help`", add_help=False)
     args = parse_with_overrides(parser, argv)
 
@@ -151,6 +152,8 @@ def _delegate(cmd: str, argv: list[str]) -> int:
         from eyas.demo_target.build import main_demo_target as fn
     elif cmd == "serve":
         from eyas.serve.api.server import main_serve as fn
+    elif cmd == "plan":
+        from eyas.plan import main as fn
     elif cmd == "export":
         from eyas.serve.interchange.export import main_export as fn
     elif cmd == "import":

@@ -274,3 +274,22 @@ def test_wandb_offline_tracking(setup, tmp_path, monkeypatch):
     for key in (b"train/loss", b"train/cond_acc_2", b"train/simulated_tau", b"val/simulated_tau_k3", b"lr",
                 b"train.report_to", b"capture.aux_layer_ids"):
         assert key in data, key
+
+
+def test_plan_from_a_finished_run_uses_its_measured_rates(setup, full_run):
+    """`eyas plan --run DIR`: a bigger run of the same recipe, timed with the rates this run measured."""
+    from eyas import io
+    from eyas.plan import plan
+
+    root, target, prompts = setup
+    r = recipe_for(target, prompts)
+    r.data.num_prompts = 10_000
+    p = plan(r, "2xH100", run_dir=full_run)
+    regen, cap, tr = (io.read_done(full_run, s) for s in ("regenerate", "capture", "train"))
+    assert p["measured"] == ["capture_tok_s", "regen_tok_s", "train_tok_s"]
+    assert p["mean_tokens"] == pytest.approx(cap["num_tokens"] / cap["num_sequences"])
+    assert p["tokens"] == pytest.approx(10_000 * cap["num_tokens"] / cap["num_sequences"])
+    assert p["regen_s"] == pytest.approx(10_000 * regen["mean_generated_tokens"] / regen["generation_tokens_per_s"])
+    assert p["capture_s"] == pytest.approx(p["tokens"] / cap["tokens_per_s"])
+    train_rate = tr["tokens_seen"] / tr["wall_s"] / tr["num_processes"]
+    assert p["train_s"] == pytest.approx(r.train.epochs * p["tokens"] / (2 * train_rate))

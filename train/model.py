@@ -122,15 +122,19 @@ class Rotary(nn.Module):
             max_position_embeddings=cfg.max_position_embeddings, rope_parameters=dict(cfg.rope_parameters),
         )
         rope_type = lcfg.rope_parameters.get("rope_type", "default")
-        if rope_type == "default":
-            base = float(lcfg.rope_parameters["rope_theta"])
-            inv_freq = 1.0 / (base ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float32) / cfg.head_dim))
-            scaling = 1.0
-        else:
-            inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](lcfg, "cpu")
+        with torch.device("cpu"):  # real frequencies even when the draft is built on the meta device
+            inv_freq, scaling = self._frequencies(cfg, lcfg, rope_type, ROPE_INIT_FUNCTIONS)
         # a plain attribute, not a buffer: `.to(bfloat16)` on the draft must not round the frequencies
         self.inv_freq = inv_freq.float()
         self.attention_scaling = float(scaling)
+
+    @staticmethod
+    def _frequencies(cfg, lcfg, rope_type, init_functions):
+        if rope_type == "default":
+            base = float(lcfg.rope_parameters["rope_theta"])
+            inv_freq = 1.0 / (base ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float32) / cfg.head_dim))
+            return inv_freq, 1.0
+        return init_functions[rope_type](lcfg, "cpu")
 
     def forward(self, position_ids: torch.Tensor, dtype: torch.dtype):
         # position_ids (B, T) -> cos, sin (B, T, head_dim), computed in fp32

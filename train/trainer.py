@@ -35,6 +35,15 @@ from .ttt import TTTModule, model_inputs, simulated_tau
 from .validation import split_validation, validate
 
 
+def draft_config(recipe: Recipe, tcfg, aux_layer_ids: list[int], draft_vocab_size: int) -> DraftConfig:
+    """The draft's shape: the target's text config with the recipe's `draft` overrides."""
+    d = recipe.draft
+    return DraftConfig.from_target_config(
+        tcfg, aux_layer_ids, draft_vocab_size, target_model=recipe.target.model,
+        intermediate_size=d.intermediate_size, num_attention_heads=d.num_attention_heads,
+        num_key_value_heads=d.num_key_value_heads, head_dim=d.head_dim, rms_norm_eps=d.rms_norm_eps)
+
+
 def build_draft(recipe: Recipe, run_dir: Path, embed: torch.Tensor) -> Eagle3Draft:
     """A fresh head sized from the target config, with the target's embedding `embed` (V, H)
     and the run's vocab map (or the warm-start checkpoint of `draft.init_from`)."""
@@ -44,11 +53,8 @@ def build_draft(recipe: Recipe, run_dir: Path, embed: torch.Tensor) -> Eagle3Dra
     index = read_index(run_dir / "capture")
     vocab = load_file(str(run_dir / "vocab" / "vocab.safetensors"))
     tcfg = text_config(load_target_config(recipe.target.model, recipe.target.trust_remote_code))
+    cfg = draft_config(recipe, tcfg, index["aux_layer_ids"], int(vocab["d2t"].numel()))
     d = recipe.draft
-    cfg = DraftConfig.from_target_config(
-        tcfg, index["aux_layer_ids"], int(vocab["d2t"].numel()), target_model=recipe.target.model,
-        intermediate_size=d.intermediate_size, num_attention_heads=d.num_attention_heads,
-        num_key_value_heads=d.num_key_value_heads, head_dim=d.head_dim, rms_norm_eps=d.rms_norm_eps)
     if d.init_from:
         draft = load_draft(d.init_from)
         if draft.config.aux_layer_ids != cfg.aux_layer_ids or draft.config.draft_vocab_size != cfg.draft_vocab_size:

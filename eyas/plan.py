@@ -1,0 +1,242 @@
+"""`eyas plan RECIPE --gpus 8xH100`: what a recipe will cost, before anything runs.
+
+Counts are exact: the target and the draft are built on the meta device from their configs
+(for openai/gpt-oss-120b and -20b, a built-in copy of the hub config is used when the hub cannot
+be reached). Memory and time are estimates from the ASSUMPTIONS below, every one printed with
+its source; `--run DIR` replaces the throughput assumptions with the rates a finished (smaller)
+run measured in that directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+# name: (memory GB, dense bf16 TFLOP/s) -- vendor datasheets (SXM parts)
+GPUS = {"H100": (80, 989), "H200": (141, 989), "B200": (180, 2250), "A100": (80, 312)}
+
+# the hub configs of the gpt-oss targets (openai/gpt-oss-120b, -20b config.json), for planning offline
+KNOWN_TARGETS = {
+    "openai/gpt-oss-120b": {"num_hidden_layers": 36, "num_local_experts": 128},
+    "openai/gpt-oss-20b": {"num_hidden_layers": 24, "num_local_experts": 32},
+}
+GPT_OSS_SHARED = dict(vocab_size=201088, hidden_size=2880, intermediate_size=2880, head_dim=64,
+                      num_attention_heads=64, num_key_value_heads=8, num_experts_per_tok=4, sliding_window=128,
+                      max_position_embeddings=131072, tie_word_embeddings=False,
+                      rope_parameters={"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                       "truncate": False, "original_max_position_embeddings": 4096,
+                                       "rope_theta": 150000.0})
+
+MXFP4_BYTES = 4.25 / 8  # e2m1 values (4 bits) + one e8m0 scale byte per 32
+
+
+@dataclass
+class Assumptions:
+    """Every number the estimates rest on that is not counted from the recipe."""
+    mean_prompt_tokens: float = 400.0  # rendered prompt, chat template included
+    new_token_fraction: float = 0.75  # mean generated tokens / data.max_new_tokens (reasoning runs long)
+    # activation memory per token per TTT step, gpt-oss-120b draft dims, bf16, compiled norms/MLP, measured
+    # on an H100 (README "Long sequences"): T=32K 60.5 GiB peak, T=64K with checkpoint_layer 38.0 GiB,
+    # less the static part (weights, grads, AdamW, embedding, teacher lm_head) computed below
+    act_bytes_per_token_step: float = 236e3
+    act_bytes_per_token_step_checkpointed: float = 65.6e3
+    # draft training tokens/s on one H100 at TTT 7, gpt-oss-120b draft dims (README): 22.3K at T=4K, 15.8K at 32K
+    train_tok_s_h100: tuple = ((4096, 22.3e3), (32768, 15.8e3))
+    capture_mfu: float = 0.30  # target forward (prefill) at 30% of peak bf16 FLOP/s on the GPU that runs it
+    # regeneration, generated tokens/s: HF generate in one process with the target spread over the GPUs
+    # (data.backend hf, the only one today), on H100s -- assumed, not measured by eyas at this size
+    regen_tok_s_hf_h100: float = 100.0
+
+
+def parse_gpus(text: str) -> tuple[int, str]:
+    """"8xH100" -> (8, "H100"); "A100 80GB" / "A100-80GB" count as A100."""
+    t = text.replace(" ", "").upper().replace("-80GB", "").replace("80GB", "")
+    n, _, kind = t.partition("X") if "X" in t else ("1", "", t)
+    if not n.isdigit() or int(n) < 1 or kind not in GPUS:
+        raise ValueError(f"--gpus {text!r}: expected NxGPU with GPU one of {', '.join(GPUS)} (e.g. 8xH100)")
+    return int(n), kind
+
+
+def target_config(recipe):
+    from eyas.data.target import load_target_config
+
+    name = recipe.target.model
+    if name not in KNOWN_TARGETS:
+        return load_target_config(name, recipe.target.trust_remote_code), "its config.json"
+    from transformers import AutoConfig, GptOssConfig
+
+    try:  # a local copy (hub cache or directory) when there is one; the hub is not asked
+        return AutoConfig.from_pretrained(name, local_files_only=True), "its config.json (local copy)"
+    except OSError:
+        return GptOssConfig(**GPT_OSS_SHARED, **KNOWN_TARGETS[name]), "eyas's built-in copy of its hub config"
+
+
+def count_target(cfg) -> dict:
+    """Parameters of the target, built on the meta device: total, MoE experts' weight matrices (what
+    gpt-oss stores in MXFP4), and bytes in MXFP4 and in bf16."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(cfg)
+    total = experts = 0
+    for name, p in model.named_parameters():
+        total += p.numel()
+        if ".experts." in name and not name.endswith("_bias") and p.dim() == 3:
+            experts += p.numel()
+    mxfp4 = experts * MXFP4_BYTES + (total - experts) * 2
+    return {"params": total, "expert_params": experts, "bytes_mxfp4": mxfp4, "bytes_bf16": 2 * total}
+
+
+def count_draft(recipe, cfg) -> dict:
+    from eyas.data.target import text_config
+    from eyas.recipes.schema import check_against_target
+    from eyas.train.model import Eagle3Draft
+    from eyas.train.trainer import draft_config
+
+    tcfg = text_config(cfg)
+    ids = check_against_target(recipe, tcfg.num_hidden_layers, tcfg.vocab_size)
+    dcfg = draft_config(recipe, tcfg, ids, min(recipe.vocab.draft_vocab_size, tcfg.vocab_size))
+    with torch.device("meta"):
+        draft = Eagle3Draft(dcfg)
+    return {"trainable": draft.num_parameters(), "frozen": draft.num_parameters(False) - draft.num_parameters(),
+            "config": dcfg}
+
+
+def train_tok_s_h100(T: int, a: Assumptions) -> float:
+    """Log-linear in T between the two measured lengths (held flat outside them)."""
+    (t0, r0), (t1, r1) = a.train_tok_s_h100
+    x = min(max(math.log(T), math.log(t0)), math.log(t1))
+    return r0 + (r1 - r0) * (x - math.log(t0)) / (math.log(t1) - math.log(t0))
+
+
+def hours(seconds: float) -> str:
+    return f"{seconds / 3600:,.1f} h" if seconds >= 3600 else f"{seconds / 60:,.1f} min"
+
+
+def plan(recipe, gpus: str, run_dir: str | Path | None = None, a: Assumptions | None = None) -> dict:
+    """The figures `eyas plan` prints, as a dict (tests check them)."""
+    from eyas.data.compact import bytes_per_token
+    from eyas.io import read_done
+
+    a = a or Assumptions()
+    n_gpu, kind = parse_gpus(gpus)
+    mem_gb, tflops = GPUS[kind]
+    cfg, cfg_source = target_config(recipe)
+    tgt, dr = count_target(cfg), count_draft(recipe, cfg)
+    d, c, tr = recipe.data, recipe.capture, recipe.train
+    n_aux = len(dr["config"].aux_layer_ids)
+
+    # tokens
+    n_seq = d.num_prompts or 0
+    new = a.new_token_fraction * d.max_new_tokens
+    prompt = min(a.mean_prompt_tokens, d.max_prompt_tokens)
+    measured = {}
+    if run_dir is not None:
+        regen = read_done(run_dir, "regenerate")
+        new = regen["mean_generated_tokens"]
+        measured["regen_tok_s"] = regen.get("generation_tokens_per_s")
+        cap = read_done(run_dir, "capture")
+        prompt = max(cap["num_tokens"] / cap["num_sequences"] - new, 0.0)
+        measured["capture_tok_s"] = cap.get("tokens_per_s")
+        trained = read_done(run_dir, "train")
+        measured["train_tok_s"] = trained["tokens_seen"] / trained["wall_s"] / trained.get("num_processes", 1)
+    tokens = n_seq * (prompt + new)
+
+    # capture storage
+    dtype_bytes = 4 if c.dtype == "float32" else 2
+    bpt = 0 if c.mode == "online" else bytes_per_token(n_aux, cfg.hidden_size, c.aux_format, c.teacher,
+                                                       c.teacher_topk, dtype_bytes)
+
+    # draft training memory per GPU (DDP: everything replicated)
+    static = 16 * dr["trainable"] + 4 * dr["frozen"] + (4 * cfg.vocab_size * cfg.hidden_size
+                                                       if c.teacher == "final" else 0)
+    per_ts = a.act_bytes_per_token_step_checkpointed if tr.checkpoint_layer else a.act_bytes_per_token_step
+    scale = (2 * dr["config"].hidden_size + dr["config"].intermediate_size) / (2 * 2880 + 17280)
+    act = per_ts * scale * tr.max_length * tr.batch_size * tr.ttt_steps
+    train_mem = static + act
+
+    # times
+    flops_per_token = 2 * (tgt["params"] - tgt["expert_params"]
+                           + tgt["expert_params"] * getattr(cfg, "num_experts_per_tok", 1)
+                           / max(getattr(cfg, "num_local_experts", 1), 1))
+    capture_tok_s = measured.get("capture_tok_s") or a.capture_mfu * tflops * 1e12 / flops_per_token
+    gpu_scale = tflops / GPUS["H100"][1]
+    regen_tok_s = measured.get("regen_tok_s") or gpu_scale * a.regen_tok_s_hf_h100  # one process: not x n_gpu
+    train_tok_s = (measured.get("train_tok_s") or gpu_scale * train_tok_s_h100(tr.max_length, a)
+                   * 7 / tr.ttt_steps) * n_gpu
+    epochs = tr.epochs
+    return {
+        "gpus": f"{n_gpu}x{kind}", "gpu_memory_gb": mem_gb, "config_source": cfg_source,
+        "target": tgt, "draft_trainable": dr["trainable"], "draft_frozen": dr["frozen"],
+        "target_gb_per_gpu": {"mxfp4": tgt["bytes_mxfp4"] / n_gpu / 1e9, "bf16": tgt["bytes_bf16"] / n_gpu / 1e9},
+        "sequences": n_seq, "mean_tokens": prompt + new, "tokens": tokens,
+        "capture_bytes_per_token": bpt, "capture_bytes": bpt * tokens,
+        "train_static_gb": static / 1e9, "train_activation_gb": act / 1e9, "train_gb_per_gpu": train_mem / 1e9,
+        "regen_s": n_seq * new / regen_tok_s if regen_tok_s else None, "regen_tok_s": regen_tok_s,
+        "capture_s": tokens / capture_tok_s, "capture_tok_s": capture_tok_s,
+        "train_s": epochs * tokens / train_tok_s, "train_tok_s": train_tok_s,
+        "measured": sorted(k for k, v in measured.items() if v), "assumptions": a,
+    }
+
+
+def render(recipe, p: dict) -> str:
+    t, a = p["target"], p["assumptions"]
+    fits = lambda gb: "fits" if gb <= p["gpu_memory_gb"] * 0.9 else "does NOT fit"  # noqa: E731
+    src = lambda key: "measured in --run" if key in p["measured"] else "assumed"  # noqa: E731
+    lines = [
+        f"plan for {recipe.name} on {p['gpus']} ({p['gpu_memory_gb']} GB each)",
+        f"target {recipe.target.model} ({p['config_source']}): {t['params'] / 1e9:,.2f}B parameters, "
+        f"{t['expert_params'] / 1e9:,.2f}B of them MoE expert weights",
+        f"  weights: MXFP4 {t['bytes_mxfp4'] / 1e9:,.1f} GB, bf16 {t['bytes_bf16'] / 1e9:,.1f} GB; spread over the "
+        f"GPUs (target.device_map: auto): {p['target_gb_per_gpu']['mxfp4']:,.1f} GB / "
+        f"{p['target_gb_per_gpu']['bf16']:,.1f} GB per GPU ({fits(p['target_gb_per_gpu']['mxfp4'])} / "
+        f"{fits(p['target_gb_per_gpu']['bf16'])} with 10% headroom)",
+        f"draft: {p['draft_trainable'] / 1e6:,.1f}M trainable, {p['draft_frozen'] / 1e6:,.1f}M frozen (the target's "
+        f"embedding)",
+        f"data: {p['sequences']:,} sequences x {p['mean_tokens']:,.0f} tokens ({src('regen_tok_s')} mean) = "
+        f"{p['tokens'] / 1e9:,.3f}B tokens",
+        f"capture: {p['capture_bytes_per_token']:,} bytes/token ({recipe.capture.aux_format}, teacher "
+        f"{recipe.capture.teacher}) = {p['capture_bytes'] / 1e12:,.2f} TB",
+        f"training memory per GPU (DDP): {p['train_gb_per_gpu']:,.1f} GB = {p['train_static_gb']:,.1f} GB weights, "
+        f"gradients, AdamW, embedding, teacher lm_head + {p['train_activation_gb']:,.1f} GB activations at "
+        f"max_length {recipe.train.max_length} x batch {recipe.train.batch_size} x TTT {recipe.train.ttt_steps}"
+        f"{' (checkpoint_layer)' if recipe.train.checkpoint_layer else ''}: {fits(p['train_gb_per_gpu'])}",
+        f"time: regeneration {hours(p['regen_s'])} at {p['regen_tok_s']:,.0f} tok/s ({src('regen_tok_s')}), "
+        f"capture {hours(p['capture_s'])} at {p['capture_tok_s']:,.0f} tok/s ({src('capture_tok_s')}), "
+        f"training {hours(p['train_s'])} for {recipe.train.epochs} epoch(s) at {p['train_tok_s']:,.0f} tok/s "
+        f"({'measured in --run' if 'train_tok_s' in p['measured'] else 'from the H100 step measurement'})",
+        "assumptions (change them in eyas/plan.py Assumptions, or pass --run DIR of a finished run):",
+        f"  mean prompt {a.mean_prompt_tokens:.0f} tokens; generated = {a.new_token_fraction:.2f} x "
+        f"data.max_new_tokens; activations {a.act_bytes_per_token_step / 1e3:.0f} KB per token per TTT step "
+        f"({a.act_bytes_per_token_step_checkpointed / 1e3:.1f} KB with checkpoint_layer; H100-measured)",
+        f"  training {a.train_tok_s_h100[0][1] / 1e3:.1f}K tok/s at T=4K, {a.train_tok_s_h100[1][1] / 1e3:.1f}K at "
+        f"32K per H100 (measured), scaled by bf16 FLOP/s for other GPUs; capture at {a.capture_mfu:.0%} MFU of the "
+        f"target's active parameters, one GPU busy at a time (one process); regeneration {a.regen_tok_s_hf_h100:.0f} "
+        f"generated tok/s with HF generate in one process (not measured by eyas at this size)",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from eyas.pipeline import recipe_and_run
+    from eyas.recipes.schema import RecipeError
+
+    p = argparse.ArgumentParser(prog="eyas plan", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("recipe", help="recipe YAML or a shipped name (gpt-oss-120b, ...)")
+    p.add_argument("--gpus", required=True, help="NxGPU: H100, H200, B200 or A100 (80GB), e.g. 8xH100")
+    p.add_argument("--run", help="a finished run directory whose measured rates replace the throughput assumptions")
+    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.max_length=32768")
+    args = p.parse_args(argv)
+    try:
+        recipe, _ = recipe_and_run(args.recipe, None, args.overrides)
+        print(render(recipe, plan(recipe, args.gpus, args.run)))
+    except (RecipeError, ValueError, FileNotFoundError) as e:
+        print(f"eyas plan: {e}", file=sys.stderr)
+        return 2
+    return 0
