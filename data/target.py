@@ -255,9 +255,11 @@ def load_head_weights(name: str, trust_remote_code: bool = False) -> dict[str, t
     cfg = load_target_config(str(path), trust_remote_code)
     with torch.device("meta"):
         meta = AutoModelForCausalLM.from_config(cfg, trust_remote_code=trust_remote_code)
-    names = {id(p): n for n, p in meta.named_parameters(remove_duplicate=False)}
-    emb_name = names[id(meta.get_input_embeddings().weight)]
-    out_name = names[id(meta.get_output_embeddings().weight)]
+    # the modules' own names: a tied lm_head shares its Parameter with the embedding, not its module
+    modules = {id(m): n for n, m in meta.named_modules()}
+    emb, out = meta.get_input_embeddings(), meta.get_output_embeddings()
+    emb_name, out_name = modules[id(emb)] + ".weight", modules[id(out)] + ".weight"
+    tied = out.weight is emb.weight
     index = path / "model.safetensors.index.json"
     if index.is_file():
         weight_map = json.loads(index.read_text())["weight_map"]
@@ -275,5 +277,5 @@ def load_head_weights(name: str, trust_remote_code: bool = False) -> dict[str, t
             return sf.get_tensor(n)
 
     embed = read(emb_name)
-    lm_head = embed if (out_name == emb_name or out_name not in weight_map) else read(out_name)
+    lm_head = embed if (tied or out_name not in weight_map) else read(out_name)
     return {"embed": embed, "lm_head": lm_head}

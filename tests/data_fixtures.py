@@ -66,6 +66,30 @@ def make_tiny_target(path: str | Path, num_layers: int = 4, seed: int = 0) -> Pa
     return path
 
 
+def make_family_target(path: str | Path, family: str, num_layers: int = 4, seed: int = 0) -> Path:
+    """A random tiny target of another family, saved like `make_tiny_target`: llama, mistral, or
+    qwen3 (its small models tie the lm_head to the embedding, as here)."""
+    from transformers import AutoModelForCausalLM, GenerationConfig, LlamaConfig, MistralConfig, Qwen3Config
+
+    path = Path(path)
+    tok = make_tokenizer()
+    shape = dict(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=num_layers,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+                 initializer_range=0.2, pad_token_id=tok.pad_token_id,
+                 eos_token_id=tok.convert_tokens_to_ids("<|return|>"))
+    cfg = {"llama": lambda: LlamaConfig(**shape, tie_word_embeddings=False),
+           "mistral": lambda: MistralConfig(**shape, sliding_window=None, tie_word_embeddings=False),
+           "qwen3": lambda: Qwen3Config(**shape, tie_word_embeddings=True)}[family]()
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg).eval()
+    eos = [tok.convert_tokens_to_ids("<|return|>"), tok.convert_tokens_to_ids("<|end|>")]
+    model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=tok.pad_token_id,
+                                               bos_token_id=None, do_sample=False)
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
 def write_prompts(path: str | Path, n: int, seed: int = 0) -> Path:
     """`n` distinct OpenAI-layout records (a user turn of 2-10 words + an assistant answer
     that regeneration replaces)."""
