@@ -23,7 +23,7 @@ import torch
 from tqdm.auto import tqdm
 
 from eyas.data.prompts import read_prompts
-from eyas.data.target import input_device, load_recipe_target
+from eyas.data.target import input_device, load_recipe_target, resolve_path
 from eyas.io import is_done, mark_done, read_done, read_jsonl, require_done, stage_dir, write_jsonl
 from eyas.recipes.schema import Recipe
 
@@ -44,13 +44,30 @@ def render_prompt(tokenizer, messages: list[dict], add_generation_prompt: bool =
 def eos_token_ids(model, tokenizer) -> list[int]:
     """End-of-sequence ids: the target's generation config (gpt-oss: <|return|>, <|call|>, …),
     else the tokenizer's eos token."""
-    eos = model.generation_config.eos_token_id
+    return _eos_ids(model.generation_config, tokenizer, model.name_or_path)
+
+
+def _eos_ids(generation_config, tokenizer, name: str) -> list[int]:
+    eos = generation_config.eos_token_id if generation_config is not None else None
     if eos is None:
         eos = tokenizer.eos_token_id
     if eos is None:
-        raise ValueError(f"{model.name_or_path}: neither the generation config nor the tokenizer names an "
+        raise ValueError(f"{name}: neither the generation config nor the tokenizer names an "
                          "eos token, so generations could never finish")
     return [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
+
+
+def target_tokenizer_and_eos(t) -> tuple:
+    """The tokenizer and eos ids of the recipe's target without loading its weights (server backend)."""
+    from transformers import AutoTokenizer, GenerationConfig
+
+    path = resolve_path(t.model)
+    tok = AutoTokenizer.from_pretrained(path, trust_remote_code=t.trust_remote_code)
+    try:
+        gen = GenerationConfig.from_pretrained(path)
+    except OSError:  # no generation_config.json
+        gen = None
+    return tok, _eos_ids(gen, tok, t.model)
 
 
 def pad_token_id(model, tokenizer, eos_ids: list[int]) -> int:
@@ -124,9 +141,12 @@ def run_regenerate(recipe: Recipe, run_dir: str | Path, progress: bool = True,
     out_dir = stage_dir(run_dir, STAGE)
     for stray in out_dir.glob(".*.tmp"):  # left by a killed process
         stray.unlink()
-    model, tok = load_recipe_target(t)
-    eos_ids = eos_token_ids(model, tok)
-    pad_id = pad_token_id(model, tok, eos_ids)
+    if d.backend == "server":
+        model, (tok, eos_ids) = None, target_tokenizer_and_eos(t)
+    else:
+        model, tok = load_recipe_target(t)
+        eos_ids = eos_token_ids(model, tok)
+        pad_id = pad_token_id(model, tok, eos_ids)
 
     rendered = [(p["id"], render_prompt(tok, p["messages"])) for p in read_prompts(run_dir, "train")]
     kept = [(pid, ids) for pid, ids in rendered if len(ids) <= d.max_prompt_tokens]
@@ -143,6 +163,7 @@ def run_regenerate(recipe: Recipe, run_dir: str | Path, progress: bool = True,
                            f"changed since it was written); delete {out_dir} to regenerate from scratch")
     new_tokens, gen_s = 0, 0.0
     bar = tqdm(total=len(batches), desc="regenerate", unit="batch", disable=not progress)
+    todo = []
     for p, part in enumerate(parts):
         path = part_path(run_dir, p)
         expected = [pid for batch in part for pid, _ in batch]
@@ -153,7 +174,14 @@ def run_regenerate(recipe: Recipe, run_dir: str | Path, progress: bool = True,
                                    "data.batch_size or data.max_prompt_tokens changed since it was written); "
                                    f"delete {out_dir} to regenerate from scratch")
             bar.update(len(part))
-            continue
+        else:
+            todo.append(p)
+    if d.backend == "server":
+        bar.close()
+        new_tokens, gen_s = _through_servers(d, run_dir, parts, todo, eos_ids, progress)
+        todo = []
+    for p in todo:
+        part, path = parts[p], part_path(run_dir, p)
         rows = []
         for j, batch in enumerate(part):
             torch.manual_seed(d.seed * 1_000_003 + p * part_batches + j)  # resume-stable sampling
@@ -170,6 +198,8 @@ def run_regenerate(recipe: Recipe, run_dir: str | Path, progress: bool = True,
     bar.close()
 
     seqs = read_sequences(run_dir)
+    if len(seqs) != len(kept):
+        raise RuntimeError(f"{out_dir}: {len(seqs)} sequences stored for {len(kept)} prompts")
     gen_lens = [len(s["input_ids"]) - s["prompt_len"] for s in seqs]
     stats = {
         "num_prompts": len(rendered),
@@ -180,7 +210,43 @@ def run_regenerate(recipe: Recipe, run_dir: str | Path, progress: bool = True,
         "fraction_finished": sum(s["finished"] for s in seqs) / len(seqs),
         "generated_tokens_this_run": new_tokens,
         "generation_tokens_per_s": new_tokens / gen_s if gen_s > 0 else None,
+        "backend": d.backend,
         "wall_s": round(time.time() - t0, 3),
     }
     mark_done(run_dir, STAGE, stats)
     return stats
+
+
+def _through_servers(d, run_dir, parts: list, todo: list[int], eos_ids: list[int], progress: bool
+                     ) -> tuple[int, float]:
+    """`data.backend: server`: every prompt of the parts in `todo` through the fleet at once; each part
+    is written (atomically) as soon as its last prompt is back. -> (new tokens, wall seconds)."""
+    from eyas.data.server import regenerate_through_servers
+
+    params = {"max_tokens": d.max_new_tokens, "temperature": d.temperature, "top_p": d.top_p}
+    jobs, waiting, rows = [], {}, {}
+    for p in todo:
+        flat = [item for batch in parts[p] for item in batch]
+        waiting[p], rows[p] = len(flat), [None] * len(flat)
+        for i, (pid, ids) in enumerate(flat):  # a seed per prompt: sampled data is the same on a re-run
+            jobs.append(((p, i, pid, ids), d.seed * 1_000_003 + p * 65_536 + i, ids))
+    eos = set(eos_ids)
+    bar = tqdm(total=len(jobs), desc="regenerate (server)", unit="prompt", disable=not progress)
+    state = {"new": 0, "t0": time.time()}
+
+    def done(key, seed, generated, finish_reason):
+        p, i, pid, ids = key
+        gen, finished = cut_at_eos(generated, eos)
+        rows[p][i] = {"id": pid, "input_ids": ids + gen, "prompt_len": len(ids),
+                      "finished": finished or finish_reason == "stop"}
+        state["new"] += len(gen)
+        waiting[p] -= 1
+        if waiting[p] == 0:
+            write_jsonl(part_path(run_dir, p), rows.pop(p))
+        bar.update(1)
+        bar.set_postfix(tok_s=f"{state['new'] / max(time.time() - state['t0'], 1e-9):.0f}")
+
+    regenerate_through_servers(d.server_urls, d.server_model, [(k, s, ids) for k, s, ids in jobs], params, eos_ids,
+                               d.server_concurrency, d.server_timeout_s, d.server_retries, done)
+    bar.close()
+    return state["new"], time.time() - state["t0"]

@@ -63,6 +63,15 @@ class DataSection:
     top_p: float = 1.0
     batch_size: int = 32
     seed: int = 0
+    # hf: HF generate in this process (the target loaded as `target` says) | server: OpenAI-compatible
+    # servers (vLLM, SGLang, eyas serve) at server_urls, prompts sent and answers kept as token ids
+    # (data/server.py); e.g. [http://10.0.0.1:8000, http://10.0.0.2:8000] for a data-parallel fleet
+    backend: str = "hf"
+    server_urls: list[str] = field(default_factory=list)
+    server_model: str | None = None  # the name the servers serve; None = the first of each's /v1/models
+    server_concurrency: int = 64  # requests in flight per URL
+    server_timeout_s: float = 600.0  # per request
+    server_retries: int = 8  # per request, on connection errors, timeouts and 5xx, with exponential backoff
 
 
 @dataclass
@@ -295,6 +304,13 @@ def validate(r: Recipe) -> Recipe:
     _check(r.data.temperature >= 0, "data.temperature", "must be >= 0")
     _check(0 < r.data.top_p <= 1, "data.top_p", "must be in (0, 1]")
     _check(r.data.batch_size >= 1, "data.batch_size", "must be >= 1")
+    _check(r.data.backend in ("hf", "server"), "data.backend", f"must be hf or server, got {r.data.backend!r}")
+    _check(r.data.backend != "server" or len(r.data.server_urls) > 0, "data.server_urls",
+           "data.backend: server needs at least one URL (e.g. http://127.0.0.1:8000)")
+    for i, u in enumerate(r.data.server_urls):
+        _check(u.startswith(("http://", "https://")), f"data.server_urls[{i}]", f"must start with http://, got {u!r}")
+    _check(r.data.server_concurrency >= 1, "data.server_concurrency", "must be >= 1")
+    _check(r.data.server_retries >= 0, "data.server_retries", "must be >= 0")
     if r.capture.aux_layer_ids is not None:
         ids = r.capture.aux_layer_ids
         _check(len(ids) >= 1, "capture.aux_layer_ids", "must name at least one layer")

@@ -1,0 +1,96 @@
+"""Regeneration through OpenAI-compatible servers (`data.backend: server`): vLLM, SGLang, `eyas serve`.
+
+Each prompt goes as TOKEN IDS (rendered by eyas with the target's chat template) to
+`POST {url}/v1/completions` and the generated token ids come back as the server produced them,
+never re-tokenized from text. The request and response fields are vLLM's (SGLang's OpenAI server
+and `eyas serve` take the same):
+
+    request   {"model", "prompt": [ids], "max_tokens", "temperature", "top_p", "seed",
+               "stop_token_ids": eos ids, "return_token_ids": true}            (vLLM >= 0.10.2)
+    response  {"choices": [{"token_ids": [generated ids], "finish_reason": "stop" | "length", ...}]}
+
+Several URLs form a data-parallel fleet: each URL runs `data.server_concurrency` requests at
+a time, workers take the next prompt from one queue. A request that fails with a connection error,
+a timeout or a 5xx is retried with exponential backoff (a server restarting loses nothing);
+a 4xx fails the stage with the server's message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable
+
+import httpx
+
+BACKOFF_S, BACKOFF_MAX_S = 0.5, 30.0
+
+
+class ServerError(RuntimeError):
+    """A server refused a request (4xx) or kept failing after every retry."""
+
+
+async def served_model(client: httpx.AsyncClient, url: str) -> str:
+    """The first model a server lists at /v1/models (what `vllm serve MODEL` serves)."""
+    r = await client.get(f"{url}/v1/models")
+    r.raise_for_status()
+    return r.json()["data"][0]["id"]
+
+
+async def complete(client: httpx.AsyncClient, url: str, body: dict, retries: int) -> dict:
+    """One completion with retries on connection errors, timeouts and 5xx. -> the first choice."""
+    for attempt in range(retries + 1):
+        try:
+            r = await client.post(f"{url}/v1/completions", json=body)
+            if r.status_code < 500:
+                if r.status_code >= 400:
+                    raise ServerError(f"{url}/v1/completions answered {r.status_code}: {r.text[:500]}")
+                choice = r.json()["choices"][0]
+                if choice.get("token_ids") is None:
+                    raise ServerError(f"{url}: the response carries no token_ids; the server must support "
+                                      "`return_token_ids` (vLLM >= 0.10.2, SGLang, eyas serve)")
+                return choice
+            error = f"{r.status_code}: {r.text[:200]}"
+        except httpx.TransportError as e:  # refused, reset, timed out
+            error = f"{type(e).__name__}: {e}"
+        if attempt == retries:
+            raise ServerError(f"{url}/v1/completions failed {retries + 1} times, last: {error}")
+        await asyncio.sleep(min(BACKOFF_MAX_S, BACKOFF_S * 2 ** attempt) * (0.5 + random.random()))
+    raise AssertionError("unreachable")
+
+
+def regenerate_through_servers(urls: list[str], model: str | None, jobs: list[tuple[int, int, list[int]]],
+                               params: dict, eos_ids: list[int], concurrency: int, timeout_s: float, retries: int,
+                               on_done: Callable[[int, int, list[int], str], None]) -> None:
+    """Send every job (key, seed, prompt ids) to the fleet; `on_done(key, seed, generated ids,
+    finish_reason)` is called in the caller's thread as each one completes (in any order)."""
+
+    urls = [u.rstrip("/") for u in urls]
+
+    async def main():
+        queue: asyncio.Queue = asyncio.Queue()
+        for job in jobs:
+            queue.put_nowait(job)
+        limits = httpx.Limits(max_connections=concurrency * len(urls), max_keepalive_connections=concurrency)
+        async with httpx.AsyncClient(timeout=timeout_s, limits=limits) as client:
+            names = {u: model or await served_model(client, u) for u in urls}
+
+            async def worker(url: str):
+                while True:
+                    try:
+                        key, seed, ids = queue.get_nowait()
+                    except asyncio.QueueEmpty:
+                        return
+                    body = {"model": names[url], "prompt": ids, "seed": seed, "stop_token_ids": eos_ids,
+                            "return_token_ids": True, **params}
+                    choice = await complete(client, url, body, retries)
+                    on_done(key, seed, list(choice["token_ids"]), choice.get("finish_reason"))
+
+            tasks = [asyncio.create_task(worker(u)) for u in urls for _ in range(concurrency)]
+            try:
+                await asyncio.gather(*tasks)
+            finally:
+                for t in tasks:
+                    t.cancel()
+
+    asyncio.run(main())

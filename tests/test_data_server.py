@@ -1,0 +1,130 @@
+"""`data.backend: server`: regeneration through an OpenAI-compatible server (`eyas serve` on
+127.0.0.1, started and stopped here) keeps the server's token ids, equals the HF backend under
+greedy decoding, and loses nothing when the server dies mid-run and comes back."""
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from contextlib import contextmanager
+
+import httpx
+import pytest
+
+from eyas.data.prompts import run_prompts
+from eyas.data.regenerate import read_sequences, run_regenerate
+from eyas.io import read_done
+from eyas.recipes.schema import load_recipe
+
+BASE = ["target.dtype=float32", "target.device=cpu", "data.num_prompts=10", "data.num_eval_prompts=2",
+        "data.max_new_tokens=24", "data.batch_size=2"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def eyas_serve(port: int, log_path):
+    """`eyas serve demo` (the target alone) on 127.0.0.1:port until the block ends."""
+    log = open(log_path, "a")
+    proc = subprocess.Popen([sys.executable, "-m", "eyas", "serve", "demo", "--no-speculation", "--host", "127.0.0.1",
+                             "--port", str(port), "--max-num-seqs", "4", "target.dtype=float32", "target.device=cpu"],
+                            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        for _ in range(240):
+            if proc.poll() is not None:
+                raise RuntimeError("eyas serve exited:\n" + open(log_path).read())
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        else:
+            raise RuntimeError("eyas serve did not come up:\n" + open(log_path).read())
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def prompted(tmp_path_factory):
+    root = tmp_path_factory.mktemp("server-regen")
+    run_prompts(load_recipe("demo", BASE), root / "run", progress=False)
+    hf = root / "hf"
+    shutil.copytree(root / "run", hf)
+    run_regenerate(load_recipe("demo", BASE), hf, progress=False, part_batches=1)
+    return root
+
+
+def server_recipe(port: int, *extra):
+    return load_recipe("demo", BASE + ["data.backend=server", f"data.server_urls=[http://127.0.0.1:{port}/]",
+                                       "data.server_concurrency=3", *extra])
+
+
+def test_greedy_through_the_server_equals_the_hf_backend(prompted, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(prompted / "run", run)
+    port = free_port()
+    with eyas_serve(port, tmp_path / "serve.log"):
+        stats = run_regenerate(server_recipe(port), run, progress=False, part_batches=1)
+    hf = read_sequences(prompted / "hf")
+    assert stats["backend"] == "server" and stats["num_sequences"] == len(hf) == 8
+    assert read_sequences(run) == hf  # the same token ids, prompt lengths and finished flags, part by part
+    assert sorted(p.name for p in (run / "regenerate").glob("part-*")) == \
+        sorted(p.name for p in (prompted / "hf" / "regenerate").glob("part-*"))
+    assert read_done(run, "regenerate")["generation_tokens_per_s"] > 0
+
+
+def test_a_server_that_dies_mid_run_and_comes_back_loses_nothing(prompted, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(prompted / "run", run)
+    port = free_port()
+    result = {}
+
+    def regenerate():
+        try:
+            result["stats"] = run_regenerate(server_recipe(port, "data.server_concurrency=1", "data.server_retries=10"),
+                                             run, progress=False, part_batches=1)
+        except BaseException as e:  # noqa: BLE001 -- reported below
+            result["error"] = e
+
+    with eyas_serve(port, tmp_path / "serve.log") as proc:
+        worker = threading.Thread(target=regenerate)
+        worker.start()
+        parts = run / "regenerate"
+        for _ in range(600):  # the first part lands, then the server dies
+            if list(parts.glob("part-*.jsonl")) or not worker.is_alive():
+                break
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    written_before = len(list(parts.glob("part-*.jsonl")))
+    assert 1 <= written_before < 4
+    time.sleep(1.0)
+    with eyas_serve(port, tmp_path / "serve.log"):  # back on the same port
+        worker.join(timeout=300)
+    assert not worker.is_alive() and "error" not in result, result.get("error")
+    assert read_sequences(run) == read_sequences(prompted / "hf")
+
+
+def test_a_server_that_never_answers_fails_naming_it(prompted, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(prompted / "run", run)
+    port = free_port()  # nothing listens there
+    with pytest.raises(Exception, match=rf"http://127.0.0.1:{port}"):
+        run_regenerate(server_recipe(port, "data.server_retries=1", "data.server_model=demo"), run, progress=False)
+    assert not list((run / "regenerate").glob("part-*"))
