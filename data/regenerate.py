@@ -246,7 +246,7 @@ def _through_servers(d, run_dir, parts: list, todo: list[int], eos_ids: list[int
         bar.update(1)
         bar.set_postfix(tok_s=f"{state['new'] / max(time.time() - state['t0'], 1e-9):.0f}")
 
-    regenerate_through_servers(d.server_urls, d.server_model, [(k, s, ids) for k, s, ids in jobs], params, eos_ids,
-                               d.server_concurrency, d.server_timeout_s, d.server_retries, done)
+    regenerate_through_servers(d.server_urls, d.server_model, jobs, params, eos_ids, d.server_concurrency,
+                               d.server_timeout_s, d.server_retries, done)
     bar.close()
     return state["new"], time.time() - state["t0"]
