@@ -15,6 +15,7 @@ parts and continues with the next one.
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -76,6 +77,29 @@ def pad_token_id(model, tokenizer, eos_ids: list[int]) -> int:
         if pad is not None:
             return int(pad)
     return eos_ids[0]
+
+
+def reasoning_effort(weights: dict[str, float] | None, seed: int, prompt_id: str) -> str | None:
+    """The effort of one prompt, drawn from `weights` with a generator seeded by (seed, prompt id): the
+    same on every re-run and independent of the prompts' order. None without weights."""
+    if not weights:
+        return None
+    levels = sorted(weights)
+    return random.Random(f"{seed}:{prompt_id}").choices(levels, [weights[x] for x in levels])[0]
+
+
+def effort_kwargs(effort: str | None) -> dict:
+    """The chat-template keyword and the stored row field for one prompt's effort (none without one)."""
+    return {} if effort is None else {"reasoning_effort": effort}
+
+
+def effort_mix(seqs: list[dict]) -> dict[str, int] | None:
+    """How many stored sequences had each reasoning effort (None when none was set)."""
+    counts: dict[str, int] = {}
+    for s in seqs:
+        if "reasoning_effort" in s:
+            counts[s["reasoning_effort"]] = counts.get(s["reasoning_effort"], 0) + 1
+    return dict(sorted(counts.items())) or None
 
 
 def cut_at_eos(tokens: list[int], eos_ids: set[int]) -> tuple[list[int], bool]:
@@ -148,7 +172,13 @@ def run_regenerate(recipe: Recipe, run_dir: str | Path, progress: bool = True,
         eos_ids = eos_token_ids(model, tok)
         pad_id = pad_token_id(model, tok, eos_ids)
 
-    rendered = [(p["id"], render_prompt(tok, p["messages"])) for p in read_prompts(run_dir, "train")]
+    prompts = read_prompts(run_dir, "train")
+    efforts = {p["id"]: reasoning_effort(d.reasoning_effort, d.seed, p["id"]) for p in prompts}
+    if d.reasoning_effort and "reasoning_effort" not in (tok.chat_template or ""):
+        raise ValueError(f"data.reasoning_effort: the chat template of {t.model} does not use reasoning_effort, "
+                         "so the effort would not reach the target; leave data.reasoning_effort unset")
+    rendered = [(p["id"], render_prompt(tok, p["messages"], **effort_kwargs(efforts[p["id"]])))
+                for p in prompts]
     kept = [(pid, ids) for pid, ids in rendered if len(ids) <= d.max_prompt_tokens]
     if not kept:
         raise RuntimeError(f"data.max_prompt_tokens={d.max_prompt_tokens}: every one of the {len(rendered)} "
@@ -178,7 +208,7 @@ def run_regenerate(recipe: Recipe, run_dir: str | Path, progress: bool = True,
             todo.append(p)
     if d.backend == "server":
         bar.close()
-        new_tokens, gen_s = _through_servers(d, run_dir, parts, todo, eos_ids, progress)
+        new_tokens, gen_s = _through_servers(d, run_dir, parts, todo, eos_ids, efforts, progress)
         todo = []
     for p in todo:
         part, path = parts[p], part_path(run_dir, p)
@@ -190,7 +220,8 @@ def run_regenerate(recipe: Recipe, run_dir: str | Path, progress: bool = True,
                                   max_new_tokens=d.max_new_tokens, temperature=d.temperature, top_p=d.top_p)
             gen_s += time.time() - tb
             for (pid, ids), (gen, finished) in zip(batch, gens):
-                rows.append({"id": pid, "input_ids": ids + gen, "prompt_len": len(ids), "finished": finished})
+                rows.append({"id": pid, "input_ids": ids + gen, "prompt_len": len(ids), "finished": finished,
+                             **effort_kwargs(efforts[pid])})
                 new_tokens += len(gen)
             bar.update(1)
             bar.set_postfix(tok_s=f"{new_tokens / max(gen_s, 1e-9):.0f}")
@@ -211,13 +242,15 @@ def run_regenerate(recipe: Recipe, run_dir: str | Path, progress: bool = True,
         "generated_tokens_this_run": new_tokens,
         "generation_tokens_per_s": new_tokens / gen_s if gen_s > 0 else None,
         "backend": d.backend,
+        "temperature": d.temperature,
+        "reasoning_effort_mix": effort_mix(seqs),
         "wall_s": round(time.time() - t0, 3),
     }
     mark_done(run_dir, STAGE, stats)
     return stats
 
 
-def _through_servers(d, run_dir, parts: list, todo: list[int], eos_ids: list[int], progress: bool
+def _through_servers(d, run_dir, parts: list, todo: list[int], eos_ids: list[int], efforts: dict, progress: bool
                      ) -> tuple[int, float]:
     """`data.backend: server`: every prompt of the parts in `todo` through the fleet at once; each part
     is written (atomically) as soon as its last prompt is back. -> (new tokens, wall seconds)."""
@@ -238,7 +271,7 @@ def _through_servers(d, run_dir, parts: list, todo: list[int], eos_ids: list[int
         p, i, pid, ids = key
         gen, finished = cut_at_eos(generated, eos)
         rows[p][i] = {"id": pid, "input_ids": ids + gen, "prompt_len": len(ids),
-                      "finished": finished or finish_reason == "stop"}
+                      "finished": finished or finish_reason == "stop", **effort_kwargs(efforts[pid])}
         state["new"] += len(gen)
         waiting[p] -= 1
         if waiting[p] == 0:

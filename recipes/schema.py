@@ -63,6 +63,10 @@ class DataSection:
     top_p: float = 1.0
     batch_size: int = 32
     seed: int = 0
+    # gpt-oss: each prompt's reasoning effort drawn from these weights (seeded by data.seed and the prompt
+    # id) and passed to the chat template, which puts it in the system message; e.g. {low: 4, medium: 4,
+    # high: 2} (SpecForge's mix). None: the template's default. The target's template must use it.
+    reasoning_effort: dict[str, float] | None = None
     # hf: HF generate in this process (the target loaded as `target` says) | server: OpenAI-compatible
     # servers (vLLM, SGLang, eyas serve) at server_urls, prompts sent and answers kept as token ids
     # (data/server.py); e.g. [http://10.0.0.1:8000, http://10.0.0.2:8000] for a data-parallel fleet
@@ -304,6 +308,12 @@ def validate(r: Recipe) -> Recipe:
     _check(r.data.temperature >= 0, "data.temperature", "must be >= 0")
     _check(0 < r.data.top_p <= 1, "data.top_p", "must be in (0, 1]")
     _check(r.data.batch_size >= 1, "data.batch_size", "must be >= 1")
+    for level, w in (r.data.reasoning_effort or {}).items():
+        _check(level in ("low", "medium", "high"), f"data.reasoning_effort.{level}",
+               "levels are low, medium and high")
+        _check(w > 0, f"data.reasoning_effort.{level}", f"a weight must be > 0, got {w}")
+    _check(r.data.reasoning_effort is None or len(r.data.reasoning_effort) > 0, "data.reasoning_effort",
+           "name at least one level, or leave it unset")
     _check(r.data.backend in ("hf", "server"), "data.backend", f"must be hf or server, got {r.data.backend!r}")
     _check(r.data.backend != "server" or len(r.data.server_urls) > 0, "data.server_urls",
            "data.backend: server needs at least one URL (e.g. http://127.0.0.1:8000)")

@@ -107,3 +107,48 @@ def test_resume_refuses_changed_batching(setup, tmp_path):
         "".join(f'{{"id": "{i}", "input_ids": [1], "prompt_len": 1, "finished": false}}\n' for i in first))
     with pytest.raises(RuntimeError, match="part-00000.jsonl: holds other prompts than this run"):
         run_regenerate(r, tmp_path, progress=False)
+
+
+# the effort as a word of the tiny vocabulary (low -> one, medium -> two, high -> three), so it changes the ids
+HARMONY_WITH_EFFORT = ("<|start|>system<|message|>"
+                       "{{ {'low': 'one', 'medium': 'two', 'high': 'three'}[reasoning_effort | default('medium')] }}<|end|>"
+                       "{% for m in messages %}<|start|>{{ m['role'] }}<|message|>{{ m['content'] }}<|end|>{% endfor %}"
+                       "{% if add_generation_prompt %}<|start|>assistant<|channel|>analysis<|message|>{% endif %}")
+
+
+def test_reasoning_effort_reaches_each_prompt_and_is_recorded(setup, tmp_path):
+    """gpt-oss's template puts the effort in the system message; each prompt gets one drawn from the
+    weights (seeded by the prompt id), rendered into its ids and stored with it."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    target = tmp_path / "target"
+    shutil.copytree(setup[0], target)
+    tok = AutoTokenizer.from_pretrained(target)
+    tok.chat_template = HARMONY_WITH_EFFORT
+    tok.save_pretrained(target)
+    weights = {"low": 4, "medium": 4, "high": 2}
+    stats = run((target, setup[1]), tmp_path / "run", reasoning_effort=weights, temperature=0.0)
+    seqs = read_sequences(tmp_path / "run")
+    prompts = {p["id"]: p["messages"] for p in read_prompts(tmp_path / "run", "train")}
+    for s in seqs:
+        assert s["reasoning_effort"] == regen.reasoning_effort(weights, 0, s["id"])
+        rendered = render_prompt(tok, prompts[s["id"]], reasoning_effort=s["reasoning_effort"])
+        assert s["input_ids"][:s["prompt_len"]] == rendered
+        other = "high" if s["reasoning_effort"] != "high" else "low"
+        assert render_prompt(tok, prompts[s["id"]], reasoning_effort=other) != rendered
+    assert stats["reasoning_effort_mix"] == {lvl: sum(s["reasoning_effort"] == lvl for s in seqs)
+                                             for lvl in sorted({s["reasoning_effort"] for s in seqs})}
+    assert stats["temperature"] == 0.0
+    # the draw follows the weights: 20,000 prompt ids within 1.5 points of 40 / 40 / 20 %
+    draws = [regen.reasoning_effort(weights, 0, str(i)) for i in range(20_000)]
+    for lvl, share in (("low", 0.4), ("medium", 0.4), ("high", 0.2)):
+        assert abs(draws.count(lvl) / len(draws) - share) < 0.015, lvl
+    assert regen.reasoning_effort(None, 0, "7") is None
+
+
+def test_reasoning_effort_with_a_template_that_ignores_it_names_the_key(setup, tmp_path):
+    with pytest.raises(ValueError, match=r"data.reasoning_effort: the chat template of .* does not use "
+                                         r"reasoning_effort"):
+        run(setup, tmp_path, reasoning_effort={"high": 1})
