@@ -106,3 +106,10 @@ def test_bad_repo_and_unfinished_run(run, tmp_path):
 def test_front_matter_names_a_hub_base_model():
     meta = yaml.safe_load(front_matter("openai/gpt-oss-120b", ("vllm", "sglang"), "apache-2.0").strip("-\n"))
     assert meta["base_model"] == "openai/gpt-oss-120b" and meta["tags"][-2:] == ["vllm", "sglang"]
+
+
+def test_card_names_the_data_temperature_and_effort_weights():
+    from eyas.serve.interchange.model_card import _recipe_facts
+
+    facts = _recipe_facts({"data": {"temperature": 1.0, "reasoning_effort": {"low": 4, "medium": 4, "high": 2}}})
+    assert facts == ["- `data.temperature`: 1.0", "- `data.reasoning_effort`: {'low': 4, 'medium': 4, 'high': 2}"]

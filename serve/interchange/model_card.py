@@ -111,7 +111,7 @@ def _flat(stats: dict, prefix: str = "") -> list[str]:
 def _recipe_facts(recipe: dict) -> list[str]:
     """Recipe settings that shape the draft, where the recipe has them."""
     wanted = [("target", "model"), ("data", "prompts"), ("data", "num_prompts"), ("data", "max_new_tokens"),
-              ("data", "temperature"), ("capture", "aux_layer_ids"), ("vocab", "draft_vocab_size"),
+              ("data", "temperature"), ("data", "reasoning_effort"), ("capture", "aux_layer_ids"), ("vocab", "draft_vocab_size"),
               ("train", "ttt_steps"), ("train", "epochs"), ("train", "max_steps"), ("train", "lr"),
               ("train", "batch_size"), ("train", "grad_accum"), ("train", "max_length")]
     facts = []
