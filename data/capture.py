@@ -103,7 +103,8 @@ def _online(recipe: Recipe, run_dir: Path, model, layer_ids: list[int], header: 
     """`capture.mode: online` (train/online.py): check the target on the first batch as an offline capture
     does, and write an index with no shards; training runs the target itself."""
     ids, mask = right_padded([s["input_ids"] for s in first])  # (B, T)
-    ids, mask = ids.to(input_device(model)), mask.to(input_device(model))
+    dev = input_device(model)
+    ids, mask = ids.to(dev), mask.to(dev)
     with tapped(model, layer_ids) as tap:
         _, final, logits = capture_batch(model, tap, ids, mask)
     verified = verify_final(model, final, logits, mask, recipe.capture.verify_tolerance,
@@ -135,6 +136,7 @@ def run_capture(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> d
               "hidden_size": cfg.hidden_size, "dtype": c.dtype, "aux_format": c.aux_format, "teacher": c.teacher,
               "teacher_topk": c.teacher_topk if c.teacher == "topk" else None, "mode": c.mode}
     check_block_width(c.aux_format, cfg.hidden_size)
+    dev = input_device(model)  # where input ids go (the embedding's execution device)
     lm_head = model.get_output_embeddings().weight  # (V, H): the top-k teacher's logits
     if c.teacher == "topk" and lm_head.device.type == "meta":  # offloaded by the device_map: read it from disk
         lm_head = load_head_weights(t.model, t.trust_remote_code)["lm_head"]
@@ -179,7 +181,7 @@ def run_capture(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> d
             batch = [seqs[i] for i in batches[k]]
             ids, mask = right_padded([s["input_ids"] for s in batch])  # (B, T)
             T = ids.shape[1]
-            ids, mask = ids.to(input_device(model)), mask.to(input_device(model))
+            ids, mask = ids.to(dev), mask.to(dev)
             tf = time.time()
             aux, final, logits = capture_batch(model, tap, ids, mask)
             if verified is None:  # first batch: full logits once, to check the final state against them

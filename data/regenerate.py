@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -95,10 +96,7 @@ def effort_kwargs(effort: str | None) -> dict:
 
 def effort_mix(seqs: list[dict]) -> dict[str, int] | None:
     """How many stored sequences had each reasoning effort (None when none was set)."""
-    counts: dict[str, int] = {}
-    for s in seqs:
-        if "reasoning_effort" in s:
-            counts[s["reasoning_effort"]] = counts.get(s["reasoning_effort"], 0) + 1
+    counts = Counter(s["reasoning_effort"] for s in seqs if "reasoning_effort" in s)
     return dict(sorted(counts.items())) or None
 
 
@@ -262,13 +260,13 @@ def _through_servers(d, run_dir, parts: list, todo: list[int], eos_ids: list[int
         flat = [item for batch in parts[p] for item in batch]
         waiting[p], rows[p] = len(flat), [None] * len(flat)
         for i, (pid, ids) in enumerate(flat):  # a seed per prompt: sampled data is the same on a re-run
-            jobs.append(((p, i, pid, ids), d.seed * 1_000_003 + p * 65_536 + i, ids))
+            jobs.append(((p, i, pid), d.seed * 1_000_003 + p * 65_536 + i, ids))
     eos = set(eos_ids)
     bar = tqdm(total=len(jobs), desc="regenerate (server)", unit="prompt", disable=not progress)
     state = {"new": 0, "t0": time.time()}
 
-    def done(key, seed, generated, finish_reason):
-        p, i, pid, ids = key
+    def done(key, ids, generated, finish_reason):
+        p, i, pid = key
         gen, finished = cut_at_eos(generated, eos)
         rows[p][i] = {"id": pid, "input_ids": ids + gen, "prompt_len": len(ids),
                       "finished": finished or finish_reason == "stop", **effort_kwargs(efforts[pid])}

@@ -59,10 +59,10 @@ async def complete(client: httpx.AsyncClient, url: str, body: dict, retries: int
     raise AssertionError("unreachable")
 
 
-def regenerate_through_servers(urls: list[str], model: str | None, jobs: list[tuple[int, int, list[int]]],
+def regenerate_through_servers(urls: list[str], model: str | None, jobs: list[tuple],
                                params: dict, eos_ids: list[int], concurrency: int, timeout_s: float, retries: int,
-                               on_done: Callable[[int, int, list[int], str], None]) -> None:
-    """Send every job (key, seed, prompt ids) to the fleet; `on_done(key, seed, generated ids,
+                               on_done: Callable) -> None:
+    """Send every job (key, seed, prompt ids) to the fleet; `on_done(key, prompt ids, generated ids,
     finish_reason)` is called in the caller's thread as each one completes (in any order)."""
 
     urls = [u.rstrip("/") for u in urls]
@@ -84,7 +84,7 @@ def regenerate_through_servers(urls: list[str], model: str | None, jobs: list[tu
                     body = {"model": names[url], "prompt": ids, "seed": seed, "stop_token_ids": eos_ids,
                             "return_token_ids": True, **params}
                     choice = await complete(client, url, body, retries)
-                    on_done(key, seed, list(choice["token_ids"]), choice.get("finish_reason"))
+                    on_done(key, ids, list(choice["token_ids"]), choice.get("finish_reason"))
 
             tasks = [asyncio.create_task(worker(u)) for u in urls for _ in range(concurrency)]
             try:

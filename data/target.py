@@ -222,6 +222,10 @@ class HiddenStateTap:
         first = self._aux[self.layer_ids[0]].device
         return torch.cat([self._aux[i].to(first) for i in self.layer_ids], dim=-1)
 
+    def clear(self) -> None:
+        """Drop the recorded states (they would otherwise live until the next forward)."""
+        self._aux, self.final = {}, None
+
     def remove(self) -> None:
         for h in self._handles:
             h.remove()

@@ -169,7 +169,6 @@ def plan(recipe, gpus: str, run_dir: str | Path | None = None, a: Assumptions | 
     regen_tok_s = measured.get("regen_tok_s") or gpu_scale * a.regen_tok_s_hf_h100  # one process: not x n_gpu
     train_tok_s = (measured.get("train_tok_s") or gpu_scale * train_tok_s_h100(tr.max_length, a)
                    * 7 / tr.ttt_steps) * n_gpu
-    epochs = tr.epochs
     return {
         "gpus": f"{n_gpu}x{kind}", "gpu_memory_gb": mem_gb, "config_source": cfg_source,
         "target": tgt, "draft_trainable": dr["trainable"], "draft_frozen": dr["frozen"],
@@ -179,7 +178,7 @@ def plan(recipe, gpus: str, run_dir: str | Path | None = None, a: Assumptions | 
         "train_static_gb": static / 1e9, "train_activation_gb": act / 1e9, "train_gb_per_gpu": train_mem / 1e9,
         "regen_s": n_seq * new / regen_tok_s if regen_tok_s else None, "regen_tok_s": regen_tok_s,
         "capture_s": tokens / capture_tok_s, "capture_tok_s": capture_tok_s,
-        "train_s": epochs * tokens / train_tok_s, "train_tok_s": train_tok_s,
+        "train_s": tr.epochs * tokens / train_tok_s, "train_tok_s": train_tok_s,
         "measured": sorted(k for k, v in measured.items() if v), "assumptions": a,
     }
 

@@ -130,3 +130,21 @@ def tiny_recipe(target, prompts, **over) -> dict:
     for k, v in over.items():
         raw[k] = {**raw[k], **v}
     return raw
+
+
+def assert_capture_exact(model, reference, sequences: list, layer_ids: list[int], hidden: int, what: str = "") -> None:
+    """Capture `sequences` (right padded, one batch) from `model` through the tap and compare with
+    `reference`'s output_hidden_states, exactly: vLLM ids, k = input of decoder layer k =
+    hidden_states[k]; the final state = hidden_states[-1] (post-norm); the logits."""
+    from eyas.data.capture import capture_batch, right_padded
+    from eyas.data.target import tapped
+
+    ids, mask = right_padded(sequences)
+    with tapped(model, layer_ids) as tap:
+        aux, final, logits = capture_batch(model, tap, ids, mask)
+    with torch.no_grad():
+        out = reference(input_ids=ids, attention_mask=mask, output_hidden_states=True, use_cache=False)
+    for j, k in enumerate(layer_ids):
+        assert torch.equal(aux[..., j * hidden:(j + 1) * hidden], out.hidden_states[k]), f"{what} aux layer id {k}"
+    assert torch.equal(final, out.hidden_states[-1]), f"{what} final state"
+    assert torch.equal(logits, out.logits), f"{what} logits"

@@ -2,18 +2,13 @@
 127.0.0.1, started and stopped here) keeps the server's token ids, equals the HF backend under
 greedy decoding, and loses nothing when the server dies mid-run and comes back."""
 
-import os
 import shutil
 import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
-from contextlib import contextmanager
 
-import httpx
 import pytest
+from serve_process import eyas_serve, free_port
 
 from eyas.data.prompts import run_prompts
 from eyas.data.regenerate import read_sequences, run_regenerate
@@ -24,40 +19,10 @@ BASE = ["target.dtype=float32", "target.device=cpu", "data.num_prompts=10", "dat
         "data.max_new_tokens=24", "data.batch_size=2"]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextmanager
-def eyas_serve(port: int, log_path):
-    """`eyas serve demo` (the target alone) on 127.0.0.1:port until the block ends."""
-    log = open(log_path, "a")
-    proc = subprocess.Popen([sys.executable, "-m", "eyas", "serve", "demo", "--no-speculation", "--host", "127.0.0.1",
-                             "--port", str(port), "--max-num-seqs", "4", "target.dtype=float32", "target.device=cpu"],
-                            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    try:
-        for _ in range(240):
-            if proc.poll() is not None:
-                raise RuntimeError("eyas serve exited:\n" + open(log_path).read())
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        else:
-            raise RuntimeError("eyas serve did not come up:\n" + open(log_path).read())
-        yield proc
-    finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        log.close()
+def demo_server(port: int, log_path):
+    """`eyas serve demo`, the target alone."""
+    return eyas_serve(["demo", "--no-speculation", "--max-num-seqs", "4", "target.dtype=float32",
+                       "target.device=cpu"], port, log_path)
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +44,7 @@ def test_greedy_through_the_server_equals_the_hf_backend(prompted, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(prompted / "run", run)
     port = free_port()
-    with eyas_serve(port, tmp_path / "serve.log"):
+    with demo_server(port, tmp_path / "serve.log"):
         stats = run_regenerate(server_recipe(port), run, progress=False, part_batches=1)
     hf = read_sequences(prompted / "hf")
     assert stats["backend"] == "server" and stats["num_sequences"] == len(hf) == 8
@@ -102,7 +67,7 @@ def test_a_server_that_dies_mid_run_and_comes_back_loses_nothing(prompted, tmp_p
         except BaseException as e:  # noqa: BLE001 -- reported below
             result["error"] = e
 
-    with eyas_serve(port, tmp_path / "serve.log") as proc:
+    with demo_server(port, tmp_path / "serve.log") as proc:
         worker = threading.Thread(target=regenerate)
         worker.start()
         parts = run / "regenerate"
@@ -115,7 +80,7 @@ def test_a_server_that_dies_mid_run_and_comes_back_loses_nothing(prompted, tmp_p
     written_before = len(list(parts.glob("part-*.jsonl")))
     assert 1 <= written_before < 4
     time.sleep(1.0)
-    with eyas_serve(port, tmp_path / "serve.log"):  # back on the same port
+    with demo_server(port, tmp_path / "serve.log"):  # back on the same port
         worker.join(timeout=300)
     assert not worker.is_alive() and "error" not in result, result.get("error")
     assert read_sequences(run) == read_sequences(prompted / "hf")

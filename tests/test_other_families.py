@@ -6,12 +6,11 @@ import json
 
 import pytest
 import torch
-from data_fixtures import make_family_target, one_thread, tiny_recipe, write_prompts  # noqa: F401
+from data_fixtures import assert_capture_exact, make_family_target, one_thread, tiny_recipe, write_prompts  # noqa: F401
 
 from eyas import io
-from eyas.data.capture import capture_batch, right_padded
 from eyas.data.regenerate import read_sequences
-from eyas.data.target import load_head_weights, load_target, tapped
+from eyas.data.target import load_head_weights, load_target
 from eyas.pipeline import run_all
 from eyas.recipes.schema import load_recipe
 
@@ -28,14 +27,7 @@ def test_pipeline_end_to_end(family, tmp_path):
     assert report["lossless"] is True and 1.0 <= report["acceptance_length"] <= 4.0
     model, _ = load_target(str(target), "float32", "cpu")
     ids = io.read_done(run, "capture")["aux_layer_ids"]
-    batch, mask = right_padded([s["input_ids"] for s in read_sequences(run)[:3]])
-    with tapped(model, ids) as tap:
-        aux, final, logits = capture_batch(model, tap, batch, mask)
-    with torch.no_grad():
-        out = model(input_ids=batch, attention_mask=mask, output_hidden_states=True, use_cache=False)
-    for j, k in enumerate(ids):  # vLLM ids: k = input of decoder layer k = hidden_states[k]
-        assert torch.equal(aux[..., j * 64:(j + 1) * 64], out.hidden_states[k]), (family, k)
-    assert torch.equal(final, out.hidden_states[-1]) and torch.equal(logits, out.logits)
+    assert_capture_exact(model, model, [s["input_ids"] for s in read_sequences(run)[:3]], ids, 64, family)
     heads = load_head_weights(str(target))
     assert torch.equal(heads["lm_head"], model.lm_head.weight)
     if family == "qwen3":  # tied: one tensor in the checkpoint serves both

@@ -5,11 +5,6 @@ vLLM's 4xx JSON error while the server keeps serving, /metrics carries vLLM's sp
 and `eyas eval --server` reads the same acceptance from them as the built-in loop measures."""
 
 import json
-import os
-import socket
-import subprocess
-import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -21,16 +16,11 @@ from eyas.data.target import load_target
 from eyas.serve.decoding.reference import greedy_generate
 from eyas.train.checkpoint import save_draft
 
+from serve_process import eyas_serve, free_port
 from tiny_targets import draft_for
 
 MAX = 32
 K = 3
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -47,32 +37,9 @@ def demo(tmp_path_factory):
 def server(demo):
     _, _, _, root = demo
     port = free_port()
-    log = open(root / "server.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "eyas", "serve", "demo", "--draft", str(root / "draft"),
-                             "--k", str(K), "--host", "127.0.0.1", "--port", str(port), "--max-num-seqs", "8",
-                             "target.dtype=float32", "target.device=cpu"],
-                            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(240):
-            if proc.poll() is not None:
-                raise RuntimeError("eyas serve exited:\n" + (root / "server.log").read_text())
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        else:
-            raise RuntimeError("eyas serve did not come up:\n" + (root / "server.log").read_text())
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
+    with eyas_serve(["demo", "--draft", str(root / "draft"), "--k", str(K), "--max-num-seqs", "8",
+                     "target.dtype=float32", "target.device=cpu"], port, root / "server.log"):
+        yield f"http://127.0.0.1:{port}"
 
 
 @pytest.fixture(scope="module")

@@ -4,12 +4,12 @@ which is the code path of a target split over GPUs. Capture and regeneration mus
 
 import pytest
 import torch
-from data_fixtures import one_thread  # noqa: F401  (fixture)
+from data_fixtures import assert_capture_exact, one_thread  # noqa: F401  (one_thread: fixture)
 from test_data_capture import IDS, N_LAYERS, fresh_run, recipe, regen_run, shard_tensors  # noqa: F401
 
-from eyas.data.capture import capture_batch, right_padded, run_capture
+from eyas.data.capture import run_capture
 from eyas.data.regenerate import read_sequences, run_regenerate
-from eyas.data.target import load_target, tapped
+from eyas.data.target import load_target
 from eyas.recipes.schema import load_recipe
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -30,15 +30,7 @@ def test_split_placement_captures_hidden_states_exactly(regen_run, tmp_path, cap
     assert ("target: device_map=explicit: layer 0 on cpu, layer 1 on disk, layer 2 on cpu, layer 3 on disk, "
             "layer 4 on cpu, layer 5 on disk; lm_head on disk") in said
     assert model.model.layers[1].mlp.router.weight.device.type == "meta"  # really offloaded
-    ids, mask = right_padded([s["input_ids"] for s in read_sequences(run)[:3]])
-    with tapped(model, IDS) as tap:
-        aux, final, logits = capture_batch(model, tap, ids, mask)
-    with torch.no_grad():
-        out = ref_model(input_ids=ids, attention_mask=mask, output_hidden_states=True, use_cache=False)
-    for j, k in enumerate(IDS):  # vLLM ids: k = input of decoder layer k = hidden_states[k]
-        assert torch.equal(aux[..., j * 64:(j + 1) * 64], out.hidden_states[k]), f"aux layer id {k}"
-    assert torch.equal(final, out.hidden_states[N_LAYERS])
-    assert torch.equal(logits, out.logits)
+    assert_capture_exact(model, ref_model, [s["input_ids"] for s in read_sequences(run)[:3]], IDS, 64, "split")
 
 
 @pytest.mark.parametrize("teacher", ["final", "topk"])

@@ -20,7 +20,7 @@ from torch.utils.data import Dataset
 
 from eyas.data.capture import DTYPES, capture_batch, right_padded
 from eyas.data.regenerate import loss_mask, read_sequences
-from eyas.data.target import HiddenStateTap, load_target
+from eyas.data.target import HiddenStateTap, load_target, text_config
 
 
 class RegeneratedSequences(Dataset):
@@ -50,8 +50,7 @@ class OnlineTarget:
         self.model, _ = load_target(model_name, dtype, str(device), trust_remote_code)
         self.tap = HiddenStateTap(self.model, layer_ids, stop_at_final=True)  # no lm_head, no logits
         self.device, self.dtype, self.batch_size = device, DTYPES[store_dtype], batch_size
-        cfg = self.model.config
-        self.hidden = (cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg).hidden_size
+        self.hidden = text_config(self.model.config).hidden_size
 
     def __call__(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         ids, doc, lengths = batch["input_ids"], batch["doc_ids"], batch["lengths"]  # (B, T), (B, T), (B,) on CPU
@@ -74,6 +73,6 @@ class OnlineTarget:
             for i, (b, s, n) in enumerate(chunk):  # (S, L, n_aux*H), (S, L, H) -> the packed rows
                 aux[b, s:s + n] = a[i, :n].to(self.dtype)
                 final[b, s:s + n] = f[i, :n].to(self.dtype)
-            self.tap._aux, self.tap.final = {}, None  # the tap must not hold them through training
+            self.tap.clear()  # the tap must not hold them through training
         batch["aux"], batch["final"] = aux, final
         return batch
