@@ -25,10 +25,11 @@ from tqdm.auto import tqdm
 
 from eyas.data.regenerate import loss_mask, read_sequences
 from eyas.data.compact import check_block_width, encode_aux, topk_teacher
-from eyas.data.shards import INDEX, read_index, shard_name, write_shard
+from eyas.data.sharding import Shard, balanced_ranges, current_shard, target_for_rank, wait_until
+from eyas.data.shards import INDEX, shard_name, write_shard
 from eyas.data.target import (StopForward, input_device, load_head_weights, load_recipe_target, tapped,
                               text_config)
-from eyas.io import is_done, mark_done, read_done, require_done, stage_dir, write_json
+from eyas.io import is_done, mark_done, read_done, read_json, require_done, stage_dir, write_json
 from eyas.recipes.schema import Recipe, check_against_target
 
 STAGE = "capture"
@@ -120,14 +121,19 @@ def _online(recipe: Recipe, run_dir: Path, model, layer_ids: list[int], header: 
     return stats
 
 
-def run_capture(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> dict:
-    """The `capture` stage (needs the `regenerate` stage)."""
+def run_capture(recipe: Recipe, run_dir: str | Path, progress: bool = True, shard: str | Shard | None = None) -> dict:
+    """The `capture` stage (needs the `regenerate` stage); this process's `shard` of it (data/sharding.py):
+    a contiguous run of the length-ordered batches holding about 1/N of the tokens, so the joined shards
+    list the sequences in the single-process order."""
     if is_done(run_dir, STAGE):
         return read_done(run_dir, STAGE)
     require_done(run_dir, "regenerate", STAGE)
     t0 = time.time()
-    c, t = recipe.capture, recipe.target
+    shard = current_shard(shard)
+    c, t = recipe.capture, target_for_rank(recipe.target, shard)
     out_dir = stage_dir(run_dir, STAGE)
+    if c.mode == "online" and shard.index > 0:  # nothing to share out: shard 0 checks the target
+        return _wait_or_leave(run_dir, shard, "shard 0 checks the target and writes the online index")
     model, _ = load_recipe_target(t)
     cfg = text_config(model.config)
     layer_ids = check_against_target(recipe, cfg.num_hidden_layers, cfg.vocab_size)
@@ -146,47 +152,56 @@ def run_capture(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> d
     if c.mode == "online":
         return _online(recipe, run_dir, model, layer_ids, header, [seqs[i] for i in order[:c.batch_size]], seqs, t0)
     batches = [order[i:i + c.batch_size] for i in range(0, len(order), c.batch_size)]
+    first, end = balanced_ranges([sum(len(seqs[i]["input_ids"]) for i in b) for b in batches],
+                                 shard.count)[shard.index]
+    label = shard.label if shard.count > 1 else None
+    own_index = out_dir / (f"index-{label}.json" if label else INDEX)
+    _check_layout(out_dir, shard)
 
-    for stray in out_dir.glob(".*.tmp"):  # left by a killed process
+    mine = [f".shard-{label}-*.tmp", f".{own_index.name}.*.tmp"] if label else [".*.tmp"]
+    for stray in [f for pattern in mine for f in out_dir.glob(pattern)]:  # left by a killed process
         stray.unlink()
     shards: list[dict] = []
-    if (out_dir / INDEX).is_file():
-        index = read_index(out_dir)
+    if own_index.is_file():
+        index = read_json(own_index)
         _check_resumable(index, header, out_dir)
         shards = index["shards"]
     listed = {s["file"] for s in shards}
-    for f in out_dir.glob("shard-*.safetensors"):  # written, but the crash came before the index
-        if f.name not in listed:
+    for f in out_dir.glob(f"shard-{label}-*.safetensors" if label else "shard-[0-9]*.safetensors"):
+        if f.name not in listed:  # written, but the crash came before the index
             f.unlink()
     done = sum(s["num_sequences"] for s in shards)
+    expected = sum(len(b) for b in batches[first:end])
+    extra = {"batches": [first, end], "expected_sequences": expected} if label else {}
 
-    def save_index() -> dict:
+    def save_index(**more) -> dict:
         num_tokens = sum(s["num_tokens"] for s in shards)
         index = {**header, "shards": shards, "num_sequences": sum(s["num_sequences"] for s in shards),
                  "num_tokens": num_tokens,
-                 "bytes_per_token": sum(s["bytes"] for s in shards) / num_tokens if num_tokens else None}
-        write_json(out_dir / INDEX, index)
+                 "bytes_per_token": sum(s["bytes"] for s in shards) / num_tokens if num_tokens else None,
+                 **extra, **(more if label else {})}  # a slice's index also keeps its check and speed
+        write_json(own_index, index)
         return index
 
     index = save_index()
-    total_tokens = sum(len(s["input_ids"]) for s in seqs)
-    bar = tqdm(total=total_tokens, initial=sum(s["num_tokens"] for s in shards), desc="capture", unit="tok",
-               unit_scale=True, disable=not progress)
+    total_tokens = sum(len(seqs[i]["input_ids"]) for b in batches[first:end] for i in b)
+    bar = tqdm(total=total_tokens, initial=sum(s["num_tokens"] for s in shards),
+               desc="capture" + (f" {shard}" if label else ""), unit="tok", unit_scale=True, disable=not progress)
     buffer: list[dict[str, torch.Tensor]] = []
     buffered = 0
-    verified = None
-    new_tokens, fwd_s = 0, 0.0
+    verified = index.get("lm_head_max_rel_diff")  # a resumed process checks its own first batch again
+    checked, new_tokens, fwd_s = False, 0, 0.0
     with tapped(model, layer_ids) as tap:
-        for k in range(done // c.batch_size, len(batches)):
+        for k in range(first + done // c.batch_size, end):
             batch = [seqs[i] for i in batches[k]]
             ids, mask = right_padded([s["input_ids"] for s in batch])  # (B, T)
             T = ids.shape[1]
             ids, mask = ids.to(dev), mask.to(dev)
             tf = time.time()
             aux, final, logits = capture_batch(model, tap, ids, mask)
-            if verified is None:  # first batch: full logits once, to check the final state against them
+            if not checked:  # this process's first batch: full logits once, to check the final state
                 verified = verify_final(model, final, logits, mask, c.verify_tolerance, t.model)
-                tap.stop_at_final = True  # later batches skip the lm_head
+                checked = tap.stop_at_final = True  # later batches skip the lm_head
             del logits
             B = len(batch)
             # per token: the aux states in their stored form, and the teacher (final state or top-k)
@@ -198,7 +213,7 @@ def run_capture(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> d
             stored = {n: x.cpu().view(B, T, *x.shape[1:]) for n, x in stored.items()}  # (B, T, ...)
             fwd_s += time.time() - tf
             for b, s in enumerate(batch):
-                if k * c.batch_size + b < done:  # already in a shard (resumed mid-batch)
+                if (k - first) * c.batch_size + b < done:  # already in a shard (resumed mid-batch)
                     continue
                 L = len(s["input_ids"])
                 buffer.append({**{n: x[b, :L] for n, x in stored.items()},
@@ -208,13 +223,25 @@ def run_capture(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> d
                 new_tokens += L
                 bar.update(L)
                 if buffered >= c.shard_tokens:
-                    shards.append(write_shard(out_dir / shard_name(len(shards)), buffer))
-                    index = save_index()
+                    shards.append(write_shard(out_dir / shard_name(len(shards), label), buffer))
+                    index = save_index(lm_head_max_rel_diff=verified)
                     buffer, buffered = [], 0
         if buffer:
-            shards.append(write_shard(out_dir / shard_name(len(shards)), buffer))
-            index = save_index()
+            shards.append(write_shard(out_dir / shard_name(len(shards), label), buffer))
+        rate = new_tokens / fwd_s if fwd_s > 0 else None
+        index = save_index(lm_head_max_rel_diff=verified, tokens_per_s=rate)
     bar.close()
+    if label:
+        print(f"capture: shard {shard}: {index['num_tokens']} tokens in {len(shards)} shards")
+        if not _joinable(run_dir, out_dir, shard):
+            return {"shard": str(shard), "complete": False, "num_tokens": index["num_tokens"], "tokens_per_s": rate}
+        if is_done(run_dir, STAGE):
+            return read_done(run_dir, STAGE)
+        parts = [read_json(out_dir / f"index-r{i}of{shard.count}.json") for i in range(shard.count)]
+        shards = [s for p in parts for s in p["shards"]]
+        index = save_joined(out_dir, header, shards)
+        verified = max(p["lm_head_max_rel_diff"] for p in parts)
+        rate = sum(p["tokens_per_s"] or 0 for p in parts) or None
 
     bpt = index["bytes_per_token"]
     print(f"capture: {index['num_tokens']} tokens in {len(shards)} shards, {bpt:.1f} bytes/token "
@@ -222,6 +249,59 @@ def run_capture(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> d
           f"teacher: {'final state in ' + c.dtype if c.teacher == 'final' else f'top-{c.teacher_topk}'}, ids, mask)")
     stats = {"num_sequences": index["num_sequences"], "num_tokens": index["num_tokens"], "num_shards": len(shards),
              "bytes_per_token": bpt, "aux_layer_ids": layer_ids, "lm_head_max_rel_diff": verified,
-             "tokens_per_s": new_tokens / fwd_s if fwd_s > 0 else None, "wall_s": round(time.time() - t0, 3)}
+             "tokens_per_s": rate, "wall_s": round(time.time() - t0, 3)}
+    if label:
+        stats["capture_shards"] = shard.count
     mark_done(run_dir, STAGE, stats)
     return stats
+
+
+def save_joined(out_dir: Path, header: dict, shards: list[dict]) -> dict:
+    """index.json over the slices' shards, in slice order (= the single-process order)."""
+    num_tokens = sum(s["num_tokens"] for s in shards)
+    index = {**header, "shards": shards, "num_sequences": sum(s["num_sequences"] for s in shards),
+             "num_tokens": num_tokens, "bytes_per_token": sum(s["bytes"] for s in shards) / num_tokens}
+    write_json(out_dir / INDEX, index)
+    return index
+
+
+def _check_layout(out_dir: Path, shard: Shard) -> None:
+    """A partial capture is resumed only with the same number of slices it was started with."""
+    sliced = sorted(out_dir.glob("index-r*of*.json"))
+    counts = {int(f.stem.split("of")[1]) for f in sliced}
+    if shard.count == 1 and sliced:
+        raise RuntimeError(f"{sliced[0]}: a capture sharded {counts.pop()} ways is partial here; finish it with "
+                           f"`eyas capture --shard I/N` (or the same launcher), or delete {out_dir}")
+    if shard.count > 1 and (counts - {shard.count} or (out_dir / INDEX).is_file()):
+        was = f"sharded {sorted(counts - {shard.count})} ways" if counts - {shard.count} else "in one process"
+        raise RuntimeError(f"{out_dir}: a partial capture made {was} cannot be resumed as shard {shard}; resume it "
+                           f"the way it was started, or delete {out_dir}")
+
+
+def _joinable(run_dir: Path, out_dir: Path, shard: Shard) -> bool:
+    """Whether this slice joins the capture now (every slice's index complete): a launched rank 0 waits for
+    the others, other launched ranks wait for its DONE, a --shard process that is not the last leaves."""
+    def complete(i: int) -> bool:
+        f = out_dir / f"index-r{i}of{shard.count}.json"
+        return f.is_file() and (x := read_json(f))["num_sequences"] == x["expected_sequences"]
+
+    if shard.launched:
+        if shard.index == 0:
+            wait_until(lambda: all(complete(i) for i in range(shard.count)), "the other ranks' capture shards")
+        else:
+            wait_until(lambda: is_done(run_dir, STAGE), "rank 0 to join the capture")
+        return True
+    missing = [i for i in range(shard.count) if not complete(i)]
+    if missing:
+        print(f"capture: shard {shard} done; slices {missing} are not finished yet: the last to finish joins them")
+        return False
+    return True
+
+
+def _wait_or_leave(run_dir: Path, shard: Shard, what: str) -> dict:
+    """A launched rank waits for the stage's DONE (-> its record); a --shard process leaves at once."""
+    if shard.launched:
+        wait_until(lambda: is_done(run_dir, STAGE), what)
+        return read_done(run_dir, STAGE)
+    print(f"capture: shard {shard}: nothing to do ({what})")
+    return {"shard": str(shard), "complete": False}

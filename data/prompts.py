@@ -7,15 +7,29 @@ Recognised record layouts, tried in this order:
 - OpenAI:     {"messages": [{"role", "content"}, ...]}
 - ShareGPT:   {"conversations": [{"from": "human"/"gpt"/"system"/..., "value"}, ...]}
 - UltraChat:  {"messages" or "data": ["user turn", "assistant turn", ...]}  (alternating strings)
-- bare:       {"prompt"}, {"question"}, {"instruction", "input"?}, MT-bench {"turns": [first, ...]}
+- bare:       {"prompt"}, {"question"}, {"instruction", "input"?}, MT-bench {"turns": [user turn, ...]}
 
 The `prompts` stage keeps, per conversation, what the target will be asked to answer
-(an optional system message and the FIRST user turn; the target regenerates the answer),
-dedupes, shuffles with `data.seed`, and holds out `data.num_eval_prompts` prompts for
-evaluation that are never trained on:
+(`user_turns`: an optional system message and the non-empty user turns in order, at most
+`data.max_turns` of them; the data set's answers are dropped, the target regenerates every one,
+each with its own earlier answers in the context), dedupes by those messages, shuffles with
+`data.seed`, and holds out `data.num_eval_prompts` conversations for evaluation that are never
+trained on:
 
-    RUN/prompts/train.jsonl   {"id": str, "messages": [...]} per line
-    RUN/prompts/eval.jsonl    same layout, held out
+    RUN/prompts/train.jsonl   {"id": str, "messages": [system?, user_1, user_2, ...]} per line
+    RUN/prompts/eval.jsonl    {"id": str, "messages": [system?, user_1]} per line (`prompt_messages`:
+                              the evaluation loop is single-turn), held out
+
+A held-out conversation is in eval.jsonl only, and a training conversation whose first user turn
+(with its system message) is a held-out prompt is dropped (`num_eval_overlap` in the stats).
+
+`data.prompts` is one source (a file or hub dataset, with `data.split`/`data.hub_config`; ids are
+the record's index, "17") or a list of sources ({source, split, hub_config, weight, name}; ids are
+"name:17"). Prompts are deduplicated across all sources (a duplicate is kept by the first-listed
+source and counted as dropped by the later one). With `data.num_prompts` set, source i contributes
+num_prompts * weight_i / sum(weights) prompts (largest-remainder rounding: exactly num_prompts in
+all), drawn after a shuffle with `data.seed`; with num_prompts null every unique prompt is used. The
+chosen prompts of several sources are shuffled together with `data.seed` before the hold-out.
 """
 
 from __future__ import annotations
@@ -28,7 +42,7 @@ from typing import Any, Callable, Iterable
 
 from eyas.data.target import resolve_path
 from eyas.io import is_done, mark_done, read_done, read_jsonl, stage_dir, write_jsonl
-from eyas.recipes.schema import Recipe, RecipeError
+from eyas.recipes.schema import DataSection, PromptSource, Recipe, RecipeError
 
 STAGE = "prompts"
 
@@ -97,7 +111,7 @@ def record_to_conversation(rec: dict, where: str) -> list[dict]:
         text = rec["instruction"] + (f"\n\n{extra}" if isinstance(extra, str) and extra.strip() else "")
         conv = [{"role": "user", "content": text}]
     elif isinstance(rec.get("turns"), list) and rec["turns"] and isinstance(rec["turns"][0], str):
-        conv = [{"role": "user", "content": rec["turns"][0]}]
+        conv = [{"role": "user", "content": t} for t in rec["turns"] if isinstance(t, str)]  # answers come later
     else:
         raise DataFormatError(
             f"{where}: no conversation found (expected one of the fields messages, conversations, data, "
@@ -157,15 +171,28 @@ def load_conversations(source: str, split: str = "train", hub_config: str | None
     return _convert(ds, lambda i: f"{source} (config {hub_config}, split {split}): record {i}")
 
 
+def _system(conv: list[dict], system_prompt: str | None) -> list[dict]:
+    """[] or [the system message]: `system_prompt` if given, else the conversation's first system message."""
+    system = system_prompt
+    if system is None:
+        system = next((m["content"] for m in conv if m["role"] == "system"), None)
+    return [{"role": "system", "content": system}] if system is not None else []
+
+
 def prompt_messages(conv: list[dict], system_prompt: str | None = None) -> list[dict]:
     """What the target is asked to answer: a system message (`system_prompt` if given, else the
     conversation's own first system message, if any) and the FIRST user turn. Any answer that
     follows is dropped: the target regenerates it."""
-    system = system_prompt
-    if system is None:
-        system = next((m["content"] for m in conv if m["role"] == "system"), None)
     user = next(m for m in conv if m["role"] == "user" and m["content"].strip())
-    return ([{"role": "system", "content": system}] if system is not None else []) + [dict(user)]
+    return _system(conv, system_prompt) + [dict(user)]
+
+
+def user_turns(conv: list[dict], system_prompt: str | None = None, max_turns: int | None = None) -> list[dict]:
+    """The multi-turn prompt: the system message (as `prompt_messages` picks it), then the
+    conversation's non-empty user turns in order, at most `max_turns` (None = all). Assistant
+    messages are dropped: the target regenerates every answer. -> [system?, user_1, user_2, ...]"""
+    users = [dict(m) for m in conv if m["role"] == "user" and m["content"].strip()]
+    return _system(conv, system_prompt) + (users if max_turns is None else users[:max_turns])
 
 
 def read_prompts(run_dir: str | Path, split: str) -> list[dict]:
@@ -175,38 +202,116 @@ def read_prompts(run_dir: str | Path, split: str) -> list[dict]:
     return read_jsonl(Path(run_dir) / STAGE / f"{split}.jsonl")
 
 
-def run_prompts(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> dict:
-    """The `prompts` stage: load, reduce to prompts, dedupe, shuffle, split train/eval.
+def _key(messages: list[dict]) -> str:
+    return json.dumps(messages, sort_keys=True)
 
-    Ids are the record's index in the source, so a prompt can be traced back to it."""
+
+def quotas(n: int, weights: list[float]) -> list[int]:
+    """n split in proportion to `weights`, largest remainder first (ties: the earlier source):
+    the quotas sum to exactly n. quotas(8, [3, 1]) == [6, 2]."""
+    total = sum(weights)
+    exact = [n * w / total for w in weights]
+    out = [int(e) for e in exact]
+    by_remainder = sorted(range(len(weights)), key=lambda i: (-(exact[i] - out[i]), i))
+    for i in by_remainder[:n - sum(out)]:
+        out[i] += 1
+    return out
+
+
+def _sources(d: DataSection) -> tuple[list[PromptSource], bool]:
+    """data.prompts as a list of sources; True for the single-string form (plain ids)."""
+    if isinstance(d.prompts, str):
+        return [PromptSource(source=d.prompts, split=d.split, hub_config=d.hub_config)], True
+    return list(d.prompts), False
+
+
+def run_prompts(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> dict:
+    """The `prompts` stage: load every source, reduce each conversation to its user turns, dedupe
+    across sources, take each source's quota, shuffle, split train/eval (layouts: module docstring).
+
+    Ids trace a prompt back to its record: the record index ("17"), or "name:17" for a list of sources."""
     if is_done(run_dir, STAGE):
         return read_done(run_dir, STAGE)
     t0 = time.time()
     d = recipe.data
-    source = resolve_path(d.prompts)
-    convs = load_conversations(source, d.split, d.hub_config)
+    sources, plain_ids = _sources(d)
     seen: set[str] = set()
-    unique = []
-    for i, conv in enumerate(convs):
-        msgs = prompt_messages(conv, d.system_prompt)
-        key = json.dumps(msgs, sort_keys=True)
-        if key not in seen:
-            seen.add(key)
-            unique.append({"id": str(i), "messages": msgs})
-    random.Random(d.seed).shuffle(unique)
-    chosen = unique[:d.num_prompts] if d.num_prompts is not None else unique
+    per_source = []  # per source: its stats entry and its unique prompts, in record order
+    for src in sources:
+        path = resolve_path(src.source)
+        convs = load_conversations(path, src.split, src.hub_config)
+        name = src.label()
+        items = []
+        for i, conv in enumerate(convs):
+            msgs = user_turns(conv, d.system_prompt, d.max_turns)
+            key = _key(msgs)
+            if key not in seen:
+                seen.add(key)
+                items.append({"id": str(i) if plain_ids else f"{name}:{i}", "messages": msgs,
+                              "eval": prompt_messages(conv, d.system_prompt)})
+        per_source.append(({"name": name, "source": path, "weight": src.weight, "num_records": len(convs),
+                            "num_duplicates": len(convs) - len(items)}, items))
+    weights = [src.weight for src in sources]
+    want = quotas(d.num_prompts, weights) if d.num_prompts is not None else [None] * len(sources)
+    chosen = []
+    for k, ((entry, items), quota) in enumerate(zip(per_source, want)):
+        if quota is not None and len(items) < quota and not plain_ids:  # one source: all it has, as before
+            raise RecipeError(
+                f"data.prompts[{k}] ({entry['name']}, {entry['source']}): {len(items)} unique prompts "
+                f"({entry['num_records']} records, {entry['num_duplicates']} duplicates), fewer than its quota of "
+                f"{quota} (data.num_prompts={d.num_prompts} x weight {entry['weight']:g} / total weight "
+                f"{sum(weights):g}); lower its weight or data.num_prompts")
+        random.Random(d.seed).shuffle(items)
+        for it in items[:quota]:
+            chosen.append((k, it))
+    if len(sources) > 1:
+        random.Random(d.seed).shuffle(chosen)
+    label = per_source[0][0]["source"] if plain_ids else f"{len(sources)} sources"
+    num_records = sum(e["num_records"] for e, _ in per_source)
+    num_duplicates = sum(e["num_duplicates"] for e, _ in per_source)
+
+    def too_few(n):
+        return RecipeError(f"data.num_eval_prompts: holding out {d.num_eval_prompts} eval prompts leaves no "
+                           f"training prompts out of {n} (source {label}, data.num_prompts={d.num_prompts}, "
+                           f"{num_duplicates} duplicates dropped)")
+
     if d.num_eval_prompts >= len(chosen):
-        raise RecipeError(f"data.num_eval_prompts: holding out {d.num_eval_prompts} eval prompts leaves no "
-                          f"training prompts out of {len(chosen)} (source {source}, data.num_prompts="
-                          f"{d.num_prompts}, {len(convs) - len(unique)} duplicates dropped)")
-    evals, train = chosen[:d.num_eval_prompts], chosen[d.num_eval_prompts:]
+        raise too_few(len(chosen))
+    # hold out whole conversations, distinct by their (single-turn) eval prompt; a training
+    # conversation that starts with a held-out prompt is dropped so the eval prompt is never trained on
+    evals, rest, eval_keys = [], [], set()
+    for k, it in chosen:
+        ek = _key(it["eval"])
+        if len(evals) < d.num_eval_prompts and ek not in eval_keys:
+            eval_keys.add(ek)
+            evals.append((k, it))
+        else:
+            rest.append((k, it))
+    train = [(k, it) for k, it in rest if _key(it["eval"]) not in eval_keys]
+    if not train:
+        raise too_few(len(chosen))
     out = stage_dir(run_dir, STAGE)
-    write_jsonl(out / "eval.jsonl", evals)
-    write_jsonl(out / "train.jsonl", train)
-    stats = {"source": source, "num_records": len(convs), "num_duplicates": len(convs) - len(unique),
-             "num_train": len(train), "num_eval": len(evals), "wall_s": round(time.time() - t0, 3)}
+    write_jsonl(out / "eval.jsonl", [{"id": it["id"], "messages": it["eval"]} for _, it in evals])
+    write_jsonl(out / "train.jsonl", [{"id": it["id"], "messages": it["messages"]} for _, it in train])
+    turns = [sum(m["role"] == "user" for m in it["messages"]) for _, it in train]
+    for k, (entry, _) in enumerate(per_source):
+        entry["num_chosen"] = sum(j == k for j, _ in evals + train)
+    stats = {"source": label if plain_ids else [e["source"] for e, _ in per_source],
+             "num_records": num_records, "num_duplicates": num_duplicates,
+             "num_train": len(train), "num_eval": len(evals), "num_eval_overlap": len(rest) - len(train),
+             "num_turns": sum(turns), "max_turns_seen": max(turns),
+             "sources": [e for e, _ in per_source], "wall_s": round(time.time() - t0, 3)}
     if progress:
-        print(f"prompts: {len(train)} train, {len(evals)} eval from {len(convs)} records of {source} "
-              f"({stats['num_duplicates']} duplicates)")
+        print(f"prompts: {len(train)} train ({stats['num_turns']} user turns, at most {stats['max_turns_seen']} "
+              f"per prompt), {len(evals)} eval from {num_records} records of {label} ({num_duplicates} duplicates"
+              + (f", {stats['num_eval_overlap']} training conversations dropped: they start with an eval prompt"
+                 if stats["num_eval_overlap"] else "") + ")")
+        if not plain_ids:
+            for e in stats["sources"]:
+                print(f"  {e['name']}: {e['num_chosen']} prompts from {e['num_records']} records of {e['source']} "
+                      f"(weight {e['weight']:g}, {e['num_duplicates']} duplicates)")
+            if d.num_prompts is None and len(set(weights)) > 1:
+                print("  data.num_prompts is null: every unique prompt of every source is used, the weights "
+                      "do not matter")
     mark_done(run_dir, STAGE, stats)
     return stats

@@ -1,21 +1,30 @@
-"""The `regen` stage: the target answers every training prompt itself.
+"""The `regenerate` stage: the target answers every training conversation itself.
 
 The draft must learn the target's own distribution, so the answers in the data set are
-replaced by the target's generations. Each prompt is rendered with the target's chat template
-(`add_generation_prompt=True`), the target generates (greedy when `data.temperature == 0`),
-and the generated TOKEN IDS are kept as they are (never decoded and re-tokenized), cut at
-and including the first end-of-sequence token.
+replaced by the target's generations. A conversation's user turns are answered in order: turn t's
+prompt is the target's chat template over the system message, the earlier user turns each followed
+by the target's OWN answer (as the template renders an earlier answer: gpt-oss's drops its analysis
+channel and keeps the final one), and user turn t, with `add_generation_prompt=True`. The target
+generates (greedy when `data.temperature == 0`; gpt-oss: analysis channel, then final), and the
+generated TOKEN IDS are kept as they are (never decoded and re-tokenized), cut at and including the
+first end-of-sequence token. Each turn is one training sequence:
 
-    RUN/regenerate/part-00000.jsonl   {"id", "input_ids": prompt + generated, "prompt_len", "finished"}
+    RUN/regenerate/part-00000.jsonl   {"id": "17" (turn 0) | "17/2", "conversation": "17", "turn": 2,
+                                       "input_ids": prompt + generated, "prompt_len", "finished",
+                                       "reasoning_effort"?}
 
-The loss mask of a sequence is 1 exactly on positions >= prompt_len (the generated tokens).
-Parts are written atomically, one per `part_batches` batches; a re-run keeps the complete
-parts and continues with the next one.
+The loss mask of a sequence is 1 exactly on positions >= prompt_len (every token the target
+generated in that turn). A conversation ends early at an answer that did not finish or a prompt
+longer than `data.max_prompt_tokens`. Parts (conversations, `part_batches` batches each) are written
+atomically; a re-run keeps the complete parts and continues with the next one. Parts are shared out
+round robin between shards (data/sharding.py) and keep their global names, so the joined stage is the
+single-process one.
 """
 
 from __future__ import annotations
 
 import random
+import re
 import time
 from collections import Counter
 from collections.abc import Mapping
@@ -25,8 +34,10 @@ import torch
 from tqdm.auto import tqdm
 
 from eyas.data.prompts import read_prompts
+from eyas.data.sharding import Shard, current_shard, target_for_rank, wait_until
 from eyas.data.target import input_device, load_recipe_target, resolve_path
-from eyas.io import is_done, mark_done, read_done, read_jsonl, require_done, stage_dir, write_jsonl
+from eyas.io import (is_done, mark_done, read_done, read_json, read_jsonl, require_done, stage_dir, write_json,
+                     write_jsonl)
 from eyas.recipes.schema import Recipe
 
 STAGE = "regenerate"
@@ -146,37 +157,112 @@ def part_path(run_dir: str | Path, index: int) -> Path:
 
 
 def read_sequences(run_dir: str | Path) -> list[dict]:
-    """Every stored sequence, in part order. -> [{"id", "input_ids", "prompt_len", "finished"}]."""
+    """Every stored sequence, in part order. -> [{"id", "input_ids", "prompt_len", "finished", ...}]."""
     parts = sorted((Path(run_dir) / STAGE).glob("part-*.jsonl"))
     return [row for p in parts for row in read_jsonl(p)]
 
 
+def split_turns(messages: list[dict]) -> tuple[list[dict], list[dict]]:
+    """A prompts-stage row's messages -> (the messages before the first user turn, the user turns)."""
+    first = next(i for i, m in enumerate(messages) if m["role"] == "user")
+    return messages[:first], [m for m in messages[first:] if m["role"] == "user"]
+
+
+def is_harmony(tokenizer) -> bool:
+    """gpt-oss's harmony format: answers are channel messages (analysis, final)."""
+    return "<|channel|>" in tokenizer.get_vocab()
+
+
+HARMONY_MESSAGE = re.compile(r"<\|channel\|>([^<]*)<\|message\|>(.*?)(?=<\|end\|>|<\|return\|>|<\|call\|>|<\|start\|>|$)",
+                             re.DOTALL)
+
+
+def answer_message(tokenizer, generated: list[int], eos_ids: list[int]) -> dict:
+    """The assistant message for a generated answer, as a chat template takes it to put the answer into
+    a later turn's context. Harmony (gpt-oss): the final channel is the content and the analysis channel
+    the `thinking` (which gpt-oss's template drops from earlier turns); otherwise the decoded text."""
+    if is_harmony(tokenizer):
+        text = tokenizer.decode(generated, skip_special_tokens=False)
+        channels: dict[str, list[str]] = {}
+        for channel, body in HARMONY_MESSAGE.findall(text):
+            channels.setdefault(channel.split()[0] if channel.split() else "", []).append(body)
+        if channels:
+            last = list(channels.values())[-1][-1]
+            msg = {"role": "assistant", "content": "".join(channels.get("final", [last]))}
+            if "analysis" in channels:
+                msg["thinking"] = "".join(channels["analysis"])
+            return msg
+    eos = set(eos_ids)
+    body = generated[:-1] if generated and generated[-1] in eos else generated
+    return {"role": "assistant", "content": tokenizer.decode(body, skip_special_tokens=True)}
+
+
+class Conversations:
+    """The conversations of the run and how each goes on: turn t's prompt is the template's rendering of
+    the earlier turns, each user turn followed by the target's own answer to it, then user turn t.
+
+    A conversation ends early when an answer did not finish (max_new_tokens) or the next prompt is
+    longer than `data.max_prompt_tokens`; its later turns are not asked (counted in the stage record)."""
+
+    def __init__(self, tokenizer, prompts: list[dict], efforts: dict, eos_ids: list[int], max_prompt_tokens: int):
+        self.tok, self.efforts, self.eos_ids, self.max_prompt_tokens = tokenizer, efforts, eos_ids, max_prompt_tokens
+        self.turns = {p["id"]: split_turns(p["messages"]) for p in prompts}  # id -> (system, users)
+        self.history: dict[str, list[dict]] = {}  # id -> the messages of the last prompt rendered
+
+    def render(self, pid: str, messages: list[dict]) -> list[int]:
+        self.history[pid] = messages
+        return render_prompt(self.tok, messages, **effort_kwargs(self.efforts[pid]))
+
+    def first(self, pid: str) -> list[int]:
+        system, users = self.turns[pid]
+        return self.render(pid, system + users[:1])
+
+    def row(self, pid: str, turn: int, ids: list[int], gen: list[int], finished: bool) -> dict:
+        return {"id": pid if turn == 0 else f"{pid}/{turn}", "conversation": pid, "turn": turn, "input_ids": ids + gen,
+                "prompt_len": len(ids), "finished": finished, **effort_kwargs(self.efforts[pid])}
+
+    def next(self, pid: str, turn: int, gen: list[int], finished: bool) -> list[int] | None:
+        """The prompt ids of turn `turn + 1` after answer `gen` to turn `turn`; None when the conversation ends."""
+        users = self.turns[pid][1]
+        if turn + 1 >= len(users) or not finished:
+            return None
+        ids = self.render(pid, self.history[pid] + [answer_message(self.tok, gen, self.eos_ids), users[turn + 1]])
+        return ids if len(ids) <= self.max_prompt_tokens else None
+
+    def num_user_turns(self, pid: str) -> int:
+        return len(self.turns[pid][1])
+
+
+def turn_seed(*keys) -> int:
+    """A sampling seed from (data.seed, where the turn is): the same on every re-run and in any shard."""
+    return random.Random(":".join(map(str, keys))).getrandbits(31)
+
+
 def run_regenerate(recipe: Recipe, run_dir: str | Path, progress: bool = True,
-                   part_batches: int = PART_BATCHES) -> dict:
-    """The `regenerate` stage. Prompts longer than `data.max_prompt_tokens` are skipped (cutting a
-    rendered chat prompt would cut off its generation prompt) and counted."""
+                   part_batches: int = PART_BATCHES, shard: str | Shard | None = None) -> dict:
+    """The `regenerate` stage (this process's `shard` of it: data/sharding.py). A conversation whose first
+    prompt is longer than `data.max_prompt_tokens` is skipped (cutting a rendered chat prompt would cut
+    off its generation prompt) and counted."""
     if is_done(run_dir, STAGE):
         return read_done(run_dir, STAGE)
     require_done(run_dir, "prompts", STAGE)
     t0 = time.time()
-    d, t = recipe.data, recipe.target
+    shard = current_shard(shard)
+    d, t = recipe.data, target_for_rank(recipe.target, shard)
     out_dir = stage_dir(run_dir, STAGE)
-    for stray in out_dir.glob(".*.tmp"):  # left by a killed process
-        stray.unlink()
     if d.backend == "server":
         model, (tok, eos_ids) = None, target_tokenizer_and_eos(t)
     else:
         model, tok = load_recipe_target(t)
         eos_ids = eos_token_ids(model, tok)
-        pad_id = pad_token_id(model, tok, eos_ids)
 
     prompts = read_prompts(run_dir, "train")
     efforts = {p["id"]: reasoning_effort(d.reasoning_effort, d.seed, p["id"]) for p in prompts}
     if d.reasoning_effort and "reasoning_effort" not in (tok.chat_template or ""):
         raise ValueError(f"data.reasoning_effort: the chat template of {t.model} does not use reasoning_effort, "
                          "so the effort would not reach the target; leave data.reasoning_effort unset")
-    rendered = [(p["id"], render_prompt(tok, p["messages"], **effort_kwargs(efforts[p["id"]])))
-                for p in prompts]
+    convs = Conversations(tok, prompts, efforts, eos_ids, d.max_prompt_tokens)
+    rendered = [(p["id"], convs.first(p["id"])) for p in prompts]
     kept = [(pid, ids) for pid, ids in rendered if len(ids) <= d.max_prompt_tokens]
     if not kept:
         raise RuntimeError(f"data.max_prompt_tokens={d.max_prompt_tokens}: every one of the {len(rendered)} "
@@ -184,100 +270,165 @@ def run_regenerate(recipe: Recipe, run_dir: str | Path, progress: bool = True,
     kept.sort(key=lambda x: len(x[1]))  # stable: similar lengths share a batch, less padding
     batches = [kept[i:i + d.batch_size] for i in range(0, len(kept), d.batch_size)]
     parts = [batches[i:i + part_batches] for i in range(0, len(batches), part_batches)]
+    mine = [p for p in range(len(parts)) if p % shard.count == shard.index]  # round robin: parts are alike
 
     extra = sorted(q for q in out_dir.glob("part-*.jsonl") if int(q.stem.split("-")[1]) >= len(parts))
     if extra:
         raise RuntimeError(f"{extra[0]}: this run makes only {len(parts)} parts (the prompts or data settings "
                            f"changed since it was written); delete {out_dir} to regenerate from scratch")
-    new_tokens, gen_s = 0, 0.0
-    bar = tqdm(total=len(batches), desc="regenerate", unit="batch", disable=not progress)
+    for p in mine:  # temporaries left by a killed process (only this shard's: others may be writing theirs)
+        for stray in out_dir.glob(f".{part_path(run_dir, p).name}.*.tmp"):
+            stray.unlink()
     todo = []
-    for p, part in enumerate(parts):
+    for p in mine:
         path = part_path(run_dir, p)
-        expected = [pid for batch in part for pid, _ in batch]
         if path.is_file():
-            stored = [row["id"] for row in read_jsonl(path)]
-            if stored != expected:
+            stored = [row.get("conversation", row["id"]) for row in read_jsonl(path) if row.get("turn", 0) == 0]
+            if stored != [pid for batch in parts[p] for pid, _ in batch]:
                 raise RuntimeError(f"{path}: holds other prompts than this run would put there (the prompts, "
                                    "data.batch_size or data.max_prompt_tokens changed since it was written); "
                                    f"delete {out_dir} to regenerate from scratch")
-            bar.update(len(part))
         else:
             todo.append(p)
+    desc = "regenerate" + (f" {shard}" if shard.count > 1 else "")
     if d.backend == "server":
-        bar.close()
-        new_tokens, gen_s = _through_servers(d, run_dir, parts, todo, eos_ids, efforts, progress)
-        todo = []
-    for p in todo:
-        part, path = parts[p], part_path(run_dir, p)
-        rows = []
-        for j, batch in enumerate(part):
-            torch.manual_seed(d.seed * 1_000_003 + p * part_batches + j)  # resume-stable sampling
-            tb = time.time()
-            gens = generate_batch(model, [ids for _, ids in batch], eos_ids=eos_ids, pad_id=pad_id,
-                                  max_new_tokens=d.max_new_tokens, temperature=d.temperature, top_p=d.top_p)
-            gen_s += time.time() - tb
-            for (pid, ids), (gen, finished) in zip(batch, gens):
-                rows.append({"id": pid, "input_ids": ids + gen, "prompt_len": len(ids), "finished": finished,
-                             **effort_kwargs(efforts[pid])})
-                new_tokens += len(gen)
-            bar.update(1)
-            bar.set_postfix(tok_s=f"{new_tokens / max(gen_s, 1e-9):.0f}")
-        write_jsonl(path, rows)
-    bar.close()
+        new_tokens, gen_s = _through_servers(d, run_dir, parts, todo, convs, eos_ids, progress, desc)
+    else:
+        new_tokens, gen_s = _through_hf(d, run_dir, parts, mine, todo, model, tok, convs, eos_ids, progress, desc)
+    rate = new_tokens / gen_s if gen_s > 0 else None
+    if shard.count > 1:
+        write_json(out_dir / f"shard-{shard.label}.json", {"shard": str(shard), "parts": mine,
+                                                           "generated_tokens": new_tokens,
+                                                           "generation_tokens_per_s": rate})
+        if not _joinable(run_dir, len(parts), shard, out_dir):
+            return {"shard": str(shard), "complete": False, "generated_tokens_this_run": new_tokens,
+                    "generation_tokens_per_s": rate}
+        if is_done(run_dir, STAGE):
+            return read_done(run_dir, STAGE)
 
     seqs = read_sequences(run_dir)
-    if len(seqs) != len(kept):
-        raise RuntimeError(f"{out_dir}: {len(seqs)} sequences stored for {len(kept)} prompts")
+    firsts = [s for s in seqs if s.get("turn", 0) == 0]
+    if len(firsts) != len(kept):
+        raise RuntimeError(f"{out_dir}: {len(firsts)} conversations stored for {len(kept)} prompts")
+    answered = Counter(s.get("conversation", s["id"]) for s in seqs)
     gen_lens = [len(s["input_ids"]) - s["prompt_len"] for s in seqs]
+    shards = [read_json(f) for f in sorted(out_dir.glob("shard-r*.json"))]
     stats = {
         "num_prompts": len(rendered),
         "num_skipped_long": len(rendered) - len(kept),
         "num_sequences": len(seqs),
+        "num_conversations": len(firsts),
+        "num_turns_not_answered": sum(convs.num_user_turns(pid) - n for pid, n in answered.items()),
         "num_parts": len(parts),
         "mean_generated_tokens": sum(gen_lens) / len(seqs),
         "fraction_finished": sum(s["finished"] for s in seqs) / len(seqs),
-        "generated_tokens_this_run": new_tokens,
-        "generation_tokens_per_s": new_tokens / gen_s if gen_s > 0 else None,
+        "generated_tokens_this_run": new_tokens + sum(s["generated_tokens"] for s in shards
+                                                      if s["shard"] != str(shard)),
+        "generation_tokens_per_s": sum(s["generation_tokens_per_s"] or 0 for s in shards) or rate,
         "backend": d.backend,
         "temperature": d.temperature,
-        "reasoning_effort_mix": effort_mix(seqs),
+        "reasoning_effort_mix": effort_mix(firsts),
         "wall_s": round(time.time() - t0, 3),
     }
+    if shards:
+        stats["shards"] = shards
     mark_done(run_dir, STAGE, stats)
     return stats
 
 
-def _through_servers(d, run_dir, parts: list, todo: list[int], eos_ids: list[int], efforts: dict, progress: bool
-                     ) -> tuple[int, float]:
-    """`data.backend: server`: every prompt of the parts in `todo` through the fleet at once; each part
-    is written (atomically) as soon as its last prompt is back. -> (new tokens, wall seconds)."""
+def _joinable(run_dir, num_parts: int, shard: Shard, out_dir: Path) -> bool:
+    """Whether this shard joins the stage now: every part is written (a launched rank 0 waits for them,
+    other launched ranks wait for its DONE; a --shard process that is not the last says what is missing)."""
+    def missing() -> list[int]:
+        return [p for p in range(num_parts) if not part_path(run_dir, p).is_file()]
+
+    reports = [out_dir / f"shard-r{i}of{shard.count}.json" for i in range(shard.count)]
+    if shard.launched:
+        if shard.index == 0:
+            wait_until(lambda: not missing() and all(r.is_file() for r in reports), "the other ranks' parts")
+            return True
+        wait_until(lambda: is_done(run_dir, STAGE), "rank 0 to join the parts")
+        return True
+    gaps = missing()
+    if gaps:
+        owners = sorted({p % shard.count for p in gaps})
+        print(f"regenerate: shard {shard} done; parts {gaps[:8]}{' …' if len(gaps) > 8 else ''} of shards "
+              f"{owners} are still missing: the last shard to finish joins them")
+        return False
+    return True
+
+
+def _through_hf(d, run_dir, parts: list, mine: list[int], todo: list[int], model, tok, convs: Conversations,
+                eos_ids: list[int], progress: bool, desc: str) -> tuple[int, float]:
+    """`data.backend: hf`: the parts in `todo`, batch by batch; a batch's conversations go on turn by turn
+    together. -> (new tokens, generation seconds)."""
+    pad_id = pad_token_id(model, tok, eos_ids)
+    new_tokens, gen_s = 0, 0.0
+    bar = tqdm(total=sum(len(parts[p]) for p in mine), initial=sum(len(parts[p]) for p in mine if p not in todo),
+               desc=desc, unit="batch", disable=not progress)
+    for p in todo:
+        rows = []
+        for j, batch in enumerate(parts[p]):
+            answers: dict[str, list[dict]] = {pid: [] for pid, _ in batch}
+            active, turn = list(batch), 0
+            while active:
+                torch.manual_seed(turn_seed(d.seed, p, j, turn))  # resume- and shard-stable sampling
+                tb = time.time()
+                gens = generate_batch(model, [ids for _, ids in active], eos_ids=eos_ids, pad_id=pad_id,
+                                      max_new_tokens=d.max_new_tokens, temperature=d.temperature, top_p=d.top_p)
+                gen_s += time.time() - tb
+                following = []
+                for (pid, ids), (gen, finished) in zip(active, gens):
+                    answers[pid].append(convs.row(pid, turn, ids, gen, finished))
+                    new_tokens += len(gen)
+                    nxt = convs.next(pid, turn, gen, finished)
+                    if nxt is not None:
+                        following.append((pid, nxt))
+                active, turn = following, turn + 1
+            rows += [row for pid, _ in batch for row in answers[pid]]
+            bar.update(1)
+            bar.set_postfix(tok_s=f"{new_tokens / max(gen_s, 1e-9):.0f}")
+        write_jsonl(part_path(run_dir, p), rows)
+    bar.close()
+    return new_tokens, gen_s
+
+
+def _through_servers(d, run_dir, parts: list, todo: list[int], convs: Conversations, eos_ids: list[int],
+                     progress: bool, desc: str) -> tuple[int, float]:
+    """`data.backend: server`: every conversation of the parts in `todo` through the fleet at once, each
+    turn sent when the answer before it is back; a part is written (atomically) as soon as its last
+    conversation ends. -> (new tokens, wall seconds)."""
     from eyas.data.server import regenerate_through_servers
 
     params = {"max_tokens": d.max_new_tokens, "temperature": d.temperature, "top_p": d.top_p}
     jobs, waiting, rows = [], {}, {}
     for p in todo:
         flat = [item for batch in parts[p] for item in batch]
-        waiting[p], rows[p] = len(flat), [None] * len(flat)
-        for i, (pid, ids) in enumerate(flat):  # a seed per prompt: sampled data is the same on a re-run
-            jobs.append(((p, i, pid), d.seed * 1_000_003 + p * 65_536 + i, ids))
+        waiting[p], rows[p] = len(flat), [[] for _ in flat]
+        for i, (pid, ids) in enumerate(flat):  # a seed per turn: sampled data is the same on a re-run
+            jobs.append(((p, i, pid, 0), turn_seed(d.seed, pid, 0), ids))
     eos = set(eos_ids)
-    bar = tqdm(total=len(jobs), desc="regenerate (server)", unit="prompt", disable=not progress)
+    bar = tqdm(total=len(jobs), desc=f"{desc} (server)", unit="conversation", disable=not progress)
     state = {"new": 0, "t0": time.time()}
 
     def done(key, ids, generated, finish_reason):
-        p, i, pid = key
+        p, i, pid, turn = key
         gen, finished = cut_at_eos(generated, eos)
-        rows[p][i] = {"id": pid, "input_ids": ids + gen, "prompt_len": len(ids),
-                      "finished": finished or finish_reason == "stop", **effort_kwargs(efforts[pid])}
+        finished = finished or finish_reason == "stop"
+        rows[p][i].append(convs.row(pid, turn, ids, gen, finished))
         state["new"] += len(gen)
+        bar.set_postfix(tok_s=f"{state['new'] / max(time.time() - state['t0'], 1e-9):.0f}")
+        nxt = convs.next(pid, turn, gen, finished)
+        if nxt is not None:
+            return (p, i, pid, turn + 1), turn_seed(d.seed, pid, turn + 1), nxt
         waiting[p] -= 1
         if waiting[p] == 0:
-            write_jsonl(part_path(run_dir, p), rows.pop(p))
+            write_jsonl(part_path(run_dir, p), [row for conv in rows.pop(p) for row in conv])
         bar.update(1)
-        bar.set_postfix(tok_s=f"{state['new'] / max(time.time() - state['t0'], 1e-9):.0f}")
+        return None
 
-    regenerate_through_servers(d.server_urls, d.server_model, jobs, params, eos_ids, d.server_concurrency,
-                               d.server_timeout_s, d.server_retries, done)
+    if jobs:
+        regenerate_through_servers(d.server_urls, d.server_model, jobs, params, eos_ids, d.server_concurrency,
+                                   d.server_timeout_s, d.server_retries, done)
     bar.close()
     return state["new"], time.time() - state["t0"]

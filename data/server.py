@@ -62,8 +62,9 @@ async def complete(client: httpx.AsyncClient, url: str, body: dict, retries: int
 def regenerate_through_servers(urls: list[str], model: str | None, jobs: list[tuple],
                                params: dict, eos_ids: list[int], concurrency: int, timeout_s: float, retries: int,
                                on_done: Callable) -> None:
-    """Send every job (key, seed, prompt ids) to the fleet; `on_done(key, prompt ids, generated ids,
-    finish_reason)` is called in the caller's thread as each one completes (in any order)."""
+    """Send every job (key, seed, prompt ids) to the fleet. `on_done(key, prompt ids, generated ids,
+    finish_reason)` is called in the caller's thread as each one completes (in any order); it may return
+    a follow-up job (the conversation's next turn), which joins the queue."""
 
     urls = [u.rstrip("/") for u in urls]
 
@@ -77,20 +78,24 @@ def regenerate_through_servers(urls: list[str], model: str | None, jobs: list[tu
 
             async def worker(url: str):
                 while True:
-                    try:
-                        key, seed, ids = queue.get_nowait()
-                    except asyncio.QueueEmpty:
-                        return
+                    key, seed, ids = await queue.get()
                     body = {"model": names[url], "prompt": ids, "seed": seed, "stop_token_ids": eos_ids,
                             "return_token_ids": True, **params}
                     choice = await complete(client, url, body, retries)
-                    on_done(key, ids, list(choice["token_ids"]), choice.get("finish_reason"))
+                    follow = on_done(key, ids, list(choice["token_ids"]), choice.get("finish_reason"))
+                    if follow is not None:
+                        queue.put_nowait(follow)
+                    queue.task_done()
 
             tasks = [asyncio.create_task(worker(u)) for u in urls for _ in range(concurrency)]
-            try:
-                await asyncio.gather(*tasks)
-            finally:
+            joined = asyncio.create_task(queue.join())
+            try:  # workers only end by failing: the first failure ends the stage
+                await asyncio.wait([joined, *tasks], return_when=asyncio.FIRST_COMPLETED)
                 for t in tasks:
+                    if t.done():
+                        t.result()
+            finally:
+                for t in [joined, *tasks]:
                     t.cancel()
 
     asyncio.run(main())

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -79,7 +80,7 @@ def run_eval(recipe: Recipe, run_dir: str | Path, drafts: list[tuple[str, str]] 
     recipe's eval.k (+ eval.more_k) and eval.tree; concurrency / temperatures: default the recipe's; benchmarks:
     (name, prompt file or known name), default the run's held-out prompts; servers: (name, URL) of
     OpenAI-compatible servers to drive with the same prompts (eval/server_client.py)."""
-    from eyas.data.regenerate import eos_token_ids, render_prompt
+    from eyas.data.regenerate import effort_kwargs, eos_token_ids, reasoning_effort, render_prompt
     from eyas.data.target import load_recipe_target
     from eyas.serve.decoding.engine import Engine
     from eyas.serve.decoding.reference import greedy_generate
@@ -110,9 +111,14 @@ def run_eval(recipe: Recipe, run_dir: str | Path, drafts: list[tuple[str, str]] 
     total = sum(len(b.messages) for b in benches) * len(temperatures) * len(concurrency) * runs_per_point
     bar = tqdm(total=total, desc="eval", unit="req", disable=not progress)
     results, cost_runs, entropies, contexts = [], [], [], []
+    effort_counts: Counter = Counter()
     _warm_up(model, loaded, shapes, eos)
     for bench in benches:
-        prompts = [render_prompt(tok, m) for m in bench.messages]
+        # gpt-oss as served: each prompt's reasoning effort drawn from data.reasoning_effort, as in regeneration
+        efforts = [reasoning_effort(recipe.data.reasoning_effort, recipe.data.seed, f"eval:{bench.name}:{i}")
+                   for i in range(len(bench.messages))]
+        effort_counts.update(e for e in efforts if e is not None)
+        prompts = [render_prompt(tok, m, **effort_kwargs(e)) for m, e in zip(bench.messages, efforts)]
         refs = None
         if 0.0 in temperatures:
             refs = []
@@ -173,6 +179,7 @@ def run_eval(recipe: Recipe, run_dir: str | Path, drafts: list[tuple[str, str]] 
                           "ks": ks or [], "trees": [s.to_json() for s in shapes if not s.is_chain],
                           "concurrency": concurrency, "temperatures": temperatures, "top_p": ev.top_p,
                           "top_k": ev.top_k, "seed": ev.seed,
+                          "reasoning_effort_mix": dict(sorted(effort_counts.items())) or None,
                           "servers": [{"name": n, "url": u} for n, u in servers or []]},
         "results": results,
         "recommendation": recommendation,

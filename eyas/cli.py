@@ -2,6 +2,7 @@
 
     eyas run RECIPE [--out DIR] [key.sub=value ...]      every stage, resuming finished ones
     eyas prompts|regenerate|capture|vocab|train RECIPE_OR_RUN [--out DIR] [overrides]
+    eyas regenerate|capture RUN --shard I/N             slice I of N (one per machine; the last joins)
     eyas eval RECIPE_OR_RUN [--draft NAME=CKPT ...] [--k K ...] [--tree S,K,N ...] [--concurrency C ...]
               [--temperature T ...] [--prompts NAME=FILE ...] [--server [NAME=]URL ...]
     eyas serve RUN_OR_RECIPE [--draft DIR] [--k K | --tree S,K,N] [--host 127.0.0.1] [--port 8000]
@@ -9,7 +10,8 @@
     eyas demo-target [--cache-dir DIR] [--force]
     eyas export | import | publish ...                   see `eyas <cmd> --help`
 
-Training on many GPUs: `accelerate launch -m eyas.train RECIPE --out DIR [overrides]`.
+Training on many GPUs: `accelerate launch -m eyas.train RECIPE --out DIR [overrides]`; under
+`torchrun` / `accelerate launch`, `eyas run|regenerate|capture` share regeneration and capture out by rank.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from eyas.pipeline import STAGE_ORDER
+from eyas.pipeline import SHARDED, STAGE_ORDER
 from eyas.recipes.schema import RecipeError
 
 
@@ -91,7 +93,13 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="cmd", required=True)
     _recipe_args(sub.add_parser("run", help="run every stage in order (resumes finished ones)"))
     for s in STAGE_ORDER[:-1]:  # eval has its own parser below
-        _recipe_args(sub.add_parser(s, help=f"run the {s} stage"))
+        stage = sub.add_parser(s, help=f"run the {s} stage")
+        _recipe_args(stage)
+        if s in SHARDED:
+            stage.add_argument("--shard", metavar="I/N",
+                               help="do slice I of N (0-based) of this stage, e.g. one per machine over a shared "
+                                    "run dir; the last slice to finish joins them (torchrun / accelerate launch "
+                                    "share it out by rank without this)")
     ev = sub.add_parser("eval", help="measure acceptance length with the speculative loop")
     _recipe_args(ev)
     ev.add_argument("--draft", action="append", help="NAME=CHECKPOINT (repeatable); default the run's own")
@@ -140,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             check_target(recipe)
             prepare_run(recipe, run_dir)
-            stage_fn(args.cmd)(recipe, run_dir, progress=progress)
+            shard = {"shard": args.shard} if args.cmd in SHARDED else {}
+            stage_fn(args.cmd)(recipe, run_dir, progress=progress, **shard)
     except RecipeError as e:
         print(f"eyas: recipe error: {e}", file=sys.stderr)
         return 2

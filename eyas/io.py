@@ -80,8 +80,12 @@ def is_done(run_dir: str | Path, stage: str) -> bool:
     return marker(run_dir, stage).is_file()
 
 
+def read_json(path: str | Path) -> Any:
+    return json.loads(Path(path).read_text())
+
+
 def read_done(run_dir: str | Path, stage: str) -> dict:
-    return json.loads(marker(run_dir, stage).read_text())
+    return read_json(marker(run_dir, stage))
 
 
 def mark_done(run_dir: str | Path, stage: str, info: dict) -> None:

@@ -89,9 +89,17 @@ def prepare_run(recipe: Recipe, run_dir: str | Path, redo: tuple[str, ...] = ())
     return run_dir
 
 
+SHARDED = ("regenerate", "capture")  # stages that share their work out (data/sharding.py); train does its own
+
+
 def run_all(recipe: Recipe, run_dir: str | Path, stages=STAGE_ORDER, progress: bool = True) -> dict:
+    """Every stage in order. Under torchrun / accelerate launch every rank runs regenerate, capture and
+    train (each its share); prompts, vocab and eval run on rank 0 while the other ranks wait."""
+    from eyas.data.sharding import current_shard, wait_until
+
     check_target(recipe)
     run_dir = prepare_run(recipe, run_dir)
+    shard = current_shard()
     times = {}
     for stage in stages:
         if io.is_done(run_dir, stage):
@@ -99,7 +107,10 @@ def run_all(recipe: Recipe, run_dir: str | Path, stages=STAGE_ORDER, progress: b
             continue
         print(f"[eyas] {stage} ...", flush=True)
         t0 = time.perf_counter()
-        stage_fn(stage)(recipe, run_dir, progress=progress)
+        if shard.launched and shard.index > 0 and stage not in SHARDED + ("train",):
+            wait_until(lambda: io.is_done(run_dir, stage), f"rank 0 to finish the {stage} stage")
+        else:
+            stage_fn(stage)(recipe, run_dir, progress=progress, **({"shard": shard} if stage in SHARDED else {}))
         times[stage] = round(time.perf_counter() - t0, 1)
         print(f"[eyas] {stage}: {times[stage]} s", flush=True)
     return times

@@ -47,14 +47,41 @@ class TargetSection:
 
 
 @dataclass
+class PromptSource:
+    """One entry of `data.prompts` in its list form: a data set and its share of the prompts."""
+
+    source: str  # a local .jsonl/.json file or a hub dataset name ("org/name"), as data.prompts
+    split: str = "train"  # hub datasets only
+    hub_config: str | None = None  # hub datasets only
+    # share of data.num_prompts: num_prompts * weight / (sum of weights), rounded so the shares add
+    # up to num_prompts exactly; with num_prompts None every unique prompt is used and weights do not matter
+    weight: float = 1.0
+    name: str | None = None  # prefix of the prompt ids (name:record index); None = the file stem or dataset name
+
+    def label(self) -> str:
+        """`name`, else the file stem (a.jsonl -> a) or the hub dataset's name (org/ds -> ds)."""
+        if self.name is not None:
+            return self.name
+        if self.source.endswith((".jsonl", ".json")):
+            return Path(self.source).stem
+        return self.source.rstrip("/").split("/")[-1]
+
+
+@dataclass
 class DataSection:
     # Local .jsonl/.json (ShareGPT `conversations` or OpenAI `messages` layout, or a bare
     # `prompt`/`question`/`instruction` field) or a hub dataset name ("org/name").
     # "eyas-demo/prompts.jsonl" is a file inside the built-in demo target's directory.
-    prompts: str = "eyas-demo/prompts.jsonl"
-    split: str = "train"  # hub datasets only
-    hub_config: str | None = None  # hub datasets only
+    # Or a list of sources mixed by weight and deduplicated across sources (data/prompts.py), e.g.
+    # [{source: HuggingFaceH4/ultrachat_200k, split: train_sft, weight: 3}, {source: sharegpt.jsonl}]
+    # (keys: PromptSource; split and hub_config then go in each source).
+    prompts: str | list[PromptSource] = "eyas-demo/prompts.jsonl"
+    split: str = "train"  # hub datasets only, the single-source form only
+    hub_config: str | None = None  # hub datasets only, the single-source form only
     num_prompts: int | None = None  # None = all
+    # user turns kept per conversation (None = all, 1 = only the first): the target answers each kept
+    # user turn in order, with its own earlier answers in the context (the data set's answers are dropped)
+    max_turns: int | None = None
     num_eval_prompts: int = 32  # held out before regeneration, never trained on
     system_prompt: str | None = None
     max_prompt_tokens: int = 1024
@@ -185,16 +212,36 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp))
 
 
+def _fits(value: Any, tp: Any) -> bool:
+    """Whether `value` has the outer shape of `tp` (a list for list[...], a mapping for a dict or a
+    dataclass, ...): the one union member whose errors name the exact item."""
+    origin = typing.get_origin(tp) or tp
+    if origin is dict or dataclasses.is_dataclass(tp):
+        return isinstance(value, dict)
+    if origin in (list, str, bool):
+        return isinstance(value, origin)
+    if origin in (int, float):
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return False
+
+
 def _coerce(value: Any, tp: Any, key: str) -> Any:
-    """Check `value` against the annotation `tp`; return it (ints are accepted for floats)."""
+    """Check `value` against the annotation `tp`; return it (ints are accepted for floats).
+    A dataclass `tp` (a list item, a union member) is built from a mapping by `_build`."""
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise RecipeError(f"{key}: expected a mapping ({', '.join(f.name for f in dataclasses.fields(tp))}), "
+                              f"got {value!r}")
+        return _build(tp, value, key)
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         args = typing.get_args(tp)
         if value is None and type(None) in args:
             return None
         real = [a for a in args if a is not type(None)]
-        if len(real) == 1:  # Optional[X]: X's own error, which names the exact item
-            return _coerce(value, real[0], key)
+        fitting = [a for a in real if _fits(value, a)]
+        if len(real) == 1 or len(fitting) == 1:  # that member's own error, which names the exact item
+            return _coerce(value, (fitting or real)[0], key)
         for arg in real:
             try:
                 return _coerce(value, arg, key)
@@ -253,9 +300,11 @@ def _build(cls: type, raw: Any, prefix: str) -> Any:
             raise RecipeError(f"{where}: unknown key (known: {', '.join(sorted(names))})")
     kwargs = {}
     for f in dataclasses.fields(cls):
-        if f.name not in raw:
-            continue
         key = f"{prefix}.{f.name}" if prefix else f.name
+        if f.name not in raw:
+            required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+            _check(not required, key, "required (no default)")
+            continue
         tp = hints[f.name]
         if dataclasses.is_dataclass(tp):
             kwargs[f.name] = _build(tp, raw[f.name], key)
@@ -297,11 +346,37 @@ def _check_placement(r: Recipe) -> None:
            "capture.mode online runs a whole target on each training process's device; leave the map unset")
 
 
+def _check_prompt_sources(d: DataSection) -> None:
+    _check(bool(d.prompts), "data.prompts", "list at least one source, or give one file or dataset name")
+    if isinstance(d.prompts, str):
+        return
+    _check(d.split == "train", "data.split", "with a list of data.prompts, put split in each source "
+           f"(data.prompts[i].split), not here (got {d.split!r})")
+    _check(d.hub_config is None, "data.hub_config", "with a list of data.prompts, put hub_config in each "
+           f"source (data.prompts[i].hub_config), not here (got {d.hub_config!r})")
+    labels: dict[str, int] = {}
+    for i, s in enumerate(d.prompts):
+        key = f"data.prompts[{i}]"
+        _check(bool(s.source.strip()), f"{key}.source", "must name a .jsonl/.json file or a hub dataset")
+        _check(s.weight > 0, f"{key}.weight", f"must be > 0, got {s.weight}")
+        label = s.label()
+        _check(bool(label) and ":" not in label, f"{key}.name",
+               f"must be non-empty and without ':' (it prefixes the prompt ids name:index), got {label!r}")
+        if label in labels:
+            j = labels[label]
+            raise RecipeError(f"{key}.name: data.prompts[{j}] ({d.prompts[j].source}) and data.prompts[{i}] "
+                              f"({s.source}) are both named {label!r}; give one a distinct name")
+        labels[label] = i
+
+
 def validate(r: Recipe) -> Recipe:
     """Value checks that need no model. Raises RecipeError naming the key."""
     _check(r.target.dtype in ("auto", "float32", "bfloat16", "float16"), "target.dtype",
            f"must be auto, float32, bfloat16 or float16, got {r.target.dtype!r}")
     _check_placement(r)
+    _check_prompt_sources(r.data)
+    _check(r.data.max_turns is None or r.data.max_turns >= 1, "data.max_turns",
+           f"must be >= 1 (1: only the first user turn) or null (all), got {r.data.max_turns}")
     _check(r.data.num_eval_prompts >= 0, "data.num_eval_prompts", "must be >= 0")
     _check(r.data.num_prompts is None or r.data.num_prompts > 0, "data.num_prompts", "must be > 0")
     _check(r.data.max_new_tokens >= 1, "data.max_new_tokens", "must be >= 1")

@@ -148,3 +148,24 @@ def assert_capture_exact(model, reference, sequences: list, layer_ids: list[int]
         assert torch.equal(aux[..., j * hidden:(j + 1) * hidden], out.hidden_states[k]), f"{what} aux layer id {k}"
     assert torch.equal(final, out.hidden_states[-1]), f"{what} final state"
     assert torch.equal(logits, out.logits), f"{what} logits"
+
+
+TURNS = 3  # user turns per conversation of write_conversations
+
+
+def write_conversations(path: Path, n: int = 8) -> Path:
+    """`n` ShareGPT-layout conversations of TURNS user turns (demo prompts), each with a stale answer, every
+    other one with a system message."""
+    from eyas.data.target import resolve_path
+    from eyas.io import read_jsonl
+
+    users = [r["messages"][0]["content"] for r in read_jsonl(f"{resolve_path('eyas-demo')}/prompts.jsonl")]
+    rows = []
+    for i in range(n):
+        turns = []
+        for u in users[TURNS * i:TURNS * (i + 1)]:
+            turns += [{"from": "human", "value": u}, {"from": "gpt", "value": "a stale answer"}]
+        system = [{"from": "system", "value": "Answer briefly."}] if i % 2 else []  # else the template's own
+        rows.append({"conversations": [*system, *turns]})
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path

@@ -8,6 +8,7 @@ import threading
 import time
 
 import pytest
+from data_fixtures import write_conversations
 from serve_process import eyas_serve, free_port
 
 from eyas.data.prompts import run_prompts
@@ -93,3 +94,19 @@ def test_a_server_that_never_answers_fails_naming_it(prompted, tmp_path):
     with pytest.raises(Exception, match=rf"http://127.0.0.1:{port}"):
         run_regenerate(server_recipe(port, "data.server_retries=1", "data.server_model=demo"), run, progress=False)
     assert not list((run / "regenerate").glob("part-*"))
+
+
+def test_multi_turn_conversations_through_the_server_equal_the_hf_backend(tmp_path):
+    """Each conversation's next turn goes to the server when its answer is back; greedy: the HF rows."""
+    conversations = write_conversations(tmp_path / "conversations.jsonl")
+    multi = [f"data.prompts={conversations}", "data.max_new_tokens=48", "data.batch_size=3"]
+    hf = tmp_path / "hf"
+    r = load_recipe("demo", BASE + multi)
+    run_prompts(r, hf, progress=False)
+    shutil.copytree(hf, tmp_path / "server")
+    hf_stats = run_regenerate(r, hf, progress=False, part_batches=1)
+    port = free_port()
+    with demo_server(port, tmp_path / "serve.log"):
+        stats = run_regenerate(server_recipe(port, *multi), tmp_path / "server", progress=False, part_batches=1)
+    assert stats["num_sequences"] == hf_stats["num_sequences"] > stats["num_conversations"] == 6
+    assert read_sequences(tmp_path / "server") == read_sequences(hf)

@@ -203,6 +203,29 @@ def test_eval_operating_points(setup, full_run, tmp_path, capsys):
     assert "recommend" in out and "tree 2,2,4" in out
 
 
+def test_eval_prompts_carry_the_reasoning_effort_mix(setup, full_run, tmp_path, monkeypatch):
+    """gpt-oss is measured as served: each eval prompt is rendered with an effort drawn from
+    data.reasoning_effort (seeded by data.seed, the benchmark and the prompt), recorded in the report."""
+    import shutil
+    from collections import Counter
+
+    import eyas.data.regenerate as regen
+    from eyas.eval.evaluate import run_eval
+
+    _, target, prompts = setup
+    run = shutil.copytree(full_run, tmp_path / "run")
+    weights = {"low": 1.0, "high": 1.0}
+    seen, real = [], regen.render_prompt
+    monkeypatch.setattr(regen, "render_prompt",
+                        lambda tok, m, **kw: seen.append(kw.get("reasoning_effort")) or real(tok, m, **kw))
+    report = run_eval(recipe_for(target, prompts, data={"reasoning_effort": weights}), run, ks=[1], concurrency=[1],
+                      temperatures=[0.0], progress=False, force=True)
+    bench = report["eval_settings"]["benchmark"]
+    expected = [regen.reasoning_effort(weights, 0, f"eval:{bench}:{i}") for i in range(report["num_prompts"])]
+    assert seen == expected and set(expected) == {"low", "high"}
+    assert report["eval_settings"]["reasoning_effort_mix"] == dict(sorted(Counter(expected).items()))
+
+
 def test_training_resumes_to_identical_weights(setup, monkeypatch):
     """A crash after the step-2 state save, then a re-run, gives the same draft as no crash."""
     import shutil

@@ -1,9 +1,10 @@
 """Recipe validation: unknown keys, wrong types and impossible values are errors naming the key."""
 
 import pytest
+import yaml
 
-from eyas.recipes.schema import (Recipe, RecipeError, check_against_target, default_aux_layer_ids, load_recipe,
-                                 parse_overrides)
+from eyas.recipes.schema import (PromptSource, Recipe, RecipeError, check_against_target, default_aux_layer_ids,
+                                 dump_recipe, load_recipe, parse_overrides)
 
 
 def test_demo_recipe_loads():
@@ -115,3 +116,60 @@ def test_cli_overrides_after_options(tmp_path, capsys):
     assert main(["prompts", "demo", "eval.k=99", "--out", str(tmp_path)]) == 2
     assert "eval.k: k=99 drafts past what TTT trained" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())  # nothing was written
+
+
+MIXED = {"prompts": [{"source": "HuggingFaceH4/ultrachat_200k", "split": "train_sft", "weight": 3},
+                     {"source": "../shared/data/sharegpt.jsonl", "weight": 1, "name": "sharegpt"}]}
+
+
+def test_prompt_sources_list_form():
+    r = load_recipe({"data": MIXED})
+    a, b = r.data.prompts
+    assert (a.source, a.split, a.hub_config, a.weight, a.name, a.label()) == (
+        "HuggingFaceH4/ultrachat_200k", "train_sft", None, 3.0, None, "ultrachat_200k")
+    assert (b.split, b.weight, b.label()) == ("train", 1.0, "sharegpt")
+    assert PromptSource("data/x.jsonl").label() == "x"
+    assert load_recipe({}).data.prompts == "eyas-demo/prompts.jsonl"  # the single-string form is unchanged
+    assert load_recipe({"data": {"prompts": "d.jsonl", "split": "test", "hub_config": "c"}}).data.split == "test"
+    r = load_recipe("demo", ["data.prompts=[{source: a.jsonl, weight: 2}, {source: b.jsonl}]"])
+    assert [(s.source, s.weight) for s in r.data.prompts] == [("a.jsonl", 2.0), ("b.jsonl", 1.0)]
+
+
+def test_prompt_sources_round_trip_through_dump():
+    r = load_recipe({"data": {**MIXED, "max_turns": 2}})
+    again = load_recipe(yaml.safe_load(dump_recipe(r)))
+    assert again == r and isinstance(again.data.prompts[0], PromptSource)
+    assert again.to_dict()["data"]["prompts"][1] == {"source": "../shared/data/sharegpt.jsonl", "split": "train",
+                                                     "hub_config": None, "weight": 1.0, "name": "sharegpt"}
+    assert load_recipe(yaml.safe_load(dump_recipe(load_recipe({})))) == load_recipe({})
+
+
+@pytest.mark.parametrize("prompts,data,match", [
+    ([{"source": "a.jsonl", "xyz": 1}], {}, r"^data.prompts\[0\].xyz: unknown key \(known: hub_config, name, "
+                                            r"source, split, weight\)"),
+    ([{"source": "a.jsonl"}, {"source": "b.jsonl", "wieght": 2}], {}, r"^data.prompts\[1\].wieght: unknown key"),
+    ([{"source": "a.jsonl"}, {"source": "b.jsonl", "weight": 0}], {}, r"^data.prompts\[1\].weight: must be > 0"),
+    ([{"source": "a.jsonl", "weight": "heavy"}], {}, r"^data.prompts\[0\].weight: expected a number"),
+    ([{"weight": 2}], {}, r"^data.prompts\[0\].source: required"),
+    (["a.jsonl"], {}, r"^data.prompts\[0\]: expected a mapping"),
+    ([], {}, r"^data.prompts: list at least one source"),
+    ({"source": "a.jsonl"}, {}, r"^data.prompts: expected str or list"),
+    ([{"source": "x/a.jsonl"}, {"source": "y/a.jsonl"}], {},
+     r"^data.prompts\[1\].name: data.prompts\[0\] \(x/a.jsonl\) and data.prompts\[1\] \(y/a.jsonl\) are both "
+     r"named 'a'; give one a distinct name"),
+    ([{"source": "a.jsonl", "name": "a:b"}], {}, r"^data.prompts\[0\].name: must be non-empty and without ':'"),
+    ([{"source": "org/ds"}], {"split": "test"}, r"^data.split: with a list of data.prompts, put split in each source"),
+    ([{"source": "org/ds"}], {"hub_config": "c"}, r"^data.hub_config: with a list of data.prompts, put hub_config"),
+])
+def test_prompt_sources_errors_name_the_key(prompts, data, match):
+    with pytest.raises(RecipeError, match=match):
+        load_recipe({"data": {"prompts": prompts, **data}})
+
+
+def test_max_turns():
+    assert load_recipe({}).data.max_turns is None
+    assert load_recipe({"data": {"max_turns": 1}}).data.max_turns == 1
+    with pytest.raises(RecipeError, match=r"^data.max_turns: must be >= 1"):
+        load_recipe({"data": {"max_turns": 0}})
+    with pytest.raises(RecipeError, match=r"^data.max_turns: expected an integer"):
+        load_recipe({"data": {"max_turns": "all"}})

@@ -117,6 +117,9 @@ def _recipe_facts(recipe: dict) -> list[str]:
     facts = []
     for section, key in wanted:
         value = (recipe.get(section) or {}).get(key)
+        if key == "prompts" and isinstance(value, list):  # several sources mixed by weight
+            value = ", ".join(f"{s['source']}" + (f" ({s['split']})" if s.get("split", "train") != "train" else "")
+                              + f" × {s.get('weight', 1.0):g}" for s in value)
         if value is not None:
             facts.append(f"- `{section}.{key}`: {value}")
     return facts
