@@ -48,9 +48,10 @@ class Assumptions:
     # draft training tokens/s on one H100 at TTT 7, gpt-oss-120b draft dims (README): 22.3K at T=4K, 15.8K at 32K
     train_tok_s_h100: tuple = ((4096, 22.3e3), (32768, 15.8e3))
     capture_mfu: float = 0.30  # target forward (prefill) at 30% of peak bf16 FLOP/s on the GPU that runs it
-    # regeneration, generated tokens/s: HF generate in one process with the target spread over the GPUs
-    # (data.backend hf, the only one today), on H100s -- assumed, not measured by eyas at this size
+    # regeneration, generated tokens/s per target replica on H100s -- assumed, not measured by eyas at this size:
+    # HF generate (data.backend hf), and a vLLM/SGLang server with ~128 requests in flight (data.backend server)
     regen_tok_s_hf_h100: float = 100.0
+    regen_tok_s_server_h100: float = 2000.0
 
 
 def parse_gpus(text: str) -> tuple[int, str]:
@@ -139,10 +140,12 @@ def plan(recipe, gpus: str, run_dir: str | Path | None = None, a: Assumptions | 
     if run_dir is not None:
         regen = read_done(run_dir, "regenerate")
         new = regen["mean_generated_tokens"]
-        measured["regen_tok_s"] = regen.get("generation_tokens_per_s")
+        n_seq *= regen["num_sequences"] / regen.get("num_conversations", regen["num_sequences"])  # answered turns
+        shards = len(regen.get("shards", [])) or 1  # measured rates are per shard (= per target replica)
+        measured["regen_tok_s"] = (regen.get("generation_tokens_per_s") or 0) / shards
         cap = read_done(run_dir, "capture")
         prompt = max(cap["num_tokens"] / cap["num_sequences"] - new, 0.0)
-        measured["capture_tok_s"] = cap.get("tokens_per_s")
+        measured["capture_tok_s"] = (cap.get("tokens_per_s") or 0) / cap.get("capture_shards", 1)
         trained = read_done(run_dir, "train")
         measured["train_tok_s"] = trained["tokens_seen"] / trained["wall_s"] / trained.get("num_processes", 1)
     tokens = n_seq * (prompt + new)
@@ -164,20 +167,26 @@ def plan(recipe, gpus: str, run_dir: str | Path | None = None, a: Assumptions | 
     flops_per_token = 2 * (tgt["params"] - tgt["expert_params"]
                            + tgt["expert_params"] * getattr(cfg, "num_experts_per_tok", 1)
                            / max(getattr(cfg, "num_local_experts", 1), 1))
-    capture_tok_s = measured.get("capture_tok_s") or a.capture_mfu * tflops * 1e12 / flops_per_token
+    # regeneration and capture run one shard per replica of the target (data/sharding.py)
+    held = tgt["bytes_bf16"] if recipe.target.weights == "dequantized" else tgt["bytes_mxfp4"]
+    per_replica = math.ceil(held / (0.9 * mem_gb * 1e9))
+    replicas = max(1, n_gpu // per_replica)
+    capture_tok_s = (measured.get("capture_tok_s") or a.capture_mfu * tflops * 1e12 / flops_per_token) * replicas
     gpu_scale = tflops / GPUS["H100"][1]
-    regen_tok_s = measured.get("regen_tok_s") or gpu_scale * a.regen_tok_s_hf_h100  # one process: not x n_gpu
+    regen_rate = a.regen_tok_s_server_h100 if d.backend == "server" else a.regen_tok_s_hf_h100
+    regen_tok_s = (measured.get("regen_tok_s") or gpu_scale * regen_rate) * replicas
     train_tok_s = (measured.get("train_tok_s") or gpu_scale * train_tok_s_h100(tr.max_length, a)
                    * 7 / tr.ttt_steps) * n_gpu
     return {
         "gpus": f"{n_gpu}x{kind}", "gpu_memory_gb": mem_gb, "config_source": cfg_source,
         "target": tgt, "draft_trainable": dr["trainable"], "draft_frozen": dr["frozen"],
         "target_gb_per_gpu": {"mxfp4": tgt["bytes_mxfp4"] / n_gpu / 1e9, "bf16": tgt["bytes_bf16"] / n_gpu / 1e9},
-        "sequences": n_seq, "mean_tokens": prompt + new, "tokens": tokens,
+        "sequences": round(n_seq), "mean_tokens": prompt + new, "tokens": tokens,
         "capture_bytes_per_token": bpt, "capture_bytes": bpt * tokens,
         "train_static_gb": static / 1e9, "train_activation_gb": act / 1e9, "train_gb_per_gpu": train_mem / 1e9,
         "regen_s": n_seq * new / regen_tok_s if regen_tok_s else None, "regen_tok_s": regen_tok_s,
         "capture_s": tokens / capture_tok_s, "capture_tok_s": capture_tok_s,
+        "replicas": replicas, "gpus_per_replica": per_replica,
         "train_s": tr.epochs * tokens / train_tok_s, "train_tok_s": train_tok_s,
         "measured": sorted(k for k, v in measured.items() if v), "assumptions": a,
     }
@@ -205,23 +214,31 @@ def render(recipe, p: dict) -> str:
         f"gradients, AdamW, embedding, teacher lm_head + {p['train_activation_gb']:,.1f} GB activations at "
         f"max_length {recipe.train.max_length} x batch {recipe.train.batch_size} x TTT {recipe.train.ttt_steps}"
         f"{' (checkpoint_layer)' if recipe.train.checkpoint_layer else ''}: {fits(p['train_gb_per_gpu'])}",
-        f"time: regeneration {hours(p['regen_s'])} at {p['regen_tok_s']:,.0f} tok/s ({src('regen_tok_s')}), "
+        f"target replicas: {p['replicas']} of {p['gpus_per_replica']} GPU(s) each "
+        f"({'bf16' if recipe.target.weights == 'dequantized' else 'MXFP4'}, 10% headroom), one per "
+        f"{'server of the fleet' if recipe.data.backend == 'server' else 'regeneration shard'} and per capture shard "
+        f"(`eyas regenerate|capture --shard I/N`, or torchrun)",
+        f"time: regeneration {hours(p['regen_s'])} at {p['regen_tok_s']:,.0f} tok/s ({src('regen_tok_s')}, "
+        f"data.backend {recipe.data.backend}), "
         f"capture {hours(p['capture_s'])} at {p['capture_tok_s']:,.0f} tok/s ({src('capture_tok_s')}), "
         f"training {hours(p['train_s'])} for {recipe.train.epochs} epoch(s) at {p['train_tok_s']:,.0f} tok/s "
         f"({'measured in --run' if 'train_tok_s' in p['measured'] else 'from the H100 step measurement'})",
         "assumptions (change them in eyas/plan.py Assumptions, or pass --run DIR of a finished run):",
-        f"  mean prompt {a.mean_prompt_tokens:.0f} tokens; generated = {a.new_token_fraction:.2f} x "
+        f"  one answered turn per prompt{'' if p['measured'] else ' (multi-turn data adds a sequence per later turn, holding the conversation so far: --run DIR counts them)'}; "
+        f"mean prompt {a.mean_prompt_tokens:.0f} tokens; generated = {a.new_token_fraction:.2f} x "
         f"data.max_new_tokens; activations {a.act_bytes_per_token_step / 1e3:.0f} KB per token per TTT step "
         f"({a.act_bytes_per_token_step_checkpointed / 1e3:.1f} KB with checkpoint_layer; H100-measured)",
         f"  training {a.train_tok_s_h100[0][1] / 1e3:.1f}K tok/s at T=4K, {a.train_tok_s_h100[1][1] / 1e3:.1f}K at "
         f"32K per H100 (measured), scaled by bf16 FLOP/s for other GPUs; capture at {a.capture_mfu:.0%} MFU of the "
-        f"target's active parameters, one GPU busy at a time (one process); regeneration {a.regen_tok_s_hf_h100:.0f} "
-        f"generated tok/s with HF generate in one process (not measured by eyas at this size)",
+        f"target's active parameters per replica; regeneration per H100 replica {a.regen_tok_s_hf_h100:.0f} "
+        f"generated tok/s with HF generate, {a.regen_tok_s_server_h100:,.0f} through a vLLM/SGLang server "
+        f"(neither measured by eyas at this size)",
     ]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
+    from eyas.cli import parse_with_overrides
     from eyas.pipeline import recipe_and_run
     from eyas.recipes.schema import RecipeError
 
@@ -231,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gpus", required=True, help="NxGPU: H100, H200, B200 or A100 (80GB), e.g. 8xH100")
     p.add_argument("--run", help="a finished run directory whose measured rates replace the throughput assumptions")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.max_length=32768")
-    args = p.parse_args(argv)
+    args = parse_with_overrides(p, sys.argv[1:] if argv is None else argv)  # overrides before or after --gpus
     try:
         recipe, _ = recipe_and_run(args.recipe, None, args.overrides)
         print(render(recipe, plan(recipe, args.gpus, args.run)))

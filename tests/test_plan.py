@@ -36,14 +36,21 @@ def test_gpt_oss_120b_plan_on_8xh100_matches_hand_computation():
     assert p["capture_bytes"] == tokens * 23_045
     static = 16 * draft + 4 * V * H + 4 * V * H  # fp32 weights+grads+AdamW; fp32 embedding; fp32 teacher lm_head
     assert p["train_gb_per_gpu"] * 1e9 == pytest.approx(static + a.act_bytes_per_token_step * 4096 * 1 * 7)
-    assert p["regen_s"] == pytest.approx(100_000 * 0.75 * 2048 / a.regen_tok_s_hf_h100)  # one process
+    # MXFP4 65.25 GB fits one H100 (72 GB with 10% headroom): 8 replicas, one shard each
+    assert (p["replicas"], p["gpus_per_replica"]) == (8, 1)
+    assert p["regen_s"] == pytest.approx(100_000 * 0.75 * 2048 / (8 * a.regen_tok_s_hf_h100))
     active = (total - experts) + experts * 4 / 128  # 4 of 128 experts per token
-    assert p["capture_tok_s"] == pytest.approx(0.30 * 989e12 / (2 * active))
+    assert p["capture_tok_s"] == pytest.approx(8 * 0.30 * 989e12 / (2 * active))
+    bf16 = plan(load_recipe("gpt-oss-120b", ["target.weights=dequantized", "data.backend=server",
+                                             "data.server_urls=[http://127.0.0.1:8000]"]), "8xH100")
+    assert (bf16["replicas"], bf16["gpus_per_replica"]) == (2, 4)  # 233.7 GB over 4 x 72 GB
+    assert bf16["regen_tok_s"] == pytest.approx(2 * a.regen_tok_s_server_h100)
     assert p["train_s"] == pytest.approx(2 * tokens / (8 * 22.3e3))  # 2 epochs at T = 4K, TTT 7
     text = render(r, p)
     assert "116.83B parameters, 114.66B of them MoE expert weights" in text
     assert "MXFP4 65.2 GB, bf16 233.7 GB" in text and "8.2 GB / 29.2 GB per GPU (fits / fits" in text
     assert "capture: 23,045 bytes/token (same, teacher final) = 4.46 TB" in text
+    assert "target replicas: 8 of 1 GPU(s) each (MXFP4" in text
 
 
 def test_long_context_plan_scales_activations_and_training_rate():
