@@ -162,10 +162,15 @@ def run_capture(recipe: Recipe, run_dir: str | Path, progress: bool = True, shar
     for stray in [f for pattern in mine for f in out_dir.glob(pattern)]:  # left by a killed process
         stray.unlink()
     shards: list[dict] = []
+    before: dict = {}
     if own_index.is_file():
-        index = read_json(own_index)
-        _check_resumable(index, header, out_dir)
-        shards = index["shards"]
+        before = read_json(own_index)
+        _check_resumable(before, header, out_dir)
+        if label and before.get("batches") != [first, end]:
+            raise RuntimeError(f"{own_index}: this slice was batches {before.get('batches')} when it was written and "
+                               f"is batches {[first, end]} now (capture.batch_size or the sequences changed); delete "
+                               f"{out_dir} to capture from scratch")
+        shards = before["shards"]
     listed = {s["file"] for s in shards}
     for f in out_dir.glob(f"shard-{label}-*.safetensors" if label else "shard-[0-9]*.safetensors"):
         if f.name not in listed:  # written, but the crash came before the index
@@ -183,13 +188,14 @@ def run_capture(recipe: Recipe, run_dir: str | Path, progress: bool = True, shar
         write_json(own_index, index)
         return index
 
-    index = save_index()
+    verified = before.get("lm_head_max_rel_diff")  # a resumed process checks its own first batch again
+    rate = before.get("tokens_per_s")
+    index = save_index(lm_head_max_rel_diff=verified, tokens_per_s=rate)
     total_tokens = sum(len(seqs[i]["input_ids"]) for b in batches[first:end] for i in b)
     bar = tqdm(total=total_tokens, initial=sum(s["num_tokens"] for s in shards),
                desc="capture" + (f" {shard}" if label else ""), unit="tok", unit_scale=True, disable=not progress)
     buffer: list[dict[str, torch.Tensor]] = []
     buffered = 0
-    verified = index.get("lm_head_max_rel_diff")  # a resumed process checks its own first batch again
     checked, new_tokens, fwd_s = False, 0, 0.0
     with tapped(model, layer_ids) as tap:
         for k in range(first + done // c.batch_size, end):
@@ -224,11 +230,11 @@ def run_capture(recipe: Recipe, run_dir: str | Path, progress: bool = True, shar
                 bar.update(L)
                 if buffered >= c.shard_tokens:
                     shards.append(write_shard(out_dir / shard_name(len(shards), label), buffer))
-                    index = save_index(lm_head_max_rel_diff=verified)
+                    index = save_index(lm_head_max_rel_diff=verified, tokens_per_s=rate)
                     buffer, buffered = [], 0
         if buffer:
             shards.append(write_shard(out_dir / shard_name(len(shards), label), buffer))
-        rate = new_tokens / fwd_s if fwd_s > 0 else None
+        rate = new_tokens / fwd_s if fwd_s > 0 else rate
         index = save_index(lm_head_max_rel_diff=verified, tokens_per_s=rate)
     bar.close()
     if label:
@@ -240,8 +246,8 @@ def run_capture(recipe: Recipe, run_dir: str | Path, progress: bool = True, shar
         parts = [read_json(out_dir / f"index-r{i}of{shard.count}.json") for i in range(shard.count)]
         shards = [s for p in parts for s in p["shards"]]
         index = save_joined(out_dir, header, shards)
-        verified = max(p["lm_head_max_rel_diff"] for p in parts)
-        rate = sum(p["tokens_per_s"] or 0 for p in parts) or None
+        verified = max((v for p in parts if (v := p.get("lm_head_max_rel_diff")) is not None), default=None)
+        rate = sum(p.get("tokens_per_s") or 0 for p in parts) or None
 
     bpt = index["bytes_per_token"]
     print(f"capture: {index['num_tokens']} tokens in {len(shards)} shards, {bpt:.1f} bytes/token "
@@ -272,7 +278,9 @@ def _check_layout(out_dir: Path, shard: Shard) -> None:
     if shard.count == 1 and sliced:
         raise RuntimeError(f"{sliced[0]}: a capture sharded {counts.pop()} ways is partial here; finish it with "
                            f"`eyas capture --shard I/N` (or the same launcher), or delete {out_dir}")
-    if shard.count > 1 and (counts - {shard.count} or (out_dir / INDEX).is_file()):
+    joined = read_json(out_dir / INDEX)["shards"] if (out_dir / INDEX).is_file() else []
+    ours = all(s["file"].startswith("shard-r") and f"of{shard.count}-" in s["file"] for s in joined)  # a join
+    if shard.count > 1 and (counts - {shard.count} or not ours):  # (an index.json of this slicing: redo the join)
         was = f"sharded {sorted(counts - {shard.count})} ways" if counts - {shard.count} else "in one process"
         raise RuntimeError(f"{out_dir}: a partial capture made {was} cannot be resumed as shard {shard}; resume it "
                            f"the way it was started, or delete {out_dir}")

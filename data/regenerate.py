@@ -312,7 +312,7 @@ def run_regenerate(recipe: Recipe, run_dir: str | Path, progress: bool = True,
         raise RuntimeError(f"{out_dir}: {len(firsts)} conversations stored for {len(kept)} prompts")
     answered = Counter(s.get("conversation", s["id"]) for s in seqs)
     gen_lens = [len(s["input_ids"]) - s["prompt_len"] for s in seqs]
-    shards = [read_json(f) for f in sorted(out_dir.glob("shard-r*.json"))]
+    shards = [read_json(f) for f in sorted(out_dir.glob(f"shard-r*of{shard.count}.json"))] if shard.count > 1 else []
     stats = {
         "num_prompts": len(rendered),
         "num_skipped_long": len(rendered) - len(kept),
@@ -326,6 +326,7 @@ def run_regenerate(recipe: Recipe, run_dir: str | Path, progress: bool = True,
                                                       if s["shard"] != str(shard)),
         "generation_tokens_per_s": sum(s["generation_tokens_per_s"] or 0 for s in shards) or rate,
         "backend": d.backend,
+        "num_servers": len(d.server_urls) if d.backend == "server" else None,
         "temperature": d.temperature,
         "reasoning_effort_mix": effort_mix(firsts),
         "wall_s": round(time.time() - t0, 3),

@@ -141,8 +141,9 @@ def plan(recipe, gpus: str, run_dir: str | Path | None = None, a: Assumptions | 
         regen = read_done(run_dir, "regenerate")
         new = regen["mean_generated_tokens"]
         n_seq *= regen["num_sequences"] / regen.get("num_conversations", regen["num_sequences"])  # answered turns
-        shards = len(regen.get("shards", [])) or 1  # measured rates are per shard (= per target replica)
-        measured["regen_tok_s"] = (regen.get("generation_tokens_per_s") or 0) / shards
+        # measured rates are per shard or per server (= per target replica)
+        replicas_then = regen.get("num_servers") or len(regen.get("shards", [])) or 1
+        measured["regen_tok_s"] = (regen.get("generation_tokens_per_s") or 0) / replicas_then
         cap = read_done(run_dir, "capture")
         prompt = max(cap["num_tokens"] / cap["num_sequences"] - new, 0.0)
         measured["capture_tok_s"] = (cap.get("tokens_per_s") or 0) / cap.get("capture_shards", 1)

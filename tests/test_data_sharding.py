@@ -97,10 +97,18 @@ def test_shards_by_flag_join_to_the_single_process_result(single, tmp_path):
         run_capture(recipe, run, progress=False)
     with pytest.raises(RuntimeError, match=r"cannot be resumed as shard 0/3"):
         run_capture(recipe, run, progress=False, shard="0/3")
+    other = load_recipe("demo", OVERRIDES + [f"data.prompts={recipe.data.prompts}", "capture.batch_size=2"])
+    with pytest.raises(RuntimeError, match=r"slice was batches \[\d+, \d+\] when .* is batches \[\d+, \d+\] now"):
+        run_capture(other, run, progress=False, shard="1/2")  # other batches: the slice would hold other sequences
     done = run_capture(recipe, run, progress=False, shard="0/2")
-    assert done["capture_shards"] == 2 and is_done(run, "capture")
+    assert done["capture_shards"] == 2 and is_done(run, "capture") and done["lm_head_max_rel_diff"] < 1e-3
     files = [s["file"] for s in read_index(run / "capture")["shards"]]
     assert files[0].startswith("shard-r0of2-") and files[-1].startswith("shard-r1of2-")
+    assert_same_capture(root / "single", run)
+
+    (run / "capture" / "DONE.json").unlink()  # a crash between the join and DONE: every slice is finished
+    again = run_capture(recipe, run, progress=False, shard="1/2")  # nothing left to capture: it joins again
+    assert is_done(run, "capture") and again["lm_head_max_rel_diff"] == done["lm_head_max_rel_diff"]
     assert_same_capture(root / "single", run)
 
 
