@@ -179,12 +179,8 @@ def run_capture(recipe: Recipe, run_dir: str | Path, progress: bool = True, shar
     expected = sum(len(b) for b in batches[first:end])
     extra = {"batches": [first, end], "expected_sequences": expected} if label else {}
 
-    def save_index(**more) -> dict:
-        num_tokens = sum(s["num_tokens"] for s in shards)
-        index = {**header, "shards": shards, "num_sequences": sum(s["num_sequences"] for s in shards),
-                 "num_tokens": num_tokens,
-                 "bytes_per_token": sum(s["bytes"] for s in shards) / num_tokens if num_tokens else None,
-                 **extra, **(more if label else {})}  # a slice's index also keeps its check and speed
+    def save_index(**more) -> dict:  # a slice's index also keeps its check and speed
+        index = {**index_over(header, shards), **extra, **(more if label else {})}
         write_json(own_index, index)
         return index
 
@@ -262,11 +258,17 @@ def run_capture(recipe: Recipe, run_dir: str | Path, progress: bool = True, shar
     return stats
 
 
+def index_over(header: dict, shards: list[dict]) -> dict:
+    """An index listing `shards` (their entries from write_shard), with the totals."""
+    num_tokens = sum(s["num_tokens"] for s in shards)
+    return {**header, "shards": shards, "num_sequences": sum(s["num_sequences"] for s in shards),
+            "num_tokens": num_tokens,
+            "bytes_per_token": sum(s["bytes"] for s in shards) / num_tokens if num_tokens else None}
+
+
 def save_joined(out_dir: Path, header: dict, shards: list[dict]) -> dict:
     """index.json over the slices' shards, in slice order (= the single-process order)."""
-    num_tokens = sum(s["num_tokens"] for s in shards)
-    index = {**header, "shards": shards, "num_sequences": sum(s["num_sequences"] for s in shards),
-             "num_tokens": num_tokens, "bytes_per_token": sum(s["bytes"] for s in shards) / num_tokens}
+    index = index_over(header, shards)
     write_json(out_dir / INDEX, index)
     return index
 

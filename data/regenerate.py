@@ -177,15 +177,16 @@ HARMONY_MESSAGE = re.compile(r"<\|channel\|>([^<]*)<\|message\|>(.*?)(?=<\|end\|
                              re.DOTALL)
 
 
-def answer_message(tokenizer, generated: list[int], eos_ids: list[int]) -> dict:
+def answer_message(tokenizer, generated: list[int], eos_ids: list[int], harmony: bool | None = None) -> dict:
     """The assistant message for a generated answer, as a chat template takes it to put the answer into
     a later turn's context. Harmony (gpt-oss): the final channel is the content and the analysis channel
-    the `thinking` (which gpt-oss's template drops from earlier turns); otherwise the decoded text."""
-    if is_harmony(tokenizer):
+    the `thinking` (which gpt-oss's template drops from earlier turns); otherwise the decoded text.
+    `harmony`: is_harmony(tokenizer), when the caller knows it already."""
+    if is_harmony(tokenizer) if harmony is None else harmony:
         text = tokenizer.decode(generated, skip_special_tokens=False)
         channels: dict[str, list[str]] = {}
         for channel, body in HARMONY_MESSAGE.findall(text):
-            channels.setdefault(channel.split()[0] if channel.split() else "", []).append(body)
+            channels.setdefault((channel.split() or [""])[0], []).append(body)
         if channels:
             last = list(channels.values())[-1][-1]
             msg = {"role": "assistant", "content": "".join(channels.get("final", [last]))}
@@ -206,6 +207,7 @@ class Conversations:
 
     def __init__(self, tokenizer, prompts: list[dict], efforts: dict, eos_ids: list[int], max_prompt_tokens: int):
         self.tok, self.efforts, self.eos_ids, self.max_prompt_tokens = tokenizer, efforts, eos_ids, max_prompt_tokens
+        self.harmony = is_harmony(tokenizer)  # once: the vocabulary is 201K entries on gpt-oss
         self.turns = {p["id"]: split_turns(p["messages"]) for p in prompts}  # id -> (system, users)
         self.history: dict[str, list[dict]] = {}  # id -> the messages of the last prompt rendered
 
@@ -226,7 +228,7 @@ class Conversations:
         users = self.turns[pid][1]
         if turn + 1 >= len(users) or not finished:
             return None
-        ids = self.render(pid, self.history[pid] + [answer_message(self.tok, gen, self.eos_ids), users[turn + 1]])
+        ids = self.render(pid, self.history[pid] + [answer_message(self.tok, gen, self.eos_ids, self.harmony), users[turn + 1]])
         return ids if len(ids) <= self.max_prompt_tokens else None
 
     def num_user_turns(self, pid: str) -> int:

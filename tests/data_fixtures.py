@@ -45,7 +45,7 @@ def make_tiny_target(path: str | Path, num_layers: int = 4, seed: int = 0) -> Pa
 
     Its eos ids are <|return|> and <|end|>; with seed 0 greedy decoding reaches one of them
     on some prompts and not on others."""
-    from transformers import GenerationConfig, GptOssConfig, GptOssForCausalLM
+    from transformers import GptOssConfig, GptOssForCausalLM
 
     path = Path(path)
     tok = make_tokenizer()
@@ -57,19 +57,13 @@ def make_tiny_target(path: str | Path, num_layers: int = 4, seed: int = 0) -> Pa
                        tie_word_embeddings=False, pad_token_id=tok.pad_token_id,
                        eos_token_id=tok.convert_tokens_to_ids("<|return|>"))
     torch.manual_seed(seed)
-    model = GptOssForCausalLM(cfg).eval()
-    eos = [tok.convert_tokens_to_ids("<|return|>"), tok.convert_tokens_to_ids("<|end|>")]
-    model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=tok.pad_token_id,
-                                               bos_token_id=None, do_sample=False)
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
+    return save_target(GptOssForCausalLM(cfg).eval(), tok, path)
 
 
 def make_family_target(path: str | Path, family: str, num_layers: int = 4, seed: int = 0) -> Path:
     """A random tiny target of another family, saved like `make_tiny_target`: llama, mistral, or
     qwen3 (its small models tie the lm_head to the embedding, as here)."""
-    from transformers import AutoModelForCausalLM, GenerationConfig, LlamaConfig, MistralConfig, Qwen3Config
+    from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen3Config
 
     path = Path(path)
     tok = make_tokenizer()
@@ -81,7 +75,13 @@ def make_family_target(path: str | Path, family: str, num_layers: int = 4, seed:
            "mistral": lambda: MistralConfig(**shape, sliding_window=None, tie_word_embeddings=False),
            "qwen3": lambda: Qwen3Config(**shape, tie_word_embeddings=True)}[family]()
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(cfg).eval()
+    return save_target(AutoModelForCausalLM.from_config(cfg).eval(), tok, path)
+
+
+def save_target(model, tok, path: Path) -> Path:
+    """Save a tiny target like a hub checkpoint: greedy generation config ending at <|return|> or <|end|>."""
+    from transformers import GenerationConfig
+
     eos = [tok.convert_tokens_to_ids("<|return|>"), tok.convert_tokens_to_ids("<|end|>")]
     model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=tok.pad_token_id,
                                                bos_token_id=None, do_sample=False)
