@@ -27,13 +27,12 @@ from eyas.data.regenerate import loss_mask, read_sequences
 from eyas.data.compact import check_block_width, encode_aux, topk_teacher
 from eyas.data.sharding import Shard, balanced_ranges, current_shard, target_for_rank, wait_until
 from eyas.data.shards import INDEX, shard_name, write_shard
-from eyas.data.target import (StopForward, input_device, load_head_weights, load_recipe_target, tapped,
-                              text_config)
+from eyas.data.target import (LAYER_ID_CONVENTION, StopForward, input_device, load_head_weights,
+                              load_recipe_target, tapped, text_config)
 from eyas.io import is_done, mark_done, read_done, read_json, require_done, stage_dir, write_json
 from eyas.recipes.schema import Recipe, check_against_target
 
 STAGE = "capture"
-LAYER_ID_CONVENTION = "vLLM: id k = input of decoder layer k = HF hidden_states[k]"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 

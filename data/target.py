@@ -11,8 +11,11 @@ device of the embedding; accelerate's hooks carry activations from device to dev
 below gathers the aux states onto one device.
 
 Layer-id convention (vLLM's `eagle_aux_hidden_state_layer_ids`): id k is the INPUT of
-decoder layer k (0-based), which is Hugging Face `hidden_states[k]`. The final state is the
-input of the target's output embedding (`lm_head`), i.e. after the final norm.
+decoder layer k (0-based), which is Hugging Face `hidden_states[k]`, for 0 <= k < N. Extended
+exactly as vLLM's boundary numbering (the residual stream after k layers; vLLM PR #36063) does:
+id N is the OUTPUT of the last decoder layer, before the final norm, which is NOT Hugging Face
+`hidden_states[N]` (that one is after the final norm). The final state is the input of the
+target's output embedding (`lm_head`), i.e. after the final norm.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ import torch
 from torch import nn
 
 DEMO_TARGET = "eyas-demo"
+LAYER_ID_CONVENTION = ("vLLM: id k = input of decoder layer k (0-based) = HF hidden_states[k] for k < N; "
+                       "id N = output of the last decoder layer before the final norm")
 
 
 def resolve_path(name: str) -> str:
@@ -187,27 +192,37 @@ class StopForward(Exception):
 
 
 class HiddenStateTap:
-    """Forward hooks that record aux states (inputs of decoder layers `layer_ids`) and the
-    final state (input of the output embedding) on each forward. No `output_hidden_states`."""
+    """Forward hooks that record aux states (inputs of decoder layers `layer_ids`; id N: the output of
+    the last layer, before the final norm) and the final state (input of the output embedding) on
+    each forward. No `output_hidden_states`."""
 
     def __init__(self, model: nn.Module, layer_ids: list[int], stop_at_final: bool = False):
         layers = decoder_layers(model)
+        n = len(layers)
         for i in layer_ids:
-            if not 0 <= i < len(layers):
-                raise ValueError(f"aux layer id {i} out of range for a target with {len(layers)} layers "
-                                 "(vLLM convention: id k = input of decoder layer k)")
+            if not 0 <= i <= n:
+                raise ValueError(f"aux layer id {i} out of range for a target with {n} layers (vLLM convention: "
+                                 f"id k = input of decoder layer k, id {n} = output of the last layer before the "
+                                 f"final norm; ids run 0..{n})")
         self.layer_ids = list(layer_ids)
         self._aux: dict[int, torch.Tensor] = {}
         self.final: torch.Tensor | None = None
         self.stop_at_final = stop_at_final
         self._handles = [
-            layers[i].register_forward_pre_hook(self._layer_hook(i), with_kwargs=True) for i in layer_ids
+            layers[i].register_forward_pre_hook(self._layer_hook(i), with_kwargs=True) for i in layer_ids if i < n
         ]
+        if n in layer_ids:
+            self._handles.append(layers[n - 1].register_forward_hook(self._last_layer_hook(n)))
         self._handles.append(model.get_output_embeddings().register_forward_pre_hook(self._final_hook))
 
     def _layer_hook(self, i):
         def hook(module, args, kwargs):
             self._aux[i] = args[0] if args else kwargs["hidden_states"]
+        return hook
+
+    def _last_layer_hook(self, n):
+        def hook(module, args, output):  # decoder layers return the hidden states, alone or first of a tuple
+            self._aux[n] = output[0] if isinstance(output, (tuple, list)) else output
         return hook
 
     def _final_hook(self, module, args):

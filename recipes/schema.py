@@ -107,8 +107,9 @@ class DataSection:
 
 @dataclass
 class CaptureSection:
-    # vLLM convention: id k is the INPUT of decoder layer k (0-based) = HF hidden_states[k].
-    # None = [2, N//2, N-3] for a target with N layers (gpt-oss-120b: [2, 18, 33]).
+    # vLLM convention: id k is the INPUT of decoder layer k (0-based) = HF hidden_states[k]; id N is the
+    # OUTPUT of the last layer before the final norm (vLLM boundary numbering; not HF hidden_states[N]).
+    # None = [2, N//2, N-3] for a target with N layers (gpt-oss-120b: [2, 18, 33]; nvidia's v3 draft: [24, 30, 36]).
     aux_layer_ids: list[int] | None = None
     dtype: str = "bfloat16"  # what the shards store (and the dtype compact aux states decode to)
     mode: str = "offline"  # offline (shards on disk) | online (the target runs inside training: train/online.py)
@@ -133,12 +134,18 @@ class DraftSection:
     head_dim: int | None = None
     rms_norm_eps: float | None = None
     init_from: str | None = None  # an eyas checkpoint to warm-start from
+    # architecture options, each as vLLM's llama_eagle3.py runs it (train/model.py; which engines serve
+    # which: serve/interchange/engines.py)
+    norm_before_fc: bool = False  # one RMSNorm over the concatenated aux states before fc
+    norm_before_residual: bool = False  # first layer: the residual is hidden_norm(h)
+    num_layers: int = 1  # decoder layers
 
 
 @dataclass
 class TrainSection:
     ttt_steps: int = 7
     decay: float = 0.8
+    loss: str = "kl"  # kl (forward KL, soft targets) | lk (-log sum min(p, q): acceptance at T=1) | ce (target argmax)
     epochs: float = 1.0
     max_steps: int | None = None  # overrides epochs when set
     batch_size: int = 4  # sequences per device per step
@@ -418,6 +425,8 @@ def validate(r: Recipe) -> Recipe:
     for name in ("intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim"):
         v = getattr(r.draft, name)
         _check(v is None or v >= 1, f"draft.{name}", "must be >= 1")
+    _check(r.draft.num_layers >= 1, "draft.num_layers", f"must be >= 1, got {r.draft.num_layers}")
+    _check(r.train.loss in ("kl", "lk", "ce"), "train.loss", f"must be kl, lk or ce, got {r.train.loss!r}")
     _check(r.train.ttt_steps >= 1, "train.ttt_steps", "must be >= 1")
     _check(0 < r.train.decay <= 1, "train.decay", "must be in (0, 1]")
     _check(r.train.epochs > 0, "train.epochs", "must be > 0")
@@ -468,9 +477,10 @@ def check_against_target(r: Recipe, num_layers: int, vocab_size: int) -> list[in
     """Checks that need the target config; returns the resolved aux layer ids (vLLM convention)."""
     ids = r.capture.aux_layer_ids if r.capture.aux_layer_ids is not None else default_aux_layer_ids(num_layers)
     for i in ids:
-        _check(i < num_layers, "capture.aux_layer_ids",
-               f"layer id {i} >= the target's {num_layers} layers (vLLM convention: id k is the "
-               f"input of decoder layer k, so ids run 0..{num_layers - 1})")
+        _check(i <= num_layers, "capture.aux_layer_ids",
+               f"layer id {i} > the target's {num_layers} layers (vLLM convention: id k is the input of decoder "
+               f"layer k, id {num_layers} the output of the last layer before the final norm: ids run "
+               f"0..{num_layers})")
     _check(r.vocab.draft_vocab_size <= vocab_size, "vocab.draft_vocab_size",
            f"{r.vocab.draft_vocab_size} > the target's vocab size {vocab_size}")
     return list(ids)

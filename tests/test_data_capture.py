@@ -55,6 +55,30 @@ def reference(model, ids):
     return out.hidden_states, out.logits
 
 
+def test_last_layer_id_is_the_pre_norm_output(regen_run):
+    """id N (the target's layer count) = the output of the last decoder layer BEFORE the final norm
+    (vLLM boundary numbering), which HF's hidden_states[N] (after the norm) is not."""
+    target, run = regen_run
+    model, _ = load_target(str(target), "float32", "cpu")
+    ids = torch.tensor([read_sequences(run)[0]["input_ids"]])
+    pre_norm = {}
+    handle = model.model.norm.register_forward_pre_hook(lambda m, args: pre_norm.update(x=args[0]))
+    try:
+        with tapped(model, [2, N_LAYERS]) as tap:
+            aux, final, _ = capture_batch(model, tap, ids, torch.ones_like(ids))
+    finally:
+        handle.remove()
+    with torch.no_grad():
+        out = model(input_ids=ids, output_hidden_states=True, use_cache=False)
+    assert torch.equal(aux[..., :64], out.hidden_states[2])
+    assert torch.equal(aux[..., 64:], pre_norm["x"])
+    assert not torch.allclose(aux[..., 64:], out.hidden_states[N_LAYERS], atol=1e-3)  # that one is post-norm
+    with torch.no_grad():
+        torch.testing.assert_close(model.model.norm(aux[..., 64:]), final, rtol=0, atol=0)
+    with pytest.raises(ValueError, match=f"ids run 0..{N_LAYERS}"):
+        tapped(model, [N_LAYERS + 1]).__enter__()
+
+
 def test_capture_batch_equals_hidden_states_exactly(regen_run):
     target, run = regen_run
     model, _ = load_target(str(target), "float32", "cpu")

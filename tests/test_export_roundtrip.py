@@ -78,16 +78,45 @@ def test_engine_refusals_name_the_engine_and_reason(tmp_path, target):
     ckpt = saved(tmp_path, make_draft(4, target, aux=(1, 3, 5, 6)))
     with pytest.raises(ExportError) as err:
         export(ckpt, "eagle3", tmp_path / "out")
-    assert "vLLM: 4 aux layers" in str(err.value) and "SGLang: 4 aux layers" in str(err.value)
-    assert "TensorRT-LLM" not in str(err.value)
-    result = export(ckpt, "eagle3", tmp_path / "out", engines=["trtllm"])  # TRT-LLM takes any count
-    assert result.engines == ("trtllm",)
+    assert "SGLang: aux_layer_ids [1, 3, 5, 6] start at 1" in str(err.value) and "PR #25454" in str(err.value)
+    assert "vLLM" not in str(err.value) and "TensorRT-LLM" not in str(err.value)
+    result = export(ckpt, "eagle3", tmp_path / "out", engines=["vllm", "trtllm"])  # both take 4 aux states
+    assert result.engines == ("vllm", "trtllm")
+    assert any("4 aux states: needs a vLLM" in n for n in result.notes)
+    assert any("eagle3_layers_to_capture: [0, 2, 4, 5]" in n for n in result.notes)
     with pytest.raises(ExportError, match="do not load the speculators format"):
         export(ckpt, "speculators", tmp_path / "out2", engines=["sglang"])
 
 
+@pytest.mark.parametrize("options,refused,needs", [
+    ({"norm_before_residual": True}, ["SGLang: norm_before_residual", "TensorRT-LLM: norm_before_residual"], []),
+    ({"num_layers": 2}, ["TensorRT-LLM: num_layers 2"], ["needs vLLM with PR #26164", "needs SGLang with PR #24663"]),
+    ({"norm_before_fc": True}, [], ["needs vLLM with PR #36545", "needs SGLang with PR #32334"]),
+    ({"aux": (4, 6, 8)}, ["SGLang: aux layer id 8 (the last layer's output)"],
+     ["needs vLLM with PR #36063"]),
+])
+def test_option_refusals_and_versions(tmp_path, target, options, refused, needs):
+    """Each option: the engines that cannot run it refuse it by name; the others note the version needed
+    (the tiny target is a Llama: SGLang captures the last layer's output only for gpt-oss)."""
+    ckpt = saved(tmp_path, make_draft(15, target, **options))
+    if refused:
+        with pytest.raises(ExportError) as err:
+            export(ckpt, "eagle3", tmp_path / "all")
+        for r in refused:
+            assert r in str(err.value)
+    fine = [e for e in ("vllm", "sglang", "trtllm") if not any(r.startswith(
+        {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM"}[e]) for r in refused)]
+    result = export(ckpt, "eagle3", tmp_path / "out", engines=fine, dtype="float32")
+    for n in needs:
+        assert any(n in note for note in result.notes), (n, result.notes)
+    reread = import_draft(tmp_path / "out", tmp_path / "back", target=str(target))
+    assert same_outputs(load_draft(ckpt), load_draft(reread))
+    spec = export(ckpt, "speculators", tmp_path / "spec")  # vLLM serves every option
+    assert "embed_tokens.weight" in load_file(str(spec.path / "model.safetensors"))  # carried by default
+
+
 @pytest.mark.parametrize("aux,message", [((4, 2, 6), "not strictly increasing"), ((0, 2, 6), "id 0"),
-                                         ((2, 4, 8), "out of range for a target with 8 layers")])
+                                         ((2, 4, 9), "out of range for a target with 8 layers")])
 def test_aux_layer_ids_checked(tmp_path, target, aux, message):
     ckpt = saved(tmp_path, make_draft(5, target, aux=aux))
     with pytest.raises(ExportError, match=message):

@@ -51,20 +51,21 @@ def random_vocab_map(seed: int, draft_vocab: int = DRAFT_VOCAB, vocab: int = VOC
 
 
 def make_draft(seed: int, target: Path | None = None, rope: dict | None = None, aux=(2, 4, 6),
-               std: float = 0.2) -> Eagle3Draft:
-    """A random fp32 draft whose embedding is the target's (when given) and whose vocab map is random."""
+               std: float = 0.2, **options) -> Eagle3Draft:
+    """A random fp32 draft whose embedding is the target's (when given) and whose vocab map is random;
+    `options`: DraftConfig's norm_before_fc, norm_before_residual, num_layers."""
     torch.manual_seed(seed)
     cfg = DraftConfig(hidden_size=HIDDEN, num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM,
                       intermediate_size=48, vocab_size=VOCAB, draft_vocab_size=DRAFT_VOCAB, aux_layer_ids=list(aux),
                       max_position_embeddings=2048,
                       rope_parameters=dict(rope or {"rope_type": "default", "rope_theta": 10000.0}),
-                      target_model=str(target) if target else None)
+                      target_model=str(target) if target else None, **options)
     draft = Eagle3Draft(cfg).float().eval()
     draft.reset_parameters(std=std)
     with torch.no_grad():
-        for norm in (draft.norm, draft.midlayer.input_layernorm, draft.midlayer.hidden_norm,
-                     draft.midlayer.post_attention_layernorm):
-            norm.weight.add_(torch.randn_like(norm.weight) * 0.1)
+        for name, p in draft.named_parameters():
+            if name.endswith("norm.weight"):
+                p.add_(torch.randn_like(p) * 0.1)
         if target is not None:
             draft.embed_tokens.weight.copy_(target_embed(target))
     draft.set_vocab_map(*random_vocab_map(seed))

@@ -119,7 +119,10 @@ def test_eagle3_config_fields_vllm_reads(cfg):
     # LlamaModel: fc_input_size = target_hidden_size * 3
     assert c["target_hidden_size"] * 3 == EXPECTED_EAGLE3["fc.weight"][0][1]
     assert c["eagle_aux_hidden_state_layer_ids"] == [2, 18, 33]  # gpu_model_runner, input of layer k
-    assert c["eagle_config"] == {"eagle_aux_hidden_state_layer_ids": [1, 17, 32], "use_aux_hidden_state": True}
+    # SGLang: a list starting at 1 is output-of-layer numbering (+1), on every release
+    assert c["eagle_config"] == {"eagle_aux_hidden_state_layer_ids": [1, 17, 32], "use_aux_hidden_state": True,
+                                 "norm_before_fc": False}
+    assert c["norm_before_fc"] is False and c["num_aux_hidden_states"] == 3
     assert c["norm_before_residual"] is False and c["attention_bias"] is False and c["mlp_bias"] is False
     assert c["tie_word_embeddings"] is False and c["torch_dtype"] == "bfloat16"
     assert c["rope_parameters"] == GPT_OSS_ROPE and c["rope_theta"] == 150000.0

@@ -1,9 +1,11 @@
 """Importing hand-built drafts of each published layout matches a reference forward written here.
 
-The reference is an independent, minimal EAGLE-3 layer in float64, straight from the layout's
-definition: fc over the aux states, [input_layernorm(embed) ‖ hidden_norm(g)] -> GQA attention
-with RoPE (neox halves) -> + g -> post_attention_layernorm -> SwiGLU MLP -> + residual -> norm ->
-lm_head. One causal prefix of new tokens.
+The reference is an independent, minimal EAGLE-3 draft in float64, straight from vLLM's
+llama_eagle3.py: [norm_before_fc: input_norm over the concatenated aux states] -> fc ->
+[input_layernorm(embed) ‖ hidden_norm(g)] -> GQA attention with RoPE (neox halves) -> + residual
+(g, or hidden_norm(g) with norm_before_residual) -> post_attention_layernorm -> SwiGLU MLP ->
++ residual -> [later layers: plain pre-norm Llama layers] -> norm -> lm_head. A causal prefix of new
+tokens, then one chained step fed the last prefix position's prenorm output.
 """
 
 import json
@@ -28,8 +30,9 @@ def target(tmp_path_factory):
     return tiny_target(tmp_path_factory.mktemp("target"))
 
 
-def layer_weights(seed, draft_vocab=DRAFT_VOCAB, n_aux=3):
-    """Weights under their EAGLE-3 release names (a layout renames the layer prefix)."""
+def layer_weights(seed, draft_vocab=DRAFT_VOCAB, n_aux=3, num_layers=1, norm_before_fc=False):
+    """Weights under their EAGLE-3 release names (a layout renames the layer prefix): `midlayer.*`,
+    later layers `layers.i.*`, `input_norm.weight` with norm_before_fc."""
     g = torch.Generator().manual_seed(seed)
 
     def lin(o, i):
@@ -38,22 +41,27 @@ def layer_weights(seed, draft_vocab=DRAFT_VOCAB, n_aux=3):
     def norm(n):
         return 1 + 0.1 * torch.randn(n, generator=g)
 
-    two_h = 2 * HIDDEN
-    return {
-        "fc.weight": lin(HIDDEN, n_aux * HIDDEN),
-        "midlayer.input_layernorm.weight": norm(HIDDEN),
-        "midlayer.hidden_norm.weight": norm(HIDDEN),
-        "midlayer.self_attn.q_proj.weight": lin(HEADS * HEAD_DIM, two_h),
-        "midlayer.self_attn.k_proj.weight": lin(KV_HEADS * HEAD_DIM, two_h),
-        "midlayer.self_attn.v_proj.weight": lin(KV_HEADS * HEAD_DIM, two_h),
-        "midlayer.self_attn.o_proj.weight": lin(HIDDEN, HEADS * HEAD_DIM),
-        "midlayer.post_attention_layernorm.weight": norm(HIDDEN),
-        "midlayer.mlp.gate_proj.weight": lin(INTER, HIDDEN),
-        "midlayer.mlp.up_proj.weight": lin(INTER, HIDDEN),
-        "midlayer.mlp.down_proj.weight": lin(HIDDEN, INTER),
-        "norm.weight": norm(HIDDEN),
-        "lm_head.weight": lin(draft_vocab, HIDDEN),
-    }
+    def layer(prefix, first):
+        width = 2 * HIDDEN if first else HIDDEN
+        return {
+            f"{prefix}input_layernorm.weight": norm(HIDDEN),
+            **({f"{prefix}hidden_norm.weight": norm(HIDDEN)} if first else {}),
+            f"{prefix}self_attn.q_proj.weight": lin(HEADS * HEAD_DIM, width),
+            f"{prefix}self_attn.k_proj.weight": lin(KV_HEADS * HEAD_DIM, width),
+            f"{prefix}self_attn.v_proj.weight": lin(KV_HEADS * HEAD_DIM, width),
+            f"{prefix}self_attn.o_proj.weight": lin(HIDDEN, HEADS * HEAD_DIM),
+            f"{prefix}post_attention_layernorm.weight": norm(HIDDEN),
+            f"{prefix}mlp.gate_proj.weight": lin(INTER, HIDDEN),
+            f"{prefix}mlp.up_proj.weight": lin(INTER, HIDDEN),
+            f"{prefix}mlp.down_proj.weight": lin(HIDDEN, INTER),
+        }
+
+    weights = {"fc.weight": lin(HIDDEN, n_aux * HIDDEN), **layer("midlayer.", True)}
+    for i in range(1, num_layers):
+        weights.update(layer(f"layers.{i}.", False))
+    if norm_before_fc:
+        weights["input_norm.weight"] = norm(n_aux * HIDDEN)
+    return {**weights, "norm.weight": norm(HIDDEN), "lm_head.weight": lin(draft_vocab, HIDDEN)}
 
 
 def llama_fields(theta=None, eps=EPS):
@@ -87,18 +95,15 @@ def rms(x, w):
     return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS))
 
 
-def reference_logits(w, embed, ids, aux, theta):
-    """w: release-named weights; embed: (V, H); ids (B, T) target token ids; aux (B, T, n*H)."""
-    w = {k: v.double() for k, v in w.items()}
-    B, T = ids.shape
-    g = aux.double() @ w["fc.weight"].T
-    x = torch.cat([rms(embed.double()[ids], w["midlayer.input_layernorm.weight"]),
-                   rms(g, w["midlayer.hidden_norm.weight"])], dim=-1)
-    q = (x @ w["midlayer.self_attn.q_proj.weight"].T).view(B, T, HEADS, HEAD_DIM)
-    k = (x @ w["midlayer.self_attn.k_proj.weight"].T).view(B, T, KV_HEADS, HEAD_DIM)
-    v = (x @ w["midlayer.self_attn.v_proj.weight"].T).view(B, T, KV_HEADS, HEAD_DIM)
+def reference_layer(w, p, x_in, residual, pos, theta):
+    """Attention + MLP of one layer (prefix p) on its normed input x_in (B, T, 2H or H), causal over the
+    T entries at positions pos (T,): -> the layer's prenorm output (B, T, H)."""
+    B, T, _ = x_in.shape
+    q = (x_in @ w[p + "self_attn.q_proj.weight"].T).view(B, T, HEADS, HEAD_DIM)
+    k = (x_in @ w[p + "self_attn.k_proj.weight"].T).view(B, T, KV_HEADS, HEAD_DIM)
+    v = (x_in @ w[p + "self_attn.v_proj.weight"].T).view(B, T, KV_HEADS, HEAD_DIM)
     inv = 1.0 / theta ** (torch.arange(0, HEAD_DIM, 2, dtype=torch.float64) / HEAD_DIM)
-    ang = torch.arange(T, dtype=torch.float64)[:, None] * inv
+    ang = pos.double()[:, None] * inv
     cos, sin = torch.cat([ang.cos()] * 2, -1)[None, :, None], torch.cat([ang.sin()] * 2, -1)[None, :, None]
 
     def rope(t):
@@ -111,22 +116,56 @@ def reference_logits(w, embed, ids, aux, theta):
     scores = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(HEAD_DIM)
     scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
     o = torch.einsum("bhqk,bkhd->bqhd", scores.softmax(-1), v).reshape(B, T, HEADS * HEAD_DIM)
-    h = g + o @ w["midlayer.self_attn.o_proj.weight"].T
-    u = rms(h, w["midlayer.post_attention_layernorm.weight"])
-    gate, up = u @ w["midlayer.mlp.gate_proj.weight"].T, u @ w["midlayer.mlp.up_proj.weight"].T
-    mlp = torch.nn.functional.silu(gate) * up
-    h = h + mlp @ w["midlayer.mlp.down_proj.weight"].T
-    return rms(h, w["norm.weight"]) @ w["lm_head.weight"].T
+    h = residual + o @ w[p + "self_attn.o_proj.weight"].T
+    u = rms(h, w[p + "post_attention_layernorm.weight"])
+    mlp = torch.nn.functional.silu(u @ w[p + "mlp.gate_proj.weight"].T) * (u @ w[p + "mlp.up_proj.weight"].T)
+    return h + mlp @ w[p + "mlp.down_proj.weight"].T
 
 
-def check_against_reference(draft, weights, embed, theta):
+def reference_forward(w, embed, ids, hidden_in, theta, norm_before_residual=False, num_layers=1):
+    """ids (B, T) target ids; hidden_in (B, T, H) each entry's first-layer input (fc output or a fed-back
+    prenorm state), entries at positions 0..T-1 -> (prenorm (B, T, H), logits (B, T, V_d))."""
+    pos = torch.arange(ids.shape[1])
+    g = rms(hidden_in, w["midlayer.hidden_norm.weight"])
+    x = torch.cat([rms(embed.double()[ids], w["midlayer.input_layernorm.weight"]), g], dim=-1)
+    h = reference_layer(w, "midlayer.", x, g if norm_before_residual else hidden_in, pos, theta)
+    for i in range(1, num_layers):  # plain pre-norm Llama layers over h
+        h = reference_layer(w, f"layers.{i}.", rms(h, w[f"layers.{i}.input_layernorm.weight"]), h, pos, theta)
+    return h, rms(h, w["norm.weight"]) @ w["lm_head.weight"].T
+
+
+def reference_logits(w, embed, ids, aux, theta, norm_before_fc=False, **options):
+    """The prefix's logits (B, T, V_d), then the chained step's (B, 1, V_d): token `ids`' next-token
+    argmax fed with the last prefix entry's prenorm state, at position T."""
+    w = {k: v.double() for k, v in w.items()}
+    aux = aux.double()
+    if norm_before_fc:
+        aux = rms(aux, w["input_norm.weight"])  # one norm over all n_aux * H (vLLM combine_hidden_states)
+    g = aux @ w["fc.weight"].T
+    prenorm, logits = reference_forward(w, embed, ids, g, theta, **options)
+    return logits, prenorm
+
+
+def check_against_reference(draft, weights, embed, theta, n_aux=3, **options):
     g = torch.Generator().manual_seed(7)
     ids = torch.randint(0, VOCAB, (2, 6), generator=g)
-    aux = torch.randn(2, 6, 3 * HIDDEN, generator=g)
+    aux = torch.randn(2, 6, n_aux * HIDDEN, generator=g) * 3
     with torch.no_grad():
-        _, logits = draft.step(ids, draft.fuse(aux), torch.arange(6).expand(2, 6), KVCache())
-    expected = reference_logits(weights, embed, ids, aux, theta)
+        cache = KVCache()
+        hidden, logits = draft.step(ids, draft.fuse(aux), torch.arange(6).expand(2, 6), cache)
+        guess = draft.to_target_ids(logits[:, -1:].argmax(-1))  # (2, 1)
+        _, chained = draft.step(guess, hidden[:, -1:], torch.full((2, 1), 6), cache)
+    expected, prenorm = reference_logits(weights, embed, ids, aux, theta, **options)
     assert (logits.double() - expected).abs().max().item() <= 1e-5
+    # the chained entry: the prefix entries unchanged (causal), then the fed-back prenorm state
+    w = {k: v.double() for k, v in weights.items()}
+    g0 = aux.double()
+    if options.get("norm_before_fc"):
+        g0 = rms(g0, w["input_norm.weight"])
+    hidden_in = torch.cat([g0 @ w["fc.weight"].T, prenorm[:, -1:]], dim=1)
+    opts = {k: v for k, v in options.items() if k != "norm_before_fc"}
+    _, ref_chained = reference_forward(w, embed, torch.cat([ids, guess], 1), hidden_in, theta, **opts)
+    assert (chained.double() - ref_chained[:, -1:]).abs().max().item() <= 1e-5
 
 
 # ---------------------------------------------------------------- layouts
@@ -218,14 +257,94 @@ def test_full_vocab_identity_map_and_target_lm_head(tmp_path, target):
     assert meta["source_layout"] == "eagle3" and meta["imported_from"] == str(src)
 
 
+def test_nvidia_v3_shaped(tmp_path, target):
+    """nvidia/gpt-oss-120b-Eagle3-v3's shape: ModelOpt names and eagle_config, aux ids as boundaries
+    ending at N (the last layer's output, [24, 30, 36] of 36), norm_before_fc in eagle_config with its
+    `input_norm.weight` over all 3 * H_t, d2t without t2d, no embedding."""
+    ids = [TARGET_LAYERS - 4, TARGET_LAYERS - 2, TARGET_LAYERS]
+    weights = layer_weights(11, norm_before_fc=True)
+    d2t, t2d = random_vocab_map(11)
+    eagle_config = {"eagle_aux_hidden_state_layer_ids": ids, "norm_before_fc": True, "use_aux_hidden_state": True,
+                    "use_input_layernorm_in_first_layer": True, "use_last_layernorm": True,
+                    "use_mtp_layernorm": False, "next_layer_regular": True, "parallel_draft_step": 1}
+    config = {"architectures": ["LlamaForCausalLMEagle3"], **llama_fields(theta=10000.0), "head_dim": HEAD_DIM,
+              "draft_vocab_size": DRAFT_VOCAB, "eagle_config": eagle_config}
+    src = write(tmp_path / "v3", config, {**renamed(weights, "layers.0."), "d2t": d2t})
+    draft, layout, _ = load_published(src, target=str(target))
+    assert layout == "modelopt" and draft.config.aux_layer_ids == ids and draft.config.norm_before_fc
+    assert not draft.config.norm_before_residual and draft.config.num_layers == 1
+    check_against_reference(draft, weights, target_embed(target), 10000.0, norm_before_fc=True)
+    with pytest.raises(AssertionError):  # the reference tells the options apart
+        check_against_reference(draft, weights, target_embed(target), 10000.0, norm_before_fc=False)
+
+
+def test_redhat_v2_shaped(tmp_path, target):
+    """RedHatAI/gpt-oss-120b-speculator.eagle3 v2's shape: the speculators format with norm_before_fc
+    (`input_norm.weight`) and norm_before_residual, its own copy of the embedding, the trainer's
+    verifier head left in."""
+    weights = layer_weights(12, norm_before_fc=True)
+    d2t, t2d = random_vocab_map(12)
+    embed = target_embed(target)
+    config = {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
+              "transformer_layer_config": llama_fields(theta=150000.0), "draft_vocab_size": DRAFT_VOCAB,
+              "norm_before_residual": True, "norm_before_fc": True, "target_hidden_size": HIDDEN,
+              "eagle_aux_hidden_state_layer_ids": [2, 4, 5],
+              "speculators_config": {"algorithm": "eagle3", "default_proposal_method": "greedy",
+                                     "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3}],
+                                     "verifier": {"name_or_path": str(target), "architectures": ["LlamaForCausalLM"]}}}
+    src = write(tmp_path / "redhat", config, {**renamed(weights, "layers.0."), "d2t": d2t, "t2d": t2d,
+                                              "embed_tokens.weight": embed,
+                                              "verifier_lm_head.weight": torch.zeros(DRAFT_VOCAB, HIDDEN),
+                                              "verifier_norm.weight": torch.ones(HIDDEN)})
+    draft, layout, _ = load_published(src)
+    assert layout == "speculators" and draft.config.norm_before_fc and draft.config.norm_before_residual
+    check_against_reference(draft, weights, embed, 150000.0, norm_before_fc=True, norm_before_residual=True)
+    with pytest.raises(AssertionError):
+        check_against_reference(draft, weights, embed, 150000.0, norm_before_fc=True)
+
+
+@pytest.mark.parametrize("layout", ["eagle3", "speculators"])
+def test_several_layers_and_four_aux_states(tmp_path, target, layout):
+    """num_hidden_layers 3 (vLLM PR #26164): the release layout's `midlayer.*` + `layers.1.*`, `layers.2.*`,
+    the speculators layout's `layers.0..2.*`; four aux states."""
+    weights = layer_weights(13, n_aux=4, num_layers=3)
+    d2t, t2d = random_vocab_map(13)
+    fields = {**llama_fields(), "num_hidden_layers": 3}
+    if layout == "eagle3":
+        config = {"architectures": ["LlamaForCausalLMEagle3"], **fields, "draft_vocab_size": DRAFT_VOCAB,
+                  "eagle_aux_hidden_state_layer_ids": [2, 4, 6, 8]}
+        tensors = weights
+    else:
+        config = {"speculators_model_type": "eagle3", "transformer_layer_config": fields,
+                  "draft_vocab_size": DRAFT_VOCAB, "norm_before_residual": False,
+                  "eagle_aux_hidden_state_layer_ids": [2, 4, 6, 8]}
+        tensors = renamed(weights, "layers.0.")
+    src = write(tmp_path / layout, config, {**tensors, "d2t": d2t, "t2d": t2d})
+    draft, _, _ = load_published(src, target=str(target))
+    assert draft.config.num_layers == 3 and draft.config.aux_layer_ids == [2, 4, 6, 8]
+    check_against_reference(draft, weights, target_embed(target), 10000.0, n_aux=4, num_layers=3)
+
+
+def test_release_layout_with_norm_before_residual(tmp_path, target):
+    weights = layer_weights(14)
+    d2t, t2d = random_vocab_map(14)
+    config = {"architectures": ["LlamaForCausalLMEagle3"], **llama_fields(), "draft_vocab_size": DRAFT_VOCAB,
+              "eagle_aux_hidden_state_layer_ids": [2, 4, 6], "norm_before_residual": True}
+    draft, _, _ = load_published(write(tmp_path / "nbr", config, {**weights, "d2t": d2t, "t2d": t2d}),
+                                 target=str(target))
+    check_against_reference(draft, weights, target_embed(target), 10000.0, norm_before_residual=True)
+
+
 @pytest.mark.parametrize("change,message", [
-    (lambda c, t: c.update(norm_before_residual=True), "norm_before_residual"),
-    (lambda c, t: c.update(num_hidden_layers=2), "num_hidden_layers"),
+    (lambda c, t: c.update(fc_norm=True), "fc_norm"),
+    (lambda c, t: c.update(norm_output=True), "norm_output"),
+    (lambda c, t: c.update(num_hidden_layers=2), r"missing tensors \['layers.1"),
     (lambda c, t: c.update(model_type="qwen3"), "model_type 'qwen3'"),
     (lambda c, t: c["eagle_config"].update(use_input_layernorm_in_first_layer=False),
      "use_input_layernorm_in_first_layer"),
-    (lambda c, t: t.update({"layers.1.norm.weight": torch.ones(HIDDEN)}), "more than one decoder layer"),
-    (lambda c, t: t.update({"input_norm.weight": torch.ones(3 * HIDDEN)}), "does not have"),
+    (lambda c, t: t.update({"layers.1.norm.weight": torch.ones(HIDDEN)}), "does not have: \\['layers.1.norm"),
+    (lambda c, t: t.update({"input_norm.weight": torch.ones(3 * HIDDEN)}), "does not have: \\['input_norm"),
+    (lambda c, t: c.update(norm_before_fc=True), r"missing tensors \['input_norm.weight'\]"),
     (lambda c, t: t.pop("d2t"), "no d2t"),
 ])
 def test_unsupported_features_refused_by_name(tmp_path, target, change, message):

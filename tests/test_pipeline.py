@@ -145,7 +145,8 @@ def test_eval_compares_imported_published_draft(setup, full_run, capsys):
 
     root, target, prompts = setup
     ours = full_run / "train" / "checkpoint-final"
-    export(ours, "eagle3", root / "published", dtype="float32")
+    # the tiny target's ids [1, 2, 3] start at 1, which SGLang cannot be told (engines.py): vLLM and TRT-LLM
+    export(ours, "eagle3", root / "published", dtype="float32", engines=("vllm", "trtllm"))
     import_draft(root / "published", root / "imported", target=str(target))  # embedding from the target
     rc = main(["eval", str(full_run), "--draft", f"eyas={ours}", "--draft", f"published={root / 'imported'}",
                "--k", "1", "--k", "3", "--no-progress"])
@@ -159,6 +160,52 @@ def test_eval_compares_imported_published_draft(setup, full_run, capsys):
         assert len(got[("eyas", k)]["per_position_acceptance"]) == k
     assert report["lossless"] is True
     assert "published" in capsys.readouterr().out
+
+
+def test_eval_runs_an_imported_v3_shaped_draft_beside_ours(setup, full_run, tmp_path, capsys):
+    """A hand-built draft in nvidia/gpt-oss-120b-Eagle3-v3's shape (ModelOpt names, eagle_config with
+    boundary ids ending at the target's last layer output and norm_before_fc, `input_norm.weight`, d2t
+    only), imported with `eyas import` and evaluated next to the run's own draft in one report."""
+    from safetensors.torch import save_file
+
+    from eyas.cli import main
+    from eyas.train.checkpoint import load_draft
+    from eyas.train.model import Eagle3Draft
+
+    root, target, prompts = setup
+    ours = full_run / "train" / "checkpoint-final"
+    mine = load_draft(ours)
+    n = json.loads((target / "config.json").read_text())["num_hidden_layers"]
+    cfg = mine.config
+    v3 = Eagle3Draft(type(cfg)(**{**cfg.to_dict(), "aux_layer_ids": [n - 2, n - 1, n], "norm_before_fc": True}))
+    tensors = {("layers.0." + k[len("midlayer."):] if k.startswith("midlayer.") else k): t.contiguous()
+               for k, t in v3.state_dict().items() if k not in ("embed_tokens.weight", "t2d")}
+    tensors["d2t"] = mine.d2t.clone()
+    config = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": cfg.hidden_size,
+              "intermediate_size": cfg.intermediate_size, "num_attention_heads": cfg.num_attention_heads,
+              "num_key_value_heads": cfg.num_key_value_heads, "head_dim": cfg.head_dim, "num_hidden_layers": 1,
+              "hidden_act": "silu", "rms_norm_eps": cfg.rms_norm_eps, "vocab_size": cfg.vocab_size,
+              "max_position_embeddings": cfg.max_position_embeddings, "rope_parameters": cfg.rope_parameters,
+              "draft_vocab_size": cfg.draft_vocab_size, "tie_word_embeddings": False,
+              "eagle_config": {"eagle_aux_hidden_state_layer_ids": [n - 2, n - 1, n], "norm_before_fc": True,
+                               "use_aux_hidden_state": True, "use_input_layernorm_in_first_layer": True,
+                               "use_last_layernorm": True, "parallel_draft_step": 1}}
+    src = tmp_path / "v3-shaped"
+    src.mkdir()
+    (src / "config.json").write_text(json.dumps(config))
+    save_file(tensors, str(src / "model.safetensors"))
+    assert main(["import", str(src), "--out", str(tmp_path / "v3"), "--target", str(target)]) == 0
+    imported = load_draft(tmp_path / "v3")
+    assert imported.config.aux_layer_ids == [n - 2, n - 1, n] and imported.config.norm_before_fc
+    capsys.readouterr()
+    rc = main(["eval", str(full_run), "--draft", f"eyas={ours}", "--draft", f"v3={tmp_path / 'v3'}",
+               "--k", "3", "--no-progress"])
+    assert rc == 0
+    report = json.loads((full_run / "report.json").read_text())
+    got = {r["draft"]: r for r in report["results"] if "draft" in r}
+    assert set(got) == {"eyas", "v3"} and report["lossless"] is True
+    assert all(len(r["per_position_acceptance"]) == 3 and r["acceptance_length"] >= 1 for r in got.values())
+    assert "v3" in capsys.readouterr().out
 
 
 def test_eval_operating_points(setup, full_run, tmp_path, capsys):

@@ -37,6 +37,9 @@ def test_wrong_type_is_named(raw, key):
 
 @pytest.mark.parametrize("raw,key", [
     ({"eval": {"k": 0}}, "eval.k"),
+    ({"train": {"loss": "mse"}}, "train.loss"),
+    ({"draft": {"num_layers": 0}}, "draft.num_layers"),
+    ({"draft": {"norm_before_fc": "yes"}}, "draft.norm_before_fc"),
     ({"eval": {"concurrency": [1, 0]}}, "eval.concurrency"),
     ({"eval": {"concurrency": []}}, "eval.concurrency"),
     ({"eval": {"temperature": [-0.5]}}, "eval.temperature"),
@@ -58,9 +61,12 @@ def test_impossible_value_is_named(raw, key):
 
 
 def test_checks_against_target():
-    r = load_recipe({"capture": {"aux_layer_ids": [2, 18, 36]}})
-    with pytest.raises(RecipeError, match=r"^capture.aux_layer_ids: layer id 36 >= the target's 36 layers"):
+    r = load_recipe({"capture": {"aux_layer_ids": [2, 18, 37]}})
+    with pytest.raises(RecipeError, match=r"^capture.aux_layer_ids: layer id 37 > the target's 36 layers .*"
+                                          r"id 36 the output of the last layer before the final norm"):
         check_against_target(r, num_layers=36, vocab_size=201088)
+    v3 = load_recipe({"capture": {"aux_layer_ids": [24, 30, 36]}})  # nvidia/gpt-oss-120b-Eagle3-v3's ids
+    assert check_against_target(v3, num_layers=36, vocab_size=201088) == [24, 30, 36]
     r = load_recipe({"vocab": {"draft_vocab_size": 300000}})
     with pytest.raises(RecipeError, match=r"^vocab.draft_vocab_size: 300000 > the target's vocab size 201088"):
         check_against_target(r, num_layers=36, vocab_size=201088)

@@ -1,5 +1,5 @@
 """TTT step j must produce the logits the inference-time drafting loop produces (fp32, <= 1e-4), with
-the dense reference attention and the O(T) chunked one."""
+the dense reference attention and the O(T) chunked one, for every draft option (train/model.py)."""
 
 import pytest
 import torch
@@ -9,29 +9,46 @@ from eyas.train.packing import doc_ids_from_lengths
 from eyas.train.ttt import ttt_forward
 
 
-def make_draft(seed, rope=None, H=32, heads=4, kv=2):
+OPTIONS = {
+    "plain": {},
+    "norm_before_fc": {"norm_before_fc": True},
+    "norm_before_residual": {"norm_before_residual": True},
+    "two_layers": {"num_layers": 2},
+    "four_aux_and_all": {"aux_layer_ids": [1, 2, 3, 4], "norm_before_fc": True, "norm_before_residual": True,
+                         "num_layers": 3},
+}
+
+
+def make_draft(seed, rope=None, H=32, heads=4, kv=2, **options):
     torch.manual_seed(seed)
+    options = {"aux_layer_ids": [1, 2, 3], **options}
     cfg = DraftConfig(hidden_size=H, num_attention_heads=heads, num_key_value_heads=kv, head_dim=H // heads,
-                      intermediate_size=48, vocab_size=97, draft_vocab_size=40, aux_layer_ids=[1, 2, 3],
-                      rope_parameters=rope or {"rope_type": "default", "rope_theta": 10000.0})
+                      intermediate_size=48, vocab_size=97, draft_vocab_size=40,
+                      rope_parameters=rope or {"rope_type": "default", "rope_theta": 10000.0}, **options)
     d = Eagle3Draft(cfg).float().eval()
     d.reset_parameters(std=0.2)  # large weights so that steps differ noticeably
+    with torch.no_grad():  # norms away from 1, so that a norm applied in the wrong place shows
+        for name, p in d.named_parameters():
+            if name.endswith("norm.weight"):
+                p.uniform_(0.5, 1.5)
     return d
 
 
-@pytest.mark.parametrize("attention", ["dense", "chunked"])
-@pytest.mark.parametrize("seed,rope", [
-    (0, None),
-    (1, {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
-         "truncate": False, "original_max_position_embeddings": 64}),
-])
-def test_ttt_logits_equal_inference_chain(seed, rope, attention, monkeypatch):
+YARN = {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+        "truncate": False, "original_max_position_embeddings": 64}
+# the plain draft under both attentions and both RoPEs; each option once (chunked attention, YaRN)
+CASES = [(seed, rope, attention, "plain") for attention in ("dense", "chunked") for seed, rope in ((0, None), (1, YARN))]
+CASES += [(2, YARN, "chunked", option) for option in OPTIONS if option != "plain"]
+
+
+@pytest.mark.parametrize("seed,rope,attention,option", CASES)
+def test_ttt_logits_equal_inference_chain(seed, rope, attention, option, monkeypatch):
     monkeypatch.setattr("eyas.train.attention.tile_size", lambda *a: 4)  # several tiles in 13 positions
-    d = make_draft(seed, rope)
+    d = make_draft(seed, rope, **OPTIONS[option])
     B, T, steps = 2, 13, 7
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, 97, (B, T), generator=g)
-    aux = torch.randn(B, T, 3 * 32, generator=g)
+    aux = torch.randn(B, T, d.config.fc_in_features, generator=g) * 3
     lengths = torch.tensor([T, T])
     with torch.no_grad():
         out = ttt_forward(d, aux, ids, torch.ones(B, T), doc_ids_from_lengths(lengths, T), None, ttt_steps=steps,

@@ -17,10 +17,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from eyas import io
+from eyas.data.target import LAYER_ID_CONVENTION
 
 from .model import DraftConfig, Eagle3Draft
 
-LAYER_ID_CONVENTION = "vLLM: id k = input of decoder layer k (0-based) = HF hidden_states[k]"
 
 
 def save_draft(draft: Eagle3Draft, out_dir: str | Path, dtype: torch.dtype | None = None,

@@ -1,20 +1,29 @@
-"""The TTT loss of one step: soft cross-entropy of the draft's lm_head against the target, fused.
+"""The TTT loss of one step, fused with the draft's lm_head: forward KL, LK or cross-entropy.
 
 For normed hidden states x (B, L, H), the draft's lm_head W (V_d, H), target probabilities p
-(B, L, V_d) over the draft vocab and a 0/1 weight w (B, L):
+(B, L, V_d) over the draft vocab, a 0/1 weight w (B, L), z = x W^T and q = softmax(z), the loss is
+sum_{b,i} w_bi * l(p_bi, q_bi) with l one of (`train.loss`):
 
-    loss = sum_{b,i} w_bi * ( -sum_v p_biv * log softmax(x_bi W^T)_v )        (a scalar)
-    dloss/dz_bi = w_bi * (softmax(z_bi) * sum_v p_biv - p_bi)                 z = x W^T
-    dx = dz W,   dW = sum dz^T x
+    kl   -sum_v p_v log q_v            forward KL up to the target's entropy (EAGLE-3, SpecForge)
+         dl/dz = q * sum_v p_v - p
+    ce   -log q_a, a = argmax_v p_v    hard cross-entropy on the target's greedy token
+         dl/dz = q - onehot(a)
+    lk   -log alpha, alpha = sum_v min(p_v, q_v)    the LK loss (Samarin et al., arXiv 2602.23881;
+         speculators `neg_log_acceptance_loss`): alpha is the probability that speculative sampling
+         accepts a token drawn from q, so this trains acceptance at temperature 1 directly.
+         With m_v = [q_v < p_v]: dalpha/dz = q * m - q * sum_v(q_v m_v); dl/dz = -dalpha/dz / alpha
+         (alpha clamped at 1e-5, as speculators does; below it the gradient is 0)
 
-`linear_soft_cross_entropy` runs over positions in chunks of about `budget` logits and computes
+and dx = dz W, dW = sum dz^T x.
+
+`linear_loss` runs over positions in chunks of about `budget` logits and computes
 the gradients of x and W in the same pass (the "fused linear cross-entropy" of Liger and
 SpecForge's Triton loss, in plain torch): the (B, L, V_d) logits are never all held (4 GB per TTT
 step in fp32 at gpt-oss-120b's 32000 draft ids and L = 32K), the lm_head matmul is not recomputed
 in backward, and backward only scales the stored gradients. Under autocast the matmuls run in
 the autocast dtype, as the unfused ops would; softmax and the loss are fp32.
 
-`reference_soft_cross_entropy` is the same loss through autograd (the test holds them equal), and
+`reference_loss` is the same loss through autograd (the test holds them equal), and
 the path for weights that exist only inside their module's forward (DeepSpeed ZeRO-3 partitions
 them and gathers them in the module's hooks).
 """
@@ -26,6 +35,29 @@ import torch.nn.functional as F
 
 
 BUDGET = 1 << 26  # logits per chunk: 256 MiB in fp32; 2,097 positions at gpt-oss-120b's 32000 draft ids
+LOSSES = ("kl", "lk", "ce")
+LK_MIN_ALPHA = 1e-5
+
+
+def loss_and_grad(kind: str, z: torch.Tensor, p: torch.Tensor, with_grad: bool
+                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per-position loss l(p, softmax(z)) and dl/dz: z, p (..., V) fp32 -> ((...), (..., V) or None)."""
+    logq = F.log_softmax(z, dim=-1)
+    if kind == "ce":
+        p = F.one_hot(p.argmax(-1), p.shape[-1]).to(z.dtype)
+    if kind in ("kl", "ce"):
+        loss = -(p * logq).sum(-1)
+        return loss, (logq.exp() * p.sum(-1, keepdim=True) - p) if with_grad else None
+    if kind != "lk":
+        raise ValueError(f"unknown loss {kind!r}; choose one of {', '.join(LOSSES)}")
+    q = logq.exp()
+    alpha = torch.minimum(p, q).sum(-1)
+    loss = -torch.log(alpha.clamp(min=LK_MIN_ALPHA))
+    if not with_grad:
+        return loss, None
+    qm = q * (q < p)
+    dalpha = qm - q * qm.sum(-1, keepdim=True)
+    return loss, -dalpha / alpha[..., None] * (alpha > LK_MIN_ALPHA)[..., None]
 
 
 def chunk_positions(B: int, V: int, budget: int = BUDGET) -> int:
@@ -33,9 +65,9 @@ def chunk_positions(B: int, V: int, budget: int = BUDGET) -> int:
     return max(1, budget // max(1, B * V))
 
 
-class _LinearSoftCE(torch.autograd.Function):
+class _LinearLoss(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, probs, w, with_grad: bool, budget: int):
+    def forward(ctx, x, weight, probs, w, with_grad: bool, budget: int, kind: str):
         # x (B, L, H); weight (V_d, H); probs (B, L, V_d); w (B, L) -> (scalar fp32, argmax (B, L) int64)
         B, L, _ = x.shape
         c = chunk_positions(B, weight.shape[0], budget)
@@ -53,11 +85,11 @@ class _LinearSoftCE(torch.autograd.Function):
             xc = x[:, s:s + c].to(mm)  # (B, c, H)
             pc, wc = probs[:, s:s + c].to(acc), w[:, s:s + c, None].to(acc)  # (B, c, V_d), (B, c, 1)
             z = (xc @ W.T).to(acc)  # (B, c, V_d)
-            logq = F.log_softmax(z, dim=-1)
-            total += -((pc * logq).sum(-1, keepdim=True) * wc).sum()
+            loss, dz = loss_and_grad(kind, z, pc, with_grad)  # (B, c), (B, c, V_d)
+            total += (loss[..., None] * wc).sum()
             pred[:, s:s + c] = z.argmax(-1)
             if with_grad:
-                dz = ((logq.exp() * pc.sum(-1, keepdim=True) - pc) * wc).to(mm)  # (B, c, V_d)
+                dz = (dz * wc).to(mm)
                 dx[:, s:s + c] = dz @ W  # (B, c, H)
                 dw += dz.flatten(0, 1).T @ xc.flatten(0, 1)  # (V_d, H), in place: no fp32 copy of the product
         ctx.save_for_backward(dx, dw.to(mm) if with_grad else None)
@@ -71,24 +103,31 @@ class _LinearSoftCE(torch.autograd.Function):
         x_dtype, w_dtype = ctx.dtypes
         gx = dx.to(x_dtype) * g if ctx.needs_input_grad[0] else None
         gw = dw.to(w_dtype) * g if ctx.needs_input_grad[1] else None
-        return gx, gw, None, None, None, None
+        return gx, gw, None, None, None, None, None
 
 
-def linear_soft_cross_entropy(x: torch.Tensor, weight: torch.Tensor, probs: torch.Tensor, w: torch.Tensor,
-                              budget: int = BUDGET) -> tuple[torch.Tensor, torch.Tensor]:
+def linear_loss(x: torch.Tensor, weight: torch.Tensor, probs: torch.Tensor, w: torch.Tensor, kind: str = "kl",
+                budget: int = BUDGET) -> tuple[torch.Tensor, torch.Tensor]:
     """x (B, L, H) normed hidden states, weight (V_d, H), probs (B, L, V_d), w (B, L) ->
-    (sum of w-weighted soft CE, fp32 scalar; the draft's argmax (B, L) draft ids)."""
+    (sum of the w-weighted loss `kind`, fp32 scalar; the draft's argmax (B, L) draft ids)."""
     with_grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
-    return _LinearSoftCE.apply(x, weight, probs, w, with_grad, budget)
+    return _LinearLoss.apply(x, weight, probs, w, with_grad, budget, kind)
 
 
-def soft_cross_entropy(logits: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
-    """Per-position forward KL up to the target's entropy: -(p * log q).sum(-1). (B, L, V_d) -> (B, L)."""
-    return -(probs * F.log_softmax(logits.float(), dim=-1)).sum(-1)
+def position_loss(kind: str, logits: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
+    """The loss `kind` per position, through autograd (the definitions above): (B, L, V_d) -> (B, L)."""
+    logq = F.log_softmax(logits.float(), dim=-1)
+    if kind == "kl":
+        return -(probs * logq).sum(-1)
+    if kind == "ce":
+        return F.nll_loss(logq.transpose(1, -1), probs.argmax(-1), reduction="none")
+    if kind == "lk":
+        return -torch.log(torch.minimum(probs, logq.exp()).sum(-1).clamp(min=LK_MIN_ALPHA))
+    raise ValueError(f"unknown loss {kind!r}; choose one of {', '.join(LOSSES)}")
 
 
-def reference_soft_cross_entropy(logits_fn, hidden: torch.Tensor, probs: torch.Tensor, w: torch.Tensor,
-                                 budget: int = BUDGET) -> tuple[torch.Tensor, torch.Tensor]:
+def reference_loss(logits_fn, hidden: torch.Tensor, probs: torch.Tensor, w: torch.Tensor, kind: str = "kl",
+                   budget: int = BUDGET) -> tuple[torch.Tensor, torch.Tensor]:
     """The same sum through autograd: logits_fn (B, c, H) -> (B, c, V_d) (the draft's norm and lm_head
     modules, so module hooks run). Chunks of positions are recomputed in backward; the hidden states
     are split once, so their gradient is assembled once, not once per chunk."""
@@ -97,7 +136,7 @@ def reference_soft_cross_entropy(logits_fn, hidden: torch.Tensor, probs: torch.T
 
     def one(h, p, m):
         logits = logits_fn(h)
-        return (soft_cross_entropy(logits, p) * m).sum(), logits.argmax(-1).detach()
+        return (position_loss(kind, logits, p) * m).sum(), logits.argmax(-1).detach()
 
     if L <= c or not torch.is_grad_enabled():
         return one(hidden, probs, w)

@@ -1,15 +1,18 @@
 """The EAGLE-3 draft head, top to bottom.
 
     aux states of the target  (B, T, n_aux * H_t)  -- vLLM ids: id k = input of decoder layer k
+            │ [norm_before_fc: input_norm, one RMSNorm over all n_aux * H_t]
             │ fc (no bias)
             ▼
     g  (B, T, H) ───────────────────────────────┐ residual stream carries h
-    embed(token) (B, T, H)                      │
+    embed(token) (B, T, H)                      │ (norm_before_residual: hidden_norm(h))
       input_layernorm(embed) ‖ hidden_norm(h)   │  (B, T, 2H)
             │ self_attn (q/k/v take 2H, GQA, RoPE)
             ▼                                   │
             + ◄─────────────────────────────────┘
             │ post_attention_layernorm → SwiGLU MLP, + residual
+            ▼
+    [num_layers > 1: plain pre-norm Llama layers `layers.1..`, q/k/v take H, own KV per layer]
             ▼
     h_out (B, T, H)    "prenorm": fed back as the next step's h
             │ norm → lm_head
@@ -17,8 +20,18 @@
     logits over the draft vocab (B, T, V_d);  target id = draft id + d2t[draft id]
 
 Parameter names are those of the EAGLE-3 release layout (`fc`, `midlayer.*`, `norm`,
-`lm_head`, `d2t`, `t2d`, `embed_tokens`), which vLLM's `LlamaForCausalLMEagle3` loads.
+`lm_head`, `d2t`, `t2d`, `embed_tokens`), which vLLM's `LlamaForCausalLMEagle3` loads, plus the
+options' own as vLLM's llama_eagle3.py names them (`input_norm`, `layers.1.*`, ...).
 The token embedding is the target's and stays frozen.
+
+The options, each as vLLM's llama_eagle3.py runs it (serve/interchange/engines.py says which engine
+versions load which):
+  norm_before_fc        one RMSNorm `input_norm` (weight n_aux * H_t, eps rms_norm_eps) over the
+                        concatenated aux states before fc (vLLM PR #36545; speculators `input_norm`);
+  norm_before_residual  the first layer's residual is hidden_norm(h) instead of h (vLLM `LlamaDecoderLayer`
+                        of llama_eagle3.py; the speculators format's default when the key is absent);
+  num_layers            decoder layers: the first as above, then plain Llama layers over H (vLLM PR #26164);
+                        the next step's h is the last layer's prenorm output.
 
 Two ways to run attention share every weight:
   * `step()` — inference: new tokens attend to a KV cache plus themselves, causally.
@@ -54,6 +67,9 @@ class DraftConfig:
     rope_parameters: dict = field(default_factory=lambda: {"rope_type": "default", "rope_theta": 10000.0})
     hidden_act: str = "silu"
     target_model: str | None = None  # name or path of the target the head was trained for
+    norm_before_fc: bool = False  # RMSNorm `input_norm` over the concatenated aux states before fc
+    norm_before_residual: bool = False  # first layer: residual = hidden_norm(h) instead of h
+    num_layers: int = 1  # decoder layers (the first takes [embed ‖ h], the rest are plain Llama layers)
 
     def __post_init__(self):
         if self.target_hidden_size is None:
@@ -90,6 +106,9 @@ class DraftConfig:
             rope_parameters=rope,
             target_model=target_model,
         )
+        for key in ("norm_before_fc", "norm_before_residual", "num_layers"):
+            if overrides.get(key) is not None:
+                kw[key] = overrides.pop(key)
         unknown = {k: v for k, v in overrides.items() if v is not None}
         if unknown:
             raise ValueError(f"unknown draft overrides: {sorted(unknown)}")
@@ -153,10 +172,11 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: DraftConfig):
+    def __init__(self, cfg: DraftConfig, first: bool = True):
         super().__init__()
         self.n_heads, self.n_kv, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        in_dim = 2 * cfg.hidden_size  # [input_layernorm(embed) ‖ hidden_norm(h)]
+        # first layer: [input_layernorm(embed) ‖ hidden_norm(h)]; later layers: input_layernorm(h)
+        in_dim = 2 * cfg.hidden_size if first else cfg.hidden_size
         self.q_proj = nn.Linear(in_dim, self.n_heads * self.head_dim, bias=False)
         self.k_proj = nn.Linear(in_dim, self.n_kv * self.head_dim, bias=False)
         self.v_proj = nn.Linear(in_dim, self.n_kv * self.head_dim, bias=False)
@@ -193,57 +213,68 @@ class MLP(nn.Module):
 
 
 class MidLayer(nn.Module):
-    """The one decoder layer. `forward` takes the attention pattern as a function, so that
-    inference (`Eagle3Draft.step`: a KV cache) and TTT (`train/ttt.py`: the step-0 prefix plus each
-    position's own chain) run different patterns with the same weights, and every step goes through
-    the layer's `forward` (FSDP2 gathers a sharded layer's weights, ZeRO-3 its submodules', there)."""
+    """One decoder layer: the first (`first=True`, the EAGLE-3 `midlayer`) attends over
+    [input_layernorm(embed) ‖ hidden_norm(h)]; a later one (num_layers > 1) is a plain pre-norm Llama
+    layer over h. `forward` takes the attention pattern as a function, so that inference
+    (`Eagle3Draft.step`: a KV cache) and TTT (`train/ttt.py`: the step-0 prefix plus each position's
+    own chain) run different patterns with the same weights, and every step goes through the
+    layer's `forward` (FSDP2 gathers a sharded layer's weights, ZeRO-3 its submodules', there)."""
 
-    def __init__(self, cfg: DraftConfig):
+    def __init__(self, cfg: DraftConfig, first: bool = True):
         super().__init__()
+        self.first = first
+        self.norm_before_residual = first and cfg.norm_before_residual
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg)
+        if first:
+            self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, first)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
     def forward(self, embeds: torch.Tensor, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 attend, repeat_kv: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """embeds, hidden (B, T, H); cos, sin the RoPE tables of these positions;
-        attend(q, k, v) -> o (B, n_heads, T, d), given this step's q (B, n_heads, T, d) and k, v
-        (B, n_heads or, with repeat_kv=False, n_kv, T, d).
+        """embeds, hidden (B, T, H) (a later layer ignores embeds); cos, sin the RoPE tables of these
+        positions; attend(q, k, v) -> o (B, n_heads, T, d), given this step's q (B, n_heads, T, d) and
+        k, v (B, n_heads or, with repeat_kv=False, n_kv, T, d).
         -> (prenorm output (B, T, H), k, v)."""
-        q, k, v = self.self_attn.qkv(self.attn_input(embeds, hidden), cos, sin, repeat_kv=repeat_kv)
-        return self.finish(hidden, attend(q, k, v)), k, v
+        x, residual = self.attn_input(embeds, hidden)
+        q, k, v = self.self_attn.qkv(x, cos, sin, repeat_kv=repeat_kv)
+        return self.finish(residual, attend(q, k, v)), k, v
 
-    def attn_input(self, embeds: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        # (B, T, H), (B, T, H) -> (B, T, 2H)
-        return torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
+    def attn_input(self, embeds: torch.Tensor, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (attention input (B, T, 2H) first / (B, T, H) later, residual (B, T, H))."""
+        if not self.first:
+            return self.input_layernorm(hidden), hidden
+        h = self.hidden_norm(hidden)
+        # vLLM llama_eagle3 LlamaDecoderLayer: norm_before_residual keeps the normed h as the residual
+        return torch.cat([self.input_layernorm(embeds), h], dim=-1), (h if self.norm_before_residual else hidden)
 
-    def finish(self, hidden: torch.Tensor, attn_o: torch.Tensor) -> torch.Tensor:
-        # residual stream carries h: h + attn, then + MLP -> prenorm output (B, T, H)
-        h = hidden + self.self_attn.out(attn_o)
+    def finish(self, residual: torch.Tensor, attn_o: torch.Tensor) -> torch.Tensor:
+        # residual + attn, then + MLP -> prenorm output (B, T, H)
+        h = residual + self.self_attn.out(attn_o)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
 class KVCache:
-    """The draft's own KV cache for inference: keys/values (B, n_heads, L, d), croppable."""
+    """The draft's own KV cache for inference (one sequence): per layer keys/values (B, n_heads, L, d),
+    croppable. `update(k, v, layer)` is the call the serving loop's per-row cache also answers."""
 
     def __init__(self):
-        self.k: torch.Tensor | None = None
-        self.v: torch.Tensor | None = None
+        self.k: dict[int, torch.Tensor] = {}
+        self.v: dict[int, torch.Tensor] = {}
 
     def __len__(self) -> int:
-        return 0 if self.k is None else self.k.shape[2]
+        return 0 if not self.k else self.k[0].shape[2]
 
-    def append(self, k: torch.Tensor, v: torch.Tensor):
-        self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
-        self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
-        return self.k, self.v
+    def update(self, k: torch.Tensor, v: torch.Tensor, layer: int):
+        self.k[layer] = torch.cat([self.k[layer], k], dim=2) if layer in self.k else k
+        self.v[layer] = torch.cat([self.v[layer], v], dim=2) if layer in self.v else v
+        return self.k[layer], self.v[layer]
 
     def crop(self, length: int) -> None:
         """Keep the first `length` positions (roll back rejected drafts)."""
-        if self.k is not None:
-            self.k, self.v = self.k[:, :, :length], self.v[:, :, :length]
+        for layer in self.k:
+            self.k[layer], self.v[layer] = self.k[layer][:, :, :length], self.v[layer][:, :, :length]
 
 
 class Eagle3Draft(nn.Module):
@@ -252,8 +283,12 @@ class Eagle3Draft(nn.Module):
         self.config = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.embed_tokens.weight.requires_grad_(False)  # the target's, frozen
+        if cfg.norm_before_fc:
+            self.input_norm = RMSNorm(cfg.fc_in_features, cfg.rms_norm_eps)
         self.fc = nn.Linear(cfg.fc_in_features, cfg.hidden_size, bias=False)
         self.midlayer = MidLayer(cfg)
+        # later layers under their published names `layers.1`, `layers.2`, ... (vLLM llama_eagle3)
+        self.layers = nn.ModuleDict({str(i): MidLayer(cfg, first=False) for i in range(1, cfg.num_layers)})
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
         self.rotary = Rotary(cfg)
@@ -262,17 +297,27 @@ class Eagle3Draft(nn.Module):
         self.register_buffer("t2d", torch.zeros(cfg.vocab_size, dtype=torch.bool))
         self.reset_parameters()
 
+    @property
+    def decoder_layers(self) -> list[MidLayer]:
+        """The draft's decoder layers in order: the midlayer, then `layers.1`, ..."""
+        return [self.midlayer, *self.layers.values()]
+
     def reset_parameters(self, std: float = 0.02) -> None:
-        for lin in (self.fc, self.lm_head, self.midlayer.mlp.gate_proj, self.midlayer.mlp.up_proj,
-                    self.midlayer.mlp.down_proj, *[getattr(self.midlayer.self_attn, n) for n in
-                                                   ("q_proj", "k_proj", "v_proj", "o_proj")]):
+        for layer in self.decoder_layers:
+            for lin in (layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj,
+                        *[getattr(layer.self_attn, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")]):
+                nn.init.normal_(lin.weight, std=std)
+        for lin in (self.fc, self.lm_head):
             nn.init.normal_(lin.weight, std=std)
 
     # ---- pieces shared by inference and TTT
 
     def fuse(self, aux: torch.Tensor) -> torch.Tensor:
         """Target aux states (B, T, n_aux*H_t), concatenated in aux_layer_ids order -> g (B, T, H)."""
-        return self.fc(aux.to(self.fc.weight.dtype))
+        aux = aux.to(self.fc.weight.dtype)
+        if self.config.norm_before_fc:
+            aux = self.input_norm(aux)  # one norm over all n_aux * H_t (vLLM combine_hidden_states)
+        return self.fc(aux)
 
     def logits(self, prenorm: torch.Tensor) -> torch.Tensor:
         """(B, T, H) -> draft-vocab logits (B, T, V_d)."""
@@ -295,25 +340,30 @@ class Eagle3Draft(nn.Module):
         input_ids (B, T): the token AFTER each position whose state is `hidden`;
         hidden (B, T, H): fused target states g (first step) or the draft's own prenorm output;
         position_ids (B, T): absolute positions of these new entries;
-        cache: `KVCache` (one sequence) or the serving loop's per-row cache, whose `append`
-        returns every key/value the new entries may attend to;
+        cache: `KVCache` (one sequence) or the serving loop's per-row cache, whose `update(k, v, layer)`
+        returns every key/value of that layer the new entries may attend to;
         attn_mask (B, T, L) bool: which of those each new entry sees (None: causal over `KVCache`);
         logits_to_keep: logits for the last that many positions only (0: all).
         Returns (prenorm (B, T, H), logits (B, T or logits_to_keep, V_d)); appends T entries to `cache`.
         """
-        def attend(q, k, v):  # (B, n_heads, T, d) each -> (B, n_heads, T, d)
-            k_all, v_all = cache.append(k, v)
-            mask = attn_mask
-            if mask is None:
-                # causal: new entry i sees every cached entry and new entries <= i
-                T, L = q.shape[2], k_all.shape[2]
-                mask = torch.ones(T, L, dtype=torch.bool, device=q.device).tril(diagonal=L - T)
-            else:
-                mask = mask[:, None]  # (B, 1, T, L): the same for every head
-            return F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask)
+        def attend_layer(layer: int):
+            def attend(q, k, v):  # (B, n_heads, T, d) each -> (B, n_heads, T, d)
+                k_all, v_all = cache.update(k, v, layer)
+                mask = attn_mask
+                if mask is None:
+                    # causal: new entry i sees every cached entry and new entries <= i
+                    T, L = q.shape[2], k_all.shape[2]
+                    mask = torch.ones(T, L, dtype=torch.bool, device=q.device).tril(diagonal=L - T)
+                else:
+                    mask = mask[:, None]  # (B, 1, T, L): the same for every head
+                return F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask)
+            return attend
 
         cos, sin = self.rotary(position_ids, hidden.dtype)
-        prenorm, _, _ = self.midlayer(self.embed_tokens(input_ids).to(hidden.dtype), hidden, cos, sin, attend)
+        embeds = self.embed_tokens(input_ids).to(hidden.dtype)
+        prenorm = hidden
+        for i, layer in enumerate(self.decoder_layers):
+            prenorm, _, _ = layer(embeds, prenorm, cos, sin, attend_layer(i))
         return prenorm, self.logits(prenorm[:, -logits_to_keep:] if logits_to_keep else prenorm)
 
     def compile_math(self) -> None:
@@ -322,8 +372,10 @@ class Eagle3Draft(nn.Module):
         activations for backward (per TTT step at gpt-oss size the MLP alone holds four (T, 17280)
         tensors eagerly). The matmuls stay cuBLAS; attention is compiled on its own
         (`train/attention.py`). Shapes become dynamic after the first recompile."""
-        m = self.midlayer
-        for module in (m.input_layernorm, m.hidden_norm, m.post_attention_layernorm, m.mlp, self.norm):
+        modules = [self.norm, *([self.input_norm] if self.config.norm_before_fc else [])]
+        for m in self.decoder_layers:
+            modules += [m.input_layernorm, m.post_attention_layernorm, m.mlp, *([m.hidden_norm] if m.first else [])]
+        for module in modules:
             module.forward = torch.compile(module.forward)
 
     def num_parameters(self, trainable_only: bool = True) -> int:

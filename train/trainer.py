@@ -41,7 +41,8 @@ def draft_config(recipe: Recipe, tcfg, aux_layer_ids: list[int], draft_vocab_siz
     return DraftConfig.from_target_config(
         tcfg, aux_layer_ids, draft_vocab_size, target_model=recipe.target.model,
         intermediate_size=d.intermediate_size, num_attention_heads=d.num_attention_heads,
-        num_key_value_heads=d.num_key_value_heads, head_dim=d.head_dim, rms_norm_eps=d.rms_norm_eps)
+        num_key_value_heads=d.num_key_value_heads, head_dim=d.head_dim, rms_norm_eps=d.rms_norm_eps,
+        norm_before_fc=d.norm_before_fc, norm_before_residual=d.norm_before_residual, num_layers=d.num_layers)
 
 
 def build_draft(recipe: Recipe, run_dir: Path, embed: torch.Tensor) -> Eagle3Draft:
@@ -182,7 +183,7 @@ def run_train(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> dic
         draft.compile_math()
     # the target's lm_head turns stored final states into the teacher; a top-k capture needs none
     lm_head = heads["lm_head"].float() if index.get("teacher", "final") == "final" else torch.empty(0)
-    module = TTTModule(draft, lm_head, tr.ttt_steps, tr.decay, tr.attention, tr.checkpoint_layer)
+    module = TTTModule(draft, lm_head, tr.ttt_steps, tr.decay, tr.attention, tr.checkpoint_layer, tr.loss)
     if acc.is_fsdp2:
         configure_fsdp2(acc, draft)
     if online is not None:

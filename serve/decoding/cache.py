@@ -77,10 +77,6 @@ class RowKVCache:
         vb.scatter_(2, idx, value.to(vb.dtype))
         return kb[:, :, :self._kv_len], vb[:, :, :self._kv_len]
 
-    def append(self, key: torch.Tensor, value: torch.Tensor):
-        """The one-layer form the draft head calls (train/model.py `Eagle3Draft.step`)."""
-        return self.update(key, value, 0)
-
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self._kv_len
 

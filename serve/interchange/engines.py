@@ -7,7 +7,8 @@ the engine, the source file it comes from, and the offending value. Notes are di
 that do not change which weights run and only slightly change the numbers; they are printed
 and go into the model card.
 
-Requirements, with the source read (stored copies; versions as of the copies read):
+Requirements, with the source read (stored copies; versions named by the pull request that
+brought each feature, since releases were not tagged in the copies read):
   all engines
     - RoPE type default, linear, llama3 or yarn. eyas computes RoPE once at load
       (train/model.Rotary); the engines compute "dynamic" / "longrope" from the running
@@ -19,22 +20,38 @@ Requirements, with the source read (stored copies; versions as of the copies rea
       compute `hidden_states + residual` with residual None there, and SGLang/TRT-LLM number
       aux states by the layer whose output they are (id 0 would be layer -1).
   vLLM (vllm/model_executor/models/llama_eagle3.py)
-    - exactly 3 aux states: fc is built as `target_hidden_size * 3`.
     - hidden_size != target_hidden_size needs embed_tokens in the checkpoint: vllm/v1/spec_decode/
       eagle.py shares the target's embedding only when the shapes match.
-  SGLang (python/sglang/srt/models/llama_eagle3.py, speculative/eagle_worker.py)
-    - exactly 3 aux states: fc is `hidden_size_in * 3`.
+    - notes (version needed): a number of aux states other than 3 (fc sized from
+      `num_aux_hidden_states` / the eagle_config ids; older releases build `target_hidden_size * 3`);
+      id N, the last layer's output (PR #36063: capture after each layer, `EagleModelMixin`);
+      norm_before_fc (PR #36545; read from eagle_config since PR #42143, from speculators configs
+      since PR #38111); num_layers > 1 (PR #26164).
+  SGLang (python/sglang/srt/models/llama_eagle3.py, llama.py, gpt_oss.py, speculative/eagle_worker.py)
     - hidden_size == target_hidden_size: the EAGLE-3 worker always replaces embed_tokens with
       the target's (`set_embed`), and fc is applied only when the incoming width differs from
       the embedding width (so n_aux * target_hidden_size must differ from hidden_size).
-    - note: YaRN without `truncate` support (layers/rotary_embedding.py) — a yarn RoPE with
+    - no norm_before_residual: the first layer always keeps the raw h as its residual.
+    - aux layer id 1 cannot be written: SGLang reads `eagle_config` ids that start at 1 as
+      output-of-layer numbering (+1, PR #25454) and others as is.
+    - id N (the last layer's output) only for a gpt-oss target (PR #32334 captures the final
+      boundary in gpt_oss.py only; llama.py captures before each layer, never after the last).
+    - notes (version needed): ids not starting at 2 (PR #25454: older releases add 1 to every id);
+      norm_before_fc and id N (PR #32334); num_layers > 1 and a number of aux states other than 3
+      (PR #24663; older releases: "EAGLE3 currently only supports 1 layer", fc `hidden_size_in * 3`);
+      YaRN without `truncate` support (layers/rotary_embedding.py) — a yarn RoPE with
       `truncate: false` (gpt-oss) gets slightly different low/high correction bounds.
-  TensorRT-LLM (tensorrt_llm/_torch/models/modeling_speculative.py, attention_backend/interface.py)
+  TensorRT-LLM (tensorrt_llm/_torch/models/modeling_speculative.py, llmapi/llm_args.py)
     - any number of aux states, given as `eagle3_layers_to_capture` (output numbering) in the
-      serving YAML; without it TRT-LLM captures {1, N//2-1, N-4} (= eyas [2, N//2, N-3]).
+      serving YAML; without it TRT-LLM captures {1, N//2-1, N-4} (= eyas [2, N//2, N-3]); id N is
+      `eagle3_layers_to_capture` N-1, the last layer's output before the final norm.
     - hidden_size != target_hidden_size needs embed_tokens in the checkpoint (Eagle3DraftModel
       creates its own embedding only then; otherwise the target's is shared).
-    - note: RopeParams.from_config has no YaRN `truncate` either.
+    - no norm_before_residual (Eagle3DecoderLayer keeps the raw h as residual).
+    - num_layers > 1 refused: its later layers (Eagle3DecoderLayer, is_first_layer=False,
+      `next_layer_regular`) were not verified to match vLLM's plain Llama layers.
+    - note: norm_before_fc is read from `eagle_config` only (eyas writes it there too);
+      RopeParams.from_config has no YaRN `truncate` either.
 """
 
 from __future__ import annotations
@@ -69,14 +86,6 @@ def _common_problems(cfg: DraftConfig) -> list[str]:
     return problems
 
 
-def _three_aux(cfg: DraftConfig, engine: str, source: str) -> list[str]:
-    n = len(cfg.aux_layer_ids)
-    if n == 3:
-        return []
-    return [f"{n} aux layers {list(cfg.aux_layer_ids)}: {ENGINE_LABELS[engine]} builds fc for exactly 3 "
-            f"aux states ({source})"]
-
-
 def _own_embedding(cfg: DraftConfig, engine: str, include_embeddings: bool, source: str) -> list[str]:
     if cfg.hidden_size == cfg.target_hidden_size or include_embeddings:
         return []
@@ -85,16 +94,20 @@ def _own_embedding(cfg: DraftConfig, engine: str, include_embeddings: bool, sour
             "export with --include-embeddings"]
 
 
-def problems(cfg: DraftConfig, engine: str, include_embeddings: bool) -> list[str]:
-    """Reasons `engine` cannot serve this draft as eyas trained it (empty: it can)."""
+def problems(cfg: DraftConfig, engine: str, include_embeddings: bool, target_type: str | None = None,
+             target_layers: int | None = None) -> list[str]:
+    """Reasons `engine` cannot serve this draft as eyas trained it (empty: it can). `target_type`,
+    `target_layers`: the target's model_type and layer count, when its config is readable."""
     if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r}; choose from {', '.join(ENGINES)}")
     found = _common_problems(cfg)
+    label = ENGINE_LABELS[engine]
+    if cfg.norm_before_residual and engine in ("sglang", "trtllm"):
+        found.append(f"norm_before_residual: {label}'s first draft layer always keeps the raw hidden state as "
+                     "its residual (SGLang llama_eagle3.py / TRT-LLM Eagle3DecoderLayer); serve it with vLLM")
     if engine == "vllm":
-        found += _three_aux(cfg, engine, "vllm/model_executor/models/llama_eagle3.py")
         found += _own_embedding(cfg, engine, include_embeddings, "vllm/v1/spec_decode/eagle.py")
     elif engine == "sglang":
-        found += _three_aux(cfg, engine, "python/sglang/srt/models/llama_eagle3.py")
         if cfg.hidden_size != cfg.target_hidden_size:
             found.append(f"hidden_size {cfg.hidden_size} != target_hidden_size {cfg.target_hidden_size}: "
                          "SGLang always uses the target's embedding for an EAGLE-3 draft "
@@ -102,17 +115,52 @@ def problems(cfg: DraftConfig, engine: str, include_embeddings: bool) -> list[st
         elif len(cfg.aux_layer_ids) * cfg.target_hidden_size == cfg.hidden_size:
             found.append("n_aux * target_hidden_size == hidden_size: SGLang applies fc only when the "
                          "incoming width differs from the embedding width")
+        if cfg.aux_layer_ids and cfg.aux_layer_ids[0] == 1:
+            found.append(f"aux_layer_ids {cfg.aux_layer_ids} start at 1 (the output of layer 0): SGLang reads "
+                         "eagle_config ids starting at 1 as output-of-layer numbering and adds 1 (PR #25454), "
+                         "so this id cannot be written for it")
+        if target_layers is not None and target_layers in cfg.aux_layer_ids and target_type != "gpt_oss":
+            found.append(f"aux layer id {target_layers} (the last layer's output): SGLang captures it only for "
+                         f"gpt-oss targets (PR #32334), this target is {target_type!r}")
     else:
         found += _own_embedding(cfg, engine, include_embeddings,
                                 "tensorrt_llm/_torch/models/modeling_speculative.py")
+        if cfg.num_layers > 1:
+            found.append(f"num_layers {cfg.num_layers}: TRT-LLM's later draft layers (Eagle3DecoderLayer with "
+                         "is_first_layer=False) were not verified to run vLLM's plain Llama layer; serve it with "
+                         "vLLM (PR #26164) or SGLang (PR #24663)")
     return found
 
 
-def notes(cfg: DraftConfig, engine: str) -> list[str]:
-    """Known small numeric differences between eyas and `engine` for this draft."""
+def notes(cfg: DraftConfig, engine: str, target_layers: int | None = None) -> list[str]:
+    """What `engine` needs to serve this draft as trained (versions), and known small numeric differences."""
+    label, out = ENGINE_LABELS[engine], []
+    n_aux, ids = len(cfg.aux_layer_ids), list(cfg.aux_layer_ids)
+    last = target_layers is not None and target_layers in ids
+    if engine == "vllm":
+        if n_aux != 3:
+            out.append(f"{n_aux} aux states: needs a vLLM whose llama_eagle3.py sizes fc from num_aux_hidden_states "
+                       "(older releases build fc for 3)")
+        if last:
+            out.append(f"aux layer id {target_layers} (the last layer's output): needs vLLM with PR #36063")
+        if cfg.norm_before_fc:
+            out.append("norm_before_fc: needs vLLM with PR #36545 (eagle3 config) / #38111 (speculators config)")
+        if cfg.num_layers > 1:
+            out.append(f"num_layers {cfg.num_layers}: needs vLLM with PR #26164")
+    elif engine == "sglang":
+        if ids and ids[0] >= 3:
+            out.append(f"aux_layer_ids {ids}: needs SGLang with PR #25454 (older releases add 1 to every "
+                       "eagle_config id)")
+        if cfg.norm_before_fc or last:
+            out.append("norm_before_fc / the last layer's output: needs SGLang with PR #32334")
+        if cfg.num_layers > 1 or n_aux != 3:
+            out.append("num_layers > 1 or a number of aux states other than 3: needs SGLang with PR #24663")
+    else:
+        out.append(f"set eagle3_layers_to_capture: {[k - 1 for k in ids]} in the TRT-LLM serving config "
+                   "(output-of-layer numbering)")
     rope = cfg.rope_parameters
     if engine in ("sglang", "trtllm") and rope.get("rope_type") == "yarn" and rope.get("truncate") is False:
-        return [f"{ENGINE_LABELS[engine]}'s YaRN has no `truncate` option and truncates the correction "
-                "range; this draft's RoPE uses truncate=false, so draft RoPE frequencies differ slightly "
-                "(acceptance may drop a little; outputs stay lossless)"]
-    return []
+        out.append(f"{label}'s YaRN has no `truncate` option and truncates the correction "
+                   "range; this draft's RoPE uses truncate=false, so draft RoPE frequencies differ slightly "
+                   "(acceptance may drop a little; outputs stay lossless)")
+    return out

@@ -106,10 +106,11 @@ def read_target_config(target: str | None, notes: list[str]):
 
 def check_against_target(cfg: DraftConfig, tcfg) -> None:
     n_layers = tcfg.num_hidden_layers
-    bad = [k for k in cfg.aux_layer_ids if not 0 <= k < n_layers]
+    bad = [k for k in cfg.aux_layer_ids if not 0 <= k <= n_layers]
     if bad:
         raise ExportError(f"aux_layer_ids {cfg.aux_layer_ids}: {bad} out of range for a target with {n_layers} "
-                          "layers (vLLM convention: id k = input of decoder layer k, 0 <= k < N)")
+                          "layers (vLLM convention: id k = input of decoder layer k, id N = output of the last "
+                          "layer before the final norm: 0 <= k <= N)")
     if cfg.target_hidden_size != tcfg.hidden_size:
         raise ExportError(f"target_hidden_size {cfg.target_hidden_size} != the target's hidden_size "
                           f"{tcfg.hidden_size} (fc takes {len(cfg.aux_layer_ids)} target states)")
@@ -135,15 +136,19 @@ def check_embedding(draft: Eagle3Draft, target: str | None, dtype: torch.dtype, 
                           "the draft must use the target's own embedding (engines substitute it)")
 
 
-def engine_check(cfg: DraftConfig, selected: tuple[str, ...], include_embeddings: bool,
+def engine_check(cfg: DraftConfig, selected: tuple[str, ...], include_embeddings: bool, tcfg,
                  notes: list[str]) -> None:
-    refused = [f"{engine_rules.ENGINE_LABELS[e]}: {p}"
-               for e in selected for p in engine_rules.problems(cfg, e, include_embeddings)]
+    target_type = getattr(tcfg, "model_type", None) if tcfg is not None else None
+    target_layers = tcfg.num_hidden_layers if tcfg is not None else None
+    refused = [f"{engine_rules.ENGINE_LABELS[e]}: {p}" for e in selected
+               for p in engine_rules.problems(cfg, e, include_embeddings, target_type, target_layers)]
     if refused:
         raise ExportError("refused for " + "; ".join(refused)
                           + " (narrow --engines to export for the other engines)")
+    if tcfg is None and "sglang" in selected:
+        notes.append("target config unknown: whether SGLang can capture the last aux layer id was not checked")
     for e in selected:
-        notes.extend(engine_rules.notes(cfg, e))
+        notes.extend(engine_rules.notes(cfg, e, target_layers))
 
 
 # ---------------------------------------------------------------------------- validation
@@ -224,12 +229,16 @@ def _check_replaceable(out_dir: Path) -> None:
 
 
 def export(src: str | Path, fmt: str, out_dir: str | Path, *, dtype: str | torch.dtype = "bfloat16",
-           num_speculative_tokens: int = 3, include_embeddings: bool = False,
+           num_speculative_tokens: int = 3, include_embeddings: bool | None = None,
            engines: tuple[str, ...] | list[str] | None = None, target: str | None = None) -> ExportResult:
     """Export the checkpoint of a run (or a checkpoint directory) to `out_dir` in layout `fmt`.
 
     `engines` (default: every engine that loads `fmt`) are the engines the export is checked
-    for; `target` overrides the checkpoint's recorded target (e.g. a local copy of it)."""
+    for; `target` overrides the checkpoint's recorded target (e.g. a local copy of it).
+    `include_embeddings` (default: speculators yes, eagle3 no): write embed_tokens.weight. The
+    speculators library's loader (transformers 5, meta-device init) leaves a missing embed_tokens as
+    uninitialised memory (it fills the verifier's only where the table holds a NaN), so that format
+    carries the target's embedding by default; vLLM, SGLang and TRT-LLM share the target's anyway."""
     if fmt not in FORMATS:
         raise ExportError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
     dtype = parse_dtype(dtype) if isinstance(dtype, str) else dtype
@@ -241,6 +250,8 @@ def export(src: str | Path, fmt: str, out_dir: str | Path, *, dtype: str | torch
         raise ExportError(f"engines {unsupported} do not load the {fmt} format "
                           f"(it is loaded by {', '.join(engine_rules.FORMAT_ENGINES[fmt])})")
 
+    if include_embeddings is None:
+        include_embeddings = fmt == "speculators"
     checkpoint = resolve_checkpoint(src)
     draft = load_draft(checkpoint, dtype=torch.float32).eval()
     cfg = draft.config
@@ -250,7 +261,7 @@ def export(src: str | Path, fmt: str, out_dir: str | Path, *, dtype: str | torch
     tcfg = read_target_config(target, notes)
     if tcfg is not None:
         check_against_target(cfg, tcfg)
-    engine_check(cfg, selected, include_embeddings, notes)
+    engine_check(cfg, selected, include_embeddings, tcfg, notes)
     if target:
         check_embedding(draft, target, dtype, notes)
     if fmt == "eagle3":
@@ -280,9 +291,10 @@ def main_export(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-speculative-tokens", type=int, default=3,
                         help="speculators format: proposal_methods[0].speculative_tokens (default 3)")
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
-    parser.add_argument("--include-embeddings", action="store_true",
-                        help="also write embed_tokens.weight (the target's; engines share the target's "
-                             "embedding, so it is only needed when hidden sizes differ)")
+    parser.add_argument("--include-embeddings", action=argparse.BooleanOptionalAction, default=None,
+                        help="write embed_tokens.weight, the target's (default: yes for speculators, whose "
+                             "library loader would leave it uninitialised; no for eagle3: engines share the "
+                             "target's embedding, so it is only needed when hidden sizes differ)")
     parser.add_argument("--engines", help="comma-separated engines to check for (default: all that load the "
                                           "format: eagle3 -> vllm,sglang,trtllm; speculators -> vllm)")
     parser.add_argument("--target", help="target model (directory or hub id); default: the one the checkpoint "

@@ -28,10 +28,19 @@ Sources read for every field below (the stored copies of each project):
 
 Aux-layer id conventions. eyas (and vLLM's top-level `eagle_aux_hidden_state_layer_ids`, and the
 speculators library) number an aux state by the decoder layer whose INPUT it is: id k = HF
-`hidden_states[k]`. SGLang reads `eagle_config.eagle_aux_hidden_state_layer_ids` and captures
-before layer `id + 1`, i.e. those ids name the OUTPUT of decoder layer j; ModelOpt (forward hooks
-on layer outputs), SpecForge configs and TRT-LLM's `eagle3_layers_to_capture` use that output
-numbering too. So the eagle3 config carries both: top level `k`, `eagle_config` `k - 1`.
+`hidden_states[k]`, and id N = the output of the last layer before the final norm (vLLM's
+boundary numbering: the residual stream after k layers). ModelOpt (forward hooks on layer
+outputs), SpecForge configs and TRT-LLM's `eagle3_layers_to_capture` name the OUTPUT of decoder
+layer j = k - 1. SGLang reads `eagle_config.eagle_aux_hidden_state_layer_ids` both ways: ids
+starting at 1 as output numbering (it adds 1), others as boundaries (PR #25454; gpt-oss: PR #32334,
+nvidia's v3 draft writes [24, 30, 36]). So the eagle3 config carries the top level `k` and an
+`eagle_config` list SGLang reads as `k`: `k - 1` when the first id is 2 (which every SGLang release
+reads right), else `k` (`sglang_layer_ids`), and the importer reads such a list back the same way.
+
+Options (train/model.py): `norm_before_fc` is written at the top level (vLLM, speculators) and in
+`eagle_config` (vLLM reads it there first since PR #42143; TRT-LLM only there); its weight is
+`input_norm.weight`. `norm_before_residual` is top level. Later decoder layers are `layers.1.*`...
+in both layouts (vLLM maps `midlayer.` to `layers.0.`); `num_hidden_layers` counts them all.
 """
 
 from __future__ import annotations
@@ -58,14 +67,17 @@ EYAS_LAYER_PREFIX = "midlayer."
 INDEX_DTYPES = {"d2t": torch.int64, "t2d": torch.bool}  # vLLM draft_id_to_target_id is torch.long
 
 
-def input_to_output_ids(layer_ids: list[int]) -> list[int]:
-    """eyas/vLLM ids (input of layer k) -> SGLang/ModelOpt/TRT-LLM ids (output of layer k - 1)."""
-    return [k - 1 for k in layer_ids]
+def sglang_layer_ids(layer_ids: list[int]) -> list[int]:
+    """eyas/vLLM ids -> the `eagle_config` ids SGLang reads as them: output-of-layer numbering (k - 1,
+    read with +1 by every release) when the first id is 2, else the boundary ids themselves (which
+    SGLang >= PR #25454 reads as is; the engine rules refuse a first id of 1 for SGLang)."""
+    return [k - 1 for k in layer_ids] if layer_ids and layer_ids[0] == 2 else list(layer_ids)
 
 
-def output_to_input_ids(layer_ids: list[int]) -> list[int]:
-    """SGLang/ModelOpt/TRT-LLM ids (output of layer j) -> eyas/vLLM ids (input of layer j + 1)."""
-    return [j + 1 for j in layer_ids]
+def eagle_config_ids_to_input_ids(layer_ids: list[int]) -> list[int]:
+    """`eagle_config` ids as SGLang (PR #25454) reads them -> eyas/vLLM ids: a list starting at 1 is
+    output-of-layer numbering (ModelOpt, SpecForge: +1), any other is boundary numbering (nvidia's v3)."""
+    return [j + 1 for j in layer_ids] if layer_ids and layer_ids[0] == 1 else list(layer_ids)
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -103,7 +115,7 @@ def llama_layer_config(cfg: DraftConfig, dtype: torch.dtype) -> dict:
         "num_attention_heads": cfg.num_attention_heads,
         "num_key_value_heads": cfg.num_key_value_heads,
         "head_dim": cfg.head_dim,  # explicit: speculators doubles hidden_size for its rotary config
-        "num_hidden_layers": 1,  # one EAGLE-3 layer (vLLM/TRT-LLM build this many layers)
+        "num_hidden_layers": cfg.num_layers,  # draft decoder layers (vLLM/SGLang/TRT-LLM build this many)
         "hidden_act": cfg.hidden_act,  # vLLM/SGLang LlamaMLP accept only "silu"
         "rms_norm_eps": cfg.rms_norm_eps,
         "vocab_size": cfg.vocab_size,  # target vocab: embed_tokens rows, size of the scattered logits
@@ -126,13 +138,18 @@ def eagle3_config(cfg: DraftConfig, dtype: torch.dtype) -> dict:
         "draft_vocab_size": cfg.draft_vocab_size,
         # fc input = target_hidden_size * n_aux (vLLM, SGLang: `hidden_size_in * 3`, TRT-LLM)
         "target_hidden_size": cfg.target_hidden_size,
-        # vLLM llama_eagle3: residual = un-normed hidden (the eyas layer); explicit for clarity
-        "norm_before_residual": False,
-        # vLLM gpu_model_runner reads this first; input-of-layer-k numbering
+        # vLLM llama_eagle3: true = the first layer's residual is hidden_norm(h)
+        "norm_before_residual": cfg.norm_before_residual,
+        # vLLM llama_eagle3 (top level or eagle_config): RMSNorm `input_norm` over the aux states before fc
+        "norm_before_fc": cfg.norm_before_fc,
+        # vLLM / SGLang size fc from this (else from the eagle_config ids, else 3)
+        "num_aux_hidden_states": len(cfg.aux_layer_ids),
+        # vLLM gpu_model_runner reads this first; input-of-layer-k numbering (id N: the last layer's output)
         "eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids),
         "eagle_config": {
-            # SGLang model_runner reads only this and captures before layer id + 1
-            "eagle_aux_hidden_state_layer_ids": input_to_output_ids(cfg.aux_layer_ids),
+            # SGLang reads only this (ids starting at 1: +1; else as is); TRT-LLM reads norm_before_fc only here
+            "eagle_aux_hidden_state_layer_ids": sglang_layer_ids(cfg.aux_layer_ids),
+            "norm_before_fc": cfg.norm_before_fc,
             # vLLM LlamaModel / SGLang eagle worker: false would drop fc (EAGLE-1 style input)
             "use_aux_hidden_state": True,
         },
@@ -151,9 +168,9 @@ def speculators_config(cfg: DraftConfig, dtype: torch.dtype, num_speculative_tok
         "draft_vocab_size": cfg.draft_vocab_size,
         "target_hidden_size": cfg.target_hidden_size,
         # vLLM algos.update_eagle3 defaults this to TRUE when absent (the speculators library
-        # defaults to false): the eyas layer keeps the un-normed hidden as residual, so write it.
-        "norm_before_residual": False,
-        "norm_before_fc": False,  # newer vLLM/speculators: RMSNorm over aux states before fc
+        # defaults to false): always written
+        "norm_before_residual": cfg.norm_before_residual,
+        "norm_before_fc": cfg.norm_before_fc,  # vLLM PR #38111 / speculators `input_norm`
         "eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids),  # input-of-layer-k numbering
         "embed_requires_grad": False,
         "torch_dtype": dtype_name(dtype),

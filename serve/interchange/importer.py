@@ -15,10 +15,16 @@ What is filled in the way the engines would fill it:
   - lm_head missing with a full-size draft vocab: the target's lm_head (SGLang/TRT-LLM do this).
   - d2t/t2d missing with draft_vocab_size == vocab_size: the identity map.
   - aux layer ids: top-level `eagle_aux_hidden_state_layer_ids` as is (vLLM reads it first; input of
-    layer k); else `eagle_config` ids + 1 (SGLang/ModelOpt number the output of layer j); else the
-    engines' default [2, N//2, N-3] for a target with N layers.
-Features the eyas layer does not have (norm_before_residual, norm_before_fc, fc_norm, several
-decoder layers, biases, non-SiLU MLP, a Qwen3 layer with q/k norms, ...) are refused by name.
+    layer k, id N the last layer's output); else the `eagle_config` ids as SGLang reads them (a list
+    starting at 1 is output numbering, +1 — ModelOpt, SpecForge; any other is boundary numbering —
+    nvidia/gpt-oss-120b-Eagle3-v3's [24, 30, 36]); else the engines' default [2, N//2, N-3].
+  - the options, as vLLM reads them: `norm_before_fc` from `eagle_config`, else the top level
+    (weight `input_norm.weight`); `norm_before_residual` from the top level (absent: false, except
+    in the speculators format, where vLLM assumes true and the library false: refused as ambiguous);
+    `num_hidden_layers` decoder layers named `midlayer.*` / `layers.0.*` / `midlayer.0.*`, then
+    `layers.i.*` / `midlayer.i.*`.
+Features the eyas layer does not have (fc_norm, norm_output, biases, non-SiLU MLP, a Qwen3 layer
+with q/k norms, ...) are refused by name.
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ from .formats import (
     check_vocab_map,
     identity_vocab_map,
     meta_state_shapes,
-    output_to_input_ids,
+    eagle_config_ids_to_input_ids,
     parse_dtype,
     t2d_from_d2t,
 )
@@ -59,12 +65,14 @@ MODELOPT_SWITCHES = {
     "use_last_layernorm": True,  # final `norm` before lm_head
     "use_mtp_layernorm": False,
     "use_aux_hidden_state": True,  # fc over aux states (EAGLE-3, not EAGLE-1)
-    "norm_before_fc": False,  # vLLM/TRT-LLM read it from eagle_config for NVIDIA checkpoints
     "eh_proj_before_attn": False,  # TRT-LLM
     "return_hidden_post_norm": False,  # TRT-LLM
+    "next_layer_regular": True,  # TRT-LLM: later layers are plain Llama layers
 }
-# speculators top-level switches the eyas layer does not implement when true.
-SPECULATORS_SWITCHES = ("norm_before_fc", "fc_norm", "norm_output")
+# eagle_config keys that mark an NVIDIA ModelOpt export (beyond the switches above)
+MODELOPT_KEYS = ("norm_before_fc", "parallel_draft_step")
+# top-level switches (vLLM llama_eagle3 / speculators) the eyas layer does not implement when true.
+UNSUPPORTED_SWITCHES = ("fc_norm", "norm_output", "use_aux_norm")
 
 
 class DraftFormatError(ValueError):
@@ -114,7 +122,8 @@ def detect_layout(raw: dict, where: str) -> str:
         raise DraftFormatError(f"{where}: architectures {architectures}; expected {EAGLE3_ARCHITECTURE!r} "
                                "(EAGLE-3 release / SpecForge / ModelOpt) or a speculators eagle3 config")
     eagle_config = raw.get("eagle_config") or {}
-    return "modelopt" if set(eagle_config) & (set(MODELOPT_SWITCHES) - {"use_aux_hidden_state"}) else "eagle3"
+    marks = (set(MODELOPT_SWITCHES) - {"use_aux_hidden_state"}) | set(MODELOPT_KEYS)
+    return "modelopt" if set(eagle_config) & marks else "eagle3"
 
 
 def _check_switches(raw: dict, layout: str, where: str) -> None:
@@ -128,18 +137,14 @@ def _check_switches(raw: dict, layout: str, where: str) -> None:
     if parallel is not None and parallel > 1:
         raise DraftFormatError(f"{where}: eagle_config.parallel_draft_step = {parallel} (parallel drafting "
                                "heads are not part of the eyas draft)")
-    if layout == "speculators":
-        if "norm_before_residual" not in raw:
-            raise DraftFormatError(
-                f"{where}: no norm_before_residual; vLLM assumes true when it is absent, the speculators "
-                "library false, so the layer is ambiguous")
-        switches = ["norm_before_residual", *SPECULATORS_SWITCHES]
-    else:
-        switches = ["norm_before_residual", "norm_before_fc"]
-    for key in switches:
+    if layout == "speculators" and "norm_before_residual" not in raw:
+        raise DraftFormatError(
+            f"{where}: no norm_before_residual; vLLM assumes true when it is absent, the speculators "
+            "library false, so the layer is ambiguous")
+    for key in UNSUPPORTED_SWITCHES:
         if raw.get(key):
             raise DraftFormatError(f"{where}: {key} = {raw[key]!r}; the eyas layer has no {key} "
-                                   "(residual = un-normed hidden, fc on raw aux states, prenorm output)")
+                                   "(fc on the aux states as one block, the prenorm output fed back)")
 
 
 def _layer_config(raw: dict, layout: str, where: str):
@@ -155,9 +160,8 @@ def _layer_config(raw: dict, layout: str, where: str):
                                "(no q/k norms) is implemented by eyas")
     # null fields (ModelOpt's template writes unset ones as null) take LlamaConfig's defaults
     lcfg = LlamaConfig(**{k: v for k, v in base.items() if k != "model_type" and v is not None})
-    for key, wanted in (("num_hidden_layers", 1), ("hidden_act", "silu")):
-        if getattr(lcfg, key) != wanted:
-            raise DraftFormatError(f"{where}: {key} = {getattr(lcfg, key)!r}; the eyas draft has {key} = {wanted!r}")
+    if lcfg.hidden_act != "silu":
+        raise DraftFormatError(f"{where}: hidden_act = {lcfg.hidden_act!r}; the eyas draft has hidden_act = 'silu'")
     for key in ("attention_bias", "mlp_bias", "tie_word_embeddings"):
         if getattr(lcfg, key, False):
             raise DraftFormatError(f"{where}: {key} = true; the eyas draft has {key} = false")
@@ -168,12 +172,13 @@ def _aux_layer_ids(raw: dict, target_layers: int | None, where: str, notes: list
     top = raw.get("eagle_aux_hidden_state_layer_ids")
     nested = (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
     if top:
-        if nested and output_to_input_ids(nested) != list(top):
-            notes.append(f"eagle_config ids {list(nested)} disagree with top-level ids {list(top)} "
-                         "(expected top-level - 1); using the top-level ids as vLLM does")
+        if nested and eagle_config_ids_to_input_ids(nested) != list(top):
+            notes.append(f"eagle_config ids {list(nested)} (as SGLang reads them: "
+                         f"{eagle_config_ids_to_input_ids(nested)}) disagree with top-level ids {list(top)}; "
+                         "using the top-level ids as vLLM does")
         return [int(i) for i in top]
     if nested:
-        return output_to_input_ids([int(i) for i in nested])
+        return eagle_config_ids_to_input_ids([int(i) for i in nested])
     if target_layers is None:
         raise DraftFormatError(f"{where}: no eagle_aux_hidden_state_layer_ids; pass --target so the engines' "
                                "default [2, N//2, N-3] can be taken from the target's layer count")
@@ -206,6 +211,7 @@ def published_config(raw: dict, layout: str, target: str | None, where: str, not
     # absent draft_vocab_size / target_hidden_size: vLLM and TRT-LLM default them to vocab_size / hidden_size
     draft_vocab = raw.get("draft_vocab_size") or lcfg.vocab_size
     target_hidden = raw.get("target_hidden_size") or lcfg.hidden_size
+    eagle_config = raw.get("eagle_config") or {}
     return DraftConfig(
         hidden_size=lcfg.hidden_size,
         num_attention_heads=lcfg.num_attention_heads,
@@ -221,11 +227,16 @@ def published_config(raw: dict, layout: str, target: str | None, where: str, not
         rope_parameters=rope,
         hidden_act=lcfg.hidden_act,
         target_model=target,
+        # vLLM llama_eagle3: eagle_config first (nvidia's checkpoints), then the top level
+        norm_before_fc=bool(eagle_config.get("norm_before_fc", raw.get("norm_before_fc", False))),
+        norm_before_residual=bool(raw.get("norm_before_residual", False)),
+        num_layers=int(lcfg.num_hidden_layers),
     )
 
 
 def normalize_names(state: dict[str, torch.Tensor], where: str) -> dict[str, torch.Tensor]:
-    """Published tensor names -> eyas names (`model.` prefix dropped, `layers.0.` -> `midlayer.`)."""
+    """Published tensor names -> eyas names (`model.` prefix dropped; `layers.0.` / `midlayer.0.` ->
+    `midlayer.`; `midlayer.i.` -> `layers.i.`)."""
     out = {}
     for name, tensor in state.items():
         if name.startswith("model."):
@@ -234,10 +245,7 @@ def normalize_names(state: dict[str, torch.Tensor], where: str) -> dict[str, tor
             continue
         m = re.match(r"^(?:layers|midlayer)\.(\d+)\.(.+)$", name)
         if m:
-            if m.group(1) != "0":
-                raise DraftFormatError(f"{where}: tensor {name}: drafts with more than one decoder layer "
-                                       "are not supported by eyas")
-            name = EYAS_LAYER_PREFIX + m.group(2)
+            name = (EYAS_LAYER_PREFIX if m.group(1) == "0" else f"layers.{m.group(1)}.") + m.group(2)
         if name in out:
             raise DraftFormatError(f"{where}: tensor {name} appears twice under different published names")
         out[name] = tensor

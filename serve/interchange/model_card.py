@@ -22,7 +22,7 @@ import yaml
 
 from . import engines as engine_rules
 from .export import ExportResult
-from .formats import input_to_output_ids
+from .formats import sglang_layer_ids
 from .run_dir import FinishedRun
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -148,7 +148,7 @@ def serving_section(repo_id: str, target: str, k: int, result: ExportResult) -> 
                   "```", "", "A chain of k drafted tokens (top-k 1), k + 1 tokens verified per step. SGLang reads "
                   "the aux layers from `eagle_config.eagle_aux_hidden_state_layer_ids`.", ""]
     if "trtllm" in result.engines:
-        capture = input_to_output_ids(cfg.aux_layer_ids)
+        capture = [k - 1 for k in cfg.aux_layer_ids]  # output of decoder layer k - 1
         parts += ["### TensorRT-LLM (PyTorch backend)", "", "`eagle3.yaml`:", "", "```yaml",
                   "speculative_config:", "  decoding_type: Eagle3", f"  max_draft_len: {k}",
                   f"  speculative_model: {repo_id}  # older releases: speculative_model_dir: <local copy>",
@@ -166,12 +166,12 @@ def convention_section(result: ExportResult) -> str:
     return "\n".join([
         "## Aux layer ids", "",
         f"The draft reads the target's hidden states at layers {ids} (eyas / vLLM numbering: id k is the "
-        "*input* of decoder layer k, 0-based — Hugging Face `hidden_states[k]`), concatenated in that order "
-        "into `fc`.", "",
+        "*input* of decoder layer k, 0-based — Hugging Face `hidden_states[k]`; id N, the layer count, is the "
+        "output of the last layer before the final norm), concatenated in that order into `fc`.", "",
         f"- `eagle_aux_hidden_state_layer_ids: {ids}` (top level) — read by vLLM.",
-        f"- `eagle_config.eagle_aux_hidden_state_layer_ids: {input_to_output_ids(ids)}` — read by SGLang, which "
-        "numbers the *output* of decoder layer j (it captures before layer j + 1), as ModelOpt, SpecForge and "
-        "TensorRT-LLM's `eagle3_layers_to_capture` do.", ""])
+        f"- `eagle_config.eagle_aux_hidden_state_layer_ids: {sglang_layer_ids(ids)}` — read by SGLang, which "
+        "takes a list starting at 1 as the *output* of decoder layer j (as ModelOpt, SpecForge and TensorRT-LLM's "
+        "`eagle3_layers_to_capture` number them) and any other list as these boundary ids (PR #25454).", ""])
 
 
 def render_model_card(run: FinishedRun, repo_id: str, result: ExportResult, k: int,
