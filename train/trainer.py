@@ -58,10 +58,11 @@ def build_draft(recipe: Recipe, run_dir: Path, embed: torch.Tensor) -> Eagle3Dra
     d = recipe.draft
     if d.init_from:
         draft = load_draft(d.init_from)
-        if draft.config.aux_layer_ids != cfg.aux_layer_ids or draft.config.draft_vocab_size != cfg.draft_vocab_size:
-            raise ValueError(f"draft.init_from={d.init_from}: its aux ids {draft.config.aux_layer_ids} / draft "
-                             f"vocab {draft.config.draft_vocab_size} differ from this run's "
-                             f"{cfg.aux_layer_ids} / {cfg.draft_vocab_size}")
+        keys = ("aux_layer_ids", "draft_vocab_size", "norm_before_fc", "norm_before_residual", "num_layers")
+        differ = [k for k in keys if getattr(draft.config, k) != getattr(cfg, k)]
+        if differ:
+            raise ValueError(f"draft.init_from={d.init_from}: " + ", ".join(
+                f"its {k} {getattr(draft.config, k)!r} != this run's {getattr(cfg, k)!r}" for k in differ))
         return draft
     torch.manual_seed(recipe.train.seed)
     draft = Eagle3Draft(cfg)
