@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import sys
 import time
@@ -70,7 +71,7 @@ def main(argv=None) -> int:
     rows = []
     for spec in args.options:
         name, _, combo = spec.partition("=")
-        over = combo.split(",") if combo else OPTIONS[name]
+        over = re.split(r",(?=[a-z_]+\.)", combo) if combo else OPTIONS[name]  # commas inside [..] stay
         recipe = load_recipe("recipes/demo.yaml", over + [f"eval.num_prompts={args.num_prompts}"])
         run = prepare(out, name, over, base)
         t0 = time.perf_counter()

@@ -27,8 +27,9 @@ def test_gpt_oss_120b_plan_on_8xh100_matches_hand_computation():
     assert p["target"]["bytes_mxfp4"] == experts * 4.25 / 8 + (total - experts) * 2  # 65.25 GB
     assert p["target"]["bytes_bf16"] == 2 * total
     assert p["target_gb_per_gpu"]["bf16"] == pytest.approx(2 * total / 8 / 1e9)
-    draft = (3 * H * H + 2 * H * 4096 + 2 * (2 * H * 512) + 4096 * H + 3 * H * I_DRAFT + 3 * H + H + H * VD)
-    assert p["draft_trainable"] == draft == 307_641_600 and p["draft_frozen"] == V * H
+    draft = (3 * H * H + 2 * H * 4096 + 2 * (2 * H * 512) + 4096 * H + 3 * H * I_DRAFT + 3 * H + H + H * VD
+             + 3 * H)  # input_norm (norm_before_fc) over the three aux states
+    assert p["draft_trainable"] == draft == 307_650_240 and p["draft_frozen"] == V * H
     a = Assumptions()
     tokens = 100_000 * (400 + 0.75 * 2048)  # num_prompts x (assumed prompt + generated)
     assert p["tokens"] == tokens
