@@ -303,12 +303,13 @@ class Eagle3Draft(nn.Module):
         return [self.midlayer, *self.layers.values()]
 
     def reset_parameters(self, std: float = 0.02) -> None:
+        # fc and lm_head first, then each layer: a one-layer draft draws exactly what it always drew
+        for lin in (self.fc, self.lm_head):
+            nn.init.normal_(lin.weight, std=std)
         for layer in self.decoder_layers:
             for lin in (layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj,
                         *[getattr(layer.self_attn, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")]):
                 nn.init.normal_(lin.weight, std=std)
-        for lin in (self.fc, self.lm_head):
-            nn.init.normal_(lin.weight, std=std)
 
     # ---- pieces shared by inference and TTT
 
