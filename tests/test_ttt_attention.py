@@ -172,3 +172,32 @@ def test_validation_split_is_disjoint_and_seeded():
     assert len(va) == 5 and sorted(tr + va) == list(range(100)) and (tr, va) == split_validation(100, 0.05, 1)
     assert split_validation(100, 0.05, 2)[1] != va
     assert split_validation(20, 0.02, 0)[1] and split_validation(5, 0.0, 0) == ([0, 1, 2, 3, 4], [])
+
+
+@pytest.mark.parametrize("kind", ["kl", "lk", "ce"])
+def test_ttt_loss_is_the_chosen_loss_over_the_trained_positions(kind):
+    """train.loss reaches every step: each step's loss is the mean of `position_loss(kind)` of that step's
+    logits over the trained positions (counted, target argmax in the draft vocab), summed with decay**j;
+    a two-layer draft with norm_before_fc trains through the same path (every tensor gets a gradient)."""
+    from eyas.train.loss import position_loss
+    from eyas.train.packing import doc_ids_from_lengths
+
+    d = make_draft(6, num_layers=2, norm_before_fc=True)
+    d.train()
+    g = torch.Generator().manual_seed(6)
+    B, T, steps, decay = 2, 11, 3, 0.8
+    ids = torch.randint(0, 97, (B, T), generator=g)
+    aux = torch.randn(B, T, 96, generator=g)
+    mask = (torch.rand(B, T, generator=g) > 0.2).float()
+    target = random_target(d, B, T, g)
+    out = ttt_forward(d, aux, ids, mask, doc_ids_from_lengths(torch.tensor([T, T]), T), target, ttt_steps=steps,
+                      decay=decay, keep_logits=True, loss=kind)
+    expected = 0.0
+    for j in range(steps):
+        L = T - 2 - j
+        trained = mask[:, 2 + j:].bool() & target.in_draft[:, 1 + j:T - 1]
+        per = position_loss(kind, out.logits[j][:, :L], target.probs[:, 1 + j:T - 1])
+        expected = expected + decay ** j * per[trained].mean()
+    torch.testing.assert_close(out.loss, expected, rtol=1e-5, atol=1e-6)
+    out.loss.backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for n, p in d.named_parameters() if p.requires_grad)
