@@ -43,8 +43,12 @@ CASES += [(2, YARN, "chunked", option) for option in OPTIONS if option != "plain
 
 @pytest.mark.parametrize("seed,rope,attention,option", CASES)
 def test_ttt_logits_equal_inference_chain(seed, rope, attention, option, monkeypatch):
+    """fp32, within 1e-4 for the plain draft and 3e-4 for the options: their larger activations (normed
+    residuals, deeper stacks) put fp32's summation-order differences, which vary with the thread count, at
+    about 1e-4 by step 6 (the attention keeps fp32 statistics, so fp64 would not be tighter)."""
     monkeypatch.setattr("eyas.train.attention.tile_size", lambda *a: 4)  # several tiles in 13 positions
     d = make_draft(seed, rope, **OPTIONS[option])
+    tol = 1e-4 if option == "plain" else 3e-4
     B, T, steps = 2, 13, 7
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, 97, (B, T), generator=g)
@@ -60,7 +64,7 @@ def test_ttt_logits_equal_inference_chain(seed, rope, attention, option, monkeyp
                 # step 0: prefix states g_0..g_i with tokens x_1..x_{i+1} at positions 0..i
                 pos = torch.arange(i + 1)[None]
                 h, logits = d.step(ids[b:b + 1, 1:i + 2], fused[b:b + 1, :i + 1], pos, cache)
-                torch.testing.assert_close(logits[0, i], out.logits[0][b, i], atol=1e-4, rtol=0)
+                torch.testing.assert_close(logits[0, i], out.logits[0][b, i], atol=tol, rtol=0)
                 hidden = h[:, -1:]
                 for j in range(1, steps):
                     if i + 1 + j >= T:
@@ -68,7 +72,7 @@ def test_ttt_logits_equal_inference_chain(seed, rope, attention, option, monkeyp
                     tok = ids[b:b + 1, i + 1 + j:i + 2 + j]  # teacher-forced x_{i+1+j}
                     hidden, logits = d.step(tok, hidden, torch.tensor([[i + j]]), cache)
                     diff = (logits[0, 0] - out.logits[j][b, i]).abs().max().item()
-                    assert diff <= 1e-4, f"step {j} index {i}: max abs diff {diff}"
+                    assert diff <= tol, f"step {j} index {i}: max abs diff {diff}"
 
 
 def test_steps_actually_differ():
