@@ -134,19 +134,15 @@ def reference_forward(w, embed, ids, hidden_in, theta, norm_before_residual=Fals
     return h, rms(h, w["norm.weight"]) @ w["lm_head.weight"].T
 
 
-def reference_logits(w, embed, ids, aux, theta, norm_before_fc=False, **options):
-    """The prefix's logits (B, T, V_d), then the chained step's (B, 1, V_d): token `ids`' next-token
-    argmax fed with the last prefix entry's prenorm state, at position T."""
-    w = {k: v.double() for k, v in w.items()}
+def reference_fuse(w, aux, norm_before_fc=False):
+    """aux (B, T, n*H) -> g (B, T, H): [input_norm, one norm over all n * H (vLLM combine_hidden_states)], fc."""
     aux = aux.double()
     if norm_before_fc:
-        aux = rms(aux, w["input_norm.weight"])  # one norm over all n_aux * H (vLLM combine_hidden_states)
-    g = aux @ w["fc.weight"].T
-    prenorm, logits = reference_forward(w, embed, ids, g, theta, **options)
-    return logits, prenorm
+        aux = rms(aux, w["input_norm.weight"])
+    return aux @ w["fc.weight"].T
 
 
-def check_against_reference(draft, weights, embed, theta, n_aux=3, **options):
+def check_against_reference(draft, weights, embed, theta, n_aux=3, norm_before_fc=False, **options):
     g = torch.Generator().manual_seed(7)
     ids = torch.randint(0, VOCAB, (2, 6), generator=g)
     aux = torch.randn(2, 6, n_aux * HIDDEN, generator=g) * 3
@@ -155,16 +151,13 @@ def check_against_reference(draft, weights, embed, theta, n_aux=3, **options):
         hidden, logits = draft.step(ids, draft.fuse(aux), torch.arange(6).expand(2, 6), cache)
         guess = draft.to_target_ids(logits[:, -1:].argmax(-1))  # (2, 1)
         _, chained = draft.step(guess, hidden[:, -1:], torch.full((2, 1), 6), cache)
-    expected, prenorm = reference_logits(weights, embed, ids, aux, theta, **options)
+    w = {k: v.double() for k, v in weights.items()}
+    g0 = reference_fuse(w, aux, norm_before_fc)
+    prenorm, expected = reference_forward(w, embed, ids, g0, theta, **options)
     assert (logits.double() - expected).abs().max().item() <= 1e-5
     # the chained entry: the prefix entries unchanged (causal), then the fed-back prenorm state
-    w = {k: v.double() for k, v in weights.items()}
-    g0 = aux.double()
-    if options.get("norm_before_fc"):
-        g0 = rms(g0, w["input_norm.weight"])
-    hidden_in = torch.cat([g0 @ w["fc.weight"].T, prenorm[:, -1:]], dim=1)
-    opts = {k: v for k, v in options.items() if k != "norm_before_fc"}
-    _, ref_chained = reference_forward(w, embed, torch.cat([ids, guess], 1), hidden_in, theta, **opts)
+    hidden_in = torch.cat([g0, prenorm[:, -1:]], dim=1)
+    _, ref_chained = reference_forward(w, embed, torch.cat([ids, guess], 1), hidden_in, theta, **options)
     assert (chained.double() - ref_chained[:, -1:]).abs().max().item() <= 1e-5
 
 

@@ -58,6 +58,8 @@ from __future__ import annotations
 
 from eyas.train.model import DraftConfig
 
+from .formats import output_numbering
+
 ENGINES = ("vllm", "sglang", "trtllm")
 ENGINE_LABELS = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM"}
 # which engines load each published layout (serve/formats.py)
@@ -156,7 +158,7 @@ def notes(cfg: DraftConfig, engine: str, target_layers: int | None = None) -> li
         if cfg.num_layers > 1 or n_aux != 3:
             out.append("num_layers > 1 or a number of aux states other than 3: needs SGLang with PR #24663")
     else:
-        out.append(f"set eagle3_layers_to_capture: {[k - 1 for k in ids]} in the TRT-LLM serving config "
+        out.append(f"set eagle3_layers_to_capture: {output_numbering(ids)} in the TRT-LLM serving config "
                    "(output-of-layer numbering)")
     rope = cfg.rope_parameters
     if engine in ("sglang", "trtllm") and rope.get("rope_type") == "yarn" and rope.get("truncate") is False:

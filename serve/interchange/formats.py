@@ -67,11 +67,16 @@ EYAS_LAYER_PREFIX = "midlayer."
 INDEX_DTYPES = {"d2t": torch.int64, "t2d": torch.bool}  # vLLM draft_id_to_target_id is torch.long
 
 
+def output_numbering(layer_ids: list[int]) -> list[int]:
+    """eyas/vLLM ids -> output-of-layer numbering (ModelOpt, TRT-LLM `eagle3_layers_to_capture`): k - 1."""
+    return [k - 1 for k in layer_ids]
+
+
 def sglang_layer_ids(layer_ids: list[int]) -> list[int]:
     """eyas/vLLM ids -> the `eagle_config` ids SGLang reads as them: output-of-layer numbering (k - 1,
     read with +1 by every release) when the first id is 2, else the boundary ids themselves (which
     SGLang >= PR #25454 reads as is; the engine rules refuse a first id of 1 for SGLang)."""
-    return [k - 1 for k in layer_ids] if layer_ids and layer_ids[0] == 2 else list(layer_ids)
+    return output_numbering(layer_ids) if layer_ids and layer_ids[0] == 2 else list(layer_ids)
 
 
 def eagle_config_ids_to_input_ids(layer_ids: list[int]) -> list[int]:

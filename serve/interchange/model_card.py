@@ -22,7 +22,7 @@ import yaml
 
 from . import engines as engine_rules
 from .export import ExportResult
-from .formats import sglang_layer_ids
+from .formats import output_numbering, sglang_layer_ids
 from .run_dir import FinishedRun
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -148,7 +148,7 @@ def serving_section(repo_id: str, target: str, k: int, result: ExportResult) -> 
                   "```", "", "A chain of k drafted tokens (top-k 1), k + 1 tokens verified per step. SGLang reads "
                   "the aux layers from `eagle_config.eagle_aux_hidden_state_layer_ids`.", ""]
     if "trtllm" in result.engines:
-        capture = [k - 1 for k in cfg.aux_layer_ids]  # output of decoder layer k - 1
+        capture = output_numbering(cfg.aux_layer_ids)
         parts += ["### TensorRT-LLM (PyTorch backend)", "", "`eagle3.yaml`:", "", "```yaml",
                   "speculative_config:", "  decoding_type: Eagle3", f"  max_draft_len: {k}",
                   f"  speculative_model: {repo_id}  # older releases: speculative_model_dir: <local copy>",
