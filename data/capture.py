@@ -253,7 +253,7 @@ def run_capture(recipe: Recipe, run_dir: str | Path, progress: bool = True, shar
              "tokens_per_s": rate, "wall_s": round(time.time() - t0, 3)}
     if label:
         stats["capture_shards"] = shard.count
-    mark_done(run_dir, STAGE, stats)
+    mark_done(run_dir, STAGE, stats, known={f"{STAGE}/{s['file']}": s for s in shards})  # checksummed when written
     return stats
 
 

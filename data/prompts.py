@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from eyas.data.target import resolve_path
+from eyas.errors import InputError
 from eyas.io import is_done, mark_done, read_done, read_jsonl, stage_dir, write_jsonl
 from eyas.recipes.schema import DataSection, PromptSource, Recipe, RecipeError
 
@@ -54,7 +55,7 @@ ROLES = {
 }
 
 
-class DataFormatError(ValueError):
+class DataFormatError(InputError, ValueError):
     """A record (or a whole file) in none of the recognised layouts."""
 
 
@@ -148,7 +149,8 @@ def _convert(records: Iterable, where: Callable[[int], str]) -> list[list[dict]]
     return [record_to_conversation(r, where(i)) for i, r in enumerate(records)]
 
 
-def load_conversations(source: str, split: str = "train", hub_config: str | None = None) -> list[list[dict]]:
+def load_conversations(source: str, split: str = "train", hub_config: str | None = None,
+                       key: str = "data.prompts") -> list[list[dict]]:
     """All conversations of a local .jsonl/.json file or a hub dataset ("org/name").
 
     -> one list of {"role", "content"} messages per record. A malformed JSON line fails with
@@ -157,18 +159,35 @@ def load_conversations(source: str, split: str = "train", hub_config: str | None
     path = Path(source)
     if path.is_file():
         if path.suffix == ".jsonl":
-            rows = read_jsonl(path)
+            rows = read_jsonl(path, user_file=True)
             lines = _nonblank_lines(path)
             return _convert(rows, lambda i: f"{path}:{lines[i]}")
         if path.suffix == ".json":
             return _convert(_json_records(path), lambda i: f"{path}: record {i}")
         raise DataFormatError(f"{path}: unsupported file type {path.suffix!r} (expected .jsonl or .json)")
-    if path.suffix in (".jsonl", ".json") or path.exists():
-        raise FileNotFoundError(f"prompt file {source} does not exist (or is not a regular file)")
-    import datasets
-
-    ds = datasets.load_dataset(source, hub_config, split=split)
+    if path.suffix in (".jsonl", ".json") or path.exists() or source.startswith((".", "/", "~")):
+        raise InputError(f"{key}={source}: no such file (or not a regular file); fix the path (a relative one "
+                         f"is read from {Path.cwd()}), or give a hub dataset id ORG/NAME")
+    ds = hub_dataset(source, hub_config, split, key)
     return _convert(ds, lambda i: f"{source} (config {hub_config}, split {split}): record {i}")
+
+
+def hub_dataset(source: str, hub_config: str | None, split: str, key: str):
+    """datasets.load_dataset, with an unreachable hub or an unknown dataset as one eyas error naming `key`."""
+    import datasets
+    from datasets.exceptions import DatasetNotFoundError
+
+    from eyas.errors import RunError
+
+    try:
+        return datasets.load_dataset(source, hub_config, split=split)
+    except DatasetNotFoundError as e:
+        raise InputError(f"{key}={source}: no such dataset on the Hugging Face hub (or it is gated and this token "
+                         "cannot read it), and no such local file; check the id or the path") from e
+    except ConnectionError as e:
+        raise RunError(f"{key}={source}: the dataset is not in the Hugging Face cache and the hub cannot be reached "
+                       f"({e}); download it where there is network (`hf download --repo-type dataset {source}`), "
+                       f"or save it as a local .jsonl and set {key} to that file") from e
 
 
 def _system(conv: list[dict], system_prompt: str | None) -> list[dict]:
@@ -237,9 +256,10 @@ def run_prompts(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> d
     sources, plain_ids = _sources(d)
     seen: set[str] = set()
     per_source = []  # per source: its stats entry and its unique prompts, in record order
-    for src in sources:
+    for k, src in enumerate(sources):
         path = resolve_path(src.source)
-        convs = load_conversations(path, src.split, src.hub_config)
+        convs = load_conversations(path, src.split, src.hub_config,
+                                   "data.prompts" if plain_ids else f"data.prompts[{k}].source")
         name = src.label()
         items = []
         for i, conv in enumerate(convs):

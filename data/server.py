@@ -23,10 +23,12 @@ from collections.abc import Callable
 
 import httpx
 
+from eyas.errors import RunError
+
 BACKOFF_S, BACKOFF_MAX_S = 0.5, 30.0
 
 
-class ServerError(RuntimeError):
+class ServerError(RunError, RuntimeError):
     """A server refused a request (4xx) or kept failing after every retry."""
 
 

@@ -13,7 +13,8 @@ A shard `capture/shard-00000.safetensors` packs whole sequences, row after row:
 
 A sharded capture (data/sharding.py) names each slice's shards `shard-r1of4-00000.safetensors`
 and keeps one index per slice (`index-r1of4.json`) until the last slice joins them in order.
-`capture/index.json` lists the shards ({"file", "num_sequences", "num_tokens", "bytes"}) with
+`capture/index.json` lists the shards ({"file", "num_sequences", "num_tokens", "bytes" of tensors, and the
+file's "size" and "xxh3_64" checksum, eyas/integrity.py}) with
 the layer ids, hidden size, dtype, aux format, teacher and totals. `ShardDataset` opens shards with
 safetensors' memory-mapped `safe_open` and reads one sequence's rows at a time (decoding compact
 aux states), so a capture never has to fit in memory. `train/packing.py` turns items into training
@@ -31,6 +32,8 @@ from safetensors.torch import save_file
 from torch.utils.data import Dataset
 
 from eyas.data.compact import decode_aux
+from eyas.errors import InputError
+from eyas.integrity import check_shard, file_record
 from eyas.io import atomic_path
 
 INDEX = "index.json"
@@ -54,14 +57,16 @@ def write_shard(path: str | Path, seqs: list[dict[str, torch.Tensor]]) -> dict:
     path = Path(path)
     with atomic_path(path) as tmp:
         save_file(tensors, str(tmp))
+        record = file_record(tmp)  # {"size", "xxh3_64"}: read back while the page cache holds it
     return {"file": path.name, "num_sequences": len(seqs), "num_tokens": int(lengths.sum()),
-            "bytes": sum(t.numel() * t.element_size() for t in tensors.values())}
+            "bytes": sum(t.numel() * t.element_size() for t in tensors.values()), **record}
 
 
 def read_index(capture_dir: str | Path) -> dict:
     path = Path(capture_dir) / INDEX
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: no capture index (has the capture stage run?)")
+        raise InputError(f"{path}: no capture index; run the capture stage first (`eyas capture "
+                         f"{Path(capture_dir).parent}`, or `eyas run` for every stage)")
     return json.loads(path.read_text())
 
 
@@ -84,7 +89,8 @@ class ShardDataset(Dataset):
         self._files = [self.dir / s["file"] for s in self.index["shards"]]
         self._offsets: list[list[int]] = []
         self._where: list[tuple[int, int]] = []  # global sequence -> (shard, sequence in shard)
-        for k, f in enumerate(self._files):
+        for k, (f, entry) in enumerate(zip(self._files, self.index["shards"])):
+            check_shard(f, entry)  # its size against the index, and its header
             with safe_open(f, "pt") as sf:
                 offsets = sf.get_tensor("offsets").tolist()
             self._offsets.append(offsets)

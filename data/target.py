@@ -21,6 +21,7 @@ target's output embedding (`lm_head`), i.e. after the final norm.
 from __future__ import annotations
 
 import json
+import re
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -76,7 +77,9 @@ def load_target(name: str, dtype: str = "auto", device: str = "auto", trust_remo
         from transformers import Mxfp4Config
 
         placed["quantization_config"] = Mxfp4Config(dequantize=True)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, trust_remote_code=trust_remote_code, **placed)
+    with model_errors(name):
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, trust_remote_code=trust_remote_code,
+                                                     **placed)
     if mxfp4:
         print(f"target: {weight_format(model, weights, torch_dtype)}", flush=True)
     if device_map is None:
@@ -166,10 +169,55 @@ def describe_placement(model: nn.Module, device_map) -> str:
     return f"device_map={how}: {spans}; lm_head on {where(names[id(model.get_output_embeddings())])}"
 
 
-def load_target_config(name: str, trust_remote_code: bool = False):
+def load_target_config(name: str, trust_remote_code: bool = False, key: str = "target.model"):
+    """The model's config; a model that is not there fails with one eyas error naming `key` (model_errors)."""
     from transformers import AutoConfig
 
-    return AutoConfig.from_pretrained(resolve_path(name), trust_remote_code=trust_remote_code)
+    path = resolve_path(name)
+    with model_errors(name, key):
+        return AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+
+
+HUB_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")  # name or org/name
+
+
+@contextmanager
+def model_errors(name: str, key: str = "target.model"):
+    """transformers' and huggingface_hub's failures to find model `name` -> an eyas error that names
+    `key` and what to do: a missing directory or hub repo, or a hub that cannot be reached."""
+    from eyas.errors import InputError, RunError
+
+    local = Path(name).expanduser()
+    if not local.exists() and (not HUB_REPO_ID.match(name) or name.startswith((".", "/", "~"))):
+        raise InputError(f"{key}={name}: no such directory, and not a Hugging Face hub id (ORG/NAME); "
+                         f"set {key} to a model directory holding config.json, or to a hub id")
+    try:
+        yield
+    except (OSError, ValueError) as e:
+        from huggingface_hub.errors import GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError
+
+        causes = []
+        c = e
+        while c is not None:
+            causes.append(c)
+            c = c.__cause__ or c.__context__
+        if local.is_dir():
+            what = ("has no config.json" if not (local / "config.json").is_file()
+                    else f"cannot be read as a Hugging Face model ({str(e).splitlines()[0]})")
+            raise InputError(f"{key}={name}: the directory {what}; set {key} to the folder that holds the "
+                             "model's config.json and weights") from e
+        if any(isinstance(c, (RepositoryNotFoundError, GatedRepoError)) for c in causes):
+            raise InputError(f"{key}={name}: no such model on the Hugging Face hub, or it is gated or private and "
+                             "this token cannot read it; check the id, or `hf auth login` with a token that has "
+                             "access") from e
+        if any(isinstance(c, LocalEntryNotFoundError) for c in causes):
+            from huggingface_hub import constants
+
+            why = "HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE else f"{constants.ENDPOINT} cannot be reached"
+            raise RunError(f"{key}={name}: not in the Hugging Face cache ({constants.HF_HUB_CACHE}) and {why}; "
+                           f"download it where there is network (`hf download {name}`) into that cache, or set "
+                           f"{key} to a local model directory") from e
+        raise
 
 
 def text_config(cfg):
@@ -270,7 +318,8 @@ def load_head_weights(name: str, trust_remote_code: bool = False) -> dict[str, t
     if not path.is_dir():
         from huggingface_hub import snapshot_download
 
-        path = Path(snapshot_download(str(name), allow_patterns=["*.json", "*.safetensors"]))
+        with model_errors(name):
+            path = Path(snapshot_download(str(name), allow_patterns=["*.json", "*.safetensors"]))
     cfg = load_target_config(str(path), trust_remote_code)
     with torch.device("meta"):
         meta = AutoModelForCausalLM.from_config(cfg, trust_remote_code=trust_remote_code)

@@ -38,7 +38,7 @@ def _records(source: str) -> tuple[list, str]:
     path = Path(source)
     if path.is_file():
         if path.suffix == ".jsonl":
-            return read_jsonl(path), str(path)
+            return read_jsonl(path, user_file=True), str(path)
         obj = json.loads(path.read_text())
         return (obj if isinstance(obj, list) else next(v for v in obj.values() if isinstance(v, list))), str(path)
     if source in HUB_SETS:

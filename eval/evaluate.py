@@ -191,7 +191,8 @@ def run_eval(recipe: Recipe, run_dir: str | Path, drafts: list[tuple[str, str]] 
 
     io.write_json(run_dir / "report.json", report)
     io.write_text(run_dir / "report.md", report_markdown(report))
-    io.mark_done(run_dir, "eval", {"wall_s": stage_times["eval"], "acceptance_length": report["acceptance_length"]})
+    io.mark_done(run_dir, "eval", {"wall_s": stage_times["eval"], "acceptance_length": report["acceptance_length"]},
+                 outside=("report.json", "report.md", *(p.name for p in plots)))
     return report
 
 

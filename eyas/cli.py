@@ -7,8 +7,13 @@
               [--temperature T ...] [--prompts NAME=FILE ...] [--server [NAME=]URL ...]
     eyas serve RUN_OR_RECIPE [--draft DIR] [--k K | --tree S,K,N] [--host 127.0.0.1] [--port 8000]
     eyas plan RECIPE --gpus 8xH100 [--run DIR] [overrides]  memory, storage and time before anything runs
+    eyas verify RUN                                      every file of a run against its size and checksum
     eyas demo-target [--cache-dir DIR] [--force]
     eyas export | import | publish ...                   see `eyas <cmd> --help`
+
+An expected failure prints one line `eyas: error: <what, which file or key, what to do>` and exits 2 (bad
+input) or 1 (a runtime failure); add --debug (or EYAS_DEBUG=1) for its traceback. SIGINT / SIGTERM keep
+what is complete (training saves its state) and exit 130 / 143; re-run the same command to continue.
 
 Training on many GPUs: `accelerate launch -m eyas.train RECIPE --out DIR [overrides]`; under
 `torchrun` / `accelerate launch`, `eyas run|regenerate|capture` share regeneration and capture out by rank.
@@ -19,9 +24,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+from eyas.errors import debugging, report_failures
+from eyas.interrupts import signals_raise
 from eyas.pipeline import SHARDED, STAGE_ORDER
 from eyas.recipes.schema import RecipeError
-
 
 
 def _recipe_args(p: argparse.ArgumentParser) -> None:
@@ -83,9 +89,16 @@ def _servers(values):
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    """Expected failures end in one line `eyas: error: ...` and exit 2 (bad input) or 1 (eyas/errors.py);
+    `--debug` anywhere (or EYAS_DEBUG=1) adds their traceback."""
+    debug, argv = debugging(sys.argv[1:] if argv is None else argv)
+    with signals_raise():
+        return report_failures(lambda: _main(argv), debug)
+
+
+def _main(argv: list[str]) -> int:
     # export/import/publish/demo-target have their own parsers
-    if argv and argv[0] in ("export", "import", "publish", "demo-target", "serve", "plan"):
+    if argv and argv[0] in DELEGATED:
         return _delegate(argv[0], argv[1:])
 
     parser = argparse.ArgumentParser(prog="eyas", description=__doc__,
@@ -113,51 +126,52 @@ def main(argv: list[str] | None = None) -> int:
     ev.add_argument("--server", action="append",
                     help="[NAME=]URL of an OpenAI-compatible server (vLLM, SGLang, eyas serve) to measure "
                          "with the same prompts (repeatable)")
-    for name in ("export", "import", "publish", "demo-target", "serve", "plan"):
+    for name in DELEGATED:
         sub.add_parser(name, help=f"see `eyas {name} --help`", add_help=False)
     args = parse_with_overrides(parser, argv)
 
     from eyas.pipeline import check_target, prepare_run, recipe_and_run, run_all, stage_fn
 
-    try:
-        recipe, run_dir = recipe_and_run(args.recipe, args.out, args.overrides)
-        progress = not args.no_progress
-        if args.cmd == "run":
-            times = run_all(recipe, run_dir, progress=progress)
-            print(f"[eyas] run dir: {run_dir}  (report: {run_dir / 'report.md'})  stage times: {times}")
-        elif args.cmd == "eval":
-            from eyas.eval.evaluate import run_eval
+    recipe, run_dir = recipe_and_run(args.recipe, args.out, args.overrides)
+    progress = not args.no_progress
+    if args.cmd == "run":
+        times = run_all(recipe, run_dir, progress=progress)
+        print(f"[eyas] run dir: {run_dir}  (report: {run_dir / 'report.md'})  stage times: {times}")
+    elif args.cmd == "eval":
+        from eyas.eval.evaluate import run_eval
 
-            for t in args.tree or []:
-                _tree_arg(t)
-            if any(k < 1 for k in args.k or []) or any(c < 1 for c in args.concurrency or []) \
-                    or any(t < 0 for t in args.temperature or []):
-                raise RecipeError("--k and --concurrency must be >= 1, --temperature >= 0")
-            check_target(recipe)
-            prepare_run(recipe, run_dir, redo=("eval",))
-            report = run_eval(recipe, run_dir, drafts=_pairs(args.draft, "--draft") or None, ks=args.k,
-                              trees=args.tree, concurrency=args.concurrency, temperatures=args.temperature,
-                              benchmarks=_benchmarks(args.prompts), servers=_servers(args.server),
-                              progress=progress, force=True)
-            for r in report["results"]:
-                print(f"[eyas] {_result_line(r)}")
-            for x in report["recommendation"]:
-                print(f"[eyas] recommend {x['draft']} {x['benchmark']} T={x['temperature']:g} C={x['concurrency']}: "
-                      f"{x['choice']} (predicted {x['predicted_speedup']:.2f}x)")
-            print(f"[eyas] report: {run_dir / 'report.json'}")
-        else:
-            check_target(recipe)
-            prepare_run(recipe, run_dir)
-            shard = {"shard": args.shard} if args.cmd in SHARDED else {}
-            stage_fn(args.cmd)(recipe, run_dir, progress=progress, **shard)
-    except RecipeError as e:
-        print(f"eyas: recipe error: {e}", file=sys.stderr)
-        return 2
+        for t in args.tree or []:
+            _tree_arg(t)
+        if any(k < 1 for k in args.k or []) or any(c < 1 for c in args.concurrency or []) \
+                or any(t < 0 for t in args.temperature or []):
+            raise RecipeError("--k and --concurrency must be >= 1, --temperature >= 0")
+        check_target(recipe)
+        prepare_run(recipe, run_dir, redo=("eval",))
+        report = run_eval(recipe, run_dir, drafts=_pairs(args.draft, "--draft") or None, ks=args.k,
+                          trees=args.tree, concurrency=args.concurrency, temperatures=args.temperature,
+                          benchmarks=_benchmarks(args.prompts), servers=_servers(args.server),
+                          progress=progress, force=True)
+        for r in report["results"]:
+            print(f"[eyas] {_result_line(r)}")
+        for x in report["recommendation"]:
+            print(f"[eyas] recommend {x['draft']} {x['benchmark']} T={x['temperature']:g} C={x['concurrency']}: "
+                  f"{x['choice']} (predicted {x['predicted_speedup']:.2f}x)")
+        print(f"[eyas] report: {run_dir / 'report.json'}")
+    else:
+        check_target(recipe)
+        prepare_run(recipe, run_dir)
+        shard = {"shard": args.shard} if args.cmd in SHARDED else {}
+        stage_fn(args.cmd)(recipe, run_dir, progress=progress, **shard)
     return 0
 
 
+DELEGATED = ("export", "import", "publish", "demo-target", "serve", "plan", "verify")  # commands with their own parser
+
+
 def _delegate(cmd: str, argv: list[str]) -> int:
-    if cmd == "demo-target":
+    if cmd == "verify":
+        from eyas.integrity import main_verify as fn
+    elif cmd == "demo-target":
         from eyas.demo_target.build import main_demo_target as fn
     elif cmd == "serve":
         from eyas.serve.api.server import main_serve as fn

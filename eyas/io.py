@@ -1,13 +1,15 @@
 """Files that are either complete or absent: atomic writes and stage markers.
 
 A stage writes its outputs under `RUN/<stage>/`, each file via a temporary name in the same
-directory and `os.replace`, and writes `RUN/<stage>/DONE.json` last. A re-run skips a stage
+directory and `os.replace`, and writes `RUN/<stage>/DONE.json` last, listing every file it wrote
+with its size and checksum (eyas/integrity.py). A re-run skips a stage
 whose marker exists, and a crashed stage leaves only files it can resume from (never a
 half-written one under its final name).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import tempfile
@@ -26,9 +28,11 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     try:
         yield Path(tmp)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):  # name the file, not the temporary
+            raise OSError(e.errno, e.strerror, str(path)) from e
         raise
 
 
@@ -49,8 +53,17 @@ def write_jsonl(path: str | Path, rows) -> None:
                 f.write(json.dumps(r) + "\n")
 
 
-def read_jsonl(path: str | Path) -> list[dict]:
-    """Each line a JSON object; a bad line fails with the file and line number."""
+def read_jsonl(path: str | Path, user_file: bool = False) -> list[dict]:
+    """Each line a JSON object; a bad line fails with the file and line number: bad input (a file the user
+    gave, `user_file`) or a damaged run file (CorruptData: a stage wrote it whole)."""
+    from eyas.errors import BadInputFile, CorruptData
+
+    def bad(what: str) -> Exception:
+        if user_file:
+            return BadInputFile(f"{path}:{n}: {what}; fix that line")
+        return CorruptData(f"{path}:{n}: {what}, in a file eyas wrote whole: it is damaged; `eyas verify` on the "
+                           "run names the stage to redo")
+
     rows = []
     with open(path) as f:
         for n, line in enumerate(f, 1):
@@ -59,9 +72,9 @@ def read_jsonl(path: str | Path) -> list[dict]:
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{n}: not valid JSON ({e.msg} at column {e.colno})") from None
+                raise bad(f"not valid JSON ({e.msg} at column {e.colno})") from None
             if not isinstance(obj, dict):
-                raise ValueError(f"{path}:{n}: expected a JSON object, got {type(obj).__name__}")
+                raise bad(f"expected a JSON object, got {type(obj).__name__}")
             rows.append(obj)
     return rows
 
@@ -85,11 +98,19 @@ def read_json(path: str | Path) -> Any:
 
 
 def read_done(run_dir: str | Path, stage: str) -> dict:
-    return read_json(marker(run_dir, stage))
+    """A finished stage's info (what its function returned; the file list is integrity's)."""
+    info = read_json(marker(run_dir, stage))
+    info.pop("files", None)
+    return info
 
 
-def mark_done(run_dir: str | Path, stage: str, info: dict) -> None:
-    write_json(marker(run_dir, stage), info)
+def mark_done(run_dir: str | Path, stage: str, info: dict, outside: tuple[str | Path, ...] = (),
+              known: dict[str, dict] | None = None) -> None:
+    """Write RUN/<stage>/DONE.json: `info` and "files", the size and checksum of each file the stage wrote
+    (eyas/integrity.py; `outside`: its files elsewhere in the run; `known`: checksums taken while writing)."""
+    from eyas.integrity import stage_files
+
+    write_json(marker(run_dir, stage), {**info, "files": stage_files(run_dir, stage, outside, known)})
 
 
 @contextmanager
@@ -119,5 +140,7 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
 def require_done(run_dir: str | Path, needed: str, stage: str) -> None:
     """Fail clearly when `stage` is run before the stage it reads from."""
     if not is_done(run_dir, needed):
-        raise RuntimeError(f"{run_dir}: the {needed} stage has not finished; run it before {stage} "
+        from eyas.errors import InputError
+
+        raise InputError(f"{run_dir}: the {needed} stage has not finished; run it before {stage} "
                            f"(`eyas {needed} {run_dir}`, or `eyas run` for every stage)")

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import torch
 
+from eyas.errors import as_input
+
 # name: (memory GB, dense bf16 TFLOP/s) -- vendor datasheets (SXM parts)
 GPUS = {"H100": (80, 989), "H200": (141, 989), "B200": (180, 2250), "A100": (80, 312)}
 
@@ -241,8 +243,6 @@ def render(recipe, p: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     from eyas.cli import parse_with_overrides
     from eyas.pipeline import recipe_and_run
-    from eyas.recipes.schema import RecipeError
-
     p = argparse.ArgumentParser(prog="eyas plan", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("recipe", help="recipe YAML or a shipped name (gpt-oss-120b, ...)")
@@ -253,7 +253,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         recipe, _ = recipe_and_run(args.recipe, None, args.overrides)
         print(render(recipe, plan(recipe, args.gpus, args.run)))
-    except (RecipeError, ValueError, FileNotFoundError) as e:
-        print(f"eyas plan: {e}", file=sys.stderr)
-        return 2
+    except (ValueError, OSError) as e:
+        raise as_input(e) from e
     return 0

@@ -17,8 +17,10 @@ from typing import Any
 
 import yaml
 
+from eyas.errors import InputError
 
-class RecipeError(ValueError):
+
+class RecipeError(InputError, ValueError):
     """A recipe key is unknown, has the wrong type or an impossible value."""
 
 

@@ -7,6 +7,7 @@ import pytest
 
 from eyas.data.prompts import (DataFormatError, load_conversations, prompt_messages, quotas, read_prompts,
                                record_to_conversation, run_prompts, user_turns)
+from eyas.errors import InputError
 from eyas.io import read_done
 from eyas.recipes.schema import RecipeError, load_recipe
 
@@ -70,7 +71,7 @@ def test_record_without_user_turn_names_file_and_line(tmp_path):
 
 
 def test_missing_file_and_unsupported_type(tmp_path):
-    with pytest.raises(FileNotFoundError, match="nope.jsonl"):
+    with pytest.raises(InputError, match=r"data.prompts=.*nope.jsonl: no such file"):
         load_conversations(str(tmp_path / "nope.jsonl"))
     (tmp_path / "d.csv").write_text("a,b\n")
     with pytest.raises(DataFormatError, match="unsupported file type '.csv'"):

@@ -13,7 +13,8 @@
 * `capture.mode: online` (the target runs inside training) on 2 processes equals 1 process the same way;
 * a 2-process run killed (SIGKILL, the whole process group) after a state save resumes to the
   bit-identical weights of an uninterrupted 2-process run: DDP, and FSDP2 and ZeRO-3, whose saved
-  state is sharded.
+  state is sharded;
+* SIGTERM to torchrun: both ranks stop at the same step and save it; the re-run resumes to the same weights.
 """
 
 import json
@@ -205,6 +206,32 @@ def test_killed_two_process_run_resumes_to_the_same_weights(base, two_procs, con
     # or run here when this test runs alone)
     uninterrupted = two_procs if config is None else train(base, config, 2, "train.grad_accum=1", config=config)
     a, b = weights(run), weights(uninterrupted)
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+def test_sigterm_to_torchrun_saves_one_step_on_both_ranks(base, two_procs):
+    """SIGTERM to torchrun (a preempted job): it passes the signal to both workers, which agree on the step to
+    stop at, save the state and exit; the re-run resumes there to the weights of the uninterrupted run."""
+    root, recipe = base
+    run = root / "sigterm-ddp"
+    shutil.copytree(root / "base", run)
+    over = ("train.grad_accum=1", "train.save_every=0")
+    proc = subprocess.Popen(command(recipe, run, 2, *over), env=ENV, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    log = run / "train" / "log.jsonl"
+    deadline = time.time() + 300
+    while not (log.is_file() and len(log.read_text().splitlines()) >= 2) and time.time() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=300)
+    saved = json.loads((run / "train" / "state" / "step.json").read_text())["step"]
+    total = io.read_done(two_procs, "train")["steps"]
+    assert 2 <= saved < total and not io.is_done(run, "train")
+    assert f"eyas: error: interrupted by SIGTERM: the training state at step {saved}/{total} is saved in" in err
+    train(base, "sigterm-ddp", 2, *over)  # resumes from the saved step
+    a, b = weights(run), weights(two_procs)
     for k in a:
         assert torch.equal(a[k], b[k]), k
 

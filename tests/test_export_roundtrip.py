@@ -6,6 +6,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from eyas.cli import main
 from eyas.serve.interchange import export as export_mod
 from eyas.serve.interchange.export import ExportError, export, fixed_batch_outputs, main_export
 from eyas.serve.interchange.importer import import_draft
@@ -156,11 +157,11 @@ def test_cli(tmp_path, target, capsys):
     ckpt = saved(tmp_path, make_draft(9, target))
     assert main_export([str(ckpt), "--format", "eagle3", "--out", str(tmp_path / "out")]) == 0
     assert capsys.readouterr().out.strip() == str(tmp_path / "out")
-    assert main_export([str(tmp_path / "nowhere"), "--format", "eagle3", "--out", str(tmp_path / "x")]) == 1
+    assert main(["export", str(tmp_path / "nowhere"), "--format", "eagle3", "--out", str(tmp_path / "x")]) == 2
     assert "neither an eyas checkpoint" in capsys.readouterr().err
     # an existing directory with foreign files is never replaced
     (tmp_path / "busy").mkdir()
     (tmp_path / "busy" / "notes.txt").write_text("mine")
-    assert main_export([str(ckpt), "--format", "eagle3", "--out", str(tmp_path / "busy")]) == 1
+    assert main(["export", str(ckpt), "--format", "eagle3", "--out", str(tmp_path / "busy")]) == 2
     assert "refusing to replace" in capsys.readouterr().err
     assert (tmp_path / "busy" / "notes.txt").read_text() == "mine"

@@ -7,6 +7,7 @@ import huggingface_hub
 import pytest
 import yaml
 
+from eyas.cli import main
 from eyas.serve.interchange.model_card import front_matter
 from eyas.serve.interchange.publish import PublishError, main_publish, publish
 from test_export_support import fabricate_run, make_draft, tiny_target
@@ -92,7 +93,7 @@ def test_missing_token_is_a_clear_error(run, tmp_path, monkeypatch, capsys):
     with pytest.raises(PublishError, match="hf auth login.*HF_TOKEN"):
         publish(run, "acme/tiny-eagle3", out=tmp_path / "f")
     assert not (tmp_path / "f").exists()  # checked before any work
-    assert main_publish([str(run), "--repo", "acme/tiny-eagle3"]) == 1
+    assert main(["publish", str(run), "--repo", "acme/tiny-eagle3"]) == 2
     assert "huggingface-cli login" in capsys.readouterr().err
 
 

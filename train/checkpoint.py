@@ -18,6 +18,7 @@ from safetensors.torch import load_file, save_file
 
 from eyas import io
 from eyas.data.target import LAYER_ID_CONVENTION
+from eyas.errors import InputError
 
 from .model import DraftConfig, Eagle3Draft
 
@@ -47,9 +48,13 @@ def save_draft(draft: Eagle3Draft, out_dir: str | Path, dtype: torch.dtype | Non
 
 
 def read_config(path: str | Path) -> DraftConfig:
-    raw = json.loads((Path(path) / "config.json").read_text())
+    config = Path(path) / "config.json"
+    if not config.is_file():
+        raise InputError(f"{path}: no config.json, so not a draft checkpoint; give the directory of one "
+                         "(RUN/train/checkpoint-final, or an `eyas import` of a published draft)")
+    raw = json.loads(config.read_text())
     if "eyas" not in raw:
-        raise ValueError(f"{path}: not an eyas checkpoint (no 'eyas' block in config.json); "
+        raise InputError(f"{path}: not an eyas checkpoint (no 'eyas' block in config.json); "
                          "use `eyas import` to convert a published draft")
     return DraftConfig(**raw["eyas"]["draft_config"])
 

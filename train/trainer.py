@@ -24,6 +24,7 @@ from safetensors.torch import load_file
 from tqdm.auto import tqdm
 
 from eyas import io
+from eyas.interrupts import Interrupted, StopRequest, ignore_in_worker
 from eyas.recipes.schema import Recipe
 
 from .checkpoint import load_draft, save_draft
@@ -265,49 +266,61 @@ def run_train(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> dic
         acc.log(tracker_metrics(val, "val"), step=step)
         return val
 
+    def any_process(flag: bool) -> bool:  # a collective, once per optimizer step
+        return bool(acc.reduce(torch.tensor(int(flag), device=acc.device), reduction="sum") > 0)
+
     bar = tqdm(total=total, initial=step, desc="train (TTT)", disable=not (progress and acc.is_main_process))
     epoch, last = step // per_epoch, {}
     step_outs = []  # this optimizer step's TTT outputs (its micro-batches that are not empty fillers)
     skip = (step % per_epoch) * tr.grad_accum  # this rank's micro-batches of the resumed epoch already trained on
-    module.train()
-    while step < total:
-        batches = epoch_micro_batches(len(dataset), tr.batch_size, tr.grad_accum, world, rank, tr.seed, epoch)[skip:]
-        skip = 0
-        loader = DataLoader(MicroBatches(dataset, batches, collate), batch_size=None, num_workers=tr.num_workers)
-        for batch in loader:
-            batch = on_device(batch)  # (online: the target's states added)
-            with acc.accumulate(module):
-                out = module(**model_inputs(batch))
-                acc.backward(out.loss)
-                if acc.sync_gradients and tr.grad_clip > 0:
-                    acc.clip_grad_norm_(params, tr.grad_clip)
-                opt.step()
-                opt.zero_grad()
-            n_tok = int(batch["lengths"].sum())
-            tokens += n_tok
-            if n_tok:
-                step_outs.append(out)
-            if not acc.sync_gradients:
-                continue
-            sched.step()
-            step += 1
-            bar.update(1)
-            last = {"step": step, "epoch": epoch, "lr": sched.get_last_lr()[0], **step_metrics(step_outs)}
-            step_outs = []
-            if step % tr.log_every == 0 or step == total:
-                bar.set_postfix(loss=f"{last['loss']:.3f}", acc0=f"{(last['acc'] or [0.0])[0]:.2f}",
-                                tau_sim=f"{last['simulated_acceptance']:.2f}")
-                if acc.is_main_process:
-                    with open(log_path, "a") as f:
-                        f.write(json.dumps(last) + "\n")
-                acc.log({"lr": last["lr"], **tracker_metrics(last, "train")}, step=step)
-            if tr.val_every and step % tr.val_every == 0 and step < total:
-                run_validation()
-            if tr.save_every and step % tr.save_every == 0 and step < total:
-                save_state()
-            if step >= total:
-                break
-        epoch += 1
+    with StopRequest() as stop:  # SIGINT / SIGTERM: finish the step, save the state, exit (eyas/interrupts.py)
+        module.train()
+        while step < total:
+            batches = epoch_micro_batches(len(dataset), tr.batch_size, tr.grad_accum, world, rank, tr.seed,
+                                          epoch)[skip:]
+            skip = 0
+            loader = DataLoader(MicroBatches(dataset, batches, collate), batch_size=None, num_workers=tr.num_workers,
+                                worker_init_fn=ignore_in_worker if tr.num_workers else None)
+            for batch in loader:
+                batch = on_device(batch)  # (online: the target's states added)
+                with acc.accumulate(module):
+                    out = module(**model_inputs(batch))
+                    acc.backward(out.loss)
+                    if acc.sync_gradients and tr.grad_clip > 0:
+                        acc.clip_grad_norm_(params, tr.grad_clip)
+                    opt.step()
+                    opt.zero_grad()
+                n_tok = int(batch["lengths"].sum())
+                tokens += n_tok
+                if n_tok:
+                    step_outs.append(out)
+                if not acc.sync_gradients:
+                    continue
+                sched.step()
+                step += 1
+                bar.update(1)
+                last = {"step": step, "epoch": epoch, "lr": sched.get_last_lr()[0], **step_metrics(step_outs)}
+                step_outs = []
+                if step % tr.log_every == 0 or step == total:
+                    bar.set_postfix(loss=f"{last['loss']:.3f}", acc0=f"{(last['acc'] or [0.0])[0]:.2f}",
+                                    tau_sim=f"{last['simulated_acceptance']:.2f}")
+                    if acc.is_main_process:
+                        with open(log_path, "a") as f:
+                            f.write(json.dumps(last) + "\n")
+                    acc.log({"lr": last["lr"], **tracker_metrics(last, "train")}, step=step)
+                if tr.val_every and step % tr.val_every == 0 and step < total:
+                    run_validation()
+                stopping = step < total and stop.agreed(any_process if world > 1 else None)  # SIGINT / SIGTERM
+                if stopping or (tr.save_every and step % tr.save_every == 0 and step < total):
+                    save_state()
+                if stopping:  # this step is kept: a re-run resumes after it
+                    bar.close()
+                    acc.end_training()
+                    raise Interrupted(stop.signum, f"the training state at step {step}/{total} is saved in "
+                                                   f"{state_dir}")
+                if step >= total:
+                    break
+            epoch += 1
     bar.close()
 
     val = run_validation()
@@ -330,7 +343,8 @@ def run_train(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> dic
         plot_curves(log_path, out_dir / "curves.png")
         save_draft(final, out_dir / "checkpoint-final", dtype=torch.float32,
                    extra={"recipe": recipe.name, "train": info})
-        io.mark_done(run_dir, "train", info)
     acc.wait_for_everyone()
-    acc.end_training()  # finishes the trackers, and ends the process group: last
+    acc.end_training()  # finishes the trackers, and ends the process group
+    if acc.is_main_process:  # last: the trackers' files are complete, so the checksums hold
+        io.mark_done(run_dir, "train", info)
     return info

@@ -465,20 +465,16 @@ def main_serve(argv: list[str]) -> int:
     p.add_argument("--max-model-len", type=int, help="context limit (default: the target's max positions)")
     p.add_argument("--log-level", default="info")
     args = parse_with_overrides(p, argv)
+    recipe, run_dir = recipe_and_run(args.source, None, args.overrides)
+    is_run = Path(args.source).is_dir()
+    draft = args.draft or (str(run_dir / FINAL_CHECKPOINT) if is_run and (run_dir / FINAL_CHECKPOINT).is_dir()
+                           else None)
+    if args.k is not None and args.k < 1:
+        raise RecipeError("--k must be >= 1")
     try:
-        recipe, run_dir = recipe_and_run(args.source, None, args.overrides)
-        is_run = Path(args.source).is_dir()
-        draft = args.draft or (str(run_dir / FINAL_CHECKPOINT) if is_run and (run_dir / FINAL_CHECKPOINT).is_dir()
-                               else None)
-        if args.k is not None and args.k < 1:
-            raise RecipeError("--k must be >= 1")
-        try:
-            tree = TreeShape.parse(args.tree) if args.tree else TreeShape.chain(args.k or recipe.eval.k)
-        except ValueError as e:
-            raise RecipeError(f"--tree {args.tree}: {e}") from None
-    except RecipeError as e:
-        print(f"eyas: error: {e}")
-        return 2
+        tree = TreeShape.parse(args.tree) if args.tree else TreeShape.chain(args.k or recipe.eval.k)
+    except ValueError as e:
+        raise RecipeError(f"--tree {args.tree}: {e}") from None
     served = build_served(recipe, draft, tree, args.served_model_name, args.max_num_seqs, args.max_model_len,
                           speculate=not args.no_speculation)
     import uvicorn

@@ -29,6 +29,7 @@ import torch
 from safetensors.torch import save_file
 
 from eyas import io
+from eyas.errors import InputError, as_input
 from eyas.train.checkpoint import load_draft
 from eyas.train.model import DraftConfig, Eagle3Draft, KVCache
 
@@ -48,7 +49,7 @@ from .run_dir import resolve_checkpoint
 EXPORT_FILES = {"config.json", "model.safetensors", "README.md", "eyas_report.json", "recipe.yaml"}
 
 
-class ExportError(ValueError):
+class ExportError(InputError, ValueError):
     """An export refused or failed its check; the message says why."""
 
 
@@ -306,8 +307,7 @@ def main_export(argv: list[str] | None = None) -> int:
                         num_speculative_tokens=args.num_speculative_tokens,
                         include_embeddings=args.include_embeddings, engines=engines, target=args.target)
     except (ValueError, OSError) as e:
-        print(f"eyas export: error: {e}", file=sys.stderr)
-        return 1
+        raise as_input(e) from e
     for note in result.notes:
         print(f"eyas export: note: {note}", file=sys.stderr)
     print(result.path)

@@ -38,6 +38,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from eyas.errors import InputError, as_input
 from eyas.train.checkpoint import save_draft
 from eyas.train.model import DraftConfig, Eagle3Draft
 
@@ -75,7 +76,7 @@ MODELOPT_KEYS = ("norm_before_fc", "parallel_draft_step")
 UNSUPPORTED_SWITCHES = ("fc_norm", "norm_output", "use_aux_norm")
 
 
-class DraftFormatError(ValueError):
+class DraftFormatError(InputError, ValueError):
     """A published draft this importer cannot read faithfully; the message names what and where."""
 
 
@@ -368,7 +369,6 @@ def main_import(argv: list[str] | None = None) -> int:
         out = import_draft(args.src, args.out, target=args.target, revision=args.revision,
                            dtype=parse_dtype(args.dtype) if args.dtype else None)
     except (ValueError, OSError) as e:
-        print(f"eyas import: error: {e}", file=sys.stderr)
-        return 1
+        raise as_input(e) from e
     print(out)
     return 0

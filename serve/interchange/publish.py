@@ -12,18 +12,20 @@ builds the folder, uploads nothing and prints its path.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
-import sys
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from eyas.errors import InputError, RunError, as_input
 from .export import export
 from .model_card import HUB_ID, render_model_card
 from .run_dir import load_run
 
 
-class PublishError(ValueError):
+class PublishError(InputError, ValueError):
     """Publishing cannot proceed; the message says what to do."""
 
 
@@ -63,16 +65,50 @@ def publish(run: str | Path, repo: str, private: bool = False, revision: str | N
     if dry_run:
         return Published(folder=folder, url=None)
 
-    from huggingface_hub import HfApi
+    from huggingface_hub import HfApi, constants
 
-    api = HfApi(token=token)
-    repo_url = api.create_repo(repo, private=private, exist_ok=True, repo_type="model")
-    if revision:
-        api.create_branch(repo, branch=revision, exist_ok=True, repo_type="model")
-    api.upload_folder(repo_id=repo, folder_path=str(folder), revision=revision, repo_type="model",
-                      commit_message=f"eyas publish {finished.root.name}")
+    # HF_ENDPOINT: a hub mirror or a private hub (read here, not at import, so it can be set per call)
+    endpoint = os.environ.get("HF_ENDPOINT") or constants.ENDPOINT
+    api = HfApi(endpoint=endpoint, token=token)
+    with hub_errors(repo, endpoint):
+        repo_url = api.create_repo(repo, private=private, exist_ok=True, repo_type="model")
+        if revision:
+            api.create_branch(repo, branch=revision, exist_ok=True, repo_type="model")
+        api.upload_folder(repo_id=repo, folder_path=str(folder), revision=revision, repo_type="model",
+                          commit_message=f"eyas publish {finished.root.name}")
     url = str(repo_url) + (f"/tree/{revision}" if revision else "")
     return Published(folder=folder, url=url)
+
+
+def transport_errors() -> tuple[type, ...]:
+    """The HTTP client's errors (huggingface_hub 2 uses httpx2, earlier ones httpx)."""
+    try:
+        import httpx2 as client
+    except ImportError:
+        import httpx as client
+    return (client.HTTPError,)
+
+
+@contextmanager
+def hub_errors(repo: str, endpoint: str):
+    """The hub's refusals and failures as eyas errors: 401/403/404 are the token's rights or the repo id (bad
+    input), anything else the hub or the network (a runtime failure: try again). The hub library's messages
+    may quote the token; the one line eyas prints masks it (eyas/errors.py)."""
+    from huggingface_hub.errors import HfHubHTTPError
+
+    try:
+        yield
+    except HfHubHTTPError as e:
+        code = e.response.status_code if e.response is not None else None
+        first = str(e).splitlines()[0]
+        if code in (401, 403, 404):
+            raise InputError(f"--repo {repo}: the hub answered {first}; check the repo id and that the token may "
+                             "write there (`hf auth whoami`)") from e
+        raise RunError(f"--repo {repo}: {endpoint} failed ({first}); re-run `eyas publish` later") from e
+    except (transport_errors() + (OSError, RuntimeError)) as e:  # unreachable, reset, an upload that failed
+        raise RunError(f"--repo {repo}: uploading to {endpoint} failed ({type(e).__name__}: "
+                       f"{str(e).splitlines()[0] if str(e) else 'no message'}); check the network (HF_ENDPOINT, "
+                       "proxies) and re-run `eyas publish`") from e
 
 
 def main_publish(argv: list[str] | None = None) -> int:
@@ -97,7 +133,6 @@ def main_publish(argv: list[str] | None = None) -> int:
                             dry_run=args.dry_run, out=args.out, license=args.license,
                             num_speculative_tokens=args.num_speculative_tokens, engines=engines)
     except (ValueError, OSError) as e:
-        print(f"eyas publish: error: {e}", file=sys.stderr)
-        return 1
+        raise as_input(e) from e
     print(published.folder if args.dry_run else published.url)
     return 0

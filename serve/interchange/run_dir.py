@@ -36,7 +36,8 @@ def resolve_checkpoint(run_or_checkpoint: str | Path) -> Path:
         return path / FINAL_CHECKPOINT
     raise FileNotFoundError(
         f"{path}: neither an eyas checkpoint (config.json with an 'eyas' block + model.safetensors) "
-        f"nor a run directory with one at {FINAL_CHECKPOINT}")
+        f"nor a run directory with one at {FINAL_CHECKPOINT}; give a finished run or its {FINAL_CHECKPOINT}, or "
+        "convert a published draft with `eyas import` first")
 
 
 @dataclass

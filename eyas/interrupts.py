@@ -1,0 +1,95 @@
+"""SIGINT and SIGTERM: stop without losing finished work.
+
+- Regeneration, capture and the other stages: SIGTERM (a scheduler preempting the job) raises
+  `Interrupted` just as Ctrl-C raises KeyboardInterrupt, so the write in progress is dropped by its
+  `atomic_path` and a re-run continues from the last complete part (`signals_raise`).
+- Training: the first signal is noted (`StopRequest`); the loop finishes the optimizer step, every
+  process agrees to stop, the training state is saved atomically and the run exits; a re-run resumes
+  from that step. A second signal stops at once.
+
+`eyas` reports an interrupt as one line and exits 128 + the signal (130 for SIGINT, 143 for SIGTERM).
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from contextlib import contextmanager
+from typing import Callable, Iterator
+
+
+class Interrupted(BaseException):
+    """SIGINT / SIGTERM (a BaseException, like KeyboardInterrupt: `except Exception` does not swallow it)."""
+
+    def __init__(self, signum: int, kept: str | None = None):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+        self.kept = kept  # what was saved, for the one-line report
+
+    @property
+    def status(self) -> int:
+        return 128 + self.signum
+
+
+@contextmanager
+def signals_raise() -> Iterator[None]:
+    """SIGTERM (a scheduler preempting the job) raises Interrupted like Ctrl-C raises KeyboardInterrupt,
+    so a write in progress is dropped by its `atomic_path` rather than left behind."""
+    def handler(signum, frame):
+        raise Interrupted(signum)
+
+    previous = signal.signal(signal.SIGTERM, handler) if _main_thread() else None
+    try:
+        yield
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+class StopRequest:
+    """SIGINT / SIGTERM during training: the first one is noted (`signum`) and the training loop saves its
+    state at the end of the step and stops; a second one raises at once (Interrupted), like a plain Ctrl-C."""
+
+    def __init__(self):
+        self.signum: int | None = None
+        self._previous: dict = {}
+
+    def _handler(self, signum, frame):
+        if self.signum is not None:
+            raise Interrupted(signum)
+        self.signum = signum
+        print(f"\n[eyas] {signal.Signals(signum).name}: saving the training state at the end of this step "
+              "(send it again to stop at once)", file=sys.stderr, flush=True)
+
+    def __enter__(self) -> "StopRequest":
+        if _main_thread():
+            for s in (signal.SIGINT, signal.SIGTERM):
+                self._previous[s] = signal.signal(s, self._handler)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for s, h in self._previous.items():
+            signal.signal(s, h)
+
+    def agreed(self, any_process: Callable[[bool], bool] | None = None) -> bool:
+        """Whether to stop after this step: this process was signalled, or (`any_process`, a collective
+        that ORs a flag over the processes) any other was: every process stops at the same step."""
+        mine = self.signum is not None
+        if any_process is None:
+            return mine
+        stop = any_process(mine)
+        if stop and self.signum is None:
+            self.signum = signal.SIGTERM  # the launcher told the others
+        return stop
+
+
+def ignore_in_worker(worker_id: int) -> None:
+    """DataLoader worker_init_fn: workers leave SIGINT / SIGTERM to the training process, which stops them
+    after saving (a worker that died on Ctrl-C first would fail the step being finished)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def _main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()

@@ -1,0 +1,317 @@
+"""Failures a user can act on: the README's troubleshooting table, row by row (each message exact), a
+corrupt shard named by training and by `eyas verify`, a full disk mid-write, and SIGINT / SIGTERM that keep
+finished work (training resumes to the same weights as a run never interrupted)."""
+
+import errno
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import huggingface_hub
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from eyas import io
+from eyas.cli import main
+from eyas.pipeline import run_all
+from eyas.recipes.schema import load_recipe
+
+from data_fixtures import make_tiny_target, tiny_recipe, write_prompts
+from test_export_support import fabricate_run, make_draft, tiny_target
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    """A tiny run through the vocab stage (ready to train), its recipe file and its root."""
+    root = tmp_path_factory.mktemp("fail")
+    target = make_tiny_target(root / "target", num_layers=4)
+    prompts = write_prompts(root / "prompts.jsonl", 48)
+    raw = tiny_recipe(target, prompts, capture={"batch_size": 1, "shard_tokens": 32},
+                      train={"max_steps": 150, "save_every": 0})
+    recipe_file = root / "recipe.yaml"
+    recipe_file.write_text(yaml.safe_dump(raw))
+    run = root / "base"
+    run_all(load_recipe(recipe_file), run, stages=("prompts", "regenerate", "capture", "vocab"), progress=False)
+    return root, recipe_file, run
+
+
+def copy_run(base, out: Path, upto: str = "vocab") -> Path:
+    """A copy of the base run at `out`; `upto="regenerate"` drops the capture and vocab stages."""
+    run = base[2]
+    shutil.copytree(run, out)
+    if upto == "regenerate":
+        for stage in ("capture", "vocab"):
+            shutil.rmtree(out / stage)
+    return out
+
+
+def error_line(capsys) -> str:
+    """The last line on stderr, which must be the one `eyas: error:` line."""
+    lines = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
+    assert lines and lines[-1].startswith("eyas: error: "), lines[-3:]
+    return lines[-1]
+
+
+def normalised(line: str, **paths) -> str:
+    """The line with the test's paths replaced by the README's placeholders (longest first)."""
+    for name, path in sorted(paths.items(), key=lambda kv: -len(str(kv[1]))):
+        line = line.replace(str(path), name)
+    line = re.sub(r"step \d+/\d+", "step S/N", line)
+    return re.sub(r"\d+ of \d+ files", "B of N files", line)
+
+
+def readme_rows() -> list[tuple[str, int]]:
+    """(message, exit status) of each row of the README's troubleshooting table."""
+    text = README.read_text()
+    table = text.split("<!-- troubleshooting-table -->")[1]
+    rows = []
+    for line in table.strip().splitlines():
+        if not line.startswith("|"):
+            break
+        cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
+        if cells[0] == "Failure" or set(line.strip()) <= set("|- "):
+            continue
+        quote = "``" if cells[1].startswith("``") else "`"  # a message holding backticks is in a `` span ``
+        rows.append((cells[1][len(quote):-len(quote)].strip(), int(cells[2])))
+    return rows
+
+
+# ---------------------------------------------------------------- the table's failures, one scenario each
+
+def unknown_key(base, tmp_path, capsys, monkeypatch):
+    root, recipe, _ = base
+    return main(["run", str(recipe), "--out", str(tmp_path / "r"), "eval.kk=3"]), error_line(capsys)
+
+
+def model_missing(base, tmp_path, capsys, monkeypatch):
+    root, recipe, _ = base
+    status = main(["prompts", str(recipe), "--out", str(tmp_path / "r"), "target.model=/nonexistent/model"])
+    return status, error_line(capsys)
+
+
+def model_offline(base, tmp_path, capsys, monkeypatch):
+    """A hub id that is not in the cache, with no network (HF_HUB_OFFLINE, read when the hub library loads:
+    a fresh process)."""
+    root, recipe, _ = base
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    p = subprocess.run([sys.executable, "-m", "eyas.cli", "prompts", str(recipe), "--out", str(tmp_path / "r"),
+                        "target.model=openai/gpt-oss-120b"], env=env, capture_output=True, text=True, timeout=300)
+    line = [x for x in p.stderr.splitlines() if x.strip()][-1]
+    return p.returncode, line.replace(str(tmp_path / "hf" / "hub"), "HF_HUB_CACHE")
+
+
+def prompts_missing(base, tmp_path, capsys, monkeypatch):
+    root, recipe, _ = base
+    monkeypatch.chdir(tmp_path)
+    status = main(["prompts", str(recipe), "--out", str(tmp_path / "r"), "data.prompts=data/missing.jsonl"])
+    return status, error_line(capsys).replace(f"read from {tmp_path}", "read from CWD")
+
+
+def stage_order(base, tmp_path, capsys, monkeypatch):
+    root, recipe, _ = base
+    return main(["capture", str(recipe), "--out", str(tmp_path / "RUN")]), error_line(capsys)
+
+
+def recipe_changed(base, tmp_path, capsys, monkeypatch):
+    run = copy_run(base, tmp_path / "RUN")
+    return main(["capture", str(run), "data.max_new_tokens=20"]), error_line(capsys)
+
+
+def shard_truncated(base, tmp_path, capsys, monkeypatch):
+    run = copy_run(base, tmp_path / "RUN")
+    shard = run / "capture" / "shard-00001.safetensors"
+    shard.write_bytes(shard.read_bytes()[:-100])
+    return main(["train", str(run), "--no-progress"]), error_line(capsys)
+
+
+def verify_finds(base, tmp_path, capsys, monkeypatch):
+    run = copy_run(base, tmp_path / "RUN")
+    shard = run / "capture" / "shard-00001.safetensors"
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 0xFF  # one flipped bit pattern, same size: only the checksum sees it
+    shard.write_bytes(bytes(data))
+    return main(["verify", str(run), "--no-progress"]), error_line(capsys)
+
+
+def disk_full(base, tmp_path, capsys, monkeypatch):
+    run = copy_run(base, tmp_path / "RUN", upto="regenerate")
+    full_disk_at(monkeypatch, 3)
+    return main(["capture", str(run), "--no-progress"]), error_line(capsys)
+
+
+def no_token(base, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(huggingface_hub, "get_token", lambda: None)
+    run = fabricate_run(tmp_path, make_draft(0, tiny_target(tmp_path)))
+    return main(["publish", str(run), "--repo", "acme/tiny-eagle3"]), error_line(capsys)
+
+
+def engine_refusal(base, tmp_path, capsys, monkeypatch):
+    from eyas.train.checkpoint import save_draft
+
+    ckpt = save_draft(make_draft(0, tiny_target(tmp_path), norm_before_residual=True), tmp_path / "CKPT")
+    status = main(["export", str(ckpt), "--format", "eagle3", "--engines", "sglang", "--out", str(tmp_path / "x")])
+    return status, error_line(capsys)
+
+
+def not_a_checkpoint(base, tmp_path, capsys, monkeypatch):
+    (tmp_path / "CKPT").mkdir()
+    status = main(["export", str(tmp_path / "CKPT"), "--format", "eagle3", "--out", str(tmp_path / "x")])
+    return status, error_line(capsys)
+
+
+SCENARIOS = [unknown_key, model_missing, model_offline, prompts_missing, stage_order, recipe_changed,
+             shard_truncated, verify_finds, disk_full, no_token, engine_refusal, not_a_checkpoint]
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda f: f.__name__)
+def test_troubleshooting_row(scenario, base, tmp_path, capsys, monkeypatch):
+    """Each expected failure prints the README's message and exits with its status."""
+    status, line = scenario(base, tmp_path, capsys, monkeypatch)
+    root, _, _ = base
+    line = normalised(line, RUN=tmp_path / "RUN", CKPT=tmp_path / "CKPT", TMP=tmp_path, ROOT=root)
+    assert (line, status) in readme_rows(), f"not in the README's troubleshooting table: {status} {line}"
+
+
+def test_every_table_row_has_a_scenario():
+    assert len(readme_rows()) == len(SCENARIOS) + len(INTERRUPT_ROWS)
+
+
+# ---------------------------------------------------------------- integrity
+
+def test_every_stage_lists_its_files_and_verify_passes(base, capsys):
+    root, _, run = base
+    for stage in ("prompts", "regenerate", "capture", "vocab"):
+        files = json.loads(io.marker(run, stage).read_text())["files"]
+        on_disk = sorted(p.relative_to(run).as_posix() for p in (run / stage).rglob("*")
+                         if p.is_file() and p.name != "DONE.json" and not p.name.startswith("."))
+        assert sorted(files) == on_disk and on_disk, stage
+        for rel, rec in files.items():
+            assert rec["size"] == (run / rel).stat().st_size and len(rec["xxh3_64"]) == 16
+    files = json.loads(io.marker(run, "capture").read_text())["files"]
+    index = io.read_json(run / "capture" / "index.json")
+    assert all(files[f"capture/{s['file']}"]["xxh3_64"] == s["xxh3_64"] for s in index["shards"])  # from the write
+    assert main(["verify", str(run), "--no-progress"]) == 0
+    assert capsys.readouterr().out.strip().endswith("files checked, all intact")
+
+
+def test_verify_names_the_file_and_the_stage(base, tmp_path, capsys, monkeypatch):
+    status, line = verify_finds(base, tmp_path, capsys, monkeypatch)
+    run = tmp_path / "RUN"
+    assert status == 1 and "1 of" in line and "redo the capture stage" in line
+    # the listing went to stdout before the error line: the file, what is wrong, and how to redo it
+    assert main(["verify", str(run), "--no-progress"]) == 1
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out == [f"{run}/capture/shard-00001.safetensors: checksum differs: its bytes changed since they were "
+                   f"written: redo the capture stage: remove {run}/capture and run `eyas capture {run}`"]
+
+
+def test_training_names_a_truncated_shard(base, tmp_path, capsys, monkeypatch):
+    status, line = shard_truncated(base, tmp_path, capsys, monkeypatch)
+    assert status == 1 and "shard-00001.safetensors" in line and "truncated" in line
+    assert not io.is_done(tmp_path / "RUN", "train")
+
+
+# ---------------------------------------------------------------- a full disk
+
+def full_disk_at(monkeypatch, n: int):
+    """The n-th shard write runs out of space half way through the file."""
+    import eyas.data.shards as shards
+
+    real, calls = shards.save_file, {"n": 0}
+
+    def save_file(tensors, path, *a, **k):
+        calls["n"] += 1
+        if calls["n"] == n:
+            real(tensors, path, *a, **k)
+            Path(path).write_bytes(Path(path).read_bytes()[: os.path.getsize(path) // 2])
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(tensors, path, *a, **k)
+
+    monkeypatch.setattr(shards, "save_file", save_file)
+
+
+def test_full_disk_leaves_no_partial_file_and_resumes(base, tmp_path, capsys, monkeypatch):
+    status, line = disk_full(base, tmp_path, capsys, monkeypatch)
+    run = tmp_path / "RUN"
+    assert status == 1 and "shard-00002.safetensors" in line
+    names = sorted(p.name for p in (run / "capture").iterdir())
+    assert names == ["index.json", "shard-00000.safetensors", "shard-00001.safetensors"]  # no partial, no temporary
+    monkeypatch.undo()  # space freed
+    assert main(["capture", str(run), "--no-progress"]) == 0
+    ref = base[2] / "capture"
+    assert io.read_json(run / "capture" / "index.json")["shards"] == io.read_json(ref / "index.json")["shards"]
+    assert main(["verify", str(run), "--no-progress"]) == 0
+
+
+# ---------------------------------------------------------------- SIGINT / SIGTERM
+
+INTERRUPT_ROWS = ("interrupted training", "interrupted capture")
+
+
+def start(args: list[str]) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, "-m", "eyas.cli", *args, "--no-progress"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def signal_when(proc: subprocess.Popen, ready, signum: int, timeout: float = 240) -> tuple[int, str]:
+    """Send `signum` once `ready()`; -> (exit status, the last line of stderr)."""
+    t0 = time.time()
+    while not ready():
+        assert proc.poll() is None, proc.communicate()
+        assert time.time() - t0 < timeout
+        time.sleep(0.02)
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=timeout)
+    return proc.returncode, [x for x in err.splitlines() if x.strip()][-1]
+
+
+def log_lines(run: Path) -> int:
+    log = run / "train" / "log.jsonl"
+    return len(log.read_text().splitlines()) if log.is_file() else 0
+
+
+def test_sigterm_mid_training_resumes_to_the_same_weights(base, tmp_path):
+    """SIGTERM at some step: the state of that step is saved, exit 143; the re-run finishes with the weights of
+    a run never interrupted (both in processes with one thread, so the arithmetic is the same)."""
+    reference, stopped = copy_run(base, tmp_path / "ref"), copy_run(base, tmp_path / "RUN")
+    ref = start(["train", str(reference)])
+    assert ref.wait(timeout=600) == 0, ref.communicate()
+    status, line = signal_when(start(["train", str(stopped)]), lambda: log_lines(stopped) >= 3, signal.SIGTERM)
+    step = json.loads((stopped / "train" / "state" / "step.json").read_text())["step"]
+    assert status == 143 and 3 <= step < 150 and not io.is_done(stopped, "train")
+    assert log_lines(stopped) == step  # a line per kept step
+    assert line == (f"eyas: error: interrupted by SIGTERM: the training state at step {step}/150 is saved in "
+                    f"{stopped}/train/state; re-run the same command to continue")
+    assert (normalised(line, RUN=stopped), 143) in readme_rows()
+    resumed = start(["train", str(stopped)])
+    out, err = resumed.communicate(timeout=600)
+    assert resumed.returncode == 0 and f"resuming at step {step}/150" in out + err
+    a = load_file(str(reference / "train" / "checkpoint-final" / "model.safetensors"))
+    b = load_file(str(stopped / "train" / "checkpoint-final" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_sigint_mid_capture_keeps_the_complete_shards(base, tmp_path, capsys):
+    run = copy_run(base, tmp_path / "RUN", upto="regenerate")
+    shards = lambda: sorted((run / "capture").glob("shard-*.safetensors"))  # noqa: E731
+    status, line = signal_when(start(["capture", str(run)]), lambda: len(shards()) >= 1, signal.SIGINT)
+    assert status == 130 and (normalised(line, RUN=run), 130) in readme_rows()
+    assert not list((run / "capture").glob(".*")) and not io.is_done(run, "capture")  # nothing half-written
+    listed = [s["file"] for s in io.read_json(run / "capture" / "index.json")["shards"]]
+    assert listed and [p.name for p in shards()][: len(listed)] == listed
+    assert main(["capture", str(run), "--no-progress"]) == 0
+    ref = io.read_json(base[2] / "capture" / "index.json")["shards"]
+    got = io.read_json(run / "capture" / "index.json")["shards"]
+    assert [(s["file"], s["num_tokens"]) for s in got] == [(s["file"], s["num_tokens"]) for s in ref]
+    assert main(["verify", str(run), "--no-progress"]) == 0
