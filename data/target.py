@@ -202,10 +202,10 @@ def model_errors(name: str, key: str = "target.model"):
             causes.append(c)
             c = c.__cause__ or c.__context__
         if local.is_dir():
-            what = ("has no config.json" if not (local / "config.json").is_file()
-                    else f"cannot be read as a Hugging Face model ({str(e).splitlines()[0]})")
-            raise InputError(f"{key}={name}: the directory {what}; set {key} to the folder that holds the "
-                             "model's config.json and weights") from e
+            if (local / "config.json").is_file():
+                raise  # the model is there; what failed is for its own message (trust_remote_code, placement…)
+            raise InputError(f"{key}={name}: the directory has no config.json; set {key} to the folder that "
+                             "holds the model's config.json and weights") from e
         if any(isinstance(c, (RepositoryNotFoundError, GatedRepoError)) for c in causes):
             raise InputError(f"{key}={name}: no such model on the Hugging Face hub, or it is gated or private and "
                              "this token cannot read it; check the id, or `hf auth login` with a token that has "

@@ -92,6 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     """Expected failures end in one line `eyas: error: ...` and exit 2 (bad input) or 1 (eyas/errors.py);
     `--debug` anywhere (or EYAS_DEBUG=1) adds their traceback."""
     debug, argv = debugging(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "serve":  # uvicorn shuts down on SIGINT / SIGTERM itself: a normal stop
+        return report_failures(lambda: _main(argv), debug)
     with signals_raise():
         return report_failures(lambda: _main(argv), debug)
 

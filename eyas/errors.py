@@ -62,11 +62,15 @@ def disk_full_message(e: OSError) -> str:
 
 
 def as_input(e: Exception) -> Exception:
-    """A ValueError / OSError a command's input caused, as an InputError (its own message); an eyas error
-    or a full disk stays as it is."""
+    """A ValueError / OSError from a command (export, import, publish, plan) as an eyas error with its own
+    message: a bad value or a missing path is bad input; any other OSError (the hub or a server unreachable,
+    an I/O error) a runtime failure. An eyas error or a full disk stays as it is."""
     if isinstance(e, EyasError) or (isinstance(e, OSError) and disk_full(e)):
         return e
-    return InputError(str(e))
+    missing = (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)
+    if isinstance(e, ValueError) or (isinstance(e, OSError) and type(e) in missing):
+        return InputError(str(e))
+    return RunError(str(e))
 
 
 def secrets() -> list[str]:

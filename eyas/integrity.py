@@ -19,6 +19,7 @@ from pathlib import Path
 from eyas.errors import CorruptData
 
 ALGO = "xxh3_64"
+TRACKER_DIRS = ("wandb", "tensorboard", "trackio")
 CHUNK = 16 << 20
 
 
@@ -41,7 +42,8 @@ def stage_files(run_dir: str | Path, stage: str, outside: tuple[str | Path, ...]
     run_dir = Path(run_dir)
     paths = []
     for root, dirs, files in os.walk(run_dir / stage):
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        # trackers' folders are theirs (wandb's service may append to its logs after the run ends)
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in TRACKER_DIRS)
         paths += [Path(root) / f for f in sorted(files) if not f.startswith(".")]
     paths = [p for p in paths if p.name != "DONE.json" or p.parent != run_dir / stage]
     paths += [run_dir / p for p in outside]
@@ -91,24 +93,36 @@ def redo_hint(run_dir: Path, stage: str) -> str:
 
 def run_records(run_dir: Path) -> list[tuple[str, str, dict]]:
     """(stage, path from the run dir, record) of every file the run lists: finished stages' DONE.json, and
-    the shards of a capture in progress (their index)."""
+    the shards of a capture in progress (their index). A stage finished before eyas kept checksums is
+    skipped, with a note."""
     from eyas import io
     from eyas.pipeline import STAGE_ORDER
 
     out = []
     for stage in STAGE_ORDER:
         if io.is_done(run_dir, stage):
-            files = io.read_json(io.marker(run_dir, stage)).get("files")
-            if files is None:
-                raise CorruptData(f"{io.marker(run_dir, stage)}: lists no files (written before eyas kept "
-                                  f"checksums); nothing to verify it against: {redo_hint(run_dir, stage)}")
+            files = json_of(io.marker(run_dir, stage), stage).get("files")
+            if files is None:  # a stage finished by an eyas older than the checksums
+                print(f"{io.marker(run_dir, stage)}: lists no files (made before eyas kept checksums): "
+                      f"the {stage} stage is not checked")
+                continue
             out += [(stage, rel, rec) for rel, rec in files.items()]
         elif stage == "capture":
             for index in sorted((run_dir / stage).glob("index*.json")):
-                for s in io.read_json(index).get("shards", []):
+                for s in json_of(index, stage).get("shards", []):
                     if "size" in s:
                         out.append((stage, f"{stage}/{s['file']}", s))
     return out
+
+
+def json_of(path: Path, stage: str) -> dict:
+    """A marker or index: a file that does not parse is damaged (named, with the stage to redo)."""
+    import json
+
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CorruptData(f"{path}: not valid JSON ({e}): {redo_hint(path.parent.parent, stage)}") from None
 
 
 def verify_run(run_dir: str | Path, progress: bool = True) -> tuple[int, list[tuple[str, str, str]]]:

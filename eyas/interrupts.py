@@ -5,15 +5,15 @@
   `atomic_path` and a re-run continues from the last complete part (`signals_raise`).
 - Training: the first signal is noted (`StopRequest`); the loop finishes the optimizer step, every
   process agrees to stop, the training state is saved atomically and the run exits; a re-run resumes
-  from that step. A second signal stops at once.
+  from that step. A second Ctrl-C stops at once.
 
 `eyas` reports an interrupt as one line and exits 128 + the signal (130 for SIGINT, 143 for SIGTERM).
 """
 
 from __future__ import annotations
 
+import os
 import signal
-import sys
 import threading
 from contextlib import contextmanager
 from typing import Callable, Iterator
@@ -49,7 +49,9 @@ def signals_raise() -> Iterator[None]:
 
 class StopRequest:
     """SIGINT / SIGTERM during training: the first one is noted (`signum`) and the training loop saves its
-    state at the end of the step and stops; a second one raises at once (Interrupted), like a plain Ctrl-C."""
+    state at the end of the step and stops. A second Ctrl-C raises at once (Interrupted); more SIGTERMs are
+    ignored: Slurm signals every process of a job step and torchrun passes its own on, so each rank may
+    get two. (torchrun kills its workers 30 s after passing a signal on: the step and the save must fit.)"""
 
     def __init__(self):
         self.signum: int | None = None
@@ -57,10 +59,13 @@ class StopRequest:
 
     def _handler(self, signum, frame):
         if self.signum is not None:
-            raise Interrupted(signum)
+            if signum == signal.SIGINT:
+                raise Interrupted(signum)
+            return
         self.signum = signum
-        print(f"\n[eyas] {signal.Signals(signum).name}: saving the training state at the end of this step "
-              "(send it again to stop at once)", file=sys.stderr, flush=True)
+        # os.write, not print: a handler that prints while tqdm writes would raise "reentrant call"
+        os.write(2, f"\n[eyas] {signal.Signals(signum).name}: saving the training state at the end of this "
+                    "step (Ctrl-C again to stop at once)\n".encode())
 
     def __enter__(self) -> "StopRequest":
         if _main_thread():
@@ -70,7 +75,8 @@ class StopRequest:
 
     def __exit__(self, *exc) -> None:
         for s, h in self._previous.items():
-            signal.signal(s, h)
+            if h is not None:  # (None: a handler not installed from Python, which cannot be put back)
+                signal.signal(s, h)
 
     def agreed(self, any_process: Callable[[bool], bool] | None = None) -> bool:
         """Whether to stop after this step: this process was signalled, or (`any_process`, a collective

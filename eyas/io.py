@@ -29,11 +29,37 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         yield Path(tmp)
         os.replace(tmp, path)
     except BaseException as e:
+        full = disk_full(e, path.parent, path)  # (asked before the partial file goes and frees its space)
         if os.path.exists(tmp):
             os.unlink(tmp)
-        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):  # name the file, not the temporary
-            raise OSError(e.errno, e.strerror, str(path)) from e
+        if full:  # name the file, not the temporary
+            raise full from e
         raise
+
+
+DISK_FULL_WORDS = ("no space left on device", "os error 28", "storagefull", "disk quota exceeded", "os error 122")
+
+
+def disk_full(e: BaseException, directory: str | Path, path: str | Path | None = None) -> OSError | None:
+    """OSError(ENOSPC, ..., `path`) when `e` came from a full disk, else None. The libraries that write our
+    big files say so in their own ways: safetensors raises SafetensorError("... Os { code: 28, kind:
+    StorageFull ...}"), torch.save a RuntimeError("... file write failed"); so the errno or the words are
+    looked for in `e` and its causes, and `directory`'s free space (below 1 MiB) decides the rest."""
+    if not isinstance(e, Exception):
+        return None
+    path = str(path or directory)
+    c = e
+    while c is not None:
+        if isinstance(c, OSError) and c.errno in (errno.ENOSPC, errno.EDQUOT):
+            return OSError(c.errno, os.strerror(c.errno), path)
+        if any(w in str(c).lower() for w in DISK_FULL_WORDS):
+            return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+        c = c.__cause__ or c.__context__
+    try:
+        st = os.statvfs(directory)
+    except OSError:
+        return None
+    return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path) if st.f_bavail * st.f_frsize < 1 << 20 else None
 
 
 def write_json(path: str | Path, obj: Any) -> None:
@@ -132,8 +158,11 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
+        full = disk_full(e, path.parent, path)
         shutil.rmtree(tmp, ignore_errors=True)
+        if full:
+            raise full from e
         raise
 
 

@@ -224,7 +224,10 @@ def test_training_names_a_truncated_shard(base, tmp_path, capsys, monkeypatch):
 # ---------------------------------------------------------------- a full disk
 
 def full_disk_at(monkeypatch, n: int):
-    """The n-th shard write runs out of space half way through the file."""
+    """The n-th shard write runs out of space half way through the file, and safetensors says so as it does
+    (its Rust error's Debug text inside a SafetensorError, not an OSError)."""
+    from safetensors import SafetensorError
+
     import eyas.data.shards as shards
 
     real, calls = shards.save_file, {"n": 0}
@@ -234,7 +237,8 @@ def full_disk_at(monkeypatch, n: int):
         if calls["n"] == n:
             real(tensors, path, *a, **k)
             Path(path).write_bytes(Path(path).read_bytes()[: os.path.getsize(path) // 2])
-            raise OSError(errno.ENOSPC, "No space left on device")
+            raise SafetensorError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: '
+                                  '"No space left on device" })')
         return real(tensors, path, *a, **k)
 
     monkeypatch.setattr(shards, "save_file", save_file)
@@ -251,6 +255,27 @@ def test_full_disk_leaves_no_partial_file_and_resumes(base, tmp_path, capsys, mo
     ref = base[2] / "capture"
     assert io.read_json(run / "capture" / "index.json")["shards"] == io.read_json(ref / "index.json")["shards"]
     assert main(["verify", str(run), "--no-progress"]) == 0
+
+
+def test_disk_full_is_recognised_however_the_writer_says_it(tmp_path, monkeypatch):
+    """The errno anywhere in the chain, the words, or (torch.save's "file write failed") no space left."""
+    target = tmp_path / "f.bin"
+    cause = OSError(errno.EDQUOT, "Disk quota exceeded")
+    wrapped = RuntimeError("save failed")
+    wrapped.__cause__ = cause
+    assert io.disk_full(wrapped, tmp_path, target).errno == errno.EDQUOT
+    assert io.disk_full(OSError(errno.ENOSPC, "x"), tmp_path, target).filename == str(target)
+    torch_says = RuntimeError("[enforce fail at inline_container.cc:672] . PytorchStreamWriter failed writing "
+                              "file data/0: file write failed")
+    assert io.disk_full(torch_says, tmp_path) is None  # space left: another failure, kept as it is
+    assert io.disk_full(ValueError("bad value"), tmp_path) is None
+    monkeypatch.setattr(os, "statvfs", lambda d: os.statvfs_result((4096, 4096, 10, 0, 0, 10, 0, 0, 0, 255)))
+    assert io.disk_full(torch_says, tmp_path, target).errno == errno.ENOSPC  # 0 blocks free
+    with pytest.raises(OSError, match="No space left on device") as e:
+        with io.atomic_path(target) as tmp:
+            tmp.write_bytes(b"half")
+            raise torch_says
+    assert e.value.filename == str(target) and not list(tmp_path.iterdir())
 
 
 # ---------------------------------------------------------------- SIGINT / SIGTERM

@@ -241,7 +241,14 @@ def run_train(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> dic
         if acc.is_main_process:
             shutil.rmtree(tmp, ignore_errors=True)
         acc.wait_for_everyone()
-        acc.save_state(str(tmp))
+        try:
+            acc.save_state(str(tmp))
+        except Exception as e:
+            full = io.disk_full(e, out_dir, tmp)
+            if full:  # the last complete state stays; the partial one goes
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise full from e
+            raise
         seen = tokens_seen()
         if acc.is_main_process:
             (tmp / "step.json").write_text(json.dumps({"step": step, "tokens": seen}))
@@ -308,9 +315,9 @@ def run_train(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> dic
                         with open(log_path, "a") as f:
                             f.write(json.dumps(last) + "\n")
                     acc.log({"lr": last["lr"], **tracker_metrics(last, "train")}, step=step)
-                if tr.val_every and step % tr.val_every == 0 and step < total:
-                    run_validation()
                 stopping = step < total and stop.agreed(any_process if world > 1 else None)  # SIGINT / SIGTERM
+                if tr.val_every and step % tr.val_every == 0 and step < total and not stopping:
+                    run_validation()
                 if stopping or (tr.save_every and step % tr.save_every == 0 and step < total):
                     save_state()
                 if stopping:  # this step is kept: a re-run resumes after it

@@ -89,8 +89,11 @@ def fetch(src: str | Path, revision: str | None = None) -> Path:
         raise DraftFormatError(f"{src}: not a directory (give a draft directory or a hub repo id)")
     from huggingface_hub import snapshot_download
 
-    return Path(snapshot_download(str(src), revision=revision,
-                                  allow_patterns=["*.json", "*.safetensors", "*.bin", "*.md"]))
+    from eyas.data.target import model_errors
+
+    with model_errors(str(src), "SRC"):  # not on the hub, gated, or the hub unreachable: one line naming it
+        return Path(snapshot_download(str(src), revision=revision,
+                                      allow_patterns=["*.json", "*.safetensors", "*.bin", "*.md"]))
 
 
 def read_weights(path: Path) -> dict[str, torch.Tensor]:

@@ -100,7 +100,7 @@ def hub_errors(repo: str, endpoint: str):
         yield
     except HfHubHTTPError as e:
         code = e.response.status_code if e.response is not None else None
-        first = str(e).splitlines()[0]
+        first = (str(e).splitlines() or [type(e).__name__])[0]
         if code in (401, 403, 404):
             raise InputError(f"--repo {repo}: the hub answered {first}; check the repo id and that the token may "
                              "write there (`hf auth whoami`)") from e

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import yaml
 
+from eyas import io
+
 from eyas.pipeline import STAGE_ORDER
 
 FINAL_CHECKPOINT = Path("train") / "checkpoint-final"
@@ -65,8 +67,7 @@ def load_run(run: str | Path) -> FinishedRun:
     recipe_text = recipe_path.read_text()
     stages = {}
     for stage in STAGE_ORDER:
-        marker = root / stage / "DONE.json"
-        if marker.is_file():
-            stages[stage] = json.loads(marker.read_text())
+        if io.is_done(root, stage):
+            stages[stage] = io.read_done(root, stage)  # (not the file list: the model card shows these)
     return FinishedRun(root=root, checkpoint=checkpoint, report=json.loads(report_path.read_text()),
                        recipe_text=recipe_text, recipe=yaml.safe_load(recipe_text) or {}, stages=stages)
