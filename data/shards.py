@@ -33,7 +33,7 @@ from torch.utils.data import Dataset
 
 from eyas.data.compact import decode_aux
 from eyas.errors import InputError
-from eyas.integrity import check_shard, file_record
+from eyas.integrity import file_record, open_shard
 from eyas.io import atomic_path
 
 INDEX = "index.json"
@@ -90,8 +90,7 @@ class ShardDataset(Dataset):
         self._offsets: list[list[int]] = []
         self._where: list[tuple[int, int]] = []  # global sequence -> (shard, sequence in shard)
         for k, (f, entry) in enumerate(zip(self._files, self.index["shards"])):
-            check_shard(f, entry)  # its size against the index, and its header
-            with safe_open(f, "pt") as sf:
+            with open_shard(f, entry) as sf:  # its size against the index, and its header
                 offsets = sf.get_tensor("offsets").tolist()
             self._offsets.append(offsets)
             self._where.extend((k, s) for s in range(len(offsets) - 1))

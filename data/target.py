@@ -185,7 +185,7 @@ HUB_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")  # name 
 def model_errors(name: str, key: str = "target.model"):
     """transformers' and huggingface_hub's failures to find model `name` -> an eyas error that names
     `key` and what to do: a missing directory or hub repo, or a hub that cannot be reached."""
-    from eyas.errors import InputError, RunError
+    from eyas.errors import InputError, RunError, causes
 
     local = Path(name).expanduser()
     if not local.exists() and (not HUB_REPO_ID.match(name) or name.startswith((".", "/", "~"))):
@@ -196,21 +196,17 @@ def model_errors(name: str, key: str = "target.model"):
     except (OSError, ValueError) as e:
         from huggingface_hub.errors import GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError
 
-        causes = []
-        c = e
-        while c is not None:
-            causes.append(c)
-            c = c.__cause__ or c.__context__
+        chain = list(causes(e))
         if local.is_dir():
             if (local / "config.json").is_file():
                 raise  # the model is there; what failed is for its own message (trust_remote_code, placement…)
             raise InputError(f"{key}={name}: the directory has no config.json; set {key} to the folder that "
                              "holds the model's config.json and weights") from e
-        if any(isinstance(c, (RepositoryNotFoundError, GatedRepoError)) for c in causes):
+        if any(isinstance(c, (RepositoryNotFoundError, GatedRepoError)) for c in chain):
             raise InputError(f"{key}={name}: no such model on the Hugging Face hub, or it is gated or private and "
                              "this token cannot read it; check the id, or `hf auth login` with a token that has "
                              "access") from e
-        if any(isinstance(c, LocalEntryNotFoundError) for c in causes):
+        if any(isinstance(c, LocalEntryNotFoundError) for c in chain):
             from huggingface_hub import constants
 
             why = "HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE else f"{constants.ENDPOINT} cannot be reached"

@@ -20,7 +20,7 @@ import os
 import signal
 import sys
 import traceback
-from typing import Callable
+from typing import Callable, Iterator
 
 from eyas.interrupts import Interrupted
 
@@ -51,8 +51,16 @@ class CorruptData(RunError):
     """A file a stage wrote fails its size, header or checksum check."""
 
 
-def disk_full(e: OSError) -> bool:
-    return e.errno in (errno.ENOSPC, errno.EDQUOT)
+def disk_full(e: BaseException) -> bool:
+    """An OSError that says the disk (or the quota) is full."""
+    return isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def causes(e: BaseException) -> Iterator[BaseException]:
+    """`e`, then what it was raised from or during, outermost first."""
+    while e is not None:
+        yield e
+        e = e.__cause__ or e.__context__
 
 
 def disk_full_message(e: OSError) -> str:
@@ -65,7 +73,7 @@ def as_input(e: Exception) -> Exception:
     """A ValueError / OSError from a command (export, import, publish, plan) as an eyas error with its own
     message: a bad value or a missing path is bad input; any other OSError (the hub or a server unreachable,
     an I/O error) a runtime failure. An eyas error or a full disk stays as it is."""
-    if isinstance(e, EyasError) or (isinstance(e, OSError) and disk_full(e)):
+    if isinstance(e, EyasError) or disk_full(e):
         return e
     missing = (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)
     if isinstance(e, ValueError) or (isinstance(e, OSError) and type(e) in missing):
@@ -114,13 +122,13 @@ def report_failures(fn: Callable[[], int], debug: bool = False) -> int:
     except (Interrupted, KeyboardInterrupt) as e:
         if debug:
             _traceback()
-        signum = e.signum if isinstance(e, Interrupted) else signal.SIGINT
-        name = signal.Signals(signum).name
-        kept = getattr(e, "kept", None) or "the parts finished before it are kept"
-        _say(f"interrupted by {name}: {kept}; re-run the same command to continue")
-        return 128 + signum
+        if not isinstance(e, Interrupted):
+            e = Interrupted(signal.SIGINT)
+        kept = e.kept or "the parts finished before it are kept"
+        _say(f"interrupted by {signal.Signals(e.signum).name}: {kept}; re-run the same command to continue")
+        return e.status
     except Exception as e:  # noqa: BLE001
-        if isinstance(e, OSError) and disk_full(e):
+        if disk_full(e):
             if debug:
                 _traceback()
             _say(disk_full_message(e))

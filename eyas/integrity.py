@@ -70,21 +70,20 @@ def check_file(path: Path, record: dict, full: bool = True) -> str | None:
     return None
 
 
-def check_shard(path: Path, record: dict) -> None:
-    """A capture shard about to be read: its size against the index, and a safetensors header that covers
-    exactly the file. -> CorruptData naming the file and the fix."""
+def open_shard(path: Path, record: dict):
+    """safe_open of a capture shard about to be read, checked first: its size against the index, then (in the
+    opening itself) a safetensors header that covers exactly the file. -> the open shard, or CorruptData
+    naming the file and the fix."""
     from safetensors import SafetensorError, safe_open
 
     problem = check_file(path, record, full=False) if "size" in record else (None if path.is_file() else "missing")
     if problem is None:
         try:
-            with safe_open(path, "pt"):
-                pass
+            return safe_open(path, "pt")
         except SafetensorError as e:
             problem = f"not a readable safetensors file ({e})"
-    if problem:
-        raise CorruptData(f"{path}: {problem}; run `eyas verify {path.parent.parent}` to list every bad file, then "
-                          f"{redo_hint(path.parent.parent, 'capture')}")
+    raise CorruptData(f"{path}: {problem}; run `eyas verify {path.parent.parent}` to list every bad file, then "
+                      f"{redo_hint(path.parent.parent, 'capture')}")
 
 
 def redo_hint(run_dir: Path, stage: str) -> str:

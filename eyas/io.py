@@ -45,16 +45,17 @@ def disk_full(e: BaseException, directory: str | Path, path: str | Path | None =
     big files say so in their own ways: safetensors raises SafetensorError("... Os { code: 28, kind:
     StorageFull ...}"), torch.save a RuntimeError("... file write failed"); so the errno or the words are
     looked for in `e` and its causes, and `directory`'s free space (below 1 MiB) decides the rest."""
+    from eyas.errors import causes
+    from eyas.errors import disk_full as says_disk_full
+
     if not isinstance(e, Exception):
         return None
     path = str(path or directory)
-    c = e
-    while c is not None:
-        if isinstance(c, OSError) and c.errno in (errno.ENOSPC, errno.EDQUOT):
+    for c in causes(e):
+        if says_disk_full(c):
             return OSError(c.errno, os.strerror(c.errno), path)
         if any(w in str(c).lower() for w in DISK_FULL_WORDS):
             return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
-        c = c.__cause__ or c.__context__
     try:
         st = os.statvfs(directory)
     except OSError:

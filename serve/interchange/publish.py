@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from eyas.errors import InputError, RunError, as_input
+
 from .export import export
 from .model_card import HUB_ID, render_model_card
 from .run_dir import load_run

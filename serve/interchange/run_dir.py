@@ -15,7 +15,6 @@ from pathlib import Path
 import yaml
 
 from eyas import io
-
 from eyas.pipeline import STAGE_ORDER
 
 FINAL_CHECKPOINT = Path("train") / "checkpoint-final"
