@@ -1,7 +1,7 @@
 """TTT training-step time and peak memory vs sequence length, for a draft of a given size.
 
     python benchmarks/bench_ttt_step.py                                   # demo-sized head, CPU
-    python benchmarks/bench_ttt_step.py --size gpt-oss-attention --attention dense chunked \
+    python benchmarks/bench_ttt_step.py --size gpt-oss-attention --attention dense chunked sdpa \
         --lengths 1024 2048 4096 8192 16384 --repeat 1                    # linear vs quadratic, CPU
     python benchmarks/bench_ttt_step.py --size gpt-oss-120b --device cuda --lengths 4096 16384 32768
 
@@ -56,7 +56,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--size", choices=SIZES, default="demo")
     p.add_argument("--lengths", type=int, nargs="+", default=[128, 256, 512, 1024])
-    p.add_argument("--attention", nargs="+", default=["auto"], choices=["auto", "flex", "chunked", "dense"])
+    p.add_argument("--attention", nargs="+", default=["auto"], choices=["auto", "flex", "chunked", "sdpa", "dense"])
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--ttt-steps", type=int, default=7)
     p.add_argument("--repeat", type=int, default=3)

@@ -11,7 +11,7 @@ differ from each other:
                    TTT 7, rows of up to 2048 tokens
     long-context   the demo prompts plus LONG_TRAIN long prompts (below), packed rows of 1024 tokens,
                    4 rows per micro-batch (about the tokens of the demo's 16 short rows), TTT 7, the
-                   O(T) TTT attention (`auto`: chunked on CPU)
+                   O(T) TTT attention (`auto`: sdpa on CPU)
     throughput     the demo prompts, TTT 3, a draft MLP of 256 instead of 512
 
 Long prompts are built from the demo corpus (eyas/demo_target/corpus.py): a user turn holding a

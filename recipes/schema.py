@@ -156,8 +156,9 @@ class TrainSection:
     # several sequences per row (document mask, per-sequence positions), so short sequences do
     # not waste a long row; batch_size then counts rows
     pack: bool = False
-    # TTT attention (train/attention.py): auto (flex on CUDA, else chunked) | flex | chunked
-    # (both O(T) memory) | dense (the (T x T) reference, short sequences only)
+    # TTT attention (train/attention.py): auto (flex on CUDA, sdpa on CPU, else chunked) | flex |
+    # sdpa (torch's flash CPU kernel) | chunked (all O(T) memory) | dense (the (T x T) reference,
+    # short sequences only)
     attention: str = "auto"
     # recompute each TTT step's decoder layer in backward: about a third more compute, a fraction of
     # the activation memory (gpt-oss-120b dims on 80 GB: T = 32K without, more with; see the README)
@@ -440,8 +441,8 @@ def validate(r: Recipe) -> Recipe:
     _check(r.train.val_every >= 0, "train.val_every", "must be >= 0 (0: validate only at the end)")
     _check(r.train.report_to in ("none", "wandb", "tensorboard", "trackio"), "train.report_to",
            f"must be none, wandb, tensorboard or trackio, got {r.train.report_to!r}")
-    _check(r.train.attention in ("auto", "flex", "chunked", "dense"), "train.attention",
-           f"must be auto, flex, chunked or dense, got {r.train.attention!r}")
+    _check(r.train.attention in ("auto", "flex", "sdpa", "chunked", "dense"), "train.attention",
+           f"must be auto, flex, sdpa, chunked or dense, got {r.train.attention!r}")
     _check(r.train.compile in ("auto", "on", "off"), "train.compile",
            f"must be auto, on or off, got {r.train.compile!r}")
     _check(r.train.lr > 0, "train.lr", "must be > 0")

@@ -1,6 +1,7 @@
 """O(T)-memory TTT attention and sequence packing change memory, not math.
 
-* chunked (online softmax over tiles, recomputed in backward) == dense: output, TTT loss and every
+* chunked (online softmax over tiles, recomputed in backward) and sdpa (torch's flash CPU kernel per
+  document run, merged with the chain diagonals by log-sum-exp) == dense: output, TTT loss and every
   parameter gradient, in fp32 within 1e-5 relative, with GQA, several tiles, padding and packing;
 * a packed row gives each of its sequences exactly the logits, counts and losses that sequence gets
   alone (positions restart, no attention across sequences, no prediction across a boundary);
@@ -29,20 +30,23 @@ def packed_docs(B, T, g):
     return doc
 
 
-@pytest.mark.parametrize("tile", [4, 7, 64])
-def test_chunked_attention_equals_dense(tile, monkeypatch):
+@pytest.mark.parametrize("impl,tile", [("chunked", 4), ("chunked", 7), ("chunked", 64), ("sdpa", None),
+                                       ("sdpa-unpacked", None)])
+def test_o_t_attention_equals_dense(impl, tile, monkeypatch):
     monkeypatch.setattr(A, "tile_size", lambda *a: tile)
-    g = torch.Generator().manual_seed(tile)
+    g = torch.Generator().manual_seed(tile or 3)
     B, nh, nkv, T, d = 2, 6, 2, 29, 8
     doc = packed_docs(B, T, g)
+    if impl == "sdpa-unpacked":  # every row one document plus the same padding: one kernel call per run
+        impl, doc = "sdpa", (torch.arange(T) >= T - 4).long().expand(B, T)
     for n_steps in (1, 2, 4):
         q = torch.randn(B, nh, T, d, generator=g, requires_grad=True)
         keys = [torch.randn(B, nkv, T, d, generator=g, requires_grad=True) for _ in range(n_steps)]
         values = [torch.randn(B, nkv, T, d, generator=g, requires_grad=True) for _ in range(n_steps)]
         w = torch.randn(B, nh, T, d, generator=g)
         outs, grads = [], []
-        for impl in ("dense", "chunked"):
-            o = A.ttt_attention(impl, q, keys, values, doc, 0.3)
+        for name in ("dense", impl):
+            o = A.ttt_attention(name, q, keys, values, doc, 0.3)
             (o * w).sum().backward()
             outs.append(o.detach())
             grads.append([t.grad.clone() for t in (q, *keys, *values)])
@@ -53,8 +57,8 @@ def test_chunked_attention_equals_dense(tile, monkeypatch):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
-def test_chunked_bf16_as_accurate_as_dense_bf16(monkeypatch):
-    """In bf16 the chunked path's output and gradients are as close to the fp32 reference as the dense
+def test_o_t_bf16_as_accurate_as_dense_bf16(monkeypatch):
+    """In bf16 the chunked and sdpa paths' output and gradients are as close to the fp32 reference as the dense
     path's own bf16 run (at most 1.3x its error): forward and recomputing backward agree on precision.
     Short rows and peaked scores give the chain diagonals weight (a bf16 diagonal score in the forward
     against an fp32 one in the backward doubled the error of those steps' value gradients)."""
@@ -73,9 +77,10 @@ def test_chunked_bf16_as_accurate_as_dense_bf16(monkeypatch):
 
     exact = run("dense", torch.float32)
     err = {impl: [((a - e).norm() / e.norm()).item() for a, e in zip(run(impl, torch.bfloat16), exact)]
-           for impl in ("dense", "chunked")}
-    for i, (c, dn) in enumerate(zip(err["chunked"], err["dense"])):
-        assert c <= 1.3 * dn, (i, c, dn)
+           for impl in ("dense", "chunked", "sdpa")}
+    for impl in ("chunked", "sdpa"):
+        for i, (c, dn) in enumerate(zip(err[impl], err["dense"])):
+            assert c <= 1.3 * dn, (impl, i, c, dn)
 
 
 def random_target(d, B, T, g):
@@ -85,7 +90,7 @@ def random_target(d, B, T, g):
 
 
 def test_chunked_ttt_same_loss_and_grads(monkeypatch):
-    """dense, chunked, and chunked with each step's layer recomputed in backward: one loss, one gradient."""
+    """dense, chunked, sdpa, and chunked with each step's layer recomputed in backward: one loss, one gradient."""
     monkeypatch.setattr(A, "tile_size", lambda *a: 5)
     d = make_draft(5)
     d.train()
@@ -98,7 +103,7 @@ def test_chunked_ttt_same_loss_and_grads(monkeypatch):
     mask[doc == doc.max(dim=1, keepdim=True).values] = 0  # padding never counts
     target = random_target(d, B, T, g)
     runs = []
-    for impl, ckpt in (("dense", False), ("chunked", False), ("chunked", True)):  # ckpt: recompute the layer
+    for impl, ckpt in (("dense", False), ("chunked", False), ("sdpa", False), ("chunked", True)):  # ckpt: recompute the layer
         d.zero_grad()
         out = ttt_forward(d, aux, ids, mask, doc, target, ttt_steps=4, attention=impl, checkpoint_layer=ckpt)
         out.loss.backward()
@@ -114,7 +119,7 @@ def test_chunked_ttt_same_loss_and_grads(monkeypatch):
             torch.testing.assert_close(go[n], gd[n], rtol=1e-5, atol=1e-5 * gd[n].abs().max().item())
 
 
-@pytest.mark.parametrize("attention", ["dense", "chunked"])
+@pytest.mark.parametrize("attention", ["dense", "chunked", "sdpa"])
 def test_packed_row_equals_sequences_alone(attention):
     d = make_draft(7)
     g = torch.Generator().manual_seed(7)

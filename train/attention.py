@@ -22,11 +22,16 @@ Implementations (`train.attention` in the recipe):
              function whose backward recomputes each tile from the saved log-sum-exp (the
              FlashAttention recurrences), so nothing larger than a tile is ever held: O(T) memory.
              Plain torch ops: runs on CPU and GPU.
+    sdpa     torch's fused flash-attention CPU kernel (the one behind scaled_dot_product_attention)
+             over the step-0 keys, causal, one call per document run; its log-sum-exp merges the
+             diagonals in. Backward calls the kernel's own backward with the merged output and
+             log-sum-exp, which gives exactly the step-0 part of the merged softmax's gradients.
+             O(T) memory; forward + backward about 7x faster than chunked on CPU (64 heads, T = 2K).
     flex     torch's FlexAttention (compiled, GPU) over the keys of steps 0..j concatenated, with
              a block mask for the pattern above; fully masked tiles are skipped, so the cost is the
              causal half plus j diagonal tiles per query block: O(T) memory.
 
-`tests/test_ttt_attention.py` holds chunked (and flex, on a GPU) equal to dense in output,
+`tests/test_ttt_attention.py` holds chunked and sdpa (and flex, on a GPU) equal to dense in output,
 loss and every gradient.
 """
 
@@ -36,14 +41,18 @@ import math
 
 import torch
 
-IMPLEMENTATIONS = ("auto", "dense", "chunked", "flex")
+IMPLEMENTATIONS = ("auto", "dense", "chunked", "sdpa", "flex")
 
 
 def resolve(impl: str, device: torch.device) -> str:
-    """`auto` -> flex on CUDA (where FlexAttention compiles), chunked elsewhere."""
+    """`auto` -> flex on CUDA (where FlexAttention compiles), sdpa on CPU, chunked elsewhere."""
+    if impl == "sdpa" and device.type != "cpu":
+        raise ValueError(f"train.attention: sdpa is torch's CPU kernel; on {device.type} use flex or chunked")
     if impl != "auto":
         return impl
-    return "flex" if device.type == "cuda" and flex_available() else "chunked"
+    if device.type == "cuda" and flex_available():
+        return "flex"
+    return "sdpa" if device.type == "cpu" and sdpa_available() else "chunked"
 
 
 def flex_available() -> bool:
@@ -60,6 +69,8 @@ def ttt_attention(impl: str, q: torch.Tensor, keys: list[torch.Tensor], values: 
         return dense(q, keys, values, doc, scale)
     if impl == "chunked":
         return chunked(q, keys, values, doc, scale)
+    if impl == "sdpa":
+        return sdpa(q, keys, values, doc, scale)
     if impl == "flex":
         return flex(q, keys, values, doc, scale)
     raise ValueError(f"unknown TTT attention {impl!r} (expected one of {', '.join(IMPLEMENTATIONS[1:])})")
@@ -208,6 +219,107 @@ class _ChunkedTTTAttention(torch.autograd.Function):
 
 def chunked(q, keys, values, doc, scale):
     return _ChunkedTTTAttention.apply(q, doc, scale, len(keys) - 1, keys[0], values[0], *keys[1:], *values[1:])
+
+
+# --------------------------------------------------------------------------- sdpa (O(T), CPU)
+
+
+def _flash_cpu():
+    """torch's flash-attention CPU kernel and its backward: (q, k, v, dropout, causal, scale=) ->
+    (o, lse (B, h, T) fp32); None where this torch has no such kernel."""
+    try:
+        return (torch.ops.aten._scaled_dot_product_flash_attention_for_cpu,
+                torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward)
+    except (AttributeError, RuntimeError):
+        return None
+
+
+def sdpa_available() -> bool:
+    return _flash_cpu() is not None
+
+
+def _runs(doc: torch.Tensor):
+    """[(rows, t0, t1)]: the runs of one document id. One entry per run for the whole batch where
+    every row has the same boundaries (no packing), else per row."""
+    doc = doc.cpu()
+    B, T = doc.shape
+    change = doc[:, 1:] != doc[:, :-1]  # (B, T - 1)
+    same = bool((change == change[:1]).all())
+    runs = []
+    for b in [0] if same else range(B):
+        cuts = [0, *(torch.nonzero(change[b]).flatten() + 1).tolist(), T]
+        rows = slice(None) if same else slice(b, b + 1)
+        runs += [(rows, t0, t1) for t0, t1 in zip(cuts, cuts[1:])]
+    return runs
+
+
+class _SdpaTTTAttention(torch.autograd.Function):
+    """Forward: the kernel over each document run of the step-0 keys gives (o0, lse0); with the
+    diagonal scores s_m, lse = logsumexp(lse0, s_1..s_j) and o = e^(lse0-lse) o0 + sum e^(s_m-lse) v_m.
+    Backward: for the step-0 keys the kernel's backward with the merged (o, lse) recomputes
+    P = exp(S - lse) and D = rowsum(dO * o): the merged softmax's gradients; the diagonals are
+    elementwise. KV heads are repeated for the kernel (B, nh, T, d), O(T)."""
+
+    @staticmethod
+    def forward(ctx, q, doc, scale, n_diag, k0, v0, *diag):
+        attend, _ = _flash_cpu()
+        B, nh, T, d = q.shape
+        nkv = k0.shape[1]
+        r = nh // nkv
+        k0r, v0r = (x.to(q.dtype).repeat_interleave(r, dim=1) for x in (k0, v0))  # (B, nh, T, d)
+        runs = _runs(doc)
+        o0 = torch.empty_like(q)
+        lse0 = torch.empty(B, nh, T, dtype=torch.float32, device=q.device)
+        for rows, a, b in runs:
+            o0[rows, :, a:b], lse0[rows, :, a:b] = attend(q[rows, :, a:b], k0r[rows, :, a:b], v0r[rows, :, a:b],
+                                                         0.0, True, scale=scale)
+        qg = q.view(B, nkv, r, T, d).float()
+        kd, vd = diag[:n_diag], diag[n_diag:]
+        s = [(qg * k.float()[:, :, None]).sum(-1).view(B, nh, T) * scale for k in kd]  # own chain, (B, nh, T) each
+        lse = torch.logsumexp(torch.stack([lse0, *s]), dim=0)  # (B, nh, T)
+        o = o0.float() * torch.exp(lse0 - lse)[..., None]
+        for sm, v in zip(s, vd):
+            o = o + (torch.exp(sm - lse).view(B, nkv, r, T, 1) * v.float()[:, :, None]).view(B, nh, T, d)
+        o = o.to(q.dtype)
+        ctx.save_for_backward(q, doc, o, lse, k0, v0, *diag)
+        ctx.scale, ctx.n_diag, ctx.runs = scale, n_diag, runs
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        _, attend_backward = _flash_cpu()
+        q, doc, o, lse, k0, v0, *diag = ctx.saved_tensors
+        scale, n_diag = ctx.scale, ctx.n_diag
+        B, nh, T, d = q.shape
+        nkv = k0.shape[1]
+        r = nh // nkv
+        do = do.contiguous().to(q.dtype)
+        k0r, v0r = (x.to(q.dtype).repeat_interleave(r, dim=1) for x in (k0, v0))
+        dq, dk0r, dv0r = torch.empty_like(q), torch.empty_like(k0r), torch.empty_like(v0r)
+        for rows, a, b in ctx.runs:
+            part = (t[rows, :, a:b].contiguous() for t in (do, q, k0r, v0r, o))
+            dq[rows, :, a:b], dk0r[rows, :, a:b], dv0r[rows, :, a:b] = attend_backward(
+                *part, lse[rows, :, a:b].contiguous(), 0.0, True, scale=scale)
+        dq = dq.float().view(B, nkv, r, T, d)
+        qg, dog = q.view(B, nkv, r, T, d).float(), do.view(B, nkv, r, T, d).float()
+        D = (dog * o.view(B, nkv, r, T, d).float()).sum(-1)  # (B, nkv, r, T): rowsum(dO * O)
+        lse_g = lse.view(B, nkv, r, T)
+        dkd, dvd = [], []
+        for kk, vv in zip(diag[:n_diag], diag[n_diag:]):
+            kb, vb = kk.float()[:, :, None], vv.float()[:, :, None]  # (B, nkv, 1, T, d)
+            p = torch.exp((qg * kb).sum(-1) * scale - lse_g)  # (B, nkv, r, T)
+            dvd.append((p[..., None] * dog).sum(2).to(vv.dtype))
+            ds = p * ((dog * vb).sum(-1) - D) * scale
+            dq += ds[..., None] * kb
+            dkd.append((ds[..., None] * qg).sum(2).to(kk.dtype))
+        dk0 = dk0r.float().view(B, nkv, r, T, d).sum(2).to(k0.dtype)
+        dv0 = dv0r.float().view(B, nkv, r, T, d).sum(2).to(v0.dtype)
+        return (dq.view(B, nh, T, d).to(q.dtype), None, None, None, dk0, dv0, *dkd, *dvd)
+
+
+def sdpa(q, keys, values, doc, scale):
+    return _SdpaTTTAttention.apply(q.contiguous(), doc, scale, len(keys) - 1, keys[0], values[0],
+                                   *keys[1:], *values[1:])
 
 
 # --------------------------------------------------------------------------- flex (O(T), GPU)
