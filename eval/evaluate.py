@@ -81,7 +81,7 @@ def run_eval(recipe: Recipe, run_dir: str | Path, drafts: list[tuple[str, str]] 
     (name, prompt file or known name), default the run's held-out prompts; servers: (name, URL) of
     OpenAI-compatible servers to drive with the same prompts (eval/server_client.py)."""
     from eyas.data.regenerate import effort_kwargs, eos_token_ids, reasoning_effort, render_prompt
-    from eyas.data.target import load_recipe_target
+    from eyas.data.target import describe_placement, input_device, load_recipe_target
     from eyas.serve.decoding.engine import Engine
     from eyas.serve.decoding.reference import greedy_generate
     from eyas.train.checkpoint import load_draft
@@ -101,7 +101,7 @@ def run_eval(recipe: Recipe, run_dir: str | Path, drafts: list[tuple[str, str]] 
     model, tok = load_recipe_target(recipe.target)
     eos = set(eos_token_ids(model, tok))
     dtype = next(model.parameters()).dtype
-    device = model.get_output_embeddings().weight.device
+    device = input_device(model)  # the serving loop's per-row state and the draft go where the input ids go
     loaded = [(name, load_draft(path, device=device, dtype=dtype if dtype != torch.float16 else torch.float32).eval())
               for name, path in drafts]
     benches = [held_out(run_dir, ev.num_prompts)] if not benchmarks else \
@@ -173,7 +173,8 @@ def run_eval(recipe: Recipe, run_dir: str | Path, drafts: list[tuple[str, str]] 
         "stage_times": stage_times,
         "target": recipe.target.model,
         "draft": drafts[0][1],
-        "device": str(device),
+        "device": str(device) if recipe.target.device_map is None else
+                  f"{device} (target {describe_placement(model, recipe.target.device_map)})",
         "eval_settings": {"max_new_tokens": ev.max_new_tokens, "greedy": temperatures == [0.0],
                           "benchmark": main["benchmark"], "benchmarks": [b.name for b in benches],
                           "ks": ks or [], "trees": [s.to_json() for s in shapes if not s.is_chain],

@@ -150,6 +150,15 @@ def assert_capture_exact(model, reference, sequences: list, layer_ids: list[int]
     assert torch.equal(logits, out.logits), f"{what} logits"
 
 
+def split_map(num_layers: int, embed: str = "cpu", lm_head: str = "disk") -> dict[str, str]:
+    """A target.device_map that splits a tiny target the way a multi-GPU placement does: even decoder
+    layers in RAM, odd ones on disk (with offload_folder: accelerate's hooks load them for each
+    forward, and their weights sit on "meta"); the embedding and the lm_head where asked."""
+    m = {"model.embed_tokens": embed, "model.norm": "cpu", "model.rotary_emb": "cpu", "lm_head": lm_head}
+    m.update({f"model.layers.{i}": "disk" if i % 2 else "cpu" for i in range(num_layers)})
+    return m
+
+
 TURNS = 3  # user turns per conversation of write_conversations
 
 

@@ -364,3 +364,29 @@ def test_plan_from_a_finished_run_uses_its_measured_rates(setup, full_run):
     assert p["capture_s"] == pytest.approx(p["tokens"] / (2 * cap["tokens_per_s"]))
     train_rate = tr["tokens_seen"] / tr["wall_s"] / tr["num_processes"]
     assert p["train_s"] == pytest.approx(r.train.epochs * p["tokens"] / (2 * train_rate))
+
+
+def test_eval_on_a_split_target_measures_what_one_device_does(setup, full_run, tmp_path):
+    """`eyas eval` with target.device_map placing the embedding and half the layers off the main device
+    (on disk here; GPUs on a node): the same tau, per-position acceptance and losslessness as on one
+    device, at k = 3 and a tree, greedy and at T = 1, one and four requests at a time."""
+    import shutil
+
+    from data_fixtures import split_map
+
+    from eyas.eval.evaluate import run_eval
+
+    _, target, prompts = setup
+    placed = {"device_map": split_map(4, embed="disk", lm_head="cpu"), "offload_folder": str(tmp_path / "off")}
+    reports = []
+    for name, where in (("one", {}), ("split", placed)):
+        raw = tiny_recipe(target, prompts)
+        raw["target"].update(where)
+        run = shutil.copytree(full_run, tmp_path / name)
+        reports.append(run_eval(load_recipe(raw), run, ks=[3], trees=["2,2,4"], concurrency=[1, 4],
+                                temperatures=[0.0, 1.0], progress=False, force=True))
+    one, split = reports
+    assert "layer 1 on disk" in split["device"] and one["device"] == "cpu"
+    keys = ("k", "tree", "concurrency", "temperature", "acceptance_length", "per_position_acceptance", "lossless")
+    assert [[r[k] for k in keys] for r in split["results"]] == [[r[k] for k in keys] for r in one["results"]]
+    assert split["lossless"] is True and len(split["results"]) == 8

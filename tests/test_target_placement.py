@@ -2,6 +2,7 @@
 layers and the lm_head are offloaded to disk (accelerate's hooks load them for each forward),
 which is the code path of a target split over GPUs. Capture and regeneration must not change."""
 
+import data_fixtures
 import pytest
 import torch
 from data_fixtures import assert_capture_exact, one_thread  # noqa: F401  (one_thread: fixture)
@@ -17,9 +18,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 def split_map() -> dict[str, str]:
     """Even layers in RAM, odd layers and the lm_head on disk."""
-    m = {"model.embed_tokens": "cpu", "model.norm": "cpu", "model.rotary_emb": "cpu", "lm_head": "disk"}
-    m.update({f"model.layers.{i}": "disk" if i % 2 else "cpu" for i in range(N_LAYERS)})
-    return m
+    return data_fixtures.split_map(N_LAYERS)
 
 
 def test_split_placement_captures_hidden_states_exactly(regen_run, tmp_path, capsys):
@@ -115,3 +114,53 @@ def test_weights_key_on_a_checkpoint_without_mxfp4_names_the_key(regen_run):
     with pytest.raises(ValueError, match=r"target.weights=dequantized: .* does not store MXFP4 weights; leave "
                                          r"target.weights at auto"):
         load_target(str(regen_run[0]), "float32", "cpu", weights="dequantized")
+
+
+@pytest.mark.parametrize("embed,lm_head", [("cpu", "disk"), ("disk", "cpu")])
+def test_serving_loop_on_a_split_target_equals_one_device(regen_run, tmp_path, embed, lm_head):
+    """The speculative loop (eyas eval, eyas serve) on a split target: the input embedding or the lm_head
+    offloaded, odd layers on disk, so the loop's masks, its KV cache (rolled back and compacted after
+    each verification) and the draft's aux states cross accelerate's hooks. Every request's tokens and
+    every verification's accepted count equal the one-device loop's: with the real (random) draft
+    greedy and sampled at T = 1 with seeds (where the draft's probabilities shape what is sampled), and
+    with drafts rewritten to be right 60% of the time (every acceptance length), greedy and lossless."""
+    from oracle import OracleEngine
+    from tiny_targets import draft_for
+
+    from eyas.data.target import input_device
+    from eyas.serve.decoding.engine import Engine, Request
+    from eyas.serve.decoding.reference import greedy_generate
+    from eyas.serve.decoding.sampling import SamplingParams
+    from eyas.serve.decoding.tree import TreeShape
+
+    target, new = regen_run[0], 16
+    one, _ = load_target(str(target), "float32", "cpu")
+    split, _ = load_target(str(target), "float32", device_map=data_fixtures.split_map(N_LAYERS, embed, lm_head),
+                           offload_folder=str(tmp_path / "off"))
+    offloaded = split.get_input_embeddings() if embed == "disk" else split.get_output_embeddings()
+    assert offloaded.weight.device.type == "meta" and input_device(split) == torch.device("cpu")
+    draft = draft_for(one, seed=0, aux_ids=IDS)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, one.config.vocab_size, (int(n),), generator=g).tolist() for n in (5, 17, 9, 30, 2, 12)]
+    assert [greedy_generate(split, p, new)[0] for p in prompts] == [greedy_generate(one, p, new)[0] for p in prompts]
+
+    def decode(model, engine_cls=Engine, shape=None, temperature=0.0, **kw):
+        reqs = [Request(p, SamplingParams(temperature=temperature, max_tokens=new, seed=i), id=f"r{i}")
+                for i, p in enumerate(prompts)]
+        eng = engine_cls(model, *((draft, shape) if shape else ()), max_batch=4, **kw)  # 2 join as others end
+        eng.run(reqs)
+        eng.close()
+        return [(r.tokens, r.accepted) for r in reqs]
+
+    plain = decode(one)
+    assert decode(split) == plain
+    truth = {f"r{i}": p + t for i, (p, (t, _)) in enumerate(zip(prompts, plain))}
+    for shape in (TreeShape.chain(3), TreeShape(2, 2, 4)):
+        for temperature in (0.0, 1.0):
+            assert decode(split, Engine, shape, temperature) == decode(one, Engine, shape, temperature), \
+                f"{shape.label} T={temperature}: the split target decodes differently"
+        oracle = dict(truth=truth, p_wrong=0.4, seed=1)
+        got = decode(split, OracleEngine, shape, **oracle)
+        assert got == decode(one, OracleEngine, shape, **oracle), f"{shape.label}: the split target differs"
+        assert [t for t, _ in got] == [t for t, _ in plain], f"{shape.label}: not lossless"
+        assert {a for _, acc in got for a in acc} >= {0, 1, 2}  # rejections, partial and longer acceptances

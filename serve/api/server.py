@@ -422,7 +422,7 @@ def build_served(recipe, draft_dir: str | None, shape: TreeShape | None, name: s
     import torch
 
     from eyas.data.regenerate import eos_token_ids
-    from eyas.data.target import load_recipe_target, resolve_path
+    from eyas.data.target import input_device, load_recipe_target, resolve_path
     from eyas.train.checkpoint import load_draft
 
     model, tok = load_recipe_target(recipe.target)
@@ -431,7 +431,7 @@ def build_served(recipe, draft_dir: str | None, shape: TreeShape | None, name: s
     draft = None
     if draft_dir is not None and speculate:
         dtype = next(model.parameters()).dtype
-        draft = load_draft(draft_dir, device=model.get_output_embeddings().weight.device,
+        draft = load_draft(draft_dir, device=input_device(model),
                            dtype=dtype if dtype != torch.float16 else torch.float32).eval()
         engines["spec"] = Engine(model, draft, shape, max_batch=max_num_seqs, eos_ids=eos,
                                  max_model_len=max_model_len)

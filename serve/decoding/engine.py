@@ -39,7 +39,7 @@ from typing import Callable
 
 import torch
 
-from eyas.data.target import HiddenStateTap, decoder_layers
+from eyas.data.target import HiddenStateTap, decoder_layers, input_device
 from eyas.serve.decoding import masks as M
 from eyas.serve.decoding.cache import RowKVCache
 from eyas.serve.decoding.sampling import RowSampling, SamplingParams, sample, verify
@@ -96,12 +96,14 @@ class Engine:
         self.window = M.model_window(self.config)
         self.num_layers = len(decoder_layers(target))
         self.vocab = target.get_output_embeddings().weight.shape[0]
-        self.device = target.get_input_embeddings().weight.device
-        out_device = target.get_output_embeddings().weight.device
-        if out_device != self.device or (draft is not None and draft.fc.weight.device != self.device):
-            raise ValueError(f"the serving loop keeps its per-row state on one device: the target's input "
-                             f"embedding is on {self.device}, its lm_head on {out_device}"
-                             + (f", the draft on {draft.fc.weight.device}" if draft is not None else ""))
+        # Per-row state (ids, positions, masks, sampling) lives on the target's input device. A target
+        # split across devices (target.device_map) runs each layer where accelerate placed it: its
+        # hooks carry the activations and masks along, each layer's KV stays on that layer's device
+        # (cache.py), and the logits come back to the input device; the aux states are gathered here.
+        self.device = input_device(target)
+        if draft is not None and draft.fc.weight.device != self.device:
+            raise ValueError(f"the draft is on {draft.fc.weight.device}; the serving loop runs it on the target's "
+                             f"input device, {self.device} (data.target.input_device(target)): load it there")
         self.dtype = next(p for p in target.parameters() if p.is_floating_point()).dtype
         self.max_batch = max_batch
         self.eos_ids = set(int(e) for e in eos_ids)
@@ -194,8 +196,8 @@ class Engine:
                          attention_mask=M.target_masks(self.config, full, win, self.dtype),
                          logits_to_keep=1 if last_only else 0)
         self.tcache.check_routed(self.num_layers)
-        aux = self.tap.aux if self.tap is not None else None
-        return out.logits.float(), aux
+        aux = self.tap.aux.to(self.device) if self.tap is not None else None
+        return out.logits.to(self.device).float(), aux
 
     def _draft_step(self, row0: int, ids, hidden, pos, committed, spec_slots, spec_pos, vis, kv_len,
                     last_only: bool):

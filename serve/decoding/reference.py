@@ -13,7 +13,9 @@ def greedy_generate(target_model, prompt: list[int], max_new_tokens: int, eos_id
                     ) -> tuple[list[int], float, float]:
     """The target's plain greedy output with Hugging Face `generate`.
     -> (token ids cut after the first eos, mean next-token entropy in nats along the output, seconds)."""
-    device = target_model.get_input_embeddings().weight.device
+    from eyas.data.target import input_device
+
+    device = input_device(target_model)  # where the embedding runs, offloaded or not
     x = torch.tensor([prompt], device=device)
     t0 = time.perf_counter()
     gen = target_model.generate(
