@@ -42,6 +42,9 @@ class Assumptions:
     """Every number the estimates rest on that is not counted from the recipe."""
     mean_prompt_tokens: float = 400.0  # rendered prompt, chat template included
     new_token_fraction: float = 0.75  # mean generated tokens / data.max_new_tokens (reasoning runs long)
+    # multi-turn: the share of an earlier answer a later turn's prompt holds (gpt-oss's template keeps the
+    # final channel and drops the analysis; other templates keep the whole answer: 1)
+    kept_answer_fraction_harmony: float = 0.5
     # activation memory per token per TTT step, gpt-oss-120b draft dims, bf16, compiled norms/MLP, measured
     # on an H100 (README "Long sequences"): T=32K 60.5 GiB peak, T=64K with checkpoint_layer 38.0 GiB,
     # less the static part (weights, grads, AdamW, embedding, teacher lm_head) computed below
@@ -110,6 +113,44 @@ def count_draft(recipe, cfg) -> dict:
             "config": dcfg}
 
 
+SAMPLED_CONVERSATIONS = 2000  # conversations of the prompts stage rendered to count prompt tokens
+
+
+def conversation_tokens(recipe, run_dir: Path, new: float, a: Assumptions) -> dict:
+    """Sequences and tokens from a run whose prompts stage is done (CPU only, before any GPU): every
+    training conversation's user turns are counted, and a seeded sample of them is rendered with the
+    target's chat template as regeneration renders them, turn by turn, each earlier answer standing in
+    as `new` generated tokens of which the template keeps a share (a harmony template: the final
+    channel). A conversation stops where regeneration stops it: at a prompt over data.max_prompt_tokens.
+    -> {"turns_per_conversation", "mean_prompt", "sampled", "conversations", "kept_answer_tokens"}."""
+    import random
+
+    from eyas.data.regenerate import is_harmony, render_prompt, split_turns
+    from eyas.data.target import model_errors, resolve_path
+    from eyas.io import read_jsonl
+    from transformers import AutoTokenizer
+
+    d = recipe.data
+    convs = [c["messages"] for c in read_jsonl(Path(run_dir) / "prompts" / "train.jsonl")]
+    sample = random.Random(d.seed).sample(convs, min(len(convs), SAMPLED_CONVERSATIONS))
+    with model_errors(recipe.target.model):  # the tokenizer only (a few MB), from the hub cache or the hub
+        tok = AutoTokenizer.from_pretrained(resolve_path(recipe.target.model),
+                                            trust_remote_code=recipe.target.trust_remote_code)
+    kept = new * (a.kept_answer_fraction_harmony if is_harmony(tok) else 1.0)
+    sequences, prompt_tokens = 0, 0.0
+    for messages in sample:
+        context, users = split_turns(messages)
+        for t, user in enumerate(users):
+            context = context + [user]
+            n = len(render_prompt(tok, context)) + t * kept  # the template around t answers, and their kept part
+            if n > d.max_prompt_tokens:
+                break
+            sequences, prompt_tokens = sequences + 1, prompt_tokens + n
+            context = context + [{"role": "assistant", "content": ""}]
+    return {"turns_per_conversation": sequences / len(sample), "mean_prompt": prompt_tokens / max(sequences, 1),
+            "sampled": len(sample), "conversations": len(convs), "kept_answer_tokens": kept}
+
+
 def train_tok_s_h100(T: int, a: Assumptions) -> float:
     """Log-linear in T between the two measured lengths (held flat outside them)."""
     (t0, r0), (t1, r1) = a.train_tok_s_h100
@@ -124,7 +165,7 @@ def hours(seconds: float) -> str:
 def plan(recipe, gpus: str, run_dir: str | Path | None = None, a: Assumptions | None = None) -> dict:
     """The figures `eyas plan` prints, as a dict (tests check them)."""
     from eyas.data.compact import bytes_per_token
-    from eyas.io import read_done
+    from eyas.io import is_done, read_done
 
     a = a or Assumptions()
     n_gpu, kind = parse_gpus(gpus)
@@ -138,17 +179,27 @@ def plan(recipe, gpus: str, run_dir: str | Path | None = None, a: Assumptions | 
     n_seq = d.num_prompts or 0
     new = a.new_token_fraction * d.max_new_tokens
     prompt = min(a.mean_prompt_tokens, d.max_prompt_tokens)
-    measured = {}
-    if run_dir is not None:
+    measured, turns = {}, None
+    done = (lambda stage: is_done(run_dir, stage)) if run_dir is not None else (lambda stage: False)
+    if run_dir is not None and not any(done(s) for s in ("prompts", "regenerate", "capture", "train")):
+        raise ValueError(f"--run {run_dir}: no finished stage there to count or measure from; run "
+                         f"`eyas prompts RECIPE --out {run_dir}` first (CPU only), or give a finished run")
+    if done("regenerate"):
         regen = read_done(run_dir, "regenerate")
         new = regen["mean_generated_tokens"]
         n_seq *= regen["num_sequences"] / regen.get("num_conversations", regen["num_sequences"])  # answered turns
         # measured rates are per shard or per server (= per target replica)
         replicas_then = regen.get("num_servers") or len(regen.get("shards", [])) or 1
         measured["regen_tok_s"] = (regen.get("generation_tokens_per_s") or 0) / replicas_then
+    elif done("prompts"):  # turns counted, prompts rendered; answers still assumed
+        turns = conversation_tokens(recipe, run_dir, new, a)
+        n_seq *= turns["turns_per_conversation"]
+        prompt = turns["mean_prompt"]
+    if done("capture"):
         cap = read_done(run_dir, "capture")
         prompt = max(cap["num_tokens"] / cap["num_sequences"] - new, 0.0)
         measured["capture_tok_s"] = (cap.get("tokens_per_s") or 0) / cap.get("capture_shards", 1)
+    if done("train"):
         trained = read_done(run_dir, "train")
         measured["train_tok_s"] = trained["tokens_seen"] / trained["wall_s"] / trained.get("num_processes", 1)
     tokens = n_seq * (prompt + new)
@@ -191,8 +242,34 @@ def plan(recipe, gpus: str, run_dir: str | Path | None = None, a: Assumptions | 
         "capture_s": tokens / capture_tok_s, "capture_tok_s": capture_tok_s,
         "replicas": replicas, "gpus_per_replica": per_replica,
         "train_s": tr.epochs * tokens / train_tok_s, "train_tok_s": train_tok_s,
-        "measured": sorted(k for k, v in measured.items() if v), "assumptions": a,
+        "measured": sorted(k for k, v in measured.items() if v), "assumptions": a, "turns": turns,
+        "stages_measured": [s for s in ("prompts", "regenerate", "capture", "train") if done(s)],
     }
+
+
+def data_line(recipe, p: dict) -> str:
+    t, total = p["turns"], f"{p['tokens'] / 1e9:,.3f}B tokens"
+    if t is not None:
+        return (f"data: {recipe.data.num_prompts or 0:,} conversations x {t['turns_per_conversation']:.2f} answered turns "
+                f"= {p['sequences']:,} sequences x {p['mean_tokens']:,.0f} tokens (turns counted and prompts rendered "
+                f"from --run's prompts stage, {t['sampled']:,} of {t['conversations']:,} conversations; answers "
+                f"assumed) = {total}")
+    how = "measured in --run" if "regenerate" in p["stages_measured"] else "assumed"
+    return f"data: {p['sequences']:,} sequences x {p['mean_tokens']:,.0f} tokens ({how} mean) = {total}"
+
+
+def turns_assumption(recipe, p: dict) -> str:
+    """How answered turns per prompt were counted, said in the assumptions."""
+    if "regenerate" in p["stages_measured"]:
+        return "answered turns per prompt as --run's regeneration answered them"
+    if p["turns"] is not None:
+        return (f"later turns' prompts hold each earlier answer as {p['turns']['kept_answer_tokens']:,.0f} tokens "
+                f"(harmony templates keep the final channel: {p['assumptions'].kept_answer_fraction_harmony:.0%} of "
+                "an answer; others all of it)")
+    if recipe.data.max_turns == 1:
+        return "one answered turn per prompt (data.max_turns: 1)"
+    return ("one answered turn per prompt (multi-turn data adds a sequence per later turn, holding the conversation "
+            "so far: run `eyas prompts RECIPE --out RUN` (CPU, minutes) and pass --run RUN to count them)")
 
 
 def render(recipe, p: dict) -> str:
@@ -209,8 +286,7 @@ def render(recipe, p: dict) -> str:
         f"{fits(p['target_gb_per_gpu']['bf16'])} with 10% headroom)",
         f"draft: {p['draft_trainable'] / 1e6:,.1f}M trainable, {p['draft_frozen'] / 1e6:,.1f}M frozen (the target's "
         f"embedding)",
-        f"data: {p['sequences']:,} sequences x {p['mean_tokens']:,.0f} tokens ({src('regen_tok_s')} mean) = "
-        f"{p['tokens'] / 1e9:,.3f}B tokens",
+        data_line(recipe, p),
         f"capture: {p['capture_bytes_per_token']:,} bytes/token ({recipe.capture.aux_format}, teacher "
         f"{recipe.capture.teacher}) = {p['capture_bytes'] / 1e12:,.2f} TB",
         f"training memory per GPU (DDP): {p['train_gb_per_gpu']:,.1f} GB = {p['train_static_gb']:,.1f} GB weights, "
@@ -226,9 +302,12 @@ def render(recipe, p: dict) -> str:
         f"capture {hours(p['capture_s'])} at {p['capture_tok_s']:,.0f} tok/s ({src('capture_tok_s')}), "
         f"training {hours(p['train_s'])} for {recipe.train.epochs} epoch(s) at {p['train_tok_s']:,.0f} tok/s "
         f"({'measured in --run' if 'train_tok_s' in p['measured'] else 'from the H100 step measurement'})",
-        "assumptions (change them in eyas/plan.py Assumptions, or pass --run DIR of a finished run):",
-        f"  one answered turn per prompt{'' if p['measured'] else ' (multi-turn data adds a sequence per later turn, holding the conversation so far: --run DIR counts them)'}; "
-        f"mean prompt {a.mean_prompt_tokens:.0f} tokens; generated = {a.new_token_fraction:.2f} x "
+        "assumptions (change them in eyas/plan.py Assumptions, or pass --run DIR: a run's prompts stage counts the "
+        "turns, its later stages give measured rates):",
+        f"  {turns_assumption(recipe, p)}; "
+        + ("" if p["turns"] is not None or "capture" in p["stages_measured"] else
+           f"mean prompt {a.mean_prompt_tokens:.0f} tokens; ")
+        + f"generated = {a.new_token_fraction:.2f} x "
         f"data.max_new_tokens; activations {a.act_bytes_per_token_step / 1e3:.0f} KB per token per TTT step "
         f"({a.act_bytes_per_token_step_checkpointed / 1e3:.1f} KB with checkpoint_layer; H100-measured)",
         f"  training {a.train_tok_s_h100[0][1] / 1e3:.1f}K tok/s at T=4K, {a.train_tok_s_h100[1][1] / 1e3:.1f}K at "

@@ -99,3 +99,54 @@ def test_answer_message_reads_harmony_channels_and_plain_text(demo):
     final_only = tok.encode("<|channel|>final<|message|>Yes.<|return|>", add_special_tokens=False)
     assert answer_message(tok, final_only, eos) == {"role": "assistant", "content": "Yes."}
     assert torch.equal(torch.tensor(ids), torch.tensor(tok.encode(tok.decode(ids), add_special_tokens=False)))
+
+
+def test_plan_counts_turns_and_renders_prompts_from_the_prompts_stage(demo, tmp_path):
+    """`eyas plan --run RUN` on a run whose prompts stage alone is done (no GPU needed yet): the answered
+    turns per conversation are those regeneration then answers, and each turn's prompt is the
+    template's rendering of the conversation so far, every earlier answer counted as its kept part
+    (harmony: the final channel, an assumed share of the assumed answer length); turns whose prompt
+    would pass data.max_prompt_tokens are not counted, as regeneration does not ask them."""
+    import shutil
+
+    from eyas.plan import Assumptions, plan, render
+
+    stats, run = regenerate(demo, "plan", "data.max_new_tokens=64")
+    only = tmp_path / "prompts-only"
+    shutil.copytree(run / "prompts", only / "prompts")
+    _, prompts, _, tok = demo
+    a = Assumptions()
+    new = a.new_token_fraction * 64
+    kept = a.kept_answer_fraction_harmony * new  # the demo target's template is harmony: analysis dropped
+
+    def by_hand(limit: int) -> tuple[int, float]:  # (sequences, mean prompt tokens) over the training conversations
+        n, total = 0, 0.0
+        for row in read_jsonl(only / "prompts" / "train.jsonl"):
+            system, users = split_turns(row["messages"])
+            context = system
+            for t, user in enumerate(users):
+                context = context + [user]
+                length = len(render_prompt(tok, context)) + t * kept
+                if length > limit:
+                    break
+                n, total = n + 1, total + length
+                context = context + [{"role": "assistant", "content": ""}]
+        return n, total / n
+
+    over = BASE + [f"data.prompts={prompts}", "data.max_new_tokens=64", "data.num_prompts=600"]
+    p = plan(load_recipe("demo", over), "1xH100", run_dir=only)
+    n, mean_prompt = by_hand(load_recipe("demo", over).data.max_prompt_tokens)
+    conversations = len(read_jsonl(only / "prompts" / "train.jsonl"))
+    assert n == conversations * TURNS  # every turn fits: what regeneration answered
+    assert p["sequences"] == 600 * stats["num_sequences"] // stats["num_conversations"] == 600 * TURNS
+    assert p["mean_tokens"] == pytest.approx(mean_prompt + new) and p["tokens"] == pytest.approx(1800 * (mean_prompt + new))
+    assert p["stages_measured"] == ["prompts"] and p["measured"] == []
+    text = render(load_recipe("demo", over), p)
+    assert f"data: 600 conversations x 3.00 answered turns = 1,800 sequences x {mean_prompt + new:,.0f} tokens" in text
+    assert f"hold each earlier answer as {kept:,.0f} tokens" in text
+    # a prompt limit that only the first turns fit under: the later turns are not counted
+    limit = int(by_hand(10**9)[1])
+    cut, cut_mean = by_hand(limit)
+    short = plan(load_recipe("demo", over + [f"data.max_prompt_tokens={limit}"]), "1xH100", run_dir=only)
+    assert conversations <= cut < conversations * TURNS
+    assert short["sequences"] == round(600 * cut / conversations) and short["mean_tokens"] == pytest.approx(cut_mean + new)
