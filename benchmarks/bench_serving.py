@@ -45,7 +45,9 @@ def bare_forward_s(model, rows: int, tokens: int, context: int, repeats: int = 5
     """Median seconds of model(B x N new tokens) against a DynamicCache holding `context` tokens."""
     from transformers import DynamicCache
 
-    dev = model.get_input_embeddings().weight.device
+    from eyas.data.target import input_device
+
+    dev = input_device(model)  # where the embedding runs, offloaded or not
     V = model.config.vocab_size
     g = torch.Generator().manual_seed(0)
     ctx = torch.randint(0, V, (rows, max(context, 1)), generator=g).to(dev)
@@ -118,7 +120,7 @@ def main(argv=None) -> int:
         what = f"random {args.random_target}" + (f" ({args.layers} layers)" if args.layers else "")
     else:
         from eyas.data.regenerate import eos_token_ids, render_prompt
-        from eyas.data.target import load_recipe_target
+        from eyas.data.target import input_device, load_recipe_target
         from eyas.eval.benchmarks import held_out
         from eyas.recipes.schema import load_recipe
         from eyas.train.checkpoint import load_draft
@@ -126,7 +128,7 @@ def main(argv=None) -> int:
         run = Path(args.run)
         recipe = load_recipe(run / "recipe.yaml", [f"target.device={args.device}"] if args.device else [])
         model, tok = load_recipe_target(recipe.target)
-        dev = model.get_input_embeddings().weight.device
+        dev = input_device(model)  # a run whose target.device_map splits it: the loop runs on the input device
         dtype = next(model.parameters()).dtype
         draft = load_draft(run / "train" / "checkpoint-final", device=dev, dtype=dtype).eval()
         eos = set(eos_token_ids(model, tok))

@@ -160,7 +160,8 @@ def _main(argv: list[str]) -> int:
                   f"{x['choice']} (predicted {x['predicted_speedup']:.2f}x)")
         print(f"[eyas] report: {run_dir / 'report.json'}")
     else:
-        check_target(recipe)
+        if args.cmd != "prompts":  # the prompts stage reads the data sources only: no target needed (eyas plan --run)
+            check_target(recipe)
         prepare_run(recipe, run_dir)
         shard = {"shard": args.shard} if args.cmd in SHARDED else {}
         stage_fn(args.cmd)(recipe, run_dir, progress=progress, **shard)

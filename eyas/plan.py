@@ -113,42 +113,96 @@ def count_draft(recipe, cfg) -> dict:
             "config": dcfg}
 
 
-SAMPLED_CONVERSATIONS = 2000  # conversations of the prompts stage rendered to count prompt tokens
+SAMPLED_CONVERSATIONS = 2000  # conversations of the prompts stage rendered to measure prompt lengths
 
 
-def conversation_tokens(recipe, run_dir: Path, new: float, a: Assumptions) -> dict:
-    """Sequences and tokens from a run whose prompts stage is done (CPU only, before any GPU): every
-    training conversation's user turns are counted, and a seeded sample of them is rendered with the
-    target's chat template as regeneration renders them, turn by turn, each earlier answer standing in
-    as `new` generated tokens of which the template keeps a share (a harmony template: the final
-    channel). A conversation stops where regeneration stops it: at a prompt over data.max_prompt_tokens.
-    -> {"turns_per_conversation", "mean_prompt", "sampled", "conversations", "kept_answer_tokens"}."""
-    import random
+def turn_prompt_lengths(tok, system: list[dict], users: list[dict], kept: list[float], limit: int,
+                        **template_kwargs) -> list[float]:
+    """The prompt length of each turn of one conversation as regeneration renders it, before any answer
+    exists: the chat template around the conversation so far with every earlier answer empty, plus
+    `kept[i]` tokens for earlier answer i (the part of it the template keeps). Stops before the first
+    turn longer than `limit` (data.max_prompt_tokens), which regeneration does not ask."""
+    from eyas.data.regenerate import render_prompt
 
-    from eyas.data.regenerate import is_harmony, render_prompt, split_turns
-    from eyas.data.target import model_errors, resolve_path
-    from eyas.io import read_jsonl
+    lengths, context = [], list(system)
+    for t, user in enumerate(users):
+        context = context + [user]
+        n = len(render_prompt(tok, context, **template_kwargs)) + sum(kept[:t])
+        if n > limit:
+            break
+        lengths.append(n)
+        context = context + [{"role": "assistant", "content": ""}]
+    return lengths
+
+
+def plan_tokenizer(recipe) -> tuple[object | None, str]:
+    """The target's tokenizer for rendering prompts (a few MB): from a local copy or the hub cache first,
+    then the hub. -> (tokenizer, "") or (None, why it could not be loaded and how to get it)."""
+    from eyas.data.target import resolve_path
     from transformers import AutoTokenizer
 
+    name = resolve_path(recipe.target.model)
+    errors = []
+    for local in (True, False):
+        try:
+            return AutoTokenizer.from_pretrained(name, trust_remote_code=recipe.target.trust_remote_code,
+                                                 local_files_only=local), ""
+        except (OSError, ValueError) as e:
+            errors.append(str(e).splitlines()[0] if str(e) else type(e).__name__)
+    fix = (f"put the model's tokenizer files (tokenizer.json, tokenizer_config.json, its chat template) in {name}"
+           if Path(name).is_dir() else
+           f"fetch only its tokenizer files where there is network: `hf download {recipe.target.model} "
+           f"--include 'tokenizer*' special_tokens_map.json chat_template.jinja`")
+    return None, (f"the tokenizer of {recipe.target.model} could not be loaded ({errors[-1]}); to render the "
+                  f"prompts, {fix}")
+
+
+def conversation_tokens(recipe, run_dir: Path, new: float, a: Assumptions, is_gpt_oss: bool) -> dict:
+    """Answered turns and prompt lengths from a run whose prompts stage is done (CPU only, before any GPU).
+
+    Every training conversation's user turns are counted (at most data.max_turns); a seeded sample of
+    the conversations (all of them up to SAMPLED_CONVERSATIONS) is rendered with the target's chat
+    template as regeneration renders it, turn by turn, with each prompt's reasoning effort, every earlier
+    answer standing in as `new` generated tokens of which the template keeps a share (a harmony template:
+    the final channel). A conversation stops where regeneration stops it at a prompt over
+    data.max_prompt_tokens; the share of turns that fit in the sample scales the count. An answer cut at
+    data.max_new_tokens also ends its conversation in regeneration: not modelled, so the count is an
+    upper bound. Without a tokenizer the turns are still counted and the prompt length is assumed.
+    -> {"turns_per_conversation", "mean_prompt", "rendered", "conversations", "user_turns",
+        "kept_answer_tokens", "no_tokenizer"}."""
+    import random
+
+    from eyas.data.regenerate import effort_kwargs, is_harmony, reasoning_effort, split_turns
+    from eyas.io import read_jsonl
+
     d = recipe.data
-    convs = [c["messages"] for c in read_jsonl(Path(run_dir) / "prompts" / "train.jsonl")]
-    sample = random.Random(d.seed).sample(convs, min(len(convs), SAMPLED_CONVERSATIONS))
-    with model_errors(recipe.target.model):  # the tokenizer only (a few MB), from the hub cache or the hub
-        tok = AutoTokenizer.from_pretrained(resolve_path(recipe.target.model),
-                                            trust_remote_code=recipe.target.trust_remote_code)
-    kept = new * (a.kept_answer_fraction_harmony if is_harmony(tok) else 1.0)
-    sequences, prompt_tokens = 0, 0.0
-    for messages in sample:
-        context, users = split_turns(messages)
-        for t, user in enumerate(users):
-            context = context + [user]
-            n = len(render_prompt(tok, context)) + t * kept  # the template around t answers, and their kept part
-            if n > d.max_prompt_tokens:
-                break
-            sequences, prompt_tokens = sequences + 1, prompt_tokens + n
-            context = context + [{"role": "assistant", "content": ""}]
-    return {"turns_per_conversation": sequences / len(sample), "mean_prompt": prompt_tokens / max(sequences, 1),
-            "sampled": len(sample), "conversations": len(convs), "kept_answer_tokens": kept}
+    rows = read_jsonl(Path(run_dir) / "prompts" / "train.jsonl")
+    if not rows:
+        raise ValueError(f"--run {run_dir}: its prompts stage holds no training conversations")
+    turns = [split_turns(r["messages"]) for r in rows]
+    if d.max_turns is not None:  # a recipe that asks fewer turns than the run's prompts stage kept
+        turns = [(system, users[:d.max_turns]) for system, users in turns]
+    user_turns = sum(len(users) for _, users in turns)
+    tok, why = plan_tokenizer(recipe)
+    harmony = is_harmony(tok) if tok is not None else is_gpt_oss
+    kept = new * (a.kept_answer_fraction_harmony if harmony else 1.0)
+    picked = random.Random(d.seed).sample(range(len(rows)), min(len(rows), SAMPLED_CONVERSATIONS))
+    asked, sampled_turns, prompt_tokens = 0, 0, 0.0
+    for i in picked:
+        system, users = turns[i]
+        if tok is None:  # the first turn's prompt assumed, each later one holding the earlier answers' kept part
+            lengths = []
+            for t in range(len(users)):
+                if a.mean_prompt_tokens + t * kept > d.max_prompt_tokens:
+                    break
+                lengths.append(a.mean_prompt_tokens + t * kept)
+        else:
+            effort = effort_kwargs(reasoning_effort(d.reasoning_effort, d.seed, rows[i]["id"]))
+            lengths = turn_prompt_lengths(tok, system, users, [kept] * len(users), d.max_prompt_tokens, **effort)
+        asked, sampled_turns, prompt_tokens = asked + len(lengths), sampled_turns + len(users), prompt_tokens + sum(lengths)
+    return {"turns_per_conversation": user_turns / len(rows) * asked / max(sampled_turns, 1),
+            "mean_prompt": prompt_tokens / max(asked, 1), "rendered": 0 if tok is None else len(picked),
+            "conversations": len(rows), "user_turns": user_turns, "kept_answer_tokens": kept, "no_tokenizer": why}
 
 
 def train_tok_s_h100(T: int, a: Assumptions) -> float:
@@ -176,7 +230,8 @@ def plan(recipe, gpus: str, run_dir: str | Path | None = None, a: Assumptions | 
     n_aux = len(dr["config"].aux_layer_ids)
 
     # tokens
-    n_seq = d.num_prompts or 0
+    n_conv = d.num_prompts  # conversations (prompts); None: every prompt of the sources, not known before the prompts stage
+    n_seq = n_conv or 0
     new = a.new_token_fraction * d.max_new_tokens
     prompt = min(a.mean_prompt_tokens, d.max_prompt_tokens)
     measured, turns = {}, None
@@ -187,13 +242,16 @@ def plan(recipe, gpus: str, run_dir: str | Path | None = None, a: Assumptions | 
     if done("regenerate"):
         regen = read_done(run_dir, "regenerate")
         new = regen["mean_generated_tokens"]
-        n_seq *= regen["num_sequences"] / regen.get("num_conversations", regen["num_sequences"])  # answered turns
+        conversations = regen.get("num_conversations", regen["num_sequences"])
+        n_conv = n_conv if n_conv is not None else conversations
+        n_seq = n_conv * regen["num_sequences"] / conversations  # answered turns
         # measured rates are per shard or per server (= per target replica)
         replicas_then = regen.get("num_servers") or len(regen.get("shards", [])) or 1
         measured["regen_tok_s"] = (regen.get("generation_tokens_per_s") or 0) / replicas_then
     elif done("prompts"):  # turns counted, prompts rendered; answers still assumed
-        turns = conversation_tokens(recipe, run_dir, new, a)
-        n_seq *= turns["turns_per_conversation"]
+        turns = conversation_tokens(recipe, run_dir, new, a, getattr(cfg, "model_type", "") == "gpt_oss")
+        n_conv = n_conv if n_conv is not None else turns["conversations"]
+        n_seq = n_conv * turns["turns_per_conversation"]
         prompt = turns["mean_prompt"]
     if done("capture"):
         cap = read_done(run_dir, "capture")
@@ -235,7 +293,7 @@ def plan(recipe, gpus: str, run_dir: str | Path | None = None, a: Assumptions | 
         "gpus": f"{n_gpu}x{kind}", "gpu_memory_gb": mem_gb, "config_source": cfg_source,
         "target": tgt, "draft_trainable": dr["trainable"], "draft_frozen": dr["frozen"],
         "target_gb_per_gpu": {"mxfp4": tgt["bytes_mxfp4"] / n_gpu / 1e9, "bf16": tgt["bytes_bf16"] / n_gpu / 1e9},
-        "sequences": round(n_seq), "mean_tokens": prompt + new, "tokens": tokens,
+        "conversations": n_conv, "sequences": round(n_seq), "mean_tokens": prompt + new, "tokens": tokens,
         "capture_bytes_per_token": bpt, "capture_bytes": bpt * tokens,
         "train_static_gb": static / 1e9, "train_activation_gb": act / 1e9, "train_gb_per_gpu": train_mem / 1e9,
         "regen_s": n_seq * new / regen_tok_s if regen_tok_s else None, "regen_tok_s": regen_tok_s,
@@ -249,11 +307,17 @@ def plan(recipe, gpus: str, run_dir: str | Path | None = None, a: Assumptions | 
 
 def data_line(recipe, p: dict) -> str:
     t, total = p["turns"], f"{p['tokens'] / 1e9:,.3f}B tokens"
+    if p["conversations"] is None:
+        return ("data: data.num_prompts is not set (every prompt of the sources), so the number of sequences is not "
+                "known before the prompts stage: run `eyas prompts RECIPE --out RUN` (CPU, minutes) and pass --run RUN "
+                "(the token, storage and time figures below are for 0 sequences)")
     if t is not None:
-        return (f"data: {recipe.data.num_prompts or 0:,} conversations x {t['turns_per_conversation']:.2f} answered turns "
-                f"= {p['sequences']:,} sequences x {p['mean_tokens']:,.0f} tokens (turns counted and prompts rendered "
-                f"from --run's prompts stage, {t['sampled']:,} of {t['conversations']:,} conversations; answers "
-                f"assumed) = {total}")
+        rendered = (f"prompts rendered for {t['rendered']:,} of {t['conversations']:,} conversations" if t["rendered"]
+                    else "prompt lengths assumed: " + t["no_tokenizer"])
+        return (f"data: {p['conversations']:,} conversations x {t['turns_per_conversation']:.2f} answered turns "
+                f"= {p['sequences']:,} sequences x {p['mean_tokens']:,.0f} tokens = {total} (--run's prompts stage: "
+                f"{t['user_turns']:,} user turns counted in {t['conversations']:,} conversations, {rendered}; "
+                "answers assumed)")
     how = "measured in --run" if "regenerate" in p["stages_measured"] else "assumed"
     return f"data: {p['sequences']:,} sequences x {p['mean_tokens']:,.0f} tokens ({how} mean) = {total}"
 
@@ -265,7 +329,8 @@ def turns_assumption(recipe, p: dict) -> str:
     if p["turns"] is not None:
         return (f"later turns' prompts hold each earlier answer as {p['turns']['kept_answer_tokens']:,.0f} tokens "
                 f"(harmony templates keep the final channel: {p['assumptions'].kept_answer_fraction_harmony:.0%} of "
-                "an answer; others all of it)")
+                "an answer; others all of it); every turn whose prompt fits data.max_prompt_tokens is counted as "
+                "answered, though an answer cut at data.max_new_tokens ends its conversation (an upper bound)")
     if recipe.data.max_turns == 1:
         return "one answered turn per prompt (data.max_turns: 1)"
     return ("one answered turn per prompt (multi-turn data adds a sequence per later turn, holding the conversation "
@@ -305,8 +370,8 @@ def render(recipe, p: dict) -> str:
         "assumptions (change them in eyas/plan.py Assumptions, or pass --run DIR: a run's prompts stage counts the "
         "turns, its later stages give measured rates):",
         f"  {turns_assumption(recipe, p)}; "
-        + ("" if p["turns"] is not None or "capture" in p["stages_measured"] else
-           f"mean prompt {a.mean_prompt_tokens:.0f} tokens; ")
+        + ("" if (p["turns"] is not None and p["turns"]["rendered"]) or "capture" in p["stages_measured"] else
+           f"mean {'first-turn ' if p['turns'] is not None else ''}prompt {a.mean_prompt_tokens:.0f} tokens; ")
         + f"generated = {a.new_token_fraction:.2f} x "
         f"data.max_new_tokens; activations {a.act_bytes_per_token_step / 1e3:.0f} KB per token per TTT step "
         f"({a.act_bytes_per_token_step_checkpointed / 1e3:.1f} KB with checkpoint_layer; H100-measured)",

@@ -3,6 +3,8 @@ turn's prompt the chat template's rendering of the conversation with the target'
 (their analysis channel dropped, as gpt-oss's template does), each answer the greedy continuation of
 exactly that prompt; a conversation ends at an unfinished answer or an over-long prompt."""
 
+from pathlib import Path
+
 import pytest
 import torch
 from data_fixtures import TURNS, write_conversations
@@ -101,52 +103,95 @@ def test_answer_message_reads_harmony_channels_and_plain_text(demo):
     assert torch.equal(torch.tensor(ids), torch.tensor(tok.encode(tok.decode(ids), add_special_tokens=False)))
 
 
-def test_plan_counts_turns_and_renders_prompts_from_the_prompts_stage(demo, tmp_path):
-    """`eyas plan --run RUN` on a run whose prompts stage alone is done (no GPU needed yet): the answered
-    turns per conversation are those regeneration then answers, and each turn's prompt is the
-    template's rendering of the conversation so far, every earlier answer counted as its kept part
-    (harmony: the final channel, an assumed share of the assumed answer length); turns whose prompt
-    would pass data.max_prompt_tokens are not counted, as regeneration does not ask them."""
+def test_plan_counts_turns_and_renders_prompts_as_regeneration_does(demo, tmp_path, monkeypatch):
+    """`eyas plan --run RUN` on a run whose prompts stage alone is done (no GPU needed yet). Each turn's
+    prompt length is the template's rendering of the conversation with the earlier answers empty, plus
+    the tokens the template keeps of each (harmony: the final channel): given the real answers' kept
+    parts, exactly the prompt lengths regeneration then renders. The plan counts every conversation's
+    turns (at most data.max_turns), renders a seeded sample with each earlier answer as an assumed share
+    of the assumed answer length, leaves out turns over data.max_prompt_tokens as regeneration does, and
+    without data.num_prompts plans the prompts stage's conversations."""
+    import itertools
     import shutil
 
-    from eyas.plan import Assumptions, plan, render
+    import eyas.plan
+    from eyas.plan import Assumptions, plan, render, turn_prompt_lengths
 
     stats, run = regenerate(demo, "plan", "data.max_new_tokens=64")
+    _, prompts, model, tok = demo
+    eos = eos_token_ids(model, tok)
+    convs = {r["id"]: split_turns(r["messages"]) for r in read_jsonl(run / "prompts" / "train.jsonl")}
+    by_conv: dict[str, list[dict]] = {}
+    for s in read_sequences(run):
+        by_conv.setdefault(s["conversation"], []).append(s)
+    assert len(by_conv) == len(convs) == 6 and stats["num_sequences"] == 6 * TURNS
+    for cid, seqs in by_conv.items():  # the lengths regeneration rendered, from the real answers' final channels
+        kept = [len(tok.encode(answer_message(tok, s["input_ids"][s["prompt_len"]:], eos)["content"],
+                               add_special_tokens=False)) for s in seqs]
+        assert turn_prompt_lengths(tok, *convs[cid], kept, 10**9) == [s["prompt_len"] for s in seqs]
+
     only = tmp_path / "prompts-only"
     shutil.copytree(run / "prompts", only / "prompts")
-    _, prompts, _, tok = demo
     a = Assumptions()
     new = a.new_token_fraction * 64
     kept = a.kept_answer_fraction_harmony * new  # the demo target's template is harmony: analysis dropped
-
-    def by_hand(limit: int) -> tuple[int, float]:  # (sequences, mean prompt tokens) over the training conversations
-        n, total = 0, 0.0
-        for row in read_jsonl(only / "prompts" / "train.jsonl"):
-            system, users = split_turns(row["messages"])
-            context = system
-            for t, user in enumerate(users):
-                context = context + [user]
-                length = len(render_prompt(tok, context)) + t * kept
-                if length > limit:
-                    break
-                n, total = n + 1, total + length
-                context = context + [{"role": "assistant", "content": ""}]
-        return n, total / n
-
+    lengths = {cid: turn_prompt_lengths(tok, system, users, [kept] * TURNS, 10**9) for cid, (system, users) in convs.items()}
     over = BASE + [f"data.prompts={prompts}", "data.max_new_tokens=64", "data.num_prompts=600"]
     p = plan(load_recipe("demo", over), "1xH100", run_dir=only)
-    n, mean_prompt = by_hand(load_recipe("demo", over).data.max_prompt_tokens)
-    conversations = len(read_jsonl(only / "prompts" / "train.jsonl"))
-    assert n == conversations * TURNS  # every turn fits: what regeneration answered
-    assert p["sequences"] == 600 * stats["num_sequences"] // stats["num_conversations"] == 600 * TURNS
+    mean_prompt = sum(map(sum, lengths.values())) / (6 * TURNS)
+    assert p["sequences"] == 600 * TURNS and p["conversations"] == 600  # every turn fits: all answered
     assert p["mean_tokens"] == pytest.approx(mean_prompt + new) and p["tokens"] == pytest.approx(1800 * (mean_prompt + new))
-    assert p["stages_measured"] == ["prompts"] and p["measured"] == []
+    assert p["stages_measured"] == ["prompts"] and p["measured"] == [] and p["turns"]["rendered"] == 6
     text = render(load_recipe("demo", over), p)
     assert f"data: 600 conversations x 3.00 answered turns = 1,800 sequences x {mean_prompt + new:,.0f} tokens" in text
-    assert f"hold each earlier answer as {kept:,.0f} tokens" in text
-    # a prompt limit that only the first turns fit under: the later turns are not counted
-    limit = int(by_hand(10**9)[1])
-    cut, cut_mean = by_hand(limit)
+    assert "18 user turns counted in 6 conversations, prompts rendered for 6 of 6 conversations" in text
+    assert f"hold each earlier answer as {kept:,.0f} tokens" in text and "(an upper bound)" in text
+
+    # a prompt limit that only some later turns fit under: those over it are not counted, nor any after them
+    limit = int(mean_prompt)
+    fit = {cid: [n for n in ls if n <= limit] for cid, ls in lengths.items()}
+    assert all(ls == lengths[cid][:len(ls)] for cid, ls in fit.items())  # the fitting turns come first
+    cut = sum(map(len, fit.values()))
+    assert 6 <= cut < 6 * TURNS
     short = plan(load_recipe("demo", over + [f"data.max_prompt_tokens={limit}"]), "1xH100", run_dir=only)
-    assert conversations <= cut < conversations * TURNS
-    assert short["sequences"] == round(600 * cut / conversations) and short["mean_tokens"] == pytest.approx(cut_mean + new)
+    assert short["sequences"] == round(600 * cut / 6)
+    assert short["mean_tokens"] == pytest.approx(sum(map(sum, fit.values())) / cut + new)
+    # fewer turns asked by the recipe than the prompts stage kept; no data.num_prompts: the stage's conversations
+    two = plan(load_recipe("demo", over + ["data.max_turns=2", "data.num_prompts=null"]), "1xH100", run_dir=only)
+    assert two["conversations"] == 6 and two["sequences"] == 6 * 2
+    assert two["mean_tokens"] == pytest.approx(sum(ls[0] + ls[1] for ls in lengths.values()) / 12 + new)
+    # more conversations than are rendered: a seeded sample of them gives the mean prompt, all give the turns
+    monkeypatch.setattr(eyas.plan, "SAMPLED_CONVERSATIONS", 3)
+    sampled = plan(load_recipe("demo", over), "1xH100", run_dir=only)
+    assert sampled["turns"]["rendered"] == 3 and sampled["sequences"] == 600 * TURNS
+    means = {round(sum(map(sum, c)) / (3 * TURNS), 6) for c in itertools.combinations(lengths.values(), 3)}
+    assert round(sampled["mean_tokens"] - new, 6) in means
+    assert "prompts rendered for 3 of 6 conversations" in render(load_recipe("demo", over), sampled)
+
+
+def test_plan_counts_turns_without_the_targets_tokenizer(demo, tmp_path):
+    """A target whose tokenizer cannot be had (a directory with its config and weights only, offline): the
+    turns are still counted from the prompts stage, the prompt lengths assumed, and the plan says why and
+    which files to fetch."""
+    import shutil
+
+    from eyas.data.target import resolve_path
+    from eyas.plan import Assumptions, plan, render
+
+    _, prompts, _, _ = demo
+    run = tmp_path / "run"
+    run_prompts(load_recipe("demo", BASE + [f"data.prompts={prompts}"]), run, progress=False)  # that stage alone
+    target = tmp_path / "no-tokenizer"
+    target.mkdir()
+    for f in ("config.json", "generation_config.json", "model.safetensors"):
+        shutil.copy(Path(resolve_path("eyas-demo")) / f, target / f)
+    over = BASE + [f"data.prompts={prompts}", f"target.model={target}", "data.max_new_tokens=64", "data.num_prompts=600"]
+    p = plan(load_recipe("demo", over), "1xH100", run_dir=run)
+    a = Assumptions()
+    kept = a.kept_answer_fraction_harmony * a.new_token_fraction * 64  # its config says gpt_oss: harmony
+    assert p["sequences"] == 600 * TURNS and p["turns"]["rendered"] == 0
+    assert p["mean_tokens"] == pytest.approx(a.mean_prompt_tokens + kept + a.new_token_fraction * 64)  # turns 0, 1, 2
+    text = render(load_recipe("demo", over), p)
+    assert f"the tokenizer of {target} could not be loaded" in text
+    assert f"put the model's tokenizer files (tokenizer.json, tokenizer_config.json, its chat template) in {target}" in text
+    assert f"mean first-turn prompt {a.mean_prompt_tokens:.0f} tokens" in text

@@ -95,7 +95,7 @@ def unknown_key(base, tmp_path, capsys, monkeypatch):
 
 def model_missing(base, tmp_path, capsys, monkeypatch):
     root, recipe, _ = base
-    status = main(["prompts", str(recipe), "--out", str(tmp_path / "r"), "target.model=/nonexistent/model"])
+    status = main(["regenerate", str(recipe), "--out", str(tmp_path / "r"), "target.model=/nonexistent/model"])
     return status, error_line(capsys)
 
 
@@ -104,7 +104,7 @@ def model_offline(base, tmp_path, capsys, monkeypatch):
     a fresh process)."""
     root, recipe, _ = base
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
-    p = subprocess.run([sys.executable, "-m", "eyas.cli", "prompts", str(recipe), "--out", str(tmp_path / "r"),
+    p = subprocess.run([sys.executable, "-m", "eyas.cli", "regenerate", str(recipe), "--out", str(tmp_path / "r"),
                         "target.model=openai/gpt-oss-120b"], env=env, capture_output=True, text=True, timeout=300)
     line = [x for x in p.stderr.splitlines() if x.strip()][-1]
     return p.returncode, line.replace(str(tmp_path / "hf" / "hub"), "HF_HUB_CACHE")

@@ -119,3 +119,30 @@ def test_flex_ttt_same_loss_and_grads_on_cuda():
         assert runs[other][2].keys() == runs["dense"][2].keys()
         for n, gd in runs["dense"][2].items():
             torch.testing.assert_close(runs[other][2][n], gd, rtol=1e-3, atol=1e-4 * gd.abs().max().item())
+
+
+@pytest.mark.parametrize("embed,lm_head", [("cpu", "cuda:0"), ("cuda:0", "cpu")])
+def test_serving_loop_on_a_target_split_between_cpu_and_cuda(tmp_path, embed, lm_head):
+    """A target whose layers alternate between CPU and the GPU (accelerate's hooks move the hidden
+    states), its input embedding on one and its lm_head on the other: the loop keeps its per-row state
+    and the draft on the input device and brings logits and aux states there. fp32 greedy chains and
+    a tree give exactly the split target's own greedy decoding."""
+    from transformers import AutoModelForCausalLM
+
+    from eyas.data.target import input_device
+
+    tiny_gpt_oss(seed=0, layers=4, hidden=64, window=8).save_pretrained(tmp_path / "target")
+    device_map = {"model.embed_tokens": embed, "model.rotary_emb": embed, "model.norm": lm_head, "lm_head": lm_head}
+    device_map.update({f"model.layers.{i}": "cuda:0" if i % 2 else "cpu" for i in range(4)})
+    split = AutoModelForCausalLM.from_pretrained(tmp_path / "target", dtype=torch.float32, device_map=device_map).eval()
+    assert input_device(split) == torch.device(embed)
+    assert {p.device.type for p in split.parameters()} == {"cpu", "cuda"}
+    draft = draft_for(split, 0).to(input_device(split))
+    prompts = [list(range(2, 2 + 20 + i)) for i in range(4)]
+    refs = [greedy_generate(split, p, max_new_tokens=24)[0] for p in prompts]
+    for shape in (TreeShape.chain(1), TreeShape.chain(3), TreeShape(3, 2, 6)):
+        eng = Engine(split, draft, shape, max_batch=3)  # the fourth request joins as one ends
+        reqs = eng.run([Request(p, SamplingParams(temperature=0, max_tokens=24)) for p in prompts])
+        eng.close()
+        assert [r.tokens for r in reqs] == refs, shape
+        assert all(len(r.tokens) == 24 for r in reqs)

@@ -73,3 +73,34 @@ def test_gpu_spec(text, expected):
 def test_unknown_gpu_names_the_choices():
     with pytest.raises(ValueError, match=r"--gpus '8xV100': expected NxGPU with GPU one of H100, H200, B200, A100"):
         parse_gpus("8xV100")
+
+
+def test_gpt_oss_120b_plan_from_a_prompts_stage_run_offline(tmp_path):
+    """What the plan tells a user to do before renting GPUs, with nothing of gpt-oss-120b on the machine and
+    no hub: `eyas prompts` needs no target, and `eyas plan --run` counts its turns, says that the prompts
+    could not be rendered without the tokenizer and which files to fetch for that, and plans the rest."""
+    import os
+    import subprocess
+    import sys
+
+    from data_fixtures import TURNS, write_conversations
+
+    convs = write_conversations(tmp_path / "conversations.jsonl")
+    over = [f"data.prompts={convs}", "data.num_prompts=null", "data.num_eval_prompts=2"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}  # an empty cache
+    eyas = [sys.executable, "-m", "eyas"]
+    out = subprocess.run([*eyas, "prompts", "gpt-oss-120b", "--out", str(tmp_path / "run"), *over],
+                         capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    assert "prompts: 6 train (18 user turns, at most 3 per prompt)" in out.stdout
+    out = subprocess.run([*eyas, "plan", "gpt-oss-120b", "--gpus", "8xH100", "--run", str(tmp_path / "run"), *over],
+                         capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    a = Assumptions()
+    kept = a.kept_answer_fraction_harmony * a.new_token_fraction * 2048
+    mean = a.mean_prompt_tokens + kept + a.new_token_fraction * 2048  # turns 0, 1, 2 hold 0, 1, 2 kept answers
+    assert f"data: 6 conversations x 3.00 answered turns = {6 * TURNS} sequences x {mean:,.0f} tokens" in out.stdout
+    assert "the tokenizer of openai/gpt-oss-120b could not be loaded" in out.stdout
+    assert ("`hf download openai/gpt-oss-120b --include 'tokenizer*' special_tokens_map.json chat_template.jinja`"
+            in out.stdout)
+    assert "target openai/gpt-oss-120b (eyas's built-in copy of its hub config): 116.83B parameters" in out.stdout

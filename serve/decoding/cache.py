@@ -109,11 +109,13 @@ class RowKVCache:
         its destination's row end, and values are read before any is written."""
         n, m = src.shape
         rows = slice(row0, row0 + n)
+        on: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}  # the indices, once per device (split targets)
         for store in (self.keys, self.values):
             for buf in store.values():
                 b = buf[rows]
-                s = src.to(buf.device)[:, None, :, None].expand(n, b.shape[1], m, b.shape[3])
-                d = dst.to(buf.device)[:, None, :, None].expand(n, b.shape[1], m, b.shape[3])
+                if buf.device not in on:
+                    on[buf.device] = (src.to(buf.device)[:, None, :, None], dst.to(buf.device)[:, None, :, None])
+                s, d = (x.expand(n, b.shape[1], m, b.shape[3]) for x in on[buf.device])
                 b.scatter_(2, d, b.gather(2, s))
 
     def move_row(self, src: int, dst: int) -> None:
