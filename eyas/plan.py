@@ -135,9 +135,12 @@ def turn_prompt_lengths(tok, system: list[dict], users: list[dict], kept: list[f
     return lengths
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
+
+
 def plan_tokenizer(recipe) -> tuple[object | None, str]:
     """The target's tokenizer for rendering prompts (a few MB): from a local copy or the hub cache first,
-    then the hub. -> (tokenizer, "") or (None, why it could not be loaded and how to get it)."""
+    then the hub. -> (tokenizer, "") or (None, why it cannot be used and how to get one that can)."""
     from eyas.data.target import resolve_path
     from transformers import AutoTokenizer
 
@@ -145,15 +148,20 @@ def plan_tokenizer(recipe) -> tuple[object | None, str]:
     errors = []
     for local in (True, False):
         try:
-            return AutoTokenizer.from_pretrained(name, trust_remote_code=recipe.target.trust_remote_code,
-                                                 local_files_only=local), ""
+            tok = AutoTokenizer.from_pretrained(name, trust_remote_code=recipe.target.trust_remote_code,
+                                                local_files_only=local)
         except (OSError, ValueError) as e:
             errors.append(str(e).splitlines()[0] if str(e) else type(e).__name__)
+            continue
+        if tok.chat_template:
+            return tok, ""
+        errors.append("it has no chat template")
+        break
     fix = (f"put the model's tokenizer files (tokenizer.json, tokenizer_config.json, its chat template) in {name}"
            if Path(name).is_dir() else
            f"fetch only its tokenizer files where there is network: `hf download {recipe.target.model} "
-           f"--include 'tokenizer*' special_tokens_map.json chat_template.jinja`")
-    return None, (f"the tokenizer of {recipe.target.model} could not be loaded ({errors[-1]}); to render the "
+           f"{' '.join(TOKENIZER_FILES)}`")
+    return None, (f"the tokenizer of {recipe.target.model} could not be used ({errors[-1]}); to render the "
                   f"prompts, {fix}")
 
 
@@ -191,15 +199,18 @@ def conversation_tokens(recipe, run_dir: Path, new: float, a: Assumptions, is_gp
     for i in picked:
         system, users = turns[i]
         if tok is None:  # the first turn's prompt assumed, each later one holding the earlier answers' kept part
-            lengths = []
+            first, lengths = min(a.mean_prompt_tokens, d.max_prompt_tokens), []
             for t in range(len(users)):
-                if a.mean_prompt_tokens + t * kept > d.max_prompt_tokens:
+                if first + t * kept > d.max_prompt_tokens:
                     break
-                lengths.append(a.mean_prompt_tokens + t * kept)
+                lengths.append(first + t * kept)
         else:
             effort = effort_kwargs(reasoning_effort(d.reasoning_effort, d.seed, rows[i]["id"]))
             lengths = turn_prompt_lengths(tok, system, users, [kept] * len(users), d.max_prompt_tokens, **effort)
         asked, sampled_turns, prompt_tokens = asked + len(lengths), sampled_turns + len(users), prompt_tokens + sum(lengths)
+    if not asked:
+        raise ValueError(f"data.max_prompt_tokens={d.max_prompt_tokens}: no first prompt of the {len(picked):,} "
+                         "conversations rendered fits under it, so regeneration would answer none; raise it")
     return {"turns_per_conversation": user_turns / len(rows) * asked / max(sampled_turns, 1),
             "mean_prompt": prompt_tokens / max(asked, 1), "rendered": 0 if tok is None else len(picked),
             "conversations": len(rows), "user_turns": user_turns, "kept_answer_tokens": kept, "no_tokenizer": why}
@@ -242,9 +253,10 @@ def plan(recipe, gpus: str, run_dir: str | Path | None = None, a: Assumptions | 
     if done("regenerate"):
         regen = read_done(run_dir, "regenerate")
         new = regen["mean_generated_tokens"]
-        conversations = regen.get("num_conversations", regen["num_sequences"])
+        # answered turns per prompt, over every prompt asked (one whose first turn was too long answers none)
+        conversations = regen.get("num_prompts", regen.get("num_conversations", regen["num_sequences"]))
         n_conv = n_conv if n_conv is not None else conversations
-        n_seq = n_conv * regen["num_sequences"] / conversations  # answered turns
+        n_seq = n_conv * regen["num_sequences"] / max(conversations, 1)
         # measured rates are per shard or per server (= per target replica)
         replicas_then = regen.get("num_servers") or len(regen.get("shards", [])) or 1
         measured["regen_tok_s"] = (regen.get("generation_tokens_per_s") or 0) / replicas_then

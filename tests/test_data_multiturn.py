@@ -156,6 +156,9 @@ def test_plan_counts_turns_and_renders_prompts_as_regeneration_does(demo, tmp_pa
     short = plan(load_recipe("demo", over + [f"data.max_prompt_tokens={limit}"]), "1xH100", run_dir=only)
     assert short["sequences"] == round(600 * cut / 6)
     assert short["mean_tokens"] == pytest.approx(sum(map(sum, fit.values())) / cut + new)
+    with pytest.raises(ValueError, match=r"data.max_prompt_tokens=8: no first prompt of the 6 conversations rendered "
+                                         "fits under it, so regeneration would answer none"):
+        plan(load_recipe("demo", over + ["data.max_prompt_tokens=8"]), "1xH100", run_dir=only)
     # fewer turns asked by the recipe than the prompts stage kept; no data.num_prompts: the stage's conversations
     two = plan(load_recipe("demo", over + ["data.max_turns=2", "data.num_prompts=null"]), "1xH100", run_dir=only)
     assert two["conversations"] == 6 and two["sequences"] == 6 * 2
@@ -169,10 +172,11 @@ def test_plan_counts_turns_and_renders_prompts_as_regeneration_does(demo, tmp_pa
     assert "prompts rendered for 3 of 6 conversations" in render(load_recipe("demo", over), sampled)
 
 
-def test_plan_counts_turns_without_the_targets_tokenizer(demo, tmp_path):
-    """A target whose tokenizer cannot be had (a directory with its config and weights only, offline): the
-    turns are still counted from the prompts stage, the prompt lengths assumed, and the plan says why and
-    which files to fetch."""
+@pytest.mark.parametrize("files", [(), ("tokenizer.json", "tokenizer_config.json")], ids=["none", "no-template"])
+def test_plan_counts_turns_without_the_targets_tokenizer(demo, tmp_path, files):
+    """A target whose tokenizer cannot be had, or has no chat template (a directory with its config and
+    weights, and no tokenizer or no template, offline): the turns are still counted from the prompts
+    stage, the prompt lengths assumed, and the plan says why and which files to put there."""
     import shutil
 
     from eyas.data.target import resolve_path
@@ -183,7 +187,7 @@ def test_plan_counts_turns_without_the_targets_tokenizer(demo, tmp_path):
     run_prompts(load_recipe("demo", BASE + [f"data.prompts={prompts}"]), run, progress=False)  # that stage alone
     target = tmp_path / "no-tokenizer"
     target.mkdir()
-    for f in ("config.json", "generation_config.json", "model.safetensors"):
+    for f in ("config.json", "generation_config.json", "model.safetensors", *files):
         shutil.copy(Path(resolve_path("eyas-demo")) / f, target / f)
     over = BASE + [f"data.prompts={prompts}", f"target.model={target}", "data.max_new_tokens=64", "data.num_prompts=600"]
     p = plan(load_recipe("demo", over), "1xH100", run_dir=run)
@@ -192,6 +196,7 @@ def test_plan_counts_turns_without_the_targets_tokenizer(demo, tmp_path):
     assert p["sequences"] == 600 * TURNS and p["turns"]["rendered"] == 0
     assert p["mean_tokens"] == pytest.approx(a.mean_prompt_tokens + kept + a.new_token_fraction * 64)  # turns 0, 1, 2
     text = render(load_recipe("demo", over), p)
-    assert f"the tokenizer of {target} could not be loaded" in text
+    assert f"the tokenizer of {target} could not be used" in text
+    assert ("(it has no chat template)" in text) == bool(files)
     assert f"put the model's tokenizer files (tokenizer.json, tokenizer_config.json, its chat template) in {target}" in text
     assert f"mean first-turn prompt {a.mean_prompt_tokens:.0f} tokens" in text

@@ -359,6 +359,7 @@ def test_plan_from_a_finished_run_uses_its_measured_rates(setup, full_run):
     assert p["measured"] == ["capture_tok_s", "regen_tok_s", "train_tok_s"]
     assert p["mean_tokens"] == pytest.approx(cap["num_tokens"] / cap["num_sequences"])
     assert p["tokens"] == pytest.approx(10_000 * cap["num_tokens"] / cap["num_sequences"])
+    assert p["sequences"] == round(10_000 * regen["num_sequences"] / regen["num_prompts"])  # turns per prompt asked
     assert p["replicas"] == 2  # the tiny target fits one GPU: a regeneration and a capture shard on each
     assert p["regen_s"] == pytest.approx(10_000 * regen["mean_generated_tokens"] / (2 * regen["generation_tokens_per_s"]))
     assert p["capture_s"] == pytest.approx(p["tokens"] / (2 * cap["tokens_per_s"]))

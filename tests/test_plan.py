@@ -100,7 +100,7 @@ def test_gpt_oss_120b_plan_from_a_prompts_stage_run_offline(tmp_path):
     kept = a.kept_answer_fraction_harmony * a.new_token_fraction * 2048
     mean = a.mean_prompt_tokens + kept + a.new_token_fraction * 2048  # turns 0, 1, 2 hold 0, 1, 2 kept answers
     assert f"data: 6 conversations x 3.00 answered turns = {6 * TURNS} sequences x {mean:,.0f} tokens" in out.stdout
-    assert "the tokenizer of openai/gpt-oss-120b could not be loaded" in out.stdout
-    assert ("`hf download openai/gpt-oss-120b --include 'tokenizer*' special_tokens_map.json chat_template.jinja`"
-            in out.stdout)
+    assert "the tokenizer of openai/gpt-oss-120b could not be used" in out.stdout
+    assert ("`hf download openai/gpt-oss-120b tokenizer.json tokenizer_config.json special_tokens_map.json "
+            "chat_template.jinja`" in out.stdout)
     assert "target openai/gpt-oss-120b (eyas's built-in copy of its hub config): 116.83B parameters" in out.stdout
