@@ -200,3 +200,55 @@ def test_plan_counts_turns_without_the_targets_tokenizer(demo, tmp_path, files):
     assert ("(it has no chat template)" in text) == bool(files)
     assert f"put the model's tokenizer files (tokenizer.json, tokenizer_config.json, its chat template) in {target}" in text
     assert f"mean first-turn prompt {a.mean_prompt_tokens:.0f} tokens" in text
+
+
+def test_plan_renders_each_prompt_with_its_reasoning_effort(demo, tmp_path):
+    """A template that puts the reasoning effort into the system message (as gpt-oss's does), here as one,
+    two or five words so the effort changes the length: the plan renders each conversation's turns with the
+    effort regeneration draws for it, and gets exactly the prompt lengths regeneration then renders."""
+    import shutil
+
+    from eyas.data.regenerate import effort_kwargs, reasoning_effort
+    from eyas.data.target import resolve_path
+    from eyas.plan import Assumptions, plan, turn_prompt_lengths
+
+    target = shutil.copytree(resolve_path("eyas-demo"), tmp_path / "target")
+    template = (target / "chat_template.jinja").read_text()
+    words = "(' Think.' * {'low': 1, 'medium': 2, 'high': 5}[reasoning_effort | default('medium')])"
+    template = template.replace("text(messages[0].content) + '<|end|>'", f"text(messages[0].content) + {words} + '<|end|>'")
+    template = template.replace("'<|start|>system<|message|>You are a helpful assistant.<|end|>'",
+                                f"'<|start|>system<|message|>You are a helpful assistant.' + {words} + '<|end|>'")
+    assert template.count("Think.") == 2
+    (target / "chat_template.jinja").write_text(template)
+    weights = {"low": 1, "medium": 1, "high": 1}
+    stats, run = regenerate(demo, "effort", f"target.model={target}", "data.max_new_tokens=64",
+                            "data.reasoning_effort={low: 1, medium: 1, high: 1}")
+    _, _, model, tok = demo
+    tok = type(tok).from_pretrained(target)
+    eos = eos_token_ids(model, tok)
+    convs = {r["id"]: split_turns(r["messages"]) for r in read_jsonl(run / "prompts" / "train.jsonl")}
+    by_conv: dict[str, list[dict]] = {}
+    for s in read_sequences(run):
+        by_conv.setdefault(s["conversation"], []).append(s)
+    efforts = {cid: reasoning_effort(weights, 0, cid) for cid in convs}
+    assert len(set(efforts.values())) > 1 and stats["num_sequences"] == 6 * TURNS
+    for cid, seqs in by_conv.items():
+        assert {s["reasoning_effort"] for s in seqs} == {efforts[cid]}
+        kept = [len(tok.encode(answer_message(tok, s["input_ids"][s["prompt_len"]:], eos)["content"],
+                               add_special_tokens=False)) for s in seqs]
+        with_effort = turn_prompt_lengths(tok, *convs[cid], kept, 10**9, **effort_kwargs(efforts[cid]))
+        assert with_effort == [s["prompt_len"] for s in seqs]
+        other = "high" if efforts[cid] != "high" else "low"
+        assert turn_prompt_lengths(tok, *convs[cid], kept, 10**9, reasoning_effort=other) != with_effort
+    # the plan from the prompts stage alone renders each conversation with its own effort
+    only = tmp_path / "prompts-only"
+    shutil.copytree(run / "prompts", only / "prompts")
+    a = Assumptions()
+    kept = [a.kept_answer_fraction_harmony * a.new_token_fraction * 64] * TURNS
+    mean = {e: sum(sum(turn_prompt_lengths(tok, *convs[cid], kept, 10**9, **effort_kwargs(e or efforts[cid])))
+                   for cid in convs) / (6 * TURNS) for e in (None, "medium")}
+    assert mean[None] != mean["medium"]  # the template's default effort would give another mean
+    _, prompts, _, _ = demo
+    p = plan(load_recipe("demo", BASE + [f"data.prompts={prompts}", f"target.model={target}", "data.max_new_tokens=64",
+                                         "data.reasoning_effort={low: 1, medium: 1, high: 1}"]), "1xH100", run_dir=only)
+    assert p["turns"]["rendered"] == 6 and p["mean_tokens"] == pytest.approx(mean[None] + a.new_token_fraction * 64)
