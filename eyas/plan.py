@@ -211,8 +211,8 @@ def conversation_tokens(recipe, run_dir: Path, new: float, a: Assumptions, is_gp
     if not asked:
         raise ValueError(f"data.max_prompt_tokens={d.max_prompt_tokens}: no first prompt of the {len(picked):,} "
                          "conversations rendered fits under it, so regeneration would answer none; raise it")
-    return {"turns_per_conversation": user_turns / len(rows) * asked / max(sampled_turns, 1),
-            "mean_prompt": prompt_tokens / max(asked, 1), "rendered": 0 if tok is None else len(picked),
+    return {"turns_per_conversation": user_turns / len(rows) * asked / sampled_turns,
+            "mean_prompt": prompt_tokens / asked, "rendered": 0 if tok is None else len(picked),
             "conversations": len(rows), "user_turns": user_turns, "kept_answer_tokens": kept, "no_tokenizer": why}
 
 

@@ -103,6 +103,18 @@ def test_answer_message_reads_harmony_channels_and_plain_text(demo):
     assert torch.equal(torch.tensor(ids), torch.tensor(tok.encode(tok.decode(ids), add_special_tokens=False)))
 
 
+def regenerated(run, model, tok) -> tuple[dict, dict]:
+    """A regenerated run's conversations and answers. -> ({conversation id: (system messages, user turns)},
+    {conversation id: [(its sequence row, the tokens the template keeps of its answer: the final channel)]})."""
+    eos = eos_token_ids(model, tok)
+    convs = {r["id"]: split_turns(r["messages"]) for r in read_jsonl(run / "prompts" / "train.jsonl")}
+    answers: dict[str, list[tuple[dict, int]]] = {}
+    for s in read_sequences(run):
+        final = answer_message(tok, s["input_ids"][s["prompt_len"]:], eos)["content"]
+        answers.setdefault(s["conversation"], []).append((s, len(tok.encode(final, add_special_tokens=False))))
+    return convs, answers
+
+
 def test_plan_counts_turns_and_renders_prompts_as_regeneration_does(demo, tmp_path, monkeypatch):
     """`eyas plan --run RUN` on a run whose prompts stage alone is done (no GPU needed yet). Each turn's
     prompt length is the template's rendering of the conversation with the earlier answers empty, plus
@@ -119,16 +131,11 @@ def test_plan_counts_turns_and_renders_prompts_as_regeneration_does(demo, tmp_pa
 
     stats, run = regenerate(demo, "plan", "data.max_new_tokens=64")
     _, prompts, model, tok = demo
-    eos = eos_token_ids(model, tok)
-    convs = {r["id"]: split_turns(r["messages"]) for r in read_jsonl(run / "prompts" / "train.jsonl")}
-    by_conv: dict[str, list[dict]] = {}
-    for s in read_sequences(run):
-        by_conv.setdefault(s["conversation"], []).append(s)
-    assert len(by_conv) == len(convs) == 6 and stats["num_sequences"] == 6 * TURNS
-    for cid, seqs in by_conv.items():  # the lengths regeneration rendered, from the real answers' final channels
-        kept = [len(tok.encode(answer_message(tok, s["input_ids"][s["prompt_len"]:], eos)["content"],
-                               add_special_tokens=False)) for s in seqs]
-        assert turn_prompt_lengths(tok, *convs[cid], kept, 10**9) == [s["prompt_len"] for s in seqs]
+    convs, answers = regenerated(run, model, tok)
+    assert len(answers) == len(convs) == 6 and stats["num_sequences"] == 6 * TURNS
+    for cid, turns in answers.items():  # the lengths regeneration rendered, from the real answers' final channels
+        kept = [n for _, n in turns]
+        assert turn_prompt_lengths(tok, *convs[cid], kept, 10**9) == [s["prompt_len"] for s, _ in turns]
 
     only = tmp_path / "prompts-only"
     shutil.copytree(run / "prompts", only / "prompts")
@@ -225,19 +232,14 @@ def test_plan_renders_each_prompt_with_its_reasoning_effort(demo, tmp_path):
                             "data.reasoning_effort={low: 1, medium: 1, high: 1}")
     _, _, model, tok = demo
     tok = type(tok).from_pretrained(target)
-    eos = eos_token_ids(model, tok)
-    convs = {r["id"]: split_turns(r["messages"]) for r in read_jsonl(run / "prompts" / "train.jsonl")}
-    by_conv: dict[str, list[dict]] = {}
-    for s in read_sequences(run):
-        by_conv.setdefault(s["conversation"], []).append(s)
+    convs, answers = regenerated(run, model, tok)
     efforts = {cid: reasoning_effort(weights, 0, cid) for cid in convs}
     assert len(set(efforts.values())) > 1 and stats["num_sequences"] == 6 * TURNS
-    for cid, seqs in by_conv.items():
-        assert {s["reasoning_effort"] for s in seqs} == {efforts[cid]}
-        kept = [len(tok.encode(answer_message(tok, s["input_ids"][s["prompt_len"]:], eos)["content"],
-                               add_special_tokens=False)) for s in seqs]
+    for cid, turns in answers.items():
+        assert {s["reasoning_effort"] for s, _ in turns} == {efforts[cid]}
+        kept = [n for _, n in turns]
         with_effort = turn_prompt_lengths(tok, *convs[cid], kept, 10**9, **effort_kwargs(efforts[cid]))
-        assert with_effort == [s["prompt_len"] for s in seqs]
+        assert with_effort == [s["prompt_len"] for s, _ in turns]
         other = "high" if efforts[cid] != "high" else "low"
         assert turn_prompt_lengths(tok, *convs[cid], kept, 10**9, reasoning_effort=other) != with_effort
     # the plan from the prompts stage alone renders each conversation with its own effort
