@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from eyas import io
+from eyas import layout
 from eyas.pipeline import run_all
 from eyas.recipes.schema import load_recipe
 
@@ -76,7 +76,7 @@ def main(argv=None) -> int:
         run = prepare(out, name, over, base)
         t0 = time.perf_counter()
         run_all(recipe, run, stages=("prompts", "regenerate", "capture", "vocab", "train"), progress=False)
-        train = io.read_done(run, "train")
+        train = layout.read_done(run, "train")
         report = run_eval(recipe, run, ks=args.ks, temperatures=args.temperatures, concurrency=[1], force=True,
                           progress=False)
         tau = {f"T{r['temperature']:g}@k{r['k']}": r["acceptance_length"] for r in report["results"]

@@ -119,7 +119,7 @@ def main(argv=None) -> int:
                    for _ in range(args.prompts)]
         what = f"random {args.random_target}" + (f" ({args.layers} layers)" if args.layers else "")
     else:
-        from eyas.data.regenerate import eos_token_ids, render_prompt
+        from eyas.data.chat import eos_token_ids, render_prompt
         from eyas.data.target import input_device, load_recipe_target
         from eyas.eval.benchmarks import held_out
         from eyas.recipes.schema import load_recipe

@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from eyas import io
+from eyas import layout
 from eyas.data.compact import bytes_per_token
 from eyas.pipeline import run_all
 from eyas.recipes.schema import load_recipe
@@ -55,7 +55,7 @@ def main(argv=None) -> int:
                 shutil.copytree(base / stage, run / stage)
         t0 = time.perf_counter()
         run_all(recipe, run, stages=("capture", "vocab", "train", "eval"))
-        cap, ev = io.read_done(run, "capture"), io.read_done(run, "eval")
+        cap, ev = layout.read_done(run, "capture"), layout.read_done(run, "eval")
         dtype_bytes = 2 if recipe.capture.dtype != "float32" else 4
         rows.append({"format": fmt, "bytes_per_token": cap["bytes_per_token"],
                      "gpt_oss_120b_bytes": bytes_per_token(GPT_OSS_120B["n_aux"], GPT_OSS_120B["hidden"], aux_format,

@@ -31,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-from eyas import io
+from eyas import io, layout
 from eyas.demo_target.corpus import generate_samples
 from eyas.pipeline import run_all
 from eyas.recipes.schema import load_recipe
@@ -89,7 +89,7 @@ def main(argv=None) -> int:
         run = out / name
         t0 = time.perf_counter()
         run_all(recipe, run, stages=("prompts", "regenerate", "capture", "vocab", "train"))
-        train, cap = io.read_done(run, "train"), io.read_done(run, "capture")
+        train, cap = layout.read_done(run, "train"), layout.read_done(run, "capture")
         ks = [k for k in args.ks if k <= recipe.train.ttt_steps]
         report = run_eval(recipe, run, ks=ks, temperatures=[0.0], concurrency=[1], force=True, progress=False,
                           benchmarks=[("short", str(short_eval)), ("long", str(long_eval))])

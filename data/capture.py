@@ -29,7 +29,8 @@ from eyas.data.sharding import Shard, balanced_ranges, current_shard, target_for
 from eyas.data.shards import INDEX, shard_name, write_shard
 from eyas.data.target import (LAYER_ID_CONVENTION, StopForward, input_device, load_head_weights,
                               load_recipe_target, tapped, text_config)
-from eyas.io import is_done, mark_done, read_done, read_json, require_done, stage_dir, write_json
+from eyas.io import read_json, write_json
+from eyas.layout import is_done, mark_done, read_done, require_done, stage_dir
 from eyas.recipes.schema import Recipe, check_against_target
 
 STAGE = "capture"

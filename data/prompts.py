@@ -42,7 +42,8 @@ from typing import Any, Callable, Iterable
 
 from eyas.data.target import resolve_path
 from eyas.errors import InputError
-from eyas.io import is_done, mark_done, read_done, read_jsonl, stage_dir, write_jsonl
+from eyas.io import read_jsonl, write_jsonl
+from eyas.layout import is_done, mark_done, read_done, stage_dir
 from eyas.recipes.schema import DataSection, PromptSource, Recipe, RecipeError
 
 STAGE = "prompts"

@@ -19,7 +19,8 @@ from safetensors.torch import save_file
 
 from eyas.data.regenerate import loss_mask, read_sequences
 from eyas.data.target import load_target_config, text_config
-from eyas.io import atomic_path, is_done, mark_done, read_done, require_done, stage_dir
+from eyas.io import atomic_path
+from eyas.layout import is_done, mark_done, read_done, require_done, stage_dir
 from eyas.recipes.schema import Recipe, check_against_target
 
 STAGE = "vocab"

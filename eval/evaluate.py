@@ -23,11 +23,11 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from eyas import io
+from eyas import io, layout
 from eyas.eval import advice
 from eyas.eval.benchmarks import Benchmark, held_out, load_benchmark
 from eyas.eval.load import LoadResult, acceptance, pct, run_engine
-from eyas.pipeline import STAGE_ORDER
+from eyas.stages import STAGE_ORDER
 from eyas.recipes.schema import Recipe
 from eyas.serve.decoding.sampling import SamplingParams
 from eyas.serve.decoding.tree import TreeShape
@@ -80,7 +80,7 @@ def run_eval(recipe: Recipe, run_dir: str | Path, drafts: list[tuple[str, str]] 
     recipe's eval.k (+ eval.more_k) and eval.tree; concurrency / temperatures: default the recipe's; benchmarks:
     (name, prompt file or known name), default the run's held-out prompts; servers: (name, URL) of
     OpenAI-compatible servers to drive with the same prompts (eval/server_client.py)."""
-    from eyas.data.regenerate import effort_kwargs, eos_token_ids, reasoning_effort, render_prompt
+    from eyas.data.chat import effort_kwargs, eos_token_ids, reasoning_effort, render_prompt
     from eyas.data.target import describe_placement, input_device, load_recipe_target
     from eyas.serve.decoding.engine import Engine
     from eyas.serve.decoding.reference import greedy_generate
@@ -88,11 +88,11 @@ def run_eval(recipe: Recipe, run_dir: str | Path, drafts: list[tuple[str, str]] 
 
     run_dir = Path(run_dir)
     asked = (drafts, ks, trees, concurrency, temperatures, benchmarks, servers)
-    if io.is_done(run_dir, "eval") and not force and all(a is None for a in asked):
-        return json.loads((run_dir / "report.json").read_text())
+    if layout.is_done(run_dir, "eval") and not force and all(a is None for a in asked):
+        return json.loads((run_dir / layout.REPORT_JSON).read_text())
     t0 = time.perf_counter()
     ev = recipe.eval
-    drafts = drafts or [("eyas", str(run_dir / "train" / "checkpoint-final"))]
+    drafts = drafts or [("eyas", str(run_dir / layout.FINAL_CHECKPOINT))]
     if ks is None and trees is None:
         ks, trees = list(dict.fromkeys([ev.k, *ev.more_k])), list(ev.tree)
     shapes = [TreeShape.chain(k) for k in (ks or [])] + [TreeShape.parse(t) for t in (trees or [])]
@@ -158,7 +158,7 @@ def run_eval(recipe: Recipe, run_dir: str | Path, drafts: list[tuple[str, str]] 
     main = next(r for r in results if r["engine"] == "eyas") if any(r["engine"] == "eyas" for r in results) \
         else results[0]
     greedy_rows = [r["lossless"] for r in results if r["lossless"] is not None]
-    stage_times = {s: io.read_done(run_dir, s).get("wall_s") for s in STAGE_ORDER[:-1] if io.is_done(run_dir, s)}
+    stage_times = {s: layout.read_done(run_dir, s).get("wall_s") for s in STAGE_ORDER[:-1] if layout.is_done(run_dir, s)}
     stage_times["eval"] = round(time.perf_counter() - t0, 2)
     report = {
         "acceptance_length": main["acceptance_length"],
@@ -190,10 +190,10 @@ def run_eval(recipe: Recipe, run_dir: str | Path, drafts: list[tuple[str, str]] 
     }
     from eyas.eval.report import report_markdown
 
-    io.write_json(run_dir / "report.json", report)
-    io.write_text(run_dir / "report.md", report_markdown(report))
-    io.mark_done(run_dir, "eval", {"wall_s": stage_times["eval"], "acceptance_length": report["acceptance_length"]},
-                 outside=("report.json", "report.md", *(p.name for p in plots)))
+    io.write_json(run_dir / layout.REPORT_JSON, report)
+    io.write_text(run_dir / layout.REPORT_MD, report_markdown(report))
+    layout.mark_done(run_dir, "eval", {"wall_s": stage_times["eval"], "acceptance_length": report["acceptance_length"]},
+                 outside=(layout.REPORT_JSON, layout.REPORT_MD, *(p.name for p in plots)))
     return report
 
 
@@ -201,13 +201,13 @@ def attach_simulated_tau(results: list[dict], run_dir: Path, drafts: list[tuple[
     """The training's validation predicts a greedy chain's tau for every k <= ttt_steps
     (train/validation.py); set it on each greedy chain row of the run's own draft, next to the
     measured tau, so the gap between training's estimate and the loop shows. -> the validation dict."""
-    if not io.is_done(run_dir, "train"):
+    if not layout.is_done(run_dir, "train"):
         return None
-    validation = io.read_done(run_dir, "train").get("validation")
+    validation = layout.read_done(run_dir, "train").get("validation")
     if not validation:
         return None
     own = {name for name, path in drafts
-           if Path(path).resolve() == (run_dir / "train" / "checkpoint-final").resolve()}
+           if Path(path).resolve() == (run_dir / layout.FINAL_CHECKPOINT).resolve()}
     sim = validation["simulated_tau"]
     for r in results:
         if r["draft"] in own and r["engine"] == "eyas" and r["temperature"] == 0 and r.get("tree") is None \

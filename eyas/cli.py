@@ -9,6 +9,7 @@
     eyas plan RECIPE --gpus 8xH100 [--run DIR] [overrides]  memory, storage and time before anything runs
     eyas verify RUN                                      every file of a run against its size and checksum
     eyas demo-target [--cache-dir DIR] [--force]
+    eyas recipe-keys [SECTION]                           every recipe key with its default and description
     eyas export | import | publish ...                   see `eyas <cmd> --help`
 
 An expected failure prints one line `eyas: error: <what, which file or key, what to do>` and exits 2 (bad
@@ -26,8 +27,8 @@ import sys
 
 from eyas.errors import debugging, report_failures
 from eyas.interrupts import signals_raise
-from eyas.pipeline import SHARDED, STAGE_ORDER
 from eyas.recipes.schema import RecipeError
+from eyas.stages import COMMANDS, SHARDED, STAGE_ORDER, resolve, stage_fn
 
 
 def _recipe_args(p: argparse.ArgumentParser) -> None:
@@ -100,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str]) -> int:
     # export/import/publish/demo-target have their own parsers
-    if argv and argv[0] in DELEGATED:
+    if argv and argv[0] in COMMANDS:
         return _delegate(argv[0], argv[1:])
 
     parser = argparse.ArgumentParser(prog="eyas", description=__doc__,
@@ -128,11 +129,11 @@ def _main(argv: list[str]) -> int:
     ev.add_argument("--server", action="append",
                     help="[NAME=]URL of an OpenAI-compatible server (vLLM, SGLang, eyas serve) to measure "
                          "with the same prompts (repeatable)")
-    for name in DELEGATED:
+    for name in COMMANDS:
         sub.add_parser(name, help=f"see `eyas {name} --help`", add_help=False)
     args = parse_with_overrides(parser, argv)
 
-    from eyas.pipeline import check_target, prepare_run, recipe_and_run, run_all, stage_fn
+    from eyas.pipeline import check_target, prepare_run, recipe_and_run, run_all
 
     recipe, run_dir = recipe_and_run(args.recipe, args.out, args.overrides)
     progress = not args.no_progress
@@ -168,25 +169,9 @@ def _main(argv: list[str]) -> int:
     return 0
 
 
-DELEGATED = ("export", "import", "publish", "demo-target", "serve", "plan", "verify")  # commands with their own parser
-
-
 def _delegate(cmd: str, argv: list[str]) -> int:
-    if cmd == "verify":
-        from eyas.integrity import main_verify as fn
-    elif cmd == "demo-target":
-        from eyas.demo_target.build import main_demo_target as fn
-    elif cmd == "serve":
-        from eyas.serve.api.server import main_serve as fn
-    elif cmd == "plan":
-        from eyas.plan import main as fn
-    elif cmd == "export":
-        from eyas.serve.interchange.export import main_export as fn
-    elif cmd == "import":
-        from eyas.serve.interchange.importer import main_import as fn
-    else:
-        from eyas.serve.interchange.publish import main_publish as fn
-    return int(fn(argv) or 0)
+    """A command with a parser of its own (eyas/stages.py COMMANDS)."""
+    return int(resolve(COMMANDS[cmd])(argv) or 0)
 
 
 if __name__ == "__main__":

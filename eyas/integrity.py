@@ -13,50 +13,11 @@ the stage's end does not read terabytes again.
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
 from eyas.errors import CorruptData
-
-ALGO = "xxh3_64"
-TRACKER_DIRS = ("wandb", "tensorboard", "trackio")
-CHUNK = 16 << 20
-
-
-def file_record(path: str | Path) -> dict:
-    """{"size": bytes, "xxh3_64": hex digest} of a file, read in 16 MiB chunks."""
-    import xxhash
-
-    h = xxhash.xxh3_64()
-    with open(path, "rb", buffering=0) as f:
-        while chunk := f.read(CHUNK):
-            h.update(chunk)
-    return {"size": os.path.getsize(path), ALGO: h.hexdigest()}
-
-
-def stage_files(run_dir: str | Path, stage: str, outside: tuple[str | Path, ...] = (),
-                known: dict[str, dict] | None = None) -> dict[str, dict]:
-    """The records of a finished stage's files: RUN/<stage>/** (not DONE.json, not hidden files or links)
-    and `outside` (paths the stage wrote elsewhere in the run). `known` ({path from the run dir: record},
-    checksums taken when the files were written) is used where the size still agrees."""
-    run_dir = Path(run_dir)
-    paths = []
-    for root, dirs, files in os.walk(run_dir / stage):
-        # trackers' folders are theirs (wandb's service may append to its logs after the run ends)
-        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in TRACKER_DIRS)
-        paths += [Path(root) / f for f in sorted(files) if not f.startswith(".")]
-    paths = [p for p in paths if p.name != "DONE.json" or p.parent != run_dir / stage]
-    paths += [run_dir / p for p in outside]
-    records = {}
-    for p in paths:
-        if p.is_symlink() or not p.is_file():
-            continue
-        rel = p.relative_to(run_dir).as_posix()
-        rec = (known or {}).get(rel, {})
-        ok = ALGO in rec and rec.get("size") == p.stat().st_size
-        records[rel] = {"size": rec["size"], ALGO: rec[ALGO]} if ok else file_record(p)
-    return records
-
+from eyas.layout import ALGO, RECIPE, file_record, is_done, marker
+from eyas.stages import STAGE_ORDER
 
 def check_file(path: Path, record: dict, full: bool = True) -> str | None:
     """What is wrong with `path` against its record (None: nothing); `full=False` checks the size only."""
@@ -94,15 +55,12 @@ def run_records(run_dir: Path) -> list[tuple[str, str, dict]]:
     """(stage, path from the run dir, record) of every file the run lists: finished stages' DONE.json, and
     the shards of a capture in progress (their index). A stage finished before eyas kept checksums is
     skipped, with a note."""
-    from eyas import io
-    from eyas.pipeline import STAGE_ORDER
-
     out = []
     for stage in STAGE_ORDER:
-        if io.is_done(run_dir, stage):
-            files = json_of(io.marker(run_dir, stage), stage).get("files")
+        if is_done(run_dir, stage):
+            files = json_of(marker(run_dir, stage), stage).get("files")
             if files is None:  # a stage finished by an eyas older than the checksums
-                print(f"{io.marker(run_dir, stage)}: lists no files (made before eyas kept checksums): "
+                print(f"{marker(run_dir, stage)}: lists no files (made before eyas kept checksums): "
                       f"the {stage} stage is not checked")
                 continue
             out += [(stage, rel, rec) for rel, rec in files.items()]
@@ -141,7 +99,6 @@ def verify_run(run_dir: str | Path, progress: bool = True) -> tuple[int, list[tu
 def main_verify(argv: list[str] | None = None) -> int:
     """`eyas verify RUN`."""
     from eyas.errors import InputError
-    from eyas.pipeline import STAGE_ORDER
 
     p = argparse.ArgumentParser(prog="eyas verify", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -149,7 +106,7 @@ def main_verify(argv: list[str] | None = None) -> int:
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
     run_dir = Path(args.run)
-    if not (run_dir / "recipe.yaml").is_file():
+    if not (run_dir / RECIPE).is_file():
         raise InputError(f"{run_dir}: not a run directory (no recipe.yaml); give the --out directory of a run")
     checked, bad = verify_run(run_dir, progress=not args.no_progress)
     for stage, rel, problem in bad:

@@ -1,10 +1,8 @@
-"""Files that are either complete or absent: atomic writes and stage markers.
+"""Files that are either complete or absent: atomic writes, and JSON / JSON-lines reading.
 
-A stage writes its outputs under `RUN/<stage>/`, each file via a temporary name in the same
-directory and `os.replace`, and writes `RUN/<stage>/DONE.json` last, listing every file it wrote
-with its size and checksum (eyas/integrity.py). A re-run skips a stage
-whose marker exists, and a crashed stage leaves only files it can resume from (never a
-half-written one under its final name).
+A stage writes each output file via a temporary name in the same directory and `os.replace`, so a
+crashed stage leaves only files it can resume from (never a half-written one under its final name);
+its DONE.json marker is written last (eyas/layout.py).
 """
 
 from __future__ import annotations
@@ -106,38 +104,8 @@ def read_jsonl(path: str | Path, user_file: bool = False) -> list[dict]:
     return rows
 
 
-def stage_dir(run_dir: str | Path, stage: str) -> Path:
-    d = Path(run_dir) / stage
-    d.mkdir(parents=True, exist_ok=True)
-    return d
-
-
-def marker(run_dir: str | Path, stage: str) -> Path:
-    return Path(run_dir) / stage / "DONE.json"
-
-
-def is_done(run_dir: str | Path, stage: str) -> bool:
-    return marker(run_dir, stage).is_file()
-
-
 def read_json(path: str | Path) -> Any:
     return json.loads(Path(path).read_text())
-
-
-def read_done(run_dir: str | Path, stage: str) -> dict:
-    """A finished stage's info (what its function returned; the file list is integrity's)."""
-    info = read_json(marker(run_dir, stage))
-    info.pop("files", None)
-    return info
-
-
-def mark_done(run_dir: str | Path, stage: str, info: dict, outside: tuple[str | Path, ...] = (),
-              known: dict[str, dict] | None = None) -> None:
-    """Write RUN/<stage>/DONE.json: `info` and "files", the size and checksum of each file the stage wrote
-    (eyas/integrity.py; `outside`: its files elsewhere in the run; `known`: checksums taken while writing)."""
-    from eyas.integrity import stage_files
-
-    write_json(marker(run_dir, stage), {**info, "files": stage_files(run_dir, stage, outside, known)})
 
 
 @contextmanager
@@ -165,12 +133,3 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
         if full:
             raise full from e
         raise
-
-
-def require_done(run_dir: str | Path, needed: str, stage: str) -> None:
-    """Fail clearly when `stage` is run before the stage it reads from."""
-    if not is_done(run_dir, needed):
-        from eyas.errors import InputError
-
-        raise InputError(f"{run_dir}: the {needed} stage has not finished; run it before {stage} "
-                           f"(`eyas {needed} {run_dir}`, or `eyas run` for every stage)")

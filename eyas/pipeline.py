@@ -14,34 +14,9 @@ from pathlib import Path
 
 import yaml
 
-from eyas import io
+from eyas import io, layout
 from eyas.recipes.schema import Recipe, RecipeError, check_against_target, dump_recipe, load_recipe
-
-STAGE_ORDER = ("prompts", "regenerate", "capture", "vocab", "train", "eval")
-# the recipe sections each stage's output depends on
-STAGE_KEYS = {
-    "prompts": ("data",), "regenerate": ("target", "data"), "capture": ("target", "capture"),
-    "vocab": ("vocab",), "train": ("draft", "train"), "eval": ("eval",),
-}
-
-
-def stage_fn(stage: str):
-    if stage == "prompts":
-        from eyas.data.prompts import run_prompts as fn
-    elif stage == "regenerate":
-        from eyas.data.regenerate import run_regenerate as fn
-    elif stage == "capture":
-        from eyas.data.capture import run_capture as fn
-    elif stage == "vocab":
-        from eyas.data.vocab import run_vocab as fn
-    elif stage == "train":
-        from eyas.train.trainer import run_train as fn
-    elif stage == "eval":
-        from eyas.eval.evaluate import run_eval as fn
-    else:
-        raise ValueError(f"unknown stage {stage!r}; stages: {', '.join(STAGE_ORDER)}")
-    return fn
-
+from eyas.stages import SHARDED, STAGE_KEYS, STAGE_ORDER, stage_fn
 
 def check_target(recipe: Recipe) -> list[int]:
     """Recipe checks that need the target's config.json (layer count, vocab). -> aux layer ids."""
@@ -71,12 +46,12 @@ def prepare_run(recipe: Recipe, run_dir: str | Path, redo: tuple[str, ...] = ())
     """Create the run dir or check that its saved recipe agrees with `recipe` on finished stages
     (except the stages in `redo`, which the caller is about to run again: `eyas eval`)."""
     run_dir = Path(run_dir)
-    saved_path = run_dir / "recipe.yaml"
+    saved_path = run_dir / layout.RECIPE
     if saved_path.is_file():
         saved = yaml.safe_load(saved_path.read_text())
         new = recipe.to_dict()
         for stage in STAGE_ORDER:
-            if not io.is_done(run_dir, stage) or stage in redo:
+            if not layout.is_done(run_dir, stage) or stage in redo:
                 continue
             changed = [k for sec in STAGE_KEYS[stage]
                        for k in _diff(saved.get(sec, {}), new[sec], f"{sec}.", DEFAULTS.get(sec))]
@@ -89,9 +64,6 @@ def prepare_run(recipe: Recipe, run_dir: str | Path, redo: tuple[str, ...] = ())
     return run_dir
 
 
-SHARDED = ("regenerate", "capture")  # stages that share their work out (data/sharding.py); train does its own
-
-
 def run_all(recipe: Recipe, run_dir: str | Path, stages=STAGE_ORDER, progress: bool = True) -> dict:
     """Every stage in order. Under torchrun / accelerate launch every rank runs regenerate, capture and
     train (each its share); prompts, vocab and eval run on rank 0 while the other ranks wait."""
@@ -102,13 +74,13 @@ def run_all(recipe: Recipe, run_dir: str | Path, stages=STAGE_ORDER, progress: b
     shard = current_shard()
     times = {}
     for stage in stages:
-        if io.is_done(run_dir, stage):
+        if layout.is_done(run_dir, stage):
             print(f"[eyas] {stage}: done already, skipped")
             continue
         print(f"[eyas] {stage} ...", flush=True)
         t0 = time.perf_counter()
         if shard.launched and shard.index > 0 and stage not in SHARDED + ("train",):
-            wait_until(lambda: io.is_done(run_dir, stage), f"rank 0 to finish the {stage} stage")
+            wait_until(lambda: layout.is_done(run_dir, stage), f"rank 0 to finish the {stage} stage")
         else:
             stage_fn(stage)(recipe, run_dir, progress=progress, **({"shard": shard} if stage in SHARDED else {}))
         times[stage] = round(time.perf_counter() - t0, 1)
@@ -119,7 +91,7 @@ def run_all(recipe: Recipe, run_dir: str | Path, stages=STAGE_ORDER, progress: b
 def recipe_and_run(source: str, out: str | None, overrides: list[str]) -> tuple[Recipe, Path]:
     """`source` is a recipe file/name, or a run dir holding recipe.yaml (then it is the run dir too)."""
     src = Path(source)
-    if src.is_dir() and (src / "recipe.yaml").is_file():
-        return load_recipe(src / "recipe.yaml", overrides), Path(out) if out else src
+    if src.is_dir() and (src / layout.RECIPE).is_file():
+        return load_recipe(src / layout.RECIPE, overrides), Path(out) if out else src
     recipe = load_recipe(source, overrides)
     return recipe, Path(out) if out else Path("runs") / recipe.name

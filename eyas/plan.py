@@ -122,7 +122,7 @@ def turn_prompt_lengths(tok, system: list[dict], users: list[dict], kept: list[f
     exists: the chat template around the conversation so far with every earlier answer empty, plus
     `kept[i]` tokens for earlier answer i (the part of it the template keeps). Stops before the first
     turn longer than `limit` (data.max_prompt_tokens), which regeneration does not ask."""
-    from eyas.data.regenerate import render_prompt
+    from eyas.data.chat import render_prompt
 
     lengths, context = [], list(system)
     for t, user in enumerate(users):
@@ -180,7 +180,7 @@ def conversation_tokens(recipe, run_dir: Path, new: float, a: Assumptions, is_gp
         "kept_answer_tokens", "no_tokenizer"}."""
     import random
 
-    from eyas.data.regenerate import effort_kwargs, is_harmony, reasoning_effort, split_turns
+    from eyas.data.chat import effort_kwargs, is_harmony, reasoning_effort, split_turns
     from eyas.io import read_jsonl
 
     d = recipe.data
@@ -230,7 +230,7 @@ def hours(seconds: float) -> str:
 def plan(recipe, gpus: str, run_dir: str | Path | None = None, a: Assumptions | None = None) -> dict:
     """The figures `eyas plan` prints, as a dict (tests check them)."""
     from eyas.data.compact import bytes_per_token
-    from eyas.io import is_done, read_done
+    from eyas.layout import is_done, read_done
 
     a = a or Assumptions()
     n_gpu, kind = parse_gpus(gpus)
@@ -397,15 +397,15 @@ def render(recipe, p: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from eyas.cli import parse_with_overrides
     from eyas.pipeline import recipe_and_run
+
     p = argparse.ArgumentParser(prog="eyas plan", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("recipe", help="recipe YAML or a shipped name (gpt-oss-120b, ...)")
     p.add_argument("--gpus", required=True, help="NxGPU: H100, H200, B200 or A100 (80GB), e.g. 8xH100")
     p.add_argument("--run", help="a finished run directory whose measured rates replace the throughput assumptions")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.max_length=32768")
-    args = parse_with_overrides(p, sys.argv[1:] if argv is None else argv)  # overrides before or after --gpus
+    args = p.parse_intermixed_args(sys.argv[1:] if argv is None else argv)  # overrides before or after --gpus
     try:
         recipe, _ = recipe_and_run(args.recipe, None, args.overrides)
         print(render(recipe, plan(recipe, args.gpus, args.run)))

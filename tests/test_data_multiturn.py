@@ -10,8 +10,8 @@ import torch
 from data_fixtures import TURNS, write_conversations
 
 from eyas.data.prompts import run_prompts
-from eyas.data.regenerate import (answer_message, eos_token_ids, generate_batch, pad_token_id, read_sequences,
-                                  render_prompt, run_regenerate, split_turns)
+from eyas.data.chat import answer_message, eos_token_ids, pad_token_id, render_prompt, split_turns
+from eyas.data.regenerate import generate_batch, read_sequences, run_regenerate
 from eyas.data.target import load_target
 from eyas.io import read_jsonl
 from eyas.recipes.schema import load_recipe
@@ -215,7 +215,7 @@ def test_plan_renders_each_prompt_with_its_reasoning_effort(demo, tmp_path):
     effort regeneration draws for it, and gets exactly the prompt lengths regeneration then renders."""
     import shutil
 
-    from eyas.data.regenerate import effort_kwargs, reasoning_effort
+    from eyas.data.chat import effort_kwargs, reasoning_effort
     from eyas.data.target import resolve_path
     from eyas.plan import Assumptions, plan, turn_prompt_lengths
 

@@ -8,7 +8,7 @@ import pytest
 from eyas.data.prompts import (DataFormatError, load_conversations, prompt_messages, quotas, read_prompts,
                                record_to_conversation, run_prompts, user_turns)
 from eyas.errors import InputError
-from eyas.io import read_done
+from eyas.layout import read_done
 from eyas.recipes.schema import RecipeError, load_recipe
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"

@@ -6,7 +6,8 @@ from data_fixtures import make_tiny_target, one_thread, write_prompts  # noqa: F
 
 import eyas.data.regenerate as regen
 from eyas.data.prompts import read_prompts, run_prompts
-from eyas.data.regenerate import cut_at_eos, loss_mask, read_sequences, render_prompt, run_regenerate
+from eyas.data.chat import cut_at_eos, render_prompt
+from eyas.data.regenerate import loss_mask, read_sequences, run_regenerate
 from eyas.data.target import load_target
 from eyas.recipes.schema import load_recipe
 

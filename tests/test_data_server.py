@@ -13,7 +13,7 @@ from serve_process import eyas_serve, free_port
 
 from eyas.data.prompts import run_prompts
 from eyas.data.regenerate import read_sequences, run_regenerate
-from eyas.io import read_done
+from eyas.layout import read_done
 from eyas.recipes.schema import load_recipe
 
 BASE = ["target.dtype=float32", "target.device=cpu", "data.num_prompts=10", "data.num_eval_prompts=2",

@@ -8,7 +8,7 @@ from safetensors.torch import load_file
 
 from data_fixtures import make_tiny_target
 from eyas.data.vocab import build_vocab, count_tokens, run_vocab
-from eyas.io import mark_done
+from eyas.layout import mark_done
 from eyas.recipes.schema import RecipeError, load_recipe
 
 

@@ -32,7 +32,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from eyas import io
+from eyas import layout
 from eyas.pipeline import run_all
 from eyas.recipes.schema import load_recipe
 
@@ -115,7 +115,7 @@ def assert_close_weights(a, b, rel=2e-6):
 
 def test_ddp_equals_one_process_with_the_same_global_batch(base, two_procs, one_proc):
     one = one_proc
-    d2, d1 = io.read_done(two_procs, "train"), io.read_done(one, "train")
+    d2, d1 = layout.read_done(two_procs, "train"), layout.read_done(one, "train")
     assert d2["num_processes"] == 2 and d1["num_processes"] == 1
     assert d2["global_batch_rows"] == d1["global_batch_rows"] == 2
     n_seq = sum(s["num_sequences"] for s in json.loads((one / "capture" / "index.json").read_text())["shards"])
@@ -142,8 +142,8 @@ def test_online_mode_under_ddp_equals_one_process(base):
     assert not list((src / "capture").glob("*.safetensors"))
     two = train(base, "online-ddp", 2, "train.grad_accum=1", "capture.mode=online", source="online-base")
     one = train(base, "online-single", 1, "train.grad_accum=2", "capture.mode=online", source="online-base")
-    assert io.read_done(two, "train")["num_processes"] == 2
-    assert io.read_done(two, "train")["tokens_seen"] == io.read_done(one, "train")["tokens_seen"] > 0
+    assert layout.read_done(two, "train")["num_processes"] == 2
+    assert layout.read_done(two, "train")["tokens_seen"] == layout.read_done(one, "train")["tokens_seen"] > 0
     assert_close_weights(weights(two), weights(one))
 
 
@@ -157,7 +157,7 @@ def test_sharded_training_equals_one_process(base, one_proc, config, state_dir):
     if config.startswith("zero"):
         pytest.importorskip("deepspeed")
     run = train(base, config, 2, "train.grad_accum=1", config=config)
-    done, ref = io.read_done(run, "train"), io.read_done(one_proc, "train")
+    done, ref = layout.read_done(run, "train"), layout.read_done(one_proc, "train")
     assert done["num_processes"] == 2
     assert (done["steps"], done["tokens_seen"]) == (ref["steps"], ref["tokens_seen"])
     assert done["last"]["lr"] == pytest.approx(ref["last"]["lr"], rel=1e-12)
@@ -172,7 +172,7 @@ def test_accelerate_launch_with_the_shipped_ddp_config(base, two_procs):
     """`accelerate launch --config_file recipes/accelerate/ddp.yaml` (CPU: ACCELERATE_USE_CPU=true) runs the
     same 2-process DDP training as torchrun: bit-identical weights."""
     run = train(base, "accelerate-ddp", 2, "train.grad_accum=1", config="ddp")
-    assert io.read_done(run, "train")["num_processes"] == 2
+    assert layout.read_done(run, "train")["num_processes"] == 2
     a, b = weights(run), weights(two_procs)
     for k in a:
         assert torch.equal(a[k], b[k]), k
@@ -195,9 +195,9 @@ def test_killed_two_process_run_resumes_to_the_same_weights(base, two_procs, con
         time.sleep(0.01)
     os.killpg(proc.pid, signal.SIGKILL)  # torchrun and both workers, mid-run
     proc.wait()
-    assert not io.is_done(run, "train"), "the run finished before it could be killed"
+    assert not layout.is_done(run, "train"), "the run finished before it could be killed"
     saved = json.loads(step_file.read_text())["step"]
-    total = io.read_done(two_procs, "train")["steps"]
+    total = layout.read_done(two_procs, "train")["steps"]
     assert 2 <= saved < total
     train(base, name, 2, *over, config=config)  # resumes from the saved step
     log = [json.loads(x) for x in (run / "train" / "log.jsonl").read_text().splitlines()]
@@ -227,8 +227,8 @@ def test_sigterm_to_torchrun_saves_one_step_on_both_ranks(base, two_procs):
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=300)
     saved = json.loads((run / "train" / "state" / "step.json").read_text())["step"]
-    total = io.read_done(two_procs, "train")["steps"]
-    assert 2 <= saved < total and not io.is_done(run, "train")
+    total = layout.read_done(two_procs, "train")["steps"]
+    assert 2 <= saved < total and not layout.is_done(run, "train")
     assert f"eyas: error: interrupted by SIGTERM: the training state at step {saved}/{total} is saved in" in err
     train(base, "sigterm-ddp", 2, *over)  # resumes from the saved step
     a, b = weights(run), weights(two_procs)

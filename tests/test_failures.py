@@ -1,4 +1,4 @@
-"""Failures a user can act on: the README's troubleshooting table, row by row (each message exact), a
+"""Failures a user can act on: docs/troubleshooting.md's table, row by row (each message exact), a
 corrupt shard named by training and by `eyas verify`, a full disk mid-write, and SIGINT / SIGTERM that keep
 finished work (training resumes to the same weights as a run never interrupted)."""
 
@@ -19,7 +19,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from eyas import io
+from eyas import io, layout
 from eyas.cli import main
 from eyas.pipeline import run_all
 from eyas.recipes.schema import load_recipe
@@ -27,7 +27,7 @@ from eyas.recipes.schema import load_recipe
 from data_fixtures import make_tiny_target, tiny_recipe, write_prompts
 from test_export_support import fabricate_run, make_draft, tiny_target
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+TROUBLESHOOTING = Path(__file__).resolve().parents[1] / "docs" / "troubleshooting.md"
 
 
 @pytest.fixture(scope="module")
@@ -63,16 +63,16 @@ def error_line(capsys) -> str:
 
 
 def normalised(line: str, **paths) -> str:
-    """The line with the test's paths replaced by the README's placeholders (longest first)."""
+    """The line with the test's paths replaced by docs/troubleshooting.md's placeholders (longest first)."""
     for name, path in sorted(paths.items(), key=lambda kv: -len(str(kv[1]))):
         line = line.replace(str(path), name)
     line = re.sub(r"step \d+/\d+", "step S/N", line)
     return re.sub(r"\d+ of \d+ files", "B of N files", line)
 
 
-def readme_rows() -> list[tuple[str, int]]:
-    """(message, exit status) of each row of the README's troubleshooting table."""
-    text = README.read_text()
+def troubleshooting_rows() -> list[tuple[str, int]]:
+    """(message, exit status) of each row of the table in docs/troubleshooting.md."""
+    text = TROUBLESHOOTING.read_text()
     table = text.split("<!-- troubleshooting-table -->")[1]
     rows = []
     for line in table.strip().splitlines():
@@ -175,15 +175,15 @@ SCENARIOS = [unknown_key, model_missing, model_offline, prompts_missing, stage_o
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda f: f.__name__)
 def test_troubleshooting_row(scenario, base, tmp_path, capsys, monkeypatch):
-    """Each expected failure prints the README's message and exits with its status."""
+    """Each expected failure prints docs/troubleshooting.md's message and exits with its status."""
     status, line = scenario(base, tmp_path, capsys, monkeypatch)
     root, _, _ = base
     line = normalised(line, RUN=tmp_path / "RUN", CKPT=tmp_path / "CKPT", TMP=tmp_path, ROOT=root)
-    assert (line, status) in readme_rows(), f"not in the README's troubleshooting table: {status} {line}"
+    assert (line, status) in troubleshooting_rows(), f"not in docs/troubleshooting.md's table: {status} {line}"
 
 
 def test_every_table_row_has_a_scenario():
-    assert len(readme_rows()) == len(SCENARIOS) + len(INTERRUPT_ROWS)
+    assert len(troubleshooting_rows()) == len(SCENARIOS) + len(INTERRUPT_ROWS)
 
 
 # ---------------------------------------------------------------- integrity
@@ -191,13 +191,13 @@ def test_every_table_row_has_a_scenario():
 def test_every_stage_lists_its_files_and_verify_passes(base, capsys):
     root, _, run = base
     for stage in ("prompts", "regenerate", "capture", "vocab"):
-        files = json.loads(io.marker(run, stage).read_text())["files"]
+        files = json.loads(layout.marker(run, stage).read_text())["files"]
         on_disk = sorted(p.relative_to(run).as_posix() for p in (run / stage).rglob("*")
                          if p.is_file() and p.name != "DONE.json" and not p.name.startswith("."))
         assert sorted(files) == on_disk and on_disk, stage
         for rel, rec in files.items():
             assert rec["size"] == (run / rel).stat().st_size and len(rec["xxh3_64"]) == 16
-    files = json.loads(io.marker(run, "capture").read_text())["files"]
+    files = json.loads(layout.marker(run, "capture").read_text())["files"]
     index = io.read_json(run / "capture" / "index.json")
     assert all(files[f"capture/{s['file']}"]["xxh3_64"] == s["xxh3_64"] for s in index["shards"])  # from the write
     assert main(["verify", str(run), "--no-progress"]) == 0
@@ -218,7 +218,7 @@ def test_verify_names_the_file_and_the_stage(base, tmp_path, capsys, monkeypatch
 def test_training_names_a_truncated_shard(base, tmp_path, capsys, monkeypatch):
     status, line = shard_truncated(base, tmp_path, capsys, monkeypatch)
     assert status == 1 and "shard-00001.safetensors" in line and "truncated" in line
-    assert not io.is_done(tmp_path / "RUN", "train")
+    assert not layout.is_done(tmp_path / "RUN", "train")
 
 
 # ---------------------------------------------------------------- a full disk
@@ -314,11 +314,11 @@ def test_sigterm_mid_training_resumes_to_the_same_weights(base, tmp_path):
     assert ref.wait(timeout=600) == 0, ref.communicate()
     status, line = signal_when(start(["train", str(stopped)]), lambda: log_lines(stopped) >= 3, signal.SIGTERM)
     step = json.loads((stopped / "train" / "state" / "step.json").read_text())["step"]
-    assert status == 143 and 3 <= step < 150 and not io.is_done(stopped, "train")
+    assert status == 143 and 3 <= step < 150 and not layout.is_done(stopped, "train")
     assert log_lines(stopped) == step  # a line per kept step
     assert line == (f"eyas: error: interrupted by SIGTERM: the training state at step {step}/150 is saved in "
                     f"{stopped}/train/state; re-run the same command to continue")
-    assert (normalised(line, RUN=stopped), 143) in readme_rows()
+    assert (normalised(line, RUN=stopped), 143) in troubleshooting_rows()
     resumed = start(["train", str(stopped)])
     out, err = resumed.communicate(timeout=600)
     assert resumed.returncode == 0 and f"resuming at step {step}/150" in out + err
@@ -331,8 +331,8 @@ def test_sigint_mid_capture_keeps_the_complete_shards(base, tmp_path, capsys):
     run = copy_run(base, tmp_path / "RUN", upto="regenerate")
     shards = lambda: sorted((run / "capture").glob("shard-*.safetensors"))  # noqa: E731
     status, line = signal_when(start(["capture", str(run)]), lambda: len(shards()) >= 1, signal.SIGINT)
-    assert status == 130 and (normalised(line, RUN=run), 130) in readme_rows()
-    assert not list((run / "capture").glob(".*")) and not io.is_done(run, "capture")  # nothing half-written
+    assert status == 130 and (normalised(line, RUN=run), 130) in troubleshooting_rows()
+    assert not list((run / "capture").glob(".*")) and not layout.is_done(run, "capture")  # nothing half-written
     listed = [s["file"] for s in io.read_json(run / "capture" / "index.json")["shards"]]
     assert listed and [p.name for p in shards()][: len(listed)] == listed
     assert main(["capture", str(run), "--no-progress"]) == 0

@@ -8,7 +8,7 @@ import pytest
 import torch
 from data_fixtures import assert_capture_exact, make_family_target, one_thread, tiny_recipe, write_prompts  # noqa: F401
 
-from eyas import io
+from eyas import layout
 from eyas.data.regenerate import read_sequences
 from eyas.data.target import load_head_weights, load_target
 from eyas.pipeline import run_all
@@ -26,7 +26,7 @@ def test_pipeline_end_to_end(family, tmp_path):
     report = json.loads((run / "report.json").read_text())
     assert report["lossless"] is True and 1.0 <= report["acceptance_length"] <= 4.0
     model, _ = load_target(str(target), "float32", "cpu")
-    ids = io.read_done(run, "capture")["aux_layer_ids"]
+    ids = layout.read_done(run, "capture")["aux_layer_ids"]
     assert_capture_exact(model, model, [s["input_ids"] for s in read_sequences(run)[:3]], ids, 64, family)
     heads = load_head_weights(str(target))
     assert torch.equal(heads["lm_head"], model.lm_head.weight)

@@ -8,7 +8,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from eyas import io
+from eyas import io, layout
 from eyas.pipeline import STAGE_ORDER, prepare_run, run_all
 from eyas.recipes.schema import RecipeError, load_recipe
 
@@ -56,8 +56,8 @@ def test_full_run_report(full_run):
     assert (run / "report.md").read_text().startswith("# eyas evaluation report")
     # training's validation: held-out captured sequences, simulated tau for every k <= ttt_steps,
     # set next to the loop's measured tau at the eval's k
-    val = io.read_done(run, "train")["validation"]
-    assert io.read_done(run, "train")["val_sequences"] == 1 and val["positions"] > 0
+    val = layout.read_done(run, "train")["validation"]
+    assert layout.read_done(run, "train")["val_sequences"] == 1 and val["positions"] > 0
     tau, run_ = [], 1.0
     for a in val["cond_acc"]:
         run_ *= a
@@ -96,7 +96,7 @@ def test_crash_then_resume(setup, monkeypatch):
     monkeypatch.setattr(capture_mod, "write_shard", crash_on_second)
     with pytest.raises(RuntimeError, match="simulated crash"):
         run_all(recipe, run, stages=("prompts", "regenerate", "capture"), progress=False)
-    assert io.is_done(run, "regenerate") and not io.is_done(run, "capture")
+    assert layout.is_done(run, "regenerate") and not layout.is_done(run, "capture")
     assert not list((run / "capture").glob("*.tmp")) and not list((run / "capture").glob(".*tmp"))
     monkeypatch.setattr(capture_mod, "write_shard", real_write)
 
@@ -108,7 +108,7 @@ def test_crash_then_resume(setup, monkeypatch):
 
     monkeypatch.setattr(regen_mod, "generate_batch", no_generation)
     run_all(recipe, run, stages=("prompts", "regenerate", "capture"), progress=False)
-    assert io.is_done(run, "capture")
+    assert layout.is_done(run, "capture")
     a, b = sorted((clean / "capture").glob("shard-*")), sorted((run / "capture").glob("shard-*"))
     assert [p.name for p in a] == [p.name for p in b] and len(a) >= 2
     for pa, pb in zip(a, b):
@@ -302,7 +302,7 @@ def test_training_resumes_to_identical_weights(setup, monkeypatch):
     with pytest.raises(RuntimeError, match="simulated crash"):
         run_train(recipe, crashed, progress=False)
     assert json.loads((crashed / "train" / "state" / "step.json").read_text())["step"] == 2
-    assert not io.is_done(crashed, "train")
+    assert not layout.is_done(crashed, "train")
     resumed = {"n": 0}
 
     def counting(self, *a, **k):
@@ -348,14 +348,13 @@ def test_wandb_offline_tracking(setup, tmp_path, monkeypatch):
 
 def test_plan_from_a_finished_run_uses_its_measured_rates(setup, full_run):
     """`eyas plan --run DIR`: a bigger run of the same recipe, timed with the rates this run measured."""
-    from eyas import io
     from eyas.plan import plan
 
     root, target, prompts = setup
     r = recipe_for(target, prompts)
     r.data.num_prompts = 10_000
     p = plan(r, "2xH100", run_dir=full_run)
-    regen, cap, tr = (io.read_done(full_run, s) for s in ("regenerate", "capture", "train"))
+    regen, cap, tr = (layout.read_done(full_run, s) for s in ("regenerate", "capture", "train"))
     assert p["measured"] == ["capture_tok_s", "regen_tok_s", "train_tok_s"]
     assert p["mean_tokens"] == pytest.approx(cap["num_tokens"] / cap["num_sequences"])
     assert p["tokens"] == pytest.approx(10_000 * cap["num_tokens"] / cap["num_sequences"])

@@ -11,7 +11,7 @@ import httpx
 import pytest
 import torch
 
-from eyas.data.regenerate import eos_token_ids, render_prompt
+from eyas.data.chat import eos_token_ids, render_prompt
 from eyas.data.target import load_target
 from eyas.serve.decoding.reference import greedy_generate
 from eyas.train.checkpoint import save_draft

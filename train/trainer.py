@@ -23,7 +23,7 @@ import torch
 from safetensors.torch import load_file
 from tqdm.auto import tqdm
 
-from eyas import io
+from eyas import io, layout
 from eyas.interrupts import Interrupted, StopRequest, ignore_in_worker
 from eyas.recipes.schema import Recipe
 
@@ -149,11 +149,11 @@ def run_train(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> dic
     from eyas.data.target import load_head_weights
 
     run_dir = Path(run_dir)
-    if io.is_done(run_dir, "train"):
-        return io.read_done(run_dir, "train")
+    if layout.is_done(run_dir, "train"):
+        return layout.read_done(run_dir, "train")
     t_start = time.perf_counter()
     tr = recipe.train
-    out_dir = io.stage_dir(run_dir, "train")
+    out_dir = layout.stage_dir(run_dir, "train")
     # the target's embedding and lm_head, read once (2 x 1.2 GB for gpt-oss-120b); before the
     # Accelerator exists: under ZeRO-3 it makes transformers build every model (here the meta-device one
     # that names the tensors) partitioned
@@ -348,10 +348,10 @@ def run_train(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> dic
         final = Eagle3Draft(draft.config)
         final.load_state_dict({k[len("draft."):]: v for k, v in state.items() if k.startswith("draft.")})
         plot_curves(log_path, out_dir / "curves.png")
-        save_draft(final, out_dir / "checkpoint-final", dtype=torch.float32,
+        save_draft(final, run_dir / layout.FINAL_CHECKPOINT, dtype=torch.float32,
                    extra={"recipe": recipe.name, "train": info})
     acc.wait_for_everyone()
     acc.end_training()  # finishes the trackers, and ends the process group
     if acc.is_main_process:  # last: the trackers' files are complete, so the checksums hold
-        io.mark_done(run_dir, "train", info)
+        layout.mark_done(run_dir, "train", info)
     return info

@@ -15,7 +15,7 @@ import re
 
 import torch
 
-from eyas.data.regenerate import left_pad, render_prompt
+from eyas.data.chat import left_pad, render_prompt
 
 _TEXT = r"(?:(?!<\|).)*"  # text without special tokens
 ANSWER = re.compile(rf"<\|channel\|>analysis<\|message\|>(?P<analysis>{_TEXT})<\|end\|>"

@@ -6,5 +6,4 @@
     importer.py    `eyas import`: published layouts (EAGLE-3, SpecForge, speculators, ModelOpt) -> eyas
     publish.py     `eyas publish`: export + model card + Hugging Face hub upload
     model_card.py  the model card (measured tau, recommendation table)
-    run_dir.py     reading a finished run directory
 """

@@ -43,7 +43,7 @@ from .formats import (
     speculators_config,
 )
 from .importer import load_published
-from .run_dir import resolve_checkpoint
+from eyas.layout import resolve_checkpoint
 
 # Files an export directory may hold; anything else under --out is never replaced.
 EXPORT_FILES = {"config.json", "model.safetensors", "README.md", "eyas_report.json", "recipe.yaml"}

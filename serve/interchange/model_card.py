@@ -23,7 +23,7 @@ import yaml
 from . import engines as engine_rules
 from .export import ExportResult
 from .formats import output_numbering, sglang_layer_ids
-from .run_dir import FinishedRun
+from eyas.layout import FinishedRun
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 ENGINE_TAGS = {"vllm": "vllm", "sglang": "sglang", "trtllm": "tensorrt-llm"}

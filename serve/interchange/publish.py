@@ -23,7 +23,7 @@ from eyas.errors import InputError, RunError, as_input
 
 from .export import export
 from .model_card import HUB_ID, render_model_card
-from .run_dir import load_run
+from eyas.layout import load_run
 
 
 class PublishError(InputError, ValueError):
