@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from eyas.errors import debugging, report_failures
 from eyas.interrupts import signals_raise
+from eyas.layout import REPORT_JSON, REPORT_MD
 from eyas.recipes.schema import RecipeError
 from eyas.stages import COMMANDS, SHARDED, STAGE_ORDER, resolve, stage_fn
 
@@ -99,11 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         return report_failures(lambda: _main(argv), debug)
 
 
-def _main(argv: list[str]) -> int:
-    # export/import/publish/demo-target have their own parsers
-    if argv and argv[0] in COMMANDS:
-        return _delegate(argv[0], argv[1:])
-
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="eyas", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -131,42 +129,62 @@ def _main(argv: list[str]) -> int:
                          "with the same prompts (repeatable)")
     for name in COMMANDS:
         sub.add_parser(name, help=f"see `eyas {name} --help`", add_help=False)
-    args = parse_with_overrides(parser, argv)
+    return parser
 
-    from eyas.pipeline import check_target, prepare_run, recipe_and_run, run_all
+
+def _main(argv: list[str]) -> int:
+    if argv and argv[0] in COMMANDS:  # export, import, publish, serve, plan, ...: their own parsers
+        return _delegate(argv[0], argv[1:])
+    args = parse_with_overrides(_parser(), argv)
+    from eyas.pipeline import recipe_and_run
 
     recipe, run_dir = recipe_and_run(args.recipe, args.out, args.overrides)
-    progress = not args.no_progress
-    if args.cmd == "run":
-        times = run_all(recipe, run_dir, progress=progress)
-        print(f"[eyas] run dir: {run_dir}  (report: {run_dir / 'report.md'})  stage times: {times}")
-    elif args.cmd == "eval":
-        from eyas.eval.evaluate import run_eval
-
-        for t in args.tree or []:
-            _tree_arg(t)
-        if any(k < 1 for k in args.k or []) or any(c < 1 for c in args.concurrency or []) \
-                or any(t < 0 for t in args.temperature or []):
-            raise RecipeError("--k and --concurrency must be >= 1, --temperature >= 0")
-        check_target(recipe)
-        prepare_run(recipe, run_dir, redo=("eval",))
-        report = run_eval(recipe, run_dir, drafts=_pairs(args.draft, "--draft") or None, ks=args.k,
-                          trees=args.tree, concurrency=args.concurrency, temperatures=args.temperature,
-                          benchmarks=_benchmarks(args.prompts), servers=_servers(args.server),
-                          progress=progress, force=True)
-        for r in report["results"]:
-            print(f"[eyas] {_result_line(r)}")
-        for x in report["recommendation"]:
-            print(f"[eyas] recommend {x['draft']} {x['benchmark']} T={x['temperature']:g} C={x['concurrency']}: "
-                  f"{x['choice']} (predicted {x['predicted_speedup']:.2f}x)")
-        print(f"[eyas] report: {run_dir / 'report.json'}")
-    else:
-        if args.cmd != "prompts":  # the prompts stage reads the data sources only: no target needed (eyas plan --run)
-            check_target(recipe)
-        prepare_run(recipe, run_dir)
-        shard = {"shard": args.shard} if args.cmd in SHARDED else {}
-        stage_fn(args.cmd)(recipe, run_dir, progress=progress, **shard)
+    RUNNERS.get(args.cmd, _stage)(args, recipe, run_dir, not args.no_progress)
     return 0
+
+
+def _run(args, recipe, run_dir: Path, progress: bool) -> None:
+    from eyas.pipeline import run_all
+
+    times = run_all(recipe, run_dir, progress=progress)
+    print(f"[eyas] run dir: {run_dir}  (report: {run_dir / REPORT_MD})  stage times: {times}")
+
+
+def _eval(args, recipe, run_dir: Path, progress: bool) -> None:
+    from eyas.eval.evaluate import run_eval
+    from eyas.pipeline import check_target, prepare_run
+
+    for t in args.tree or []:
+        _tree_arg(t)
+    if any(k < 1 for k in args.k or []) or any(c < 1 for c in args.concurrency or []) \
+            or any(t < 0 for t in args.temperature or []):
+        raise RecipeError("--k and --concurrency must be >= 1, --temperature >= 0")
+    check_target(recipe)
+    prepare_run(recipe, run_dir, redo=("eval",))
+    report = run_eval(recipe, run_dir, drafts=_pairs(args.draft, "--draft") or None, ks=args.k,
+                      trees=args.tree, concurrency=args.concurrency, temperatures=args.temperature,
+                      benchmarks=_benchmarks(args.prompts), servers=_servers(args.server),
+                      progress=progress, force=True)
+    for r in report["results"]:
+        print(f"[eyas] {_result_line(r)}")
+    for x in report["recommendation"]:
+        print(f"[eyas] recommend {x['draft']} {x['benchmark']} T={x['temperature']:g} C={x['concurrency']}: "
+              f"{x['choice']} (predicted {x['predicted_speedup']:.2f}x)")
+    print(f"[eyas] report: {run_dir / REPORT_JSON}")
+
+
+def _stage(args, recipe, run_dir: Path, progress: bool) -> None:
+    """One stage: prompts, regenerate, capture, vocab or train."""
+    from eyas.pipeline import check_target, prepare_run
+
+    if args.cmd != "prompts":  # the prompts stage reads the data sources only: no target needed (eyas plan --run)
+        check_target(recipe)
+    prepare_run(recipe, run_dir)
+    shard = {"shard": args.shard} if args.cmd in SHARDED else {}
+    stage_fn(args.cmd)(recipe, run_dir, progress=progress, **shard)
+
+
+RUNNERS = {"run": _run, "eval": _eval}  # any other command is one stage (_stage)
 
 
 def _delegate(cmd: str, argv: list[str]) -> int:
