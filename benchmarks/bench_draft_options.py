@@ -26,7 +26,7 @@ from pathlib import Path
 
 from eyas import layout
 from eyas.pipeline import run_all
-from eyas.recipes.schema import load_recipe
+from eyas.recipes.load import load_recipe
 
 SHARED = ("prompts", "regenerate", "capture", "vocab")
 OPTIONS = {

@@ -23,7 +23,7 @@ from pathlib import Path
 from eyas import layout
 from eyas.data.compact import bytes_per_token
 from eyas.pipeline import run_all
-from eyas.recipes.schema import load_recipe
+from eyas.recipes.load import load_recipe
 
 GPT_OSS_120B = {"n_aux": 3, "hidden": 2880}
 

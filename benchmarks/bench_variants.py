@@ -34,7 +34,7 @@ from pathlib import Path
 from eyas import io, layout
 from eyas.demo_target.corpus import generate_samples
 from eyas.pipeline import run_all
-from eyas.recipes.schema import load_recipe
+from eyas.recipes.load import load_recipe
 
 LONG_TRAIN, LONG_EVAL, NOTES = 100, 32, 36
 VARIANTS = {

@@ -15,7 +15,8 @@ from pathlib import Path
 import yaml
 
 from eyas import io, layout
-from eyas.recipes.schema import Recipe, RecipeError, check_against_target, dump_recipe, load_recipe
+from eyas.recipes.load import check_against_target, dump_recipe, load_recipe
+from eyas.recipes.schema import Recipe, RecipeError
 from eyas.stages import SHARDED, STAGE_KEYS, STAGE_ORDER, stage_fn
 
 def check_target(recipe: Recipe) -> list[int]:

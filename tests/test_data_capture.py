@@ -17,7 +17,7 @@ from eyas.data.regenerate import loss_mask, read_sequences, run_regenerate
 from eyas.data.shards import ShardDataset
 from eyas.train.packing import collate_rows
 from eyas.data.target import load_target, tapped
-from eyas.recipes.schema import load_recipe
+from eyas.recipes.load import load_recipe
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 N_LAYERS = 6

@@ -9,7 +9,8 @@ from eyas.data.prompts import (DataFormatError, load_conversations, prompt_messa
                                record_to_conversation, run_prompts, user_turns)
 from eyas.errors import InputError
 from eyas.layout import read_done
-from eyas.recipes.schema import RecipeError, load_recipe
+from eyas.recipes.load import load_recipe
+from eyas.recipes.schema import RecipeError
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason=f"{SHARED} not present")

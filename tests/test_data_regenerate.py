@@ -9,7 +9,7 @@ from eyas.data.prompts import read_prompts, run_prompts
 from eyas.data.chat import cut_at_eos, render_prompt
 from eyas.data.regenerate import loss_mask, read_sequences, run_regenerate
 from eyas.data.target import load_target
-from eyas.recipes.schema import load_recipe
+from eyas.recipes.load import load_recipe
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

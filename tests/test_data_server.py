@@ -14,7 +14,7 @@ from serve_process import eyas_serve, free_port
 from eyas.data.prompts import run_prompts
 from eyas.data.regenerate import read_sequences, run_regenerate
 from eyas.layout import read_done
-from eyas.recipes.schema import load_recipe
+from eyas.recipes.load import load_recipe
 
 BASE = ["target.dtype=float32", "target.device=cpu", "data.num_prompts=10", "data.num_eval_prompts=2",
         "data.max_new_tokens=24", "data.batch_size=2"]

@@ -20,7 +20,8 @@ from eyas.data.sharding import Shard, balanced_ranges, current_shard, parse_shar
 from eyas.data.shards import ShardDataset, read_index
 from eyas.layout import is_done, read_done
 from eyas.pipeline import prepare_run
-from eyas.recipes.schema import RecipeError, load_recipe
+from eyas.recipes.load import load_recipe
+from eyas.recipes.schema import RecipeError
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # as the torchrun ranks (OMP_NUM_THREADS=1): same sums
 

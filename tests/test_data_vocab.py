@@ -9,7 +9,8 @@ from safetensors.torch import load_file
 from data_fixtures import make_tiny_target
 from eyas.data.vocab import build_vocab, count_tokens, run_vocab
 from eyas.layout import mark_done
-from eyas.recipes.schema import RecipeError, load_recipe
+from eyas.recipes.load import load_recipe
+from eyas.recipes.schema import RecipeError
 
 
 def check_mapping(d2t, t2d):

@@ -34,7 +34,7 @@ from safetensors.torch import load_file
 
 from eyas import layout
 from eyas.pipeline import run_all
-from eyas.recipes.schema import load_recipe
+from eyas.recipes.load import load_recipe
 
 from data_fixtures import make_tiny_target, tiny_recipe, write_prompts
 

@@ -22,7 +22,7 @@ from safetensors.torch import load_file
 from eyas import io, layout
 from eyas.cli import main
 from eyas.pipeline import run_all
-from eyas.recipes.schema import load_recipe
+from eyas.recipes.load import load_recipe
 
 from data_fixtures import make_tiny_target, tiny_recipe, write_prompts
 from test_export_support import fabricate_run, make_draft, tiny_target

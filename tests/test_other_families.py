@@ -12,7 +12,7 @@ from eyas import layout
 from eyas.data.regenerate import read_sequences
 from eyas.data.target import load_head_weights, load_target
 from eyas.pipeline import run_all
-from eyas.recipes.schema import load_recipe
+from eyas.recipes.load import load_recipe
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

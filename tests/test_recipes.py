@@ -3,8 +3,8 @@
 import pytest
 import yaml
 
-from eyas.recipes.schema import (PromptSource, Recipe, RecipeError, check_against_target, default_aux_layer_ids,
-                                 dump_recipe, load_recipe, parse_overrides)
+from eyas.recipes.load import check_against_target, default_aux_layer_ids, dump_recipe, load_recipe, parse_overrides
+from eyas.recipes.schema import PromptSource, Recipe, RecipeError
 
 
 def test_demo_recipe_loads():

@@ -180,7 +180,7 @@ def test_eval_reads_acceptance_from_the_server(demo, server, tmp_path, capsys):
     """`eyas eval RUN --server URL`: the built-in loop and the server (the same draft, k and prompts)
     sit side by side; the server's Prometheus counters give the acceptance the loop measured."""
     from eyas.cli import main
-    from eyas.recipes.schema import dump_recipe, load_recipe
+    from eyas.recipes.load import dump_recipe, load_recipe
 
     _, _, _, root = demo
     run = tmp_path / "run"

@@ -11,7 +11,7 @@ from test_data_capture import IDS, N_LAYERS, fresh_run, recipe, regen_run, shard
 from eyas.data.capture import run_capture
 from eyas.data.regenerate import read_sequences, run_regenerate
 from eyas.data.target import load_target
-from eyas.recipes.schema import load_recipe
+from eyas.recipes.load import load_recipe
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

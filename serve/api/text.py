@@ -1,6 +1,7 @@
-"""From emitted token ids to response text: incremental detokenization, and for harmony targets
-(gpt-oss) the split of the output into its `analysis` channel (`reasoning_content`) and its
-`final` channel (`content`), as vLLM's harmony parser returns them.
+"""From emitted token ids to response text: incremental detokenization (TextStream), a completion's
+text (PlainText), and for chats with harmony targets (gpt-oss) the split of the output into its
+`analysis` channel (`reasoning_content`) and its `final` channel (`content`), as vLLM's harmony
+parser returns them (ChatText). PlainText and ChatText both turn ids into (reasoning, content) deltas.
 
 Token ids are what the server returns exactly (`token_ids`); the text is derived from them.
 """
@@ -39,6 +40,19 @@ class TextStream:
         return after[len(before):]
 
 
+class PlainText:
+    """Token ids -> ("", text delta): a completion's text, with ChatText's interface (no reasoning)."""
+
+    def __init__(self, tokenizer, skip_special_tokens: bool = True):
+        self.stream = TextStream(tokenizer, skip_special_tokens)
+
+    def push(self, ids: list[int]) -> tuple[str, str]:
+        return "", self.stream.push(ids)
+
+    def flush(self) -> tuple[str, str]:
+        return "", self.stream.flush()
+
+
 def is_harmony(tokenizer) -> bool:
     vocab = tokenizer.get_vocab()
     return all(t in vocab for t in HARMONY[:4])
@@ -53,7 +67,8 @@ class ChatText:
     def __init__(self, tokenizer, skip_special_tokens: bool = True):
         self.tok = tokenizer
         self.harmony = is_harmony(tokenizer)
-        self.streams = {"reasoning": TextStream(tokenizer, True), "content": TextStream(tokenizer, skip_special_tokens)}
+        self.streams = {"reasoning": TextStream(tokenizer, True),
+                        "content": TextStream(tokenizer, skip_special_tokens)}
         if self.harmony:
             vocab = tokenizer.get_vocab()
             self.special = {vocab[t]: t for t in HARMONY if t in vocab}

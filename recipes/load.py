@@ -1,0 +1,172 @@
+"""Reading a recipe: a YAML file, a shipped recipe's name or a dict, with dotted overrides, into the models of
+recipes/schema.py; pydantic's errors worded as one line naming the dotted key, as eyas has always worded
+them; and the checks that need the target's config.json (its layer count and vocabulary).
+"""
+
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from eyas.recipes.schema import Recipe, RecipeError, check
+from eyas.recipes.types import inner_model
+
+# ------------------------------------------------------------------ pydantic's errors, in our words
+
+_SAYS = {
+    "int_type": "expected an integer",
+    "float_type": "expected a number",
+    "list_type": "expected a list",
+    "bool_type": "expected true or false",
+    "string_type": "expected a string",
+    "dict_type": "expected a mapping",
+    "model_type": "expected a mapping",
+    "literal_error": "expected a string",
+    "missing": "required (no default)",
+    # range errors that say more than the bounds do
+    "data.max_turns": "must be >= 1 (1: only the first user turn) or null (all), got {v}",
+    "data.prompts.weight": "must be > 0, got {v}",
+    "capture.teacher_topk": "must be >= 1, got {v}",
+    "draft.num_layers": "must be >= 1, got {v}",
+    "eval.k": "must be >= 1, got {v}",
+    "train.val_every": "must be >= 0 (0: validate only at the end)",
+    "eval.top_k": "must be -1 or 0 (off) or >= 1",
+}
+
+
+def _owner(loc: tuple) -> type[BaseModel]:
+    """The model holding the last key of an error's location (list indices and union tags skipped)."""
+    cls = Recipe
+    for part in loc[:-1]:
+        cls = inner_model(cls.model_fields[part].annotation) if part in cls.model_fields else cls
+    return cls
+
+
+def _range(e: dict, key: str) -> str:
+    """`must be >= 1`, `must be in (0, 1]`: the field's bounds, unless _SAYS has more to say for its key."""
+    b = {
+        k: getattr(c, k)
+        for c in _owner(e["loc"]).model_fields[e["loc"][-1]].metadata
+        for k in ("gt", "ge", "lt", "le")
+        if hasattr(c, k)
+    }
+    lo, hi = "gt" if "gt" in b else "ge", "lt" if "lt" in b else "le"
+    says = (
+        f"must be {'>' if lo == 'gt' else '>='} {b[lo]:g}"
+        if hi not in b
+        else f"must be in {'(' if lo == 'gt' else '['}{b[lo]:g}, {b[hi]:g}{']' if hi == 'le' else ')'}"
+    )
+    v = e["input"]
+    v = float(v) if any(isinstance(x, float) for x in e["ctx"].values()) else v  # a float field's 0 is 0.0
+    return _SAYS.get(re.sub(r"\[\d+\]", "", key), says).format(v=v)
+
+
+def _message(e: dict) -> tuple[int, str]:
+    """(phase, line) for one pydantic error; phase 0 (structure and types) is reported before 1 (values)."""
+    kind, loc, v, ctx = e["type"], e["loc"], e["input"], e.get("ctx", {})
+    key = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc if not str(p).startswith("|"))
+    key = key[1:] or "recipe"
+    if kind == "value_error" and isinstance(ctx["error"], RecipeError):  # a model_validator's, key and all
+        return 1, str(ctx["error"])
+    if kind == "literal_error" and isinstance(v, str):
+        return 1, f"{key}: must be {ctx['expected'].replace(chr(39), '')}, got {v!r}"
+    if kind == "extra_forbidden":
+        return 0, f"{key}: unknown key (known: {', '.join(sorted(_owner(loc).model_fields))})"
+    if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
+        return 1, f"{key}: {_range(e, key)}"
+    item = kind == "model_type" and loc and isinstance(loc[-1], int)  # a list item: say what it holds
+    what = f" ({', '.join(_owner(loc + ('',)).model_fields)})" if item else ""
+    return 0, f"{key}: {_SAYS.get(kind, e['msg'])}{what}" + ("" if kind == "missing" else f", got {v!r}")
+
+
+def _recipe_error(err: ValidationError) -> RecipeError:
+    """The error the hand-written checker reported first: a type before a value, and an unknown key before
+    anything inside the mapping that holds it."""
+    found = [(*_message(e), e["loc"]) for e in err.errors()]
+    first = min(found, key=lambda f: f[0])
+    outer = [f for f in found if "unknown key" in f[1] and f[2][:-1] == first[2][: len(f[2]) - 1]]
+    return RecipeError(min(outer, key=lambda f: len(f[2]), default=first)[1])
+
+
+# ------------------------------------------------------------------ reading
+
+
+def parse_overrides(pairs: list[str]) -> dict[str, Any]:
+    """`train.lr=3e-4 eval.k=5` -> nested dict; values are parsed as YAML scalars/lists."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        check("=" in pair, f"override {pair!r}", "expected key.sub=value")
+        key, value = pair.split("=", 1)
+        node, parts = out, key.split(".")
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+            check(isinstance(node, dict), f"override {key}", f"{p} is not a section")
+        node[parts[-1]] = yaml.safe_load(value) if value != "" else None
+    return out
+
+
+def _merge(base: dict, over: dict) -> dict:
+    merged = dict(base)
+    for k, v in over.items():
+        merged[k] = _merge(merged[k], v) if isinstance(v, dict) and isinstance(merged.get(k), dict) else v
+    return merged
+
+
+def builtin_recipe_path(name: str) -> Path | None:
+    """`demo` or `demo.yaml` -> the recipe shipped inside eyas.recipes."""
+    p = Path(__file__).parent / (name if name.endswith(".yaml") else f"{name}.yaml")
+    return p if p.is_file() else None
+
+
+def load_recipe(source: str | Path | dict | None, overrides: list[str] | None = None) -> Recipe:
+    """Read a recipe file (or a shipped recipe name, or a dict), apply dotted overrides, validate."""
+    raw = source or {}
+    if source is not None and not isinstance(source, dict):
+        path = Path(source) if Path(source).is_file() else builtin_recipe_path(str(source))
+        check(path, f"recipe {source}", "no such file")
+        try:
+            raw = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise RecipeError(f"recipe {path}: not valid YAML: {e}") from e
+    try:
+        return Recipe.model_validate(_merge(raw, parse_overrides(overrides or [])))
+    except ValidationError as e:
+        raise _recipe_error(e) from None
+
+
+def dump_recipe(r: Recipe) -> str:
+    return yaml.safe_dump(r.to_dict(), sort_keys=False)
+
+
+# ------------------------------------------------------------------ against the target
+
+
+def default_aux_layer_ids(num_layers: int) -> list[int]:
+    """vLLM's default EAGLE-3 aux layers: inputs of layers [2, N//2, N-3]; for tiny targets three distinct
+    ids where possible (vLLM and SGLang build fc for exactly 3), never 0 (engines count from layer 0's
+    output)."""
+    if num_layers >= 6:
+        return [2, num_layers // 2, num_layers - 3]
+    return sorted({min(i, num_layers - 1) for i in (1, max(num_layers // 2, 1), num_layers - 1)})
+
+
+def check_against_target(r: Recipe, num_layers: int, vocab_size: int) -> list[int]:
+    """Checks that need the target config; returns the resolved aux layer ids (vLLM convention: id k is the
+    input of decoder layer k, id N the last layer's output before the final norm)."""
+    ids = r.capture.aux_layer_ids
+    ids = default_aux_layer_ids(num_layers) if ids is None else ids
+    convention = (
+        f"vLLM convention: id k is the input of decoder layer k, id {num_layers} the output of the last "
+        f"layer before the final norm: ids run 0..{num_layers}"
+    )
+    for i in ids:
+        check(
+            i <= num_layers,
+            "capture.aux_layer_ids",
+            f"layer id {i} > the target's {num_layers} layers ({convention})",
+        )
+    v = r.vocab.draft_vocab_size
+    check(v <= vocab_size, "vocab.draft_vocab_size", f"{v} > the target's vocab size {vocab_size}")
+    return list(ids)
