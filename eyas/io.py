@@ -108,6 +108,12 @@ def read_json(path: str | Path) -> Any:
     return json.loads(Path(path).read_text())
 
 
+def previous_dir(path: str | Path) -> Path:
+    """Where `atomic_dir` keeps the directory it replaces until the new one is in place."""
+    path = Path(path)
+    return path.with_name(f".{path.name}.old")
+
+
 @contextmanager
 def atomic_dir(path: str | Path) -> Iterator[Path]:
     """Yield a temporary directory next to `path`; on success it replaces `path` (an existing
@@ -120,7 +126,7 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
     try:
         yield tmp
         if path.exists():
-            old = path.with_name(f".{path.name}.old")
+            old = previous_dir(path)
             shutil.rmtree(old, ignore_errors=True)
             os.replace(path, old)
             os.replace(tmp, path)

@@ -5,19 +5,25 @@ linear warmup + cosine decay, gradient clipping, bf16 autocast where the device 
 Inputs: RUN/capture (shards of aux states + the teacher, vLLM layer ids; or, with `capture.mode:
 online`, no shards: the target runs here, train/online.py), RUN/vocab (d2t, t2d).
 Outputs: RUN/train/log.jsonl (per-step TTT metrics, and validation lines {"step", "val"}),
-RUN/train/curves.png, RUN/train/state/ (optimizer, scheduler, RNG and step, for resuming),
+RUN/train/curves.png, RUN/train/state/ (optimizer, scheduler, RNG and step, for resuming: train/state.py),
 RUN/train/checkpoint-final/ (the draft, EAGLE-3 format); `train.report_to` also sends the
 metrics to wandb / tensorboard / trackio through accelerate's trackers.
+
+`run_train`: `setup` (the Accelerator, the draft, the data, the prepared module and optimizer), `resume`
+(the saved state), `train_steps` (the step loop: SIGINT / SIGTERM save the state and stop), `finish` (the
+last validation, the gathered weights, checkpoint-final and DONE.json).
 """
 
 from __future__ import annotations
 
 import json
 import math
-import shutil
 import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors.torch import load_file
@@ -32,8 +38,17 @@ from .distributed import accelerator_kwargs, check_deepspeed, configure_fsdp2, f
 from .model import DraftConfig, Eagle3Draft
 from .packing import PackedRows, collate_rows, plan_rows
 from .schedule import MicroBatches, epoch_micro_batches, evaluation_micro_batches, updates_per_epoch
-from .ttt import TTTModule, model_inputs, simulated_tau
+from .state import load_latest, save_state, sum_over_processes
+from .ttt import TTTModule, TTTOutput, model_inputs, simulated_tau
 from .validation import split_validation, validate
+
+if TYPE_CHECKING:
+    from accelerate import Accelerator
+    from torch.utils.data import DataLoader
+
+    from eyas.recipes.schema import TrainSection
+
+    from .online import OnlineTarget
 
 
 def draft_config(recipe: Recipe, tcfg, aux_layer_ids: list[int], draft_vocab_size: int) -> DraftConfig:
@@ -113,11 +128,15 @@ def step_metrics(outs: list) -> dict:
     if not outs:
         return {"loss": 0.0, "acc": [], "cond_acc": [], "step_loss": [], "simulated_acceptance": 1.0}
     steps = len(outs[0].step_count)
-    tot = lambda f: [sum(getattr(o, f)[j] for o in outs) for j in range(steps)]  # noqa: E731
+
+    def tot(name: str) -> list[float]:  # the field summed over the micro-batches, per TTT step
+        return [sum(getattr(o, name)[j] for o in outs) for j in range(steps)]
+
     n, right, base, cond = tot("step_count"), tot("step_right"), tot("step_cond_base"), tot("step_cond_right")
     cond_acc = [c / max(b, 1) for c, b in zip(cond, base)]
-    return {"loss": sum(float(o.loss.detach()) for o in outs) / len(outs), "acc": [r / max(c, 1) for r, c in zip(right, n)],
-            "cond_acc": cond_acc, "step_loss": [x / len(outs) for x in tot("step_loss")],
+    return {"loss": sum(float(o.loss.detach()) for o in outs) / len(outs),
+            "acc": [r / max(c, 1) for r, c in zip(right, n)], "cond_acc": cond_acc,
+            "step_loss": [x / len(outs) for x in tot("step_loss")],
             "simulated_acceptance": simulated_tau(cond_acc)[-1] if cond_acc else 1.0}
 
 
@@ -127,8 +146,9 @@ def compile_math(setting: str, acc: Accelerator) -> bool:
     plugin = acc.state.deepspeed_plugin
     zero3 = plugin is not None and plugin.zero_stage == 3
     if setting == "on" and zero3:
-        raise ValueError("train.compile: on does not work under DeepSpeed ZeRO-3 (it gathers each submodule's "
-                         "weights in hooks a compiled graph skips); use auto or off, or FSDP2 (fsdp2.yaml)")
+        raise ValueError("train.compile: on does not work under DeepSpeed ZeRO-3 (it gathers each "
+                         "submodule's weights in hooks a compiled graph skips); use auto or off, or FSDP2 "
+                         "(fsdp2.yaml)")
     return setting == "on" or (setting == "auto" and acc.device.type == "cuda" and not zero3)
 
 
@@ -138,20 +158,71 @@ def mixed_precision(setting: str) -> str:
     return "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
 
 
+@dataclass
+class TrainData:
+    """The captured sequences as this process's training micro-batches and validation batches."""
+
+    dataset: PackedRows  # the training rows (sequences packed up to train.max_length)
+    collate: Callable[[list[dict]], dict[str, torch.Tensor]]
+    on_device: Callable[[dict], dict]  # a collated batch onto the device (online: the target's states added)
+    val_ids: list[int]  # the held-out sequences
+    val_batches: Callable[[], Iterator[dict]]  # this process's validation batches, on the device
+    per_epoch: int  # optimizer steps per epoch
+
+
+@dataclass
+class Training:
+    """A training run: what `setup` made, and how far the step loop has come."""
+
+    recipe: Recipe
+    acc: Accelerator
+    module: torch.nn.Module  # the TTTModule, prepared (DDP / FSDP2 / DeepSpeed wrap it)
+    opt: torch.optim.Optimizer  # prepared
+    sched: torch.optim.lr_scheduler.LambdaLR  # stepped by us, once per optimizer step
+    params: list[torch.nn.Parameter]  # the trainable ones, as prepared (FSDP2: sharded DTensors)
+    draft_config: DraftConfig
+    trainable: int  # trainable parameters, counted before prepare (ZeRO-3 partitions them)
+    data: TrainData
+    total: int  # optimizer steps
+    out_dir: Path  # RUN/train
+    step: int = 0  # optimizer steps done
+    tokens: int = 0  # trained on by this process (the main process also carries a resumed state's count)
+    last: dict = field(default_factory=dict)  # the last step's log entry
+
+    @property
+    def log_path(self) -> Path:
+        return self.out_dir / "log.jsonl"
+
+    @property
+    def state_dir(self) -> Path:
+        return self.out_dir / "state"
+
+
 def run_train(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> dict:
     """Train on this process's share of every global batch (train/schedule.py); under torchrun or
     `accelerate launch` every process runs this, and only the main process writes shared files."""
-    from accelerate import Accelerator
-    from accelerate.utils import DistributedDataParallelKwargs, set_seed
-    from torch.utils.data import DataLoader
-
-    from eyas.data.shards import ShardDataset, read_index
-    from eyas.data.target import load_head_weights
-
     run_dir = Path(run_dir)
     if layout.is_done(run_dir, "train"):
         return layout.read_done(run_dir, "train")
     t_start = time.perf_counter()
+    t = setup(recipe, run_dir)
+    resume(t)
+    wandb = {"wandb": {"dir": str(t.out_dir)}} if recipe.train.report_to == "wandb" else {}
+    t.acc.init_trackers(recipe.name, config=flat_config(recipe.to_dict()), init_kwargs=wandb)
+    train_steps(t, progress)
+    return finish(t, run_dir, t_start)
+
+
+# ---------------------------------------------------------------- setup
+
+def setup(recipe: Recipe, run_dir: Path) -> Training:
+    """Everything training needs, in the order it must be made: the target's heads and (online) the target
+    before the Accelerator, the seeded draft, the data, then the prepared module and optimizer."""
+    from accelerate.utils import set_seed
+
+    from eyas.data.shards import read_index
+    from eyas.data.target import load_head_weights
+
     tr = recipe.train
     out_dir = layout.stage_dir(run_dir, "train")
     # the target's embedding and lm_head, read once (2 x 1.2 GB for gpt-oss-120b); before the
@@ -159,25 +230,12 @@ def run_train(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> dic
     # that names the tensors) partitioned
     heads = load_head_weights(recipe.target.model, recipe.target.trust_remote_code)
     state = process_state()
-    online = None
     index = read_index(run_dir / "capture")
-    if index.get("mode") == "online":  # the target runs here (train/online.py); loaded before the Accelerator too
-        from .online import OnlineTarget, RegeneratedSequences
-
-        t = recipe.target
-        online = OnlineTarget(t.model, t.dtype, state.device, index["aux_layer_ids"], recipe.capture.dtype,
-                              recipe.capture.batch_size, t.trust_remote_code)
-    kwargs = accelerator_kwargs(tr.grad_accum, tr.grad_clip)
-    # the buffers (the target's lm_head, 2.3 GB at gpt-oss size; the vocab maps) never change: DDP must
-    # not re-send them from rank 0 before every forward
-    kwargs["kwargs_handlers"].append(DistributedDataParallelKwargs(broadcast_buffers=False))
-    acc = Accelerator(mixed_precision=mixed_precision(tr.mixed_precision), project_dir=str(out_dir),
-                      log_with=None if tr.report_to == "none" else tr.report_to, **kwargs)
-    if acc.state.deepspeed_plugin is not None:  # rows per micro-batch: the loader is ours, not prepared
-        check_deepspeed(acc, tr.grad_accum)
-        acc.state.deepspeed_plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = tr.batch_size
+    online = None
+    if index.get("mode") == "online":  # the target runs here; loaded before the Accelerator too
+        online = online_target(recipe, index["aux_layer_ids"], state.device)
+    acc = make_accelerator(tr, out_dir)
     set_seed(tr.seed)
-    world, rank = acc.num_processes, acc.process_index
 
     draft = build_draft(recipe, run_dir, heads["embed"])
     trainable = draft.num_parameters()  # before prepare: ZeRO-3 partitions them
@@ -188,11 +246,57 @@ def run_train(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> dic
     module = TTTModule(draft, lm_head, tr.ttt_steps, tr.decay, tr.attention, tr.checkpoint_layer, tr.loss)
     if acc.is_fsdp2:
         configure_fsdp2(acc, draft)
+    data = training_data(tr, run_dir, online, acc)
+    total = tr.max_steps or max(1, math.ceil(tr.epochs * data.per_epoch))
+    module, opt, sched, params = prepare(tr, acc, module, total)
+    return Training(recipe, acc, module, opt, sched, params, draft.config, trainable, data, total, out_dir)
+
+
+def online_target(recipe: Recipe, aux_layer_ids: list[int], device: torch.device) -> OnlineTarget:
+    """`capture.mode: online`: the target (train/online.py's OnlineTarget), which adds its states to
+    each micro-batch as capture would have stored them."""
+    from .online import OnlineTarget
+
+    t = recipe.target
+    c = recipe.capture
+    return OnlineTarget(t.model, t.dtype, device, aux_layer_ids, c.dtype, c.batch_size, t.trust_remote_code)
+
+
+def make_accelerator(tr: TrainSection, out_dir: Path) -> Accelerator:
+    """The Accelerator for the launcher's choice (train/distributed.py) with the recipe's precision,
+    accumulation, clipping, micro-batch rows and trackers."""
+    from accelerate import Accelerator
+    from accelerate.utils import DistributedDataParallelKwargs
+
+    kwargs = accelerator_kwargs(tr.grad_accum, tr.grad_clip)
+    # the buffers (the target's lm_head, 2.3 GB at gpt-oss size; the vocab maps) never change: DDP must
+    # not re-send them from rank 0 before every forward
+    kwargs["kwargs_handlers"].append(DistributedDataParallelKwargs(broadcast_buffers=False))
+    acc = Accelerator(mixed_precision=mixed_precision(tr.mixed_precision), project_dir=str(out_dir),
+                      log_with=None if tr.report_to == "none" else tr.report_to, **kwargs)
+    if acc.state.deepspeed_plugin is not None:  # rows per micro-batch: the loader is ours, not prepared
+        check_deepspeed(acc, tr.grad_accum)
+        acc.state.deepspeed_plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = tr.batch_size
+    return acc
+
+
+def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    """A collated batch from the stored shards onto the device."""
+    return {k: v.to(device) for k, v in batch.items()}
+
+
+def training_data(tr: TrainSection, run_dir: Path, online: OnlineTarget | None,
+                  acc: Accelerator) -> TrainData:
+    """The stored sequences (or, `online`, the regenerated ones the target runs over), split into training
+    rows (packed) and held-out validation sequences, dealt to this process."""
+    from eyas.data.shards import ShardDataset
+
     if online is not None:
+        from .online import RegeneratedSequences
+
         sequences, on_device = RegeneratedSequences(run_dir), online
     else:
-        sequences = ShardDataset(run_dir / "capture")
-        on_device = lambda batch: {k: v.to(acc.device) for k, v in batch.items()}  # noqa: E731
+        sequences, on_device = ShardDataset(run_dir / "capture"), partial(to_device, device=acc.device)
     train_ids, val_ids = split_validation(len(sequences), tr.val_fraction, tr.seed)
     rows = plan_rows([sequences.lengths[i] for i in train_ids], tr.max_length, tr.pack, tr.seed)
     dataset = PackedRows(sequences, [[train_ids[i] for i in row] for row in rows])
@@ -200,156 +304,193 @@ def run_train(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> dic
     # validation batches dealt to ranks like training's, padded so every rank runs as many forwards
     # (a wrapped module's forward may hold collectives: a rank with one batch fewer would hang the rest)
     val_rows = PackedRows(sequences, [[i] for i in val_ids])
-    val_lists = evaluation_micro_batches(len(val_ids), tr.batch_size, world, rank)
-    val_batches = lambda: map(on_device, MicroBatches(val_rows, val_lists, collate))  # noqa: E731
-    per_epoch = updates_per_epoch(len(dataset), tr.batch_size, tr.grad_accum, world)  # optimizer steps
-    total = tr.max_steps or max(1, math.ceil(tr.epochs * per_epoch))
+    val_lists = evaluation_micro_batches(len(val_ids), tr.batch_size, acc.num_processes, acc.process_index)
+
+    def val_batches() -> Iterator[dict]:
+        return map(on_device, MicroBatches(val_rows, val_lists, collate))
+
+    per_epoch = updates_per_epoch(len(dataset), tr.batch_size, tr.grad_accum, acc.num_processes)
+    return TrainData(dataset, collate, on_device, val_ids, val_batches, per_epoch)
+
+
+def prepare(tr: TrainSection, acc: Accelerator, module: TTTModule, total: int
+            ) -> tuple[torch.nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR, list]:
+    """AdamW and the warmup + cosine schedule over `total` optimizer steps; the module and the optimizer
+    prepared by accelerate, the schedule registered with it for the saved state -> (module, opt, sched,
+    the prepared trainable parameters)."""
     params = [p for p in module.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=tr.lr, weight_decay=tr.weight_decay, betas=(0.9, 0.95),
                             fused=acc.device.type == "cuda")  # one kernel per step on GPUs
     # stepped once per optimizer step by us: accelerate's prepared scheduler would step it once per process
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(total, int(tr.warmup_ratio * total), tr.min_lr_ratio))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(total, int(tr.warmup_ratio * total),
+                                                             tr.min_lr_ratio))
     module, opt = acc.prepare(module, opt)
     params = [p for p in module.parameters() if p.requires_grad]  # FSDP2 replaced them (sharded DTensors)
     if acc.gradient_accumulation_steps != tr.grad_accum:
-        raise ValueError(f"accelerate accumulates {acc.gradient_accumulation_steps} micro-batches per step, the "
-                         f"recipe train.grad_accum={tr.grad_accum}: the launcher's config must not set its own")
+        raise ValueError(f"accelerate accumulates {acc.gradient_accumulation_steps} micro-batches per step, "
+                         f"the recipe train.grad_accum={tr.grad_accum}: the launcher's config must not set "
+                         "its own")
     acc.register_for_checkpointing(sched)
+    return module, opt, sched, params
 
-    state_dir, log_path = out_dir / "state", out_dir / "log.jsonl"
-    step, tokens = 0, 0
-    if not (state_dir / "step.json").is_file() and (out_dir / "state.old" / "step.json").is_file():
-        state_dir = out_dir / "state.old"  # killed between the two renames of save_state
-    if (state_dir / "step.json").is_file():  # resume
-        acc.load_state(str(state_dir))
-        saved = json.loads((state_dir / "step.json").read_text())
-        step = saved["step"]
-        tokens = saved.get("tokens", 0) if acc.is_main_process else 0  # the count over all ranks, carried by one
-        acc.print(f"[train] resuming at step {step}/{total}")
-        if acc.is_main_process and log_path.is_file():  # drop lines of steps after the save: they are redone
-            kept = [x for x in log_path.read_text().splitlines() if x.strip() and json.loads(x)["step"] <= step]
-            io.write_text(log_path, "".join(x + "\n" for x in kept))
-    state_dir = out_dir / "state"
 
-    def tokens_seen() -> int:  # over all ranks (a collective)
-        return int(acc.reduce(torch.tensor(tokens, device=acc.device), reduction="sum"))
+def resume(t: Training) -> None:
+    """Continue from the saved state if there is one (train/state.py): its step and tokens, and in `t.acc`
+    the weights, optimizer, schedule and RNG; the log loses the lines of later steps (they are redone)."""
+    saved = load_latest(t.acc, t.state_dir)
+    if saved is None:
+        return
+    t.step, t.tokens = saved
+    t.acc.print(f"[train] resuming at step {t.step}/{t.total}")
+    if t.acc.is_main_process and t.log_path.is_file():
+        lines = t.log_path.read_text().splitlines()
+        kept = [x for x in lines if x.strip() and json.loads(x)["step"] <= t.step]
+        io.write_text(t.log_path, "".join(x + "\n" for x in kept))
 
-    def save_state():
-        """Every process writes its part (sharded optimizer state under FSDP / DeepSpeed) into a
-        temporary directory; the main process renames it into place once all have finished."""
-        tmp = out_dir / "state.tmp"
-        if acc.is_main_process:
-            shutil.rmtree(tmp, ignore_errors=True)
-        acc.wait_for_everyone()
-        try:
-            acc.save_state(str(tmp))
-        except Exception as e:
-            full = io.disk_full(e, out_dir, tmp)
-            if full:  # the last complete state stays; the partial one goes
-                shutil.rmtree(tmp, ignore_errors=True)
-                raise full from e
-            raise
-        seen = tokens_seen()
-        if acc.is_main_process:
-            (tmp / "step.json").write_text(json.dumps({"step": step, "tokens": seen}))
-            old = out_dir / "state.old"
-            shutil.rmtree(old, ignore_errors=True)
-            if state_dir.exists():
-                state_dir.rename(old)  # a kill from here on resumes from state.old
-            tmp.rename(state_dir)
-            shutil.rmtree(old, ignore_errors=True)
-        acc.wait_for_everyone()
 
-    acc.init_trackers(recipe.name, config=flat_config(recipe.to_dict()),
-                      init_kwargs={"wandb": {"dir": str(out_dir)}} if tr.report_to == "wandb" else {})
+# ---------------------------------------------------------------- the step loop
 
-    def run_validation() -> dict | None:
-        if not val_ids:
-            return None
-        val = validate(module, val_batches(), acc, tr.ttt_steps)
-        if acc.is_main_process:
-            with open(log_path, "a") as f:
-                f.write(json.dumps({"step": step, "val": val}) + "\n")
-        acc.log(tracker_metrics(val, "val"), step=step)
-        return val
-
-    def any_process(flag: bool) -> bool:  # a collective, once per optimizer step
-        return bool(acc.reduce(torch.tensor(int(flag), device=acc.device), reduction="sum") > 0)
-
-    bar = tqdm(total=total, initial=step, desc="train (TTT)", disable=not (progress and acc.is_main_process))
-    epoch, last = step // per_epoch, {}
-    step_outs = []  # this optimizer step's TTT outputs (its micro-batches that are not empty fillers)
-    skip = (step % per_epoch) * tr.grad_accum  # this rank's micro-batches of the resumed epoch already trained on
-    with StopRequest() as stop:  # SIGINT / SIGTERM: finish the step, save the state, exit (eyas/interrupts.py)
-        module.train()
-        while step < total:
-            batches = epoch_micro_batches(len(dataset), tr.batch_size, tr.grad_accum, world, rank, tr.seed,
-                                          epoch)[skip:]
+def train_steps(t: Training, progress: bool) -> None:
+    """Optimizer steps from `t.step` to `t.total`, epoch after epoch (a resumed epoch skips the micro-batches
+    it trained on). SIGINT / SIGTERM: the step is finished, the state saved, Interrupted raised
+    (eyas/interrupts.py)."""
+    tr, acc = t.recipe.train, t.acc
+    bar = tqdm(total=t.total, initial=t.step, desc="train (TTT)",
+               disable=not (progress and acc.is_main_process))
+    epoch = t.step // t.data.per_epoch
+    outs: list[TTTOutput] = []  # this optimizer step's TTT outputs (of its micro-batches but empty fillers)
+    skip = (t.step % t.data.per_epoch) * tr.grad_accum  # this rank's micro-batches of a resumed epoch, done
+    with StopRequest() as stop:
+        t.module.train()
+        while t.step < t.total:
+            loader = epoch_loader(t, epoch, skip)
             skip = 0
-            loader = DataLoader(MicroBatches(dataset, batches, collate), batch_size=None, num_workers=tr.num_workers,
-                                worker_init_fn=ignore_in_worker if tr.num_workers else None)
             for batch in loader:
-                batch = on_device(batch)  # (online: the target's states added)
-                with acc.accumulate(module):
-                    out = module(**model_inputs(batch))
-                    acc.backward(out.loss)
-                    if acc.sync_gradients and tr.grad_clip > 0:
-                        acc.clip_grad_norm_(params, tr.grad_clip)
-                    opt.step()
-                    opt.zero_grad()
+                batch = t.data.on_device(batch)  # (online: the target's states added)
+                out = micro_batch(t, batch)
                 n_tok = int(batch["lengths"].sum())
-                tokens += n_tok
+                t.tokens += n_tok
                 if n_tok:
-                    step_outs.append(out)
+                    outs.append(out)
                 if not acc.sync_gradients:
                     continue
-                sched.step()
-                step += 1
-                bar.update(1)
-                last = {"step": step, "epoch": epoch, "lr": sched.get_last_lr()[0], **step_metrics(step_outs)}
-                step_outs = []
-                if step % tr.log_every == 0 or step == total:
-                    bar.set_postfix(loss=f"{last['loss']:.3f}", acc0=f"{(last['acc'] or [0.0])[0]:.2f}",
-                                    tau_sim=f"{last['simulated_acceptance']:.2f}")
-                    if acc.is_main_process:
-                        with open(log_path, "a") as f:
-                            f.write(json.dumps(last) + "\n")
-                    acc.log({"lr": last["lr"], **tracker_metrics(last, "train")}, step=step)
-                stopping = step < total and stop.agreed(any_process if world > 1 else None)  # SIGINT / SIGTERM
-                if tr.val_every and step % tr.val_every == 0 and step < total and not stopping:
-                    run_validation()
-                if stopping or (tr.save_every and step % tr.save_every == 0 and step < total):
-                    save_state()
-                if stopping:  # this step is kept: a re-run resumes after it
-                    bar.close()
-                    acc.end_training()
-                    raise Interrupted(stop.signum, f"the training state at step {step}/{total} is saved in "
-                                                   f"{state_dir}")
-                if step >= total:
+                end_step(t, epoch, outs, bar, stop)
+                outs = []
+                if t.step >= t.total:
                     break
             epoch += 1
     bar.close()
 
-    val = run_validation()
+
+def epoch_loader(t: Training, epoch: int, skip: int) -> DataLoader:
+    """This process's micro-batches of `epoch` after the first `skip` (torch DataLoader, train.num_workers
+    workers that leave SIGINT / SIGTERM to this process)."""
+    from torch.utils.data import DataLoader
+
+    tr, acc, d = t.recipe.train, t.acc, t.data
+    batches = epoch_micro_batches(len(d.dataset), tr.batch_size, tr.grad_accum, acc.num_processes,
+                                  acc.process_index, tr.seed, epoch)[skip:]
+    return DataLoader(MicroBatches(d.dataset, batches, d.collate), batch_size=None,
+                      num_workers=tr.num_workers, worker_init_fn=ignore_in_worker if tr.num_workers else None)
+
+
+def micro_batch(t: Training, batch: dict[str, torch.Tensor]) -> TTTOutput:
+    """One micro-batch's forward and backward -> its TTTOutput; on the last micro-batch of an optimizer step,
+    the gradients are synced, clipped and stepped."""
+    acc, clip = t.acc, t.recipe.train.grad_clip
+    with acc.accumulate(t.module):
+        out = t.module(**model_inputs(batch))
+        acc.backward(out.loss)
+        if acc.sync_gradients and clip > 0:
+            acc.clip_grad_norm_(t.params, clip)
+        t.opt.step()
+        t.opt.zero_grad()
+    return out
+
+
+def end_step(t: Training, epoch: int, outs: list[TTTOutput], bar: tqdm, stop: StopRequest) -> None:
+    """After an optimizer step (its micro-batches' TTT outputs `outs`): the schedule, the log, then, every
+    process agreeing, validation, a save, or a stop on SIGINT / SIGTERM (Interrupted; the step is kept: a
+    re-run resumes after it)."""
+    tr, acc = t.recipe.train, t.acc
+    t.sched.step()
+    t.step += 1
+    bar.update(1)
+    t.last = {"step": t.step, "epoch": epoch, "lr": t.sched.get_last_lr()[0], **step_metrics(outs)}
+    if t.step % tr.log_every == 0 or t.step == t.total:
+        log_step(t, bar)
+    everyone = partial(any_process, acc) if acc.num_processes > 1 else None
+    stopping = t.step < t.total and stop.agreed(everyone)
+    if tr.val_every and t.step % tr.val_every == 0 and t.step < t.total and not stopping:
+        run_validation(t)
+    if stopping or (tr.save_every and t.step % tr.save_every == 0 and t.step < t.total):
+        save_state(acc, t.state_dir, t.step, t.tokens)
+    if stopping:
+        bar.close()
+        acc.end_training()
+        raise Interrupted(stop.signum, f"the training state at step {t.step}/{t.total} is saved in "
+                                       f"{t.state_dir}")
+
+
+def any_process(acc: Accelerator, flag: bool) -> bool:
+    """Whether `flag` is set on any process (a collective, once per optimizer step)."""
+    return sum_over_processes(acc, int(flag)) > 0
+
+
+def log_step(t: Training, bar: tqdm) -> None:
+    """The last step's metrics to the progress bar, log.jsonl (the main process) and the trackers."""
+    last = t.last
+    bar.set_postfix(loss=f"{last['loss']:.3f}", acc0=f"{(last['acc'] or [0.0])[0]:.2f}",
+                    tau_sim=f"{last['simulated_acceptance']:.2f}")
+    if t.acc.is_main_process:
+        append_log(t.log_path, last)
+    t.acc.log({"lr": last["lr"], **tracker_metrics(last, "train")}, step=t.step)
+
+
+def run_validation(t: Training) -> dict | None:
+    """The validation metrics at this step (every process runs it: collectives), logged; None with no
+    held-out sequences."""
+    if not t.data.val_ids:
+        return None
+    val = validate(t.module, t.data.val_batches(), t.acc, t.recipe.train.ttt_steps)
+    if t.acc.is_main_process:
+        append_log(t.log_path, {"step": t.step, "val": val})
+    t.acc.log(tracker_metrics(val, "val"), step=t.step)
+    return val
+
+
+def append_log(log_path: Path, entry: dict) -> None:
+    with open(log_path, "a") as f:
+        f.write(json.dumps(entry) + "\n")
+
+
+# ---------------------------------------------------------------- the end
+
+def finish(t: Training, run_dir: Path, t_start: float) -> dict:
+    """The last validation, the full weights gathered and the state saved (every process); checkpoint-final
+    and curves.png (the main process); the trackers ended; DONE.json last -> the stage's info."""
+    acc, tr = t.acc, t.recipe.train
+    val = run_validation(t)
     # the full weights, gathered from every process (FSDP / ZeRO-3 keep them sharded): collective
-    state = full_state_dict(acc, module)
+    weights = full_state_dict(acc, t.module)
     info = {
         "wall_s": round(time.perf_counter() - t_start, 2),
-        "steps": total, "epochs_seen": round(step / per_epoch, 3), "tokens_seen": tokens_seen(),
-        "trainable_parameters": trainable,
-        "last": last, "mixed_precision": acc.mixed_precision, "num_processes": world,
-        "global_batch_rows": world * tr.grad_accum * tr.batch_size,
-        "validation": val, "val_sequences": len(val_ids),
+        "steps": t.total, "epochs_seen": round(t.step / t.data.per_epoch, 3),
+        "tokens_seen": sum_over_processes(acc, t.tokens),
+        "trainable_parameters": t.trainable,
+        "last": t.last, "mixed_precision": acc.mixed_precision, "num_processes": acc.num_processes,
+        "global_batch_rows": acc.num_processes * tr.grad_accum * tr.batch_size,
+        "validation": val, "val_sequences": len(t.data.val_ids),
     }
-    save_state()
+    save_state(acc, t.state_dir, t.step, t.tokens)
     if acc.is_main_process:
         from .curves import plot_curves
 
-        final = Eagle3Draft(draft.config)
-        final.load_state_dict({k[len("draft."):]: v for k, v in state.items() if k.startswith("draft.")})
-        plot_curves(log_path, out_dir / "curves.png")
+        final = Eagle3Draft(t.draft_config)
+        final.load_state_dict({k[len("draft."):]: v for k, v in weights.items() if k.startswith("draft.")})
+        plot_curves(t.log_path, t.out_dir / "curves.png")
         save_draft(final, run_dir / layout.FINAL_CHECKPOINT, dtype=torch.float32,
-                   extra={"recipe": recipe.name, "train": info})
+                   extra={"recipe": t.recipe.name, "train": info})
     acc.wait_for_everyone()
     acc.end_training()  # finishes the trackers, and ends the process group
     if acc.is_main_process:  # last: the trackers' files are complete, so the checksums hold
