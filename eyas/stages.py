@@ -42,7 +42,7 @@ COMMANDS = {
     "publish": "eyas.serve.interchange.publish:main_publish",
     "demo-target": "eyas.demo_target.build:main_demo_target",
     "serve": "eyas.serve.api.server:main_serve",
-    "plan": "eyas.plan:main",
+    "plan": "eyas.plan.command:main_plan",
     "verify": "eyas.integrity:main_verify",
     "recipe-keys": "eyas.recipes.keys:main_recipe_keys",
 }

@@ -126,8 +126,11 @@ def test_plan_counts_turns_and_renders_prompts_as_regeneration_does(demo, tmp_pa
     import itertools
     import shutil
 
-    import eyas.plan
-    from eyas.plan import Assumptions, plan, render, turn_prompt_lengths
+    import eyas.plan.tokens
+    from eyas.plan.command import plan
+    from eyas.plan.cost import Assumptions
+    from eyas.plan.report import render
+    from eyas.plan.tokens import turn_prompt_lengths
 
     stats, run = regenerate(demo, "plan", "data.max_new_tokens=64")
     _, prompts, model, tok = demo
@@ -146,9 +149,9 @@ def test_plan_counts_turns_and_renders_prompts_as_regeneration_does(demo, tmp_pa
     over = BASE + [f"data.prompts={prompts}", "data.max_new_tokens=64", "data.num_prompts=600"]
     p = plan(load_recipe("demo", over), "1xH100", run_dir=only)
     mean_prompt = sum(map(sum, lengths.values())) / (6 * TURNS)
-    assert p["sequences"] == 600 * TURNS and p["conversations"] == 600  # every turn fits: all answered
-    assert p["mean_tokens"] == pytest.approx(mean_prompt + new) and p["tokens"] == pytest.approx(1800 * (mean_prompt + new))
-    assert p["stages_measured"] == ["prompts"] and p["measured"] == [] and p["turns"]["rendered"] == 6
+    assert p.sequences == 600 * TURNS and p.conversations == 600  # every turn fits: all answered
+    assert p.mean_tokens == pytest.approx(mean_prompt + new) and p.tokens == pytest.approx(1800 * (mean_prompt + new))
+    assert p.stages_measured == ["prompts"] and p.measured == [] and p.turns.rendered == 6
     text = render(load_recipe("demo", over), p)
     assert f"data: 600 conversations x 3.00 answered turns = 1,800 sequences x {mean_prompt + new:,.0f} tokens" in text
     assert "18 user turns counted in 6 conversations, prompts rendered for 6 of 6 conversations" in text
@@ -161,21 +164,21 @@ def test_plan_counts_turns_and_renders_prompts_as_regeneration_does(demo, tmp_pa
     cut = sum(map(len, fit.values()))
     assert 6 <= cut < 6 * TURNS
     short = plan(load_recipe("demo", over + [f"data.max_prompt_tokens={limit}"]), "1xH100", run_dir=only)
-    assert short["sequences"] == round(600 * cut / 6)
-    assert short["mean_tokens"] == pytest.approx(sum(map(sum, fit.values())) / cut + new)
+    assert short.sequences == round(600 * cut / 6)
+    assert short.mean_tokens == pytest.approx(sum(map(sum, fit.values())) / cut + new)
     with pytest.raises(ValueError, match=r"data.max_prompt_tokens=8: no first prompt of the 6 conversations rendered "
                                          "fits under it, so regeneration would answer none"):
         plan(load_recipe("demo", over + ["data.max_prompt_tokens=8"]), "1xH100", run_dir=only)
     # fewer turns asked by the recipe than the prompts stage kept; no data.num_prompts: the stage's conversations
     two = plan(load_recipe("demo", over + ["data.max_turns=2", "data.num_prompts=null"]), "1xH100", run_dir=only)
-    assert two["conversations"] == 6 and two["sequences"] == 6 * 2
-    assert two["mean_tokens"] == pytest.approx(sum(ls[0] + ls[1] for ls in lengths.values()) / 12 + new)
+    assert two.conversations == 6 and two.sequences == 6 * 2
+    assert two.mean_tokens == pytest.approx(sum(ls[0] + ls[1] for ls in lengths.values()) / 12 + new)
     # more conversations than are rendered: a seeded sample of them gives the mean prompt, all give the turns
-    monkeypatch.setattr(eyas.plan, "SAMPLED_CONVERSATIONS", 3)
+    monkeypatch.setattr(eyas.plan.tokens, "SAMPLED_CONVERSATIONS", 3)
     sampled = plan(load_recipe("demo", over), "1xH100", run_dir=only)
-    assert sampled["turns"]["rendered"] == 3 and sampled["sequences"] == 600 * TURNS
+    assert sampled.turns.rendered == 3 and sampled.sequences == 600 * TURNS
     means = {round(sum(map(sum, c)) / (3 * TURNS), 6) for c in itertools.combinations(lengths.values(), 3)}
-    assert round(sampled["mean_tokens"] - new, 6) in means
+    assert round(sampled.mean_tokens - new, 6) in means
     assert "prompts rendered for 3 of 6 conversations" in render(load_recipe("demo", over), sampled)
 
 
@@ -187,7 +190,9 @@ def test_plan_counts_turns_without_the_targets_tokenizer(demo, tmp_path, files):
     import shutil
 
     from eyas.data.target import resolve_path
-    from eyas.plan import Assumptions, plan, render
+    from eyas.plan.command import plan
+    from eyas.plan.cost import Assumptions
+    from eyas.plan.report import render
 
     _, prompts, _, _ = demo
     run = tmp_path / "run"
@@ -200,8 +205,8 @@ def test_plan_counts_turns_without_the_targets_tokenizer(demo, tmp_path, files):
     p = plan(load_recipe("demo", over), "1xH100", run_dir=run)
     a = Assumptions()
     kept = a.kept_answer_fraction_harmony * a.new_token_fraction * 64  # its config says gpt_oss: harmony
-    assert p["sequences"] == 600 * TURNS and p["turns"]["rendered"] == 0
-    assert p["mean_tokens"] == pytest.approx(a.mean_prompt_tokens + kept + a.new_token_fraction * 64)  # turns 0, 1, 2
+    assert p.sequences == 600 * TURNS and p.turns.rendered == 0
+    assert p.mean_tokens == pytest.approx(a.mean_prompt_tokens + kept + a.new_token_fraction * 64)  # turns 0, 1, 2
     text = render(load_recipe("demo", over), p)
     assert f"the tokenizer of {target} could not be used" in text
     assert ("(it has no chat template)" in text) == bool(files)
@@ -217,7 +222,9 @@ def test_plan_renders_each_prompt_with_its_reasoning_effort(demo, tmp_path):
 
     from eyas.data.chat import effort_kwargs, reasoning_effort
     from eyas.data.target import resolve_path
-    from eyas.plan import Assumptions, plan, turn_prompt_lengths
+    from eyas.plan.command import plan
+    from eyas.plan.cost import Assumptions
+    from eyas.plan.tokens import turn_prompt_lengths
 
     target = shutil.copytree(resolve_path("eyas-demo"), tmp_path / "target")
     template = (target / "chat_template.jinja").read_text()
@@ -253,4 +260,4 @@ def test_plan_renders_each_prompt_with_its_reasoning_effort(demo, tmp_path):
     _, prompts, _, _ = demo
     p = plan(load_recipe("demo", BASE + [f"data.prompts={prompts}", f"target.model={target}", "data.max_new_tokens=64",
                                          "data.reasoning_effort={low: 1, medium: 1, high: 1}"]), "1xH100", run_dir=only)
-    assert p["turns"]["rendered"] == 6 and p["mean_tokens"] == pytest.approx(mean[None] + a.new_token_fraction * 64)
+    assert p.turns.rendered == 6 and p.mean_tokens == pytest.approx(mean[None] + a.new_token_fraction * 64)

@@ -10,7 +10,8 @@ from safetensors.torch import load_file
 
 from eyas import io, layout
 from eyas.pipeline import STAGE_ORDER, prepare_run, run_all
-from eyas.recipes.schema import RecipeError, load_recipe
+from eyas.recipes.load import load_recipe
+from eyas.recipes.schema import RecipeError
 
 from data_fixtures import make_tiny_target, tiny_recipe, write_prompts
 
@@ -348,22 +349,22 @@ def test_wandb_offline_tracking(setup, tmp_path, monkeypatch):
 
 def test_plan_from_a_finished_run_uses_its_measured_rates(setup, full_run):
     """`eyas plan --run DIR`: a bigger run of the same recipe, timed with the rates this run measured."""
-    from eyas.plan import plan
+    from eyas.plan.command import plan
 
     root, target, prompts = setup
     r = recipe_for(target, prompts)
     r.data.num_prompts = 10_000
     p = plan(r, "2xH100", run_dir=full_run)
     regen, cap, tr = (layout.read_done(full_run, s) for s in ("regenerate", "capture", "train"))
-    assert p["measured"] == ["capture_tok_s", "regen_tok_s", "train_tok_s"]
-    assert p["mean_tokens"] == pytest.approx(cap["num_tokens"] / cap["num_sequences"])
-    assert p["tokens"] == pytest.approx(10_000 * cap["num_tokens"] / cap["num_sequences"])
-    assert p["sequences"] == round(10_000 * regen["num_sequences"] / regen["num_prompts"])  # turns per prompt asked
-    assert p["replicas"] == 2  # the tiny target fits one GPU: a regeneration and a capture shard on each
-    assert p["regen_s"] == pytest.approx(10_000 * regen["mean_generated_tokens"] / (2 * regen["generation_tokens_per_s"]))
-    assert p["capture_s"] == pytest.approx(p["tokens"] / (2 * cap["tokens_per_s"]))
+    assert p.measured == ["capture_tok_s", "regen_tok_s", "train_tok_s"]
+    assert p.mean_tokens == pytest.approx(cap["num_tokens"] / cap["num_sequences"])
+    assert p.tokens == pytest.approx(10_000 * cap["num_tokens"] / cap["num_sequences"])
+    assert p.sequences == round(10_000 * regen["num_sequences"] / regen["num_prompts"])  # turns per prompt asked
+    assert p.replicas == 2  # the tiny target fits one GPU: a regeneration and a capture shard on each
+    assert p.regen_s == pytest.approx(10_000 * regen["mean_generated_tokens"] / (2 * regen["generation_tokens_per_s"]))
+    assert p.capture_s == pytest.approx(p.tokens / (2 * cap["tokens_per_s"]))
     train_rate = tr["tokens_seen"] / tr["wall_s"] / tr["num_processes"]
-    assert p["train_s"] == pytest.approx(r.train.epochs * p["tokens"] / (2 * train_rate))
+    assert p.train_s == pytest.approx(r.train.epochs * p.tokens / (2 * train_rate))
 
 
 def test_eval_on_a_split_target_measures_what_one_device_does(setup, full_run, tmp_path):

@@ -2,8 +2,10 @@
 
 import pytest
 
-from eyas.plan import Assumptions, parse_gpus, plan, render
-from eyas.recipes.schema import load_recipe
+from eyas.plan.command import plan
+from eyas.plan.cost import Assumptions, parse_gpus
+from eyas.plan.report import render
+from eyas.recipes.load import load_recipe
 
 H, V, L, E, I_EXPERT, I_DRAFT, VD = 2880, 201088, 36, 128, 2880, 17280, 32000
 
@@ -23,30 +25,30 @@ def test_gpt_oss_120b_plan_on_8xh100_matches_hand_computation():
     p = plan(r, "8xH100")
     total, experts = hand_target()
     assert (total, experts) == (116_829_156_672, 114_661_785_600)
-    assert p["target"]["params"] == total and p["target"]["expert_params"] == experts
-    assert p["target"]["bytes_mxfp4"] == experts * 4.25 / 8 + (total - experts) * 2  # 65.25 GB
-    assert p["target"]["bytes_bf16"] == 2 * total
-    assert p["target_gb_per_gpu"]["bf16"] == pytest.approx(2 * total / 8 / 1e9)
+    assert p.target.params == total and p.target.expert_params == experts
+    assert p.target.bytes_mxfp4 == experts * 4.25 / 8 + (total - experts) * 2  # 65.25 GB
+    assert p.target.bytes_bf16 == 2 * total
+    assert p.target_gb_per_gpu["bf16"] == pytest.approx(2 * total / 8 / 1e9)
     draft = (3 * H * H + 2 * H * 4096 + 2 * (2 * H * 512) + 4096 * H + 3 * H * I_DRAFT + 3 * H + H + H * VD
              + 3 * H)  # input_norm (norm_before_fc) over the three aux states
-    assert p["draft_trainable"] == draft == 307_650_240 and p["draft_frozen"] == V * H
+    assert p.draft_trainable == draft == 307_650_240 and p.draft_frozen == V * H
     a = Assumptions()
     tokens = 100_000 * (400 + 0.75 * 2048)  # num_prompts x (assumed prompt + generated)
-    assert p["tokens"] == tokens
-    assert p["capture_bytes_per_token"] == 4 * H * 2 + 5  # 3 aux + final, bf16, + token id and loss mask
-    assert p["capture_bytes"] == tokens * 23_045
+    assert p.tokens == tokens
+    assert p.capture_bytes_per_token == 4 * H * 2 + 5  # 3 aux + final, bf16, + token id and loss mask
+    assert p.capture_bytes == tokens * 23_045
     static = 16 * draft + 4 * V * H + 4 * V * H  # fp32 weights+grads+AdamW; fp32 embedding; fp32 teacher lm_head
-    assert p["train_gb_per_gpu"] * 1e9 == pytest.approx(static + a.act_bytes_per_token_step * 4096 * 1 * 7)
+    assert p.train_gb_per_gpu * 1e9 == pytest.approx(static + a.act_bytes_per_token_step * 4096 * 1 * 7)
     # MXFP4 65.25 GB fits one H100 (72 GB with 10% headroom): 8 replicas, one shard each
-    assert (p["replicas"], p["gpus_per_replica"]) == (8, 1)
-    assert p["regen_s"] == pytest.approx(100_000 * 0.75 * 2048 / (8 * a.regen_tok_s_hf_h100))
+    assert (p.replicas, p.gpus_per_replica) == (8, 1)
+    assert p.regen_s == pytest.approx(100_000 * 0.75 * 2048 / (8 * a.regen_tok_s_hf_h100))
     active = (total - experts) + experts * 4 / 128  # 4 of 128 experts per token
-    assert p["capture_tok_s"] == pytest.approx(8 * 0.30 * 989e12 / (2 * active))
+    assert p.capture_tok_s == pytest.approx(8 * 0.30 * 989e12 / (2 * active))
     bf16 = plan(load_recipe("gpt-oss-120b", ["target.weights=dequantized", "data.backend=server",
                                              "data.server_urls=[http://127.0.0.1:8000]"]), "8xH100")
-    assert (bf16["replicas"], bf16["gpus_per_replica"]) == (2, 4)  # 233.7 GB over 4 x 72 GB
-    assert bf16["regen_tok_s"] == pytest.approx(2 * a.regen_tok_s_server_h100)
-    assert p["train_s"] == pytest.approx(2 * tokens / (8 * 22.3e3))  # 2 epochs at T = 4K, TTT 7
+    assert (bf16.replicas, bf16.gpus_per_replica) == (2, 4)  # 233.7 GB over 4 x 72 GB
+    assert bf16.regen_tok_s == pytest.approx(2 * a.regen_tok_s_server_h100)
+    assert p.train_s == pytest.approx(2 * tokens / (8 * 22.3e3))  # 2 epochs at T = 4K, TTT 7
     text = render(r, p)
     assert "116.83B parameters, 114.66B of them MoE expert weights" in text
     assert "MXFP4 65.2 GB, bf16 233.7 GB" in text and "8.2 GB / 29.2 GB per GPU (fits / fits" in text
@@ -60,8 +62,8 @@ def test_long_context_plan_scales_activations_and_training_rate():
     a = Assumptions()
     assert r.train.checkpoint_layer and r.train.max_length == 65536
     act = a.act_bytes_per_token_step_checkpointed * 65536 * r.train.batch_size * r.train.ttt_steps
-    assert p["train_activation_gb"] * 1e9 == pytest.approx(act)
-    assert p["train_tok_s"] == pytest.approx(8 * 15.8e3 * 7 / r.train.ttt_steps)  # held at the 32K rate
+    assert p.train_activation_gb * 1e9 == pytest.approx(act)
+    assert p.train_tok_s == pytest.approx(8 * 15.8e3 * 7 / r.train.ttt_steps)  # held at the 32K rate
 
 
 @pytest.mark.parametrize("text,expected", [("8xH100", (8, "H100")), ("4xA100 80GB", (4, "A100")),

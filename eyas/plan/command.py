@@ -1,0 +1,147 @@
+"""`eyas plan RECIPE --gpus 8xH100`: what a recipe will cost, before anything runs.
+
+Counts are exact: the target and the draft are built on the meta device from their configs
+(for openai/gpt-oss-120b and -20b, a built-in copy of the hub config is used when the hub cannot
+be reached). Memory and time are estimates from the assumptions of eyas/plan/cost.py, every one
+printed with its source; `--run DIR` replaces the throughput assumptions with the rates a finished
+(smaller) run measured in that directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from eyas.errors import as_input
+from eyas.plan.cost import (
+    GPUS,
+    Assumptions,
+    Plan,
+    capture_bytes_per_token,
+    count_draft,
+    count_target,
+    parse_gpus,
+    target_config,
+    target_replicas,
+    throughputs,
+    training_memory,
+)
+from eyas.plan.report import render
+from eyas.plan.tokens import TurnCount, conversation_tokens
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+
+    from eyas.recipes.schema import Recipe
+
+RUN_STAGES = ("prompts", "regenerate", "capture", "train")  # those of --run the plan counts or measures from
+
+
+@dataclass
+class Workload:
+    """The data a plan is for, and the rates a finished run measured."""
+    conversations: int | None  # None: every prompt of the sources, not known before the prompts stage
+    sequences: float  # answered turns, one training sequence each
+    prompt: float  # mean prompt tokens
+    new: float  # mean generated tokens
+    measured: dict[str, float] = field(default_factory=dict)  # regen/capture_tok_s per replica, train per GPU
+    turns: TurnCount | None = None  # counted from --run's prompts stage
+    stages_measured: list[str] = field(default_factory=list)  # --run's finished stages
+
+
+def workload(recipe: Recipe, run_dir: str | Path | None, cfg: PretrainedConfig, a: Assumptions) -> Workload:
+    """The recipe's data with assumed lengths; with `run_dir`, what its finished stages counted (the
+    prompts stage: turns and prompt lengths) and measured (regeneration, capture: lengths and rates;
+    training: its rate) in their place."""
+    from eyas.layout import is_done, read_done
+
+    d = recipe.data
+    w = Workload(conversations=d.num_prompts, sequences=d.num_prompts or 0,
+                 prompt=min(a.mean_prompt_tokens, d.max_prompt_tokens),
+                 new=a.new_token_fraction * d.max_new_tokens)
+    if run_dir is None:
+        return w
+    w.stages_measured = done = [s for s in RUN_STAGES if is_done(run_dir, s)]
+    if not done:
+        raise ValueError(f"--run {run_dir}: no finished stage there to count or measure from; run "
+                         f"`eyas prompts RECIPE --out {run_dir}` first (CPU only), or give a finished run")
+    if "regenerate" in done:
+        regen = read_done(run_dir, "regenerate")
+        w.new = regen["mean_generated_tokens"]
+        # answered turns per prompt, over every prompt asked (one whose first turn was too long answers none)
+        conversations = regen.get("num_prompts", regen.get("num_conversations", regen["num_sequences"]))
+        w.conversations = w.conversations if w.conversations is not None else conversations
+        w.sequences = w.conversations * regen["num_sequences"] / max(conversations, 1)
+        # measured rates are per shard or per server (= per target replica)
+        replicas_then = regen.get("num_servers") or len(regen.get("shards", [])) or 1
+        w.measured["regen_tok_s"] = (regen.get("generation_tokens_per_s") or 0) / replicas_then
+    elif "prompts" in done:  # turns counted, prompts rendered; answers still assumed
+        gpt_oss = getattr(cfg, "model_type", "") == "gpt_oss"
+        w.turns = conversation_tokens(recipe, run_dir, w.new, a.mean_prompt_tokens,
+                                      a.kept_answer_fraction_harmony, gpt_oss)
+        w.conversations = w.conversations if w.conversations is not None else w.turns.conversations
+        w.sequences = w.conversations * w.turns.turns_per_conversation
+        w.prompt = w.turns.mean_prompt
+    if "capture" in done:
+        cap = read_done(run_dir, "capture")
+        w.prompt = max(cap["num_tokens"] / cap["num_sequences"] - w.new, 0.0)
+        w.measured["capture_tok_s"] = (cap.get("tokens_per_s") or 0) / cap.get("capture_shards", 1)
+    if "train" in done:
+        trained = read_done(run_dir, "train")
+        rate = trained["tokens_seen"] / trained["wall_s"]
+        w.measured["train_tok_s"] = rate / trained.get("num_processes", 1)
+    return w
+
+
+def plan(recipe: Recipe, gpus: str, run_dir: str | Path | None = None, a: Assumptions | None = None) -> Plan:
+    """The figures `eyas plan` prints (tests check them)."""
+    a = a or Assumptions()
+    n_gpu, kind = parse_gpus(gpus)
+    mem_gb = GPUS[kind][0]
+    cfg, cfg_source = target_config(recipe)
+    target, draft = count_target(cfg), count_draft(recipe, cfg)
+    w = workload(recipe, run_dir, cfg, a)
+    tokens = w.sequences * (w.prompt + w.new)
+    bpt = capture_bytes_per_token(recipe, cfg, len(draft.config.aux_layer_ids))
+    static, act = training_memory(recipe, cfg, draft, a)
+    replicas, per_replica = target_replicas(recipe, target, n_gpu, mem_gb)
+    regen_tok_s, capture_tok_s, train_tok_s = throughputs(recipe, cfg, target, w.measured, a, kind, n_gpu,
+                                                          replicas)
+    return Plan(
+        gpus=f"{n_gpu}x{kind}", gpu_memory_gb=mem_gb, config_source=cfg_source,
+        target=target, draft_trainable=draft.trainable, draft_frozen=draft.frozen,
+        target_gb_per_gpu={"mxfp4": target.bytes_mxfp4 / n_gpu / 1e9,
+                           "bf16": target.bytes_bf16 / n_gpu / 1e9},
+        conversations=w.conversations, sequences=round(w.sequences), mean_tokens=w.prompt + w.new,
+        tokens=tokens, capture_bytes_per_token=bpt, capture_bytes=bpt * tokens,
+        train_static_gb=static / 1e9, train_activation_gb=act / 1e9, train_gb_per_gpu=(static + act) / 1e9,
+        regen_s=w.sequences * w.new / regen_tok_s if regen_tok_s else None, regen_tok_s=regen_tok_s,
+        capture_s=tokens / capture_tok_s, capture_tok_s=capture_tok_s,
+        replicas=replicas, gpus_per_replica=per_replica,
+        train_s=recipe.train.epochs * tokens / train_tok_s, train_tok_s=train_tok_s,
+        measured=sorted(k for k, v in w.measured.items() if v), assumptions=a, turns=w.turns,
+        stages_measured=w.stages_measured,
+    )
+
+
+def main_plan(argv: list[str] | None = None) -> int:
+    """`eyas plan RECIPE --gpus NxGPU [--run DIR] [overrides]`: prints the plan."""
+    from eyas.pipeline import recipe_and_run
+
+    p = argparse.ArgumentParser(prog="eyas plan", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("recipe", help="recipe YAML or a shipped name (gpt-oss-120b, ...)")
+    p.add_argument("--gpus", required=True, help="NxGPU: H100, H200, B200 or A100 (80GB), e.g. 8xH100")
+    p.add_argument("--run", help="a finished run directory whose measured rates replace the throughput "
+                                 "assumptions")
+    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.max_length=32768")
+    args = p.parse_intermixed_args(sys.argv[1:] if argv is None else argv)  # overrides before or after --gpus
+    try:
+        recipe, _ = recipe_and_run(args.recipe, None, args.overrides)
+        print(render(recipe, plan(recipe, args.gpus, args.run)))
+    except (ValueError, OSError) as e:
+        raise as_input(e) from e
+    return 0

@@ -1,0 +1,231 @@
+"""The cost model of `eyas plan`: the assumptions its estimates rest on, the exact parameter counts of the
+target and the draft (built on the meta device from their configs), and what they come to on a set of
+GPUs: the target's weights per GPU, capture storage, draft training memory per GPU, target replicas and
+each stage's throughput; `Plan` holds the figures.
+
+Every assumption is printed with its source; `eyas plan --run DIR` replaces the throughput ones with the
+rates a finished (smaller) run measured.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from eyas.plan.tokens import TurnCount
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+
+    from eyas.recipes.schema import Recipe
+    from eyas.train.model import DraftConfig
+
+# name: (memory GB, dense bf16 TFLOP/s) -- vendor datasheets (SXM parts)
+GPUS = {"H100": (80, 989), "H200": (141, 989), "B200": (180, 2250), "A100": (80, 312)}
+
+# the hub configs of the gpt-oss targets (openai/gpt-oss-120b, -20b config.json), for planning offline
+KNOWN_TARGETS = {
+    "openai/gpt-oss-120b": {"num_hidden_layers": 36, "num_local_experts": 128},
+    "openai/gpt-oss-20b": {"num_hidden_layers": 24, "num_local_experts": 32},
+}
+GPT_OSS_SHARED = dict(vocab_size=201088, hidden_size=2880, intermediate_size=2880, head_dim=64,
+                      num_attention_heads=64, num_key_value_heads=8, num_experts_per_tok=4,
+                      sliding_window=128, max_position_embeddings=131072, tie_word_embeddings=False,
+                      rope_parameters={"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0,
+                                       "beta_slow": 1.0, "truncate": False,
+                                       "original_max_position_embeddings": 4096, "rope_theta": 150000.0})
+
+MXFP4_BYTES = 4.25 / 8  # e2m1 values (4 bits) + one e8m0 scale byte per 32
+
+
+@dataclass
+class Assumptions:
+    """Every number the estimates rest on that is not counted from the recipe."""
+    mean_prompt_tokens: float = 400.0  # rendered prompt, chat template included
+    new_token_fraction: float = 0.75  # mean generated tokens / data.max_new_tokens (reasoning runs long)
+    # multi-turn: the share of an earlier answer a later turn's prompt holds (gpt-oss's template keeps the
+    # final channel and drops the analysis; other templates keep the whole answer: 1)
+    kept_answer_fraction_harmony: float = 0.5
+    # activation memory per token per TTT step, gpt-oss-120b draft dims, bf16, compiled norms/MLP, measured
+    # on an H100 (docs/benchmarks.md "TTT step time and memory by sequence length"): T=32K 60.5 GiB peak,
+    # T=64K with checkpoint_layer 38.0 GiB, less the static part (weights, grads, AdamW, embedding, teacher
+    # lm_head) computed below
+    act_bytes_per_token_step: float = 236e3
+    act_bytes_per_token_step_checkpointed: float = 65.6e3
+    # draft training tokens/s on one H100 at TTT 7, gpt-oss-120b draft dims (docs/benchmarks.md, the same
+    # section): 22.3K at T=4K, 15.8K at 32K
+    train_tok_s_h100: tuple = ((4096, 22.3e3), (32768, 15.8e3))
+    capture_mfu: float = 0.30  # target forward (prefill) at 30% of peak bf16 FLOP/s on the GPU that runs it
+    # regeneration, generated tokens/s per target replica on H100s -- assumed, not measured by eyas at this
+    # size: HF generate (data.backend hf), and a vLLM/SGLang server with ~128 requests in flight (data.backend
+    # server)
+    regen_tok_s_hf_h100: float = 100.0
+    regen_tok_s_server_h100: float = 2000.0
+
+
+@dataclass
+class TargetCount:
+    """The target's parameters, and the bytes its weights take."""
+    params: int
+    expert_params: int  # the MoE experts' weight matrices (what gpt-oss stores in MXFP4)
+    bytes_mxfp4: float  # the experts in MXFP4, the rest in bf16
+    bytes_bf16: int
+
+
+@dataclass
+class DraftCount:
+    """The draft's parameters: trainable, and frozen (the target's embedding)."""
+    trainable: int
+    frozen: int
+    config: DraftConfig
+
+
+@dataclass
+class Plan:
+    """The figures `eyas plan` prints (tests check them). Bytes, tokens and seconds unless named otherwise;
+    rates are over all the GPUs."""
+    gpus: str  # "8xH100"
+    gpu_memory_gb: int  # each
+    config_source: str  # where the target's config came from
+    target: TargetCount
+    draft_trainable: int
+    draft_frozen: int
+    target_gb_per_gpu: dict[str, float]  # {"mxfp4": GB, "bf16": GB}: the weights spread over every GPU
+    conversations: int | None  # None: every prompt of the sources, not known before the prompts stage
+    sequences: int  # answered turns
+    mean_tokens: float  # per sequence: prompt + generated
+    tokens: float
+    capture_bytes_per_token: int
+    capture_bytes: float
+    train_static_gb: float  # weights, gradients, AdamW, embedding, teacher lm_head
+    train_activation_gb: float
+    train_gb_per_gpu: float
+    regen_s: float | None
+    regen_tok_s: float  # generated tokens/s
+    capture_s: float
+    capture_tok_s: float
+    replicas: int  # of the target, for regeneration and capture
+    gpus_per_replica: int
+    train_s: float
+    train_tok_s: float
+    measured: list[str]  # the rates --run measured: capture_tok_s, regen_tok_s, train_tok_s
+    assumptions: Assumptions
+    turns: TurnCount | None  # counted from --run's prompts stage
+    stages_measured: list[str]  # --run's finished stages the figures come from
+
+
+def parse_gpus(text: str) -> tuple[int, str]:
+    """"8xH100" -> (8, "H100"); "A100 80GB" / "A100-80GB" count as A100."""
+    t = text.replace(" ", "").upper().replace("-80GB", "").replace("80GB", "")
+    n, _, kind = t.partition("X") if "X" in t else ("1", "", t)
+    if not n.isdigit() or int(n) < 1 or kind not in GPUS:
+        raise ValueError(f"--gpus {text!r}: expected NxGPU with GPU one of {', '.join(GPUS)} (e.g. 8xH100)")
+    return int(n), kind
+
+
+def target_config(recipe: Recipe) -> tuple[PretrainedConfig, str]:
+    """The target's config and where it came from (a gpt-oss target: a local copy, else eyas's own)."""
+    from eyas.data.target import load_target_config
+
+    name = recipe.target.model
+    if name not in KNOWN_TARGETS:
+        return load_target_config(name, recipe.target.trust_remote_code), "its config.json"
+    from transformers import AutoConfig, GptOssConfig
+
+    try:  # a local copy (hub cache or directory) when there is one; the hub is not asked
+        return AutoConfig.from_pretrained(name, local_files_only=True), "its config.json (local copy)"
+    except OSError:
+        return GptOssConfig(**GPT_OSS_SHARED, **KNOWN_TARGETS[name]), "eyas's built-in copy of its hub config"
+
+
+def count_target(cfg: PretrainedConfig) -> TargetCount:
+    """Parameters of the target, built on the meta device: total, MoE experts' weight matrices (what
+    gpt-oss stores in MXFP4), and bytes in MXFP4 and in bf16."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(cfg)
+    total = experts = 0
+    for name, p in model.named_parameters():
+        total += p.numel()
+        if ".experts." in name and not name.endswith("_bias") and p.dim() == 3:
+            experts += p.numel()
+    mxfp4 = experts * MXFP4_BYTES + (total - experts) * 2
+    return TargetCount(params=total, expert_params=experts, bytes_mxfp4=mxfp4, bytes_bf16=2 * total)
+
+
+def count_draft(recipe: Recipe, cfg: PretrainedConfig) -> DraftCount:
+    """Parameters of the draft the recipe trains on this target, built on the meta device."""
+    from eyas.data.target import text_config
+    from eyas.recipes.load import check_against_target
+    from eyas.train.model import Eagle3Draft
+    from eyas.train.trainer import draft_config
+
+    tcfg = text_config(cfg)
+    ids = check_against_target(recipe, tcfg.num_hidden_layers, tcfg.vocab_size)
+    dcfg = draft_config(recipe, tcfg, ids, min(recipe.vocab.draft_vocab_size, tcfg.vocab_size))
+    with torch.device("meta"):
+        draft = Eagle3Draft(dcfg)
+    return DraftCount(trainable=draft.num_parameters(),
+                      frozen=draft.num_parameters(False) - draft.num_parameters(), config=dcfg)
+
+
+def capture_bytes_per_token(recipe: Recipe, cfg: PretrainedConfig, n_aux: int) -> int:
+    """Stored capture bytes per token (0 for online capture: nothing is stored)."""
+    from eyas.data.compact import bytes_per_token
+
+    c = recipe.capture
+    dtype_bytes = 4 if c.dtype == "float32" else 2
+    return 0 if c.mode == "online" else bytes_per_token(n_aux, cfg.hidden_size, c.aux_format, c.teacher,
+                                                        c.teacher_topk, dtype_bytes)
+
+
+def training_memory(recipe: Recipe, cfg: PretrainedConfig, draft: DraftCount, a: Assumptions
+                    ) -> tuple[float, float]:
+    """Draft training bytes per GPU (DDP: everything replicated) -> (static, activations). Static: fp32
+    weights, gradients and AdamW state, the fp32 embedding, the teacher lm_head (teacher final).
+    Activations: the measured bytes per token per TTT step, scaled by the draft's layer width."""
+    tr = recipe.train
+    static = 16 * draft.trainable + 4 * draft.frozen + (4 * cfg.vocab_size * cfg.hidden_size
+                                                        if recipe.capture.teacher == "final" else 0)
+    per_ts = a.act_bytes_per_token_step_checkpointed if tr.checkpoint_layer else a.act_bytes_per_token_step
+    # measured at gpt-oss-120b draft dims: hidden 2880, intermediate 17280
+    scale = (2 * draft.config.hidden_size + draft.config.intermediate_size) / (2 * 2880 + 17280)
+    return static, per_ts * scale * tr.max_length * tr.batch_size * tr.ttt_steps
+
+
+def target_replicas(recipe: Recipe, target: TargetCount, n_gpu: int, gpu_memory_gb: int) -> tuple[int, int]:
+    """Regeneration and capture run one shard per replica of the target (data/sharding.py), each on as
+    few GPUs as hold its weights with 10% headroom -> (replicas, GPUs per replica)."""
+    held = target.bytes_bf16 if recipe.target.weights == "dequantized" else target.bytes_mxfp4
+    per_replica = math.ceil(held / (0.9 * gpu_memory_gb * 1e9))
+    return max(1, n_gpu // per_replica), per_replica
+
+
+def train_tok_s_h100(T: int, a: Assumptions) -> float:
+    """Log-linear in T between the two measured lengths (held flat outside them)."""
+    (t0, r0), (t1, r1) = a.train_tok_s_h100
+    x = min(max(math.log(T), math.log(t0)), math.log(t1))
+    return r0 + (r1 - r0) * (x - math.log(t0)) / (math.log(t1) - math.log(t0))
+
+
+def throughputs(recipe: Recipe, cfg: PretrainedConfig, target: TargetCount, measured: dict[str, float],
+                a: Assumptions, kind: str, n_gpu: int, replicas: int) -> tuple[float, float, float]:
+    """Tokens/s over every GPU -> (regeneration's generated, capture's, training's): the rates `measured`
+    in a run (per target replica; training per GPU) where there are some, else the assumptions, scaled
+    from an H100 by bf16 FLOP/s."""
+    tr, tflops = recipe.train, GPUS[kind][1]
+    flops_per_token = 2 * (target.params - target.expert_params
+                           + target.expert_params * getattr(cfg, "num_experts_per_tok", 1)
+                           / max(getattr(cfg, "num_local_experts", 1), 1))
+    capture_tok_s = (measured.get("capture_tok_s")
+                     or a.capture_mfu * tflops * 1e12 / flops_per_token) * replicas
+    gpu_scale = tflops / GPUS["H100"][1]
+    regen_rate = a.regen_tok_s_server_h100 if recipe.data.backend == "server" else a.regen_tok_s_hf_h100
+    regen_tok_s = (measured.get("regen_tok_s") or gpu_scale * regen_rate) * replicas
+    train_tok_s = (measured.get("train_tok_s") or gpu_scale * train_tok_s_h100(tr.max_length, a)
+                   * 7 / tr.ttt_steps) * n_gpu
+    return regen_tok_s, capture_tok_s, train_tok_s

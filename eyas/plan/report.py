@@ -1,0 +1,123 @@
+"""The text `eyas plan` prints from a `Plan`: the target and the draft, the data, capture storage, training
+memory, target replicas and each stage's time, then every assumption the figures rest on."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from eyas.plan.cost import Plan
+
+if TYPE_CHECKING:
+    from eyas.recipes.schema import Recipe
+
+
+def hours(seconds: float) -> str:
+    return f"{seconds / 3600:,.1f} h" if seconds >= 3600 else f"{seconds / 60:,.1f} min"
+
+
+def fits(p: Plan, gb: float) -> str:
+    """Whether `gb` fits one of the plan's GPUs with 10% headroom."""
+    return "fits" if gb <= p.gpu_memory_gb * 0.9 else "does NOT fit"
+
+
+def source(p: Plan, rate: str) -> str:
+    return "measured in --run" if rate in p.measured else "assumed"
+
+
+def target_lines(recipe: Recipe, p: Plan) -> list[str]:
+    """The plan's title, the target's size and where its weights go, the draft's size."""
+    t, per_gpu = p.target, p.target_gb_per_gpu
+    return [
+        f"plan for {recipe.name} on {p.gpus} ({p.gpu_memory_gb} GB each)",
+        f"target {recipe.target.model} ({p.config_source}): {t.params / 1e9:,.2f}B parameters, "
+        f"{t.expert_params / 1e9:,.2f}B of them MoE expert weights",
+        f"  weights: MXFP4 {t.bytes_mxfp4 / 1e9:,.1f} GB, bf16 {t.bytes_bf16 / 1e9:,.1f} GB; spread over the "
+        f"GPUs (target.device_map: auto): {per_gpu['mxfp4']:,.1f} GB / {per_gpu['bf16']:,.1f} GB per GPU "
+        f"({fits(p, per_gpu['mxfp4'])} / {fits(p, per_gpu['bf16'])} with 10% headroom)",
+        f"draft: {p.draft_trainable / 1e6:,.1f}M trainable, {p.draft_frozen / 1e6:,.1f}M frozen "
+        "(the target's embedding)",
+    ]
+
+
+def data_line(recipe: Recipe, p: Plan) -> str:
+    """Sequences and tokens, and where they were counted."""
+    t, total = p.turns, f"{p.tokens / 1e9:,.3f}B tokens"
+    if p.conversations is None:
+        return ("data: data.num_prompts is not set (every prompt of the sources), so the number of sequences "
+                "is not known before the prompts stage: run `eyas prompts RECIPE --out RUN` (CPU, minutes) "
+                "and pass --run RUN (the token, storage and time figures below are for 0 sequences)")
+    if t is not None:
+        rendered = (f"prompts rendered for {t.rendered:,} of {t.conversations:,} conversations" if t.rendered
+                    else "prompt lengths assumed: " + t.no_tokenizer)
+        return (f"data: {p.conversations:,} conversations x {t.turns_per_conversation:.2f} answered turns "
+                f"= {p.sequences:,} sequences x {p.mean_tokens:,.0f} tokens = {total} (--run's prompts "
+                f"stage: {t.user_turns:,} user turns counted in {t.conversations:,} conversations, "
+                f"{rendered}; answers assumed)")
+    how = "measured in --run" if "regenerate" in p.stages_measured else "assumed"
+    return f"data: {p.sequences:,} sequences x {p.mean_tokens:,.0f} tokens ({how} mean) = {total}"
+
+
+def resource_lines(recipe: Recipe, p: Plan) -> list[str]:
+    """Capture storage, training memory per GPU, the target's replicas, and each stage's time."""
+    tr, backend = recipe.train, recipe.data.backend
+    return [
+        f"capture: {p.capture_bytes_per_token:,} bytes/token ({recipe.capture.aux_format}, teacher "
+        f"{recipe.capture.teacher}) = {p.capture_bytes / 1e12:,.2f} TB",
+        f"training memory per GPU (DDP): {p.train_gb_per_gpu:,.1f} GB = {p.train_static_gb:,.1f} GB weights, "
+        f"gradients, AdamW, embedding, teacher lm_head + {p.train_activation_gb:,.1f} GB activations at "
+        f"max_length {tr.max_length} x batch {tr.batch_size} x TTT {tr.ttt_steps}"
+        f"{' (checkpoint_layer)' if tr.checkpoint_layer else ''}: {fits(p, p.train_gb_per_gpu)}",
+        f"target replicas: {p.replicas} of {p.gpus_per_replica} GPU(s) each "
+        f"({'bf16' if recipe.target.weights == 'dequantized' else 'MXFP4'}, 10% headroom), one per "
+        f"{'server of the fleet' if backend == 'server' else 'regeneration shard'} and per capture shard "
+        f"(`eyas regenerate|capture --shard I/N`, or torchrun)",
+        f"time: regeneration {hours(p.regen_s)} at {p.regen_tok_s:,.0f} tok/s ({source(p, 'regen_tok_s')}, "
+        f"data.backend {backend}), "
+        f"capture {hours(p.capture_s)} at {p.capture_tok_s:,.0f} tok/s ({source(p, 'capture_tok_s')}), "
+        f"training {hours(p.train_s)} for {tr.epochs} epoch(s) at {p.train_tok_s:,.0f} tok/s "
+        f"({'measured in --run' if 'train_tok_s' in p.measured else 'from the H100 step measurement'})",
+    ]
+
+
+def turns_assumption(recipe: Recipe, p: Plan) -> str:
+    """How answered turns per prompt were counted, said in the assumptions."""
+    if "regenerate" in p.stages_measured:
+        return "answered turns per prompt as --run's regeneration answered them"
+    if p.turns is not None:
+        share = p.assumptions.kept_answer_fraction_harmony
+        return (f"later turns' prompts hold each earlier answer as {p.turns.kept_answer_tokens:,.0f} tokens "
+                f"(harmony templates keep the final channel: {share:.0%} of an answer; others all of it); "
+                "every turn whose prompt fits data.max_prompt_tokens is counted as answered, though an "
+                "answer cut at data.max_new_tokens ends its conversation (an upper bound)")
+    if recipe.data.max_turns == 1:
+        return "one answered turn per prompt (data.max_turns: 1)"
+    return ("one answered turn per prompt (multi-turn data adds a sequence per later turn, holding the "
+            "conversation so far: run `eyas prompts RECIPE --out RUN` (CPU, minutes) and pass --run RUN to "
+            "count them)")
+
+
+def assumption_lines(recipe: Recipe, p: Plan) -> list[str]:
+    """The assumptions the figures rest on, each with its source."""
+    a, turns = p.assumptions, p.turns
+    rendered = (turns is not None and turns.rendered) or "capture" in p.stages_measured
+    prompt = "" if rendered else (f"mean {'first-turn ' if turns is not None else ''}prompt "
+                                  f"{a.mean_prompt_tokens:.0f} tokens; ")
+    return [
+        "assumptions (change them in eyas/plan/cost.py Assumptions, or pass --run DIR: a run's prompts stage "
+        "counts the turns, its later stages give measured rates):",
+        f"  {turns_assumption(recipe, p)}; {prompt}generated = {a.new_token_fraction:.2f} x "
+        f"data.max_new_tokens; activations {a.act_bytes_per_token_step / 1e3:.0f} KB per token per TTT step "
+        f"({a.act_bytes_per_token_step_checkpointed / 1e3:.1f} KB with checkpoint_layer; H100-measured)",
+        f"  training {a.train_tok_s_h100[0][1] / 1e3:.1f}K tok/s at T=4K, "
+        f"{a.train_tok_s_h100[1][1] / 1e3:.1f}K at 32K per H100 (measured), scaled by bf16 FLOP/s for other "
+        f"GPUs; capture at {a.capture_mfu:.0%} MFU of the target's active parameters per replica; "
+        f"regeneration per H100 replica {a.regen_tok_s_hf_h100:.0f} generated tok/s with HF generate, "
+        f"{a.regen_tok_s_server_h100:,.0f} through a vLLM/SGLang server (neither measured by eyas at this "
+        "size)",
+    ]
+
+
+def render(recipe: Recipe, p: Plan) -> str:
+    """The report, one figure a line."""
+    return "\n".join([*target_lines(recipe, p), data_line(recipe, p), *resource_lines(recipe, p),
+                      *assumption_lines(recipe, p)])
