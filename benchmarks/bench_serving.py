@@ -21,9 +21,34 @@ import json
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from eyas import layout
+from eyas.data.chat import eos_token_ids, render_prompt
+from eyas.data.target import input_device, load_recipe_target
+from eyas.eval.benchmarks import held_out
+from eyas.eval.load import LoadResult, acceptance, run_engine
+from eyas.recipes.load import load_recipe
+from eyas.serve.decoding.engine import Engine
+from eyas.serve.decoding.sampling import SamplingParams
+from eyas.serve.decoding.tree import TreeShape
+from eyas.train.checkpoint import load_draft
+
+
+@dataclass
+class Setup:
+    """What the benchmark serves: a target and its draft, the target's eos ids, the prompts (token
+    ids) and a line saying what they are."""
+
+    model: torch.nn.Module
+    draft: torch.nn.Module
+    eos: set[int]
+    prompts: list[list[int]]
+    what: str
+    device: torch.device
 
 
 def random_target(name: str, layers: int | None, device: str, dtype: torch.dtype):
@@ -44,8 +69,6 @@ def random_target(name: str, layers: int | None, device: str, dtype: torch.dtype
 def bare_forward_s(model, rows: int, tokens: int, context: int, repeats: int = 5) -> float:
     """Median seconds of model(B x N new tokens) against a DynamicCache holding `context` tokens."""
     from transformers import DynamicCache
-
-    from eyas.data.target import input_device
 
     dev = input_device(model)  # where the embedding runs, offloaded or not
     V = model.config.vocab_size
@@ -80,7 +103,7 @@ def decode_median(stats) -> tuple[float, int, int, int]:
             int(statistics.mean(s.context for s in same)))
 
 
-def main(argv=None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run", nargs="?", help="an eyas run directory (target, draft, held-out prompts)")
     p.add_argument("--random-target", choices=["gpt-oss-20b", "gpt-oss-120b"])
@@ -96,89 +119,99 @@ def main(argv=None) -> int:
     p.add_argument("--overhead-only", action="store_true", help="skip the throughput table (random targets)")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--json", help="also write the rows here")
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def random_setup(args: argparse.Namespace) -> Setup:
+    """A random-weight target of the named shape, a random draft for it (tests/tiny_targets.py) and
+    random prompts of --prompt-len tokens."""
+    dev = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    model = random_target(args.random_target, args.layers, dev, torch.bfloat16)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from tiny_targets import draft_for
+
+    n = model.config.num_hidden_layers
+    aux_ids = [2, n // 2, n - 3] if n >= 6 else [0, 1, n - 1]
+    draft = draft_for(model, 0, aux_ids=aux_ids).to(dev, torch.bfloat16)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, model.config.vocab_size, (args.prompt_len,), generator=g).tolist()
+               for _ in range(args.prompts)]
+    what = f"random {args.random_target}" + (f" ({args.layers} layers)" if args.layers else "")
+    return Setup(model, draft, set(), prompts, what, torch.device(dev))
+
+
+def run_setup(args: argparse.Namespace) -> Setup:
+    """An eyas run's target (its recipe, --device overriding target.device), final draft and held-out
+    prompts rendered with the target's chat template."""
+    run = Path(args.run)
+    recipe = load_recipe(run / layout.RECIPE, [f"target.device={args.device}"] if args.device else [])
+    model, tok = load_recipe_target(recipe.target)
+    dev = input_device(model)  # a run whose target.device_map splits it: the loop runs on the input device
+    dtype = next(model.parameters()).dtype
+    draft = load_draft(run / layout.FINAL_CHECKPOINT, device=dev, dtype=dtype).eval()
+    prompts = [render_prompt(tok, m) for m in held_out(run, args.prompts).messages]
+    return Setup(model, draft, set(eos_token_ids(model, tok)), prompts, f"{recipe.target.model} ({run})", dev)
+
+
+def make_engine(setup: Setup, shape: TreeShape | None, concurrency: int) -> Engine:
+    """The engine with the draft at `shape`, or plain decoding (shape None), profiling its steps."""
+    draft = setup.draft if shape else None
+    return Engine(setup.model, draft, shape, max_batch=concurrency, eos_ids=setup.eos, profile=True)
+
+
+def measure_point(setup: Setup, shapes: list[TreeShape], temp: float, c: int, args: argparse.Namespace
+                  ) -> list[dict]:
+    """Plain decoding, then each shape, at temperature `temp` holding `c` requests: a row each, printed
+    as it is measured."""
+    prompts = setup.prompts
+    # random targets: 2C requests, so that C rows stay busy for most of the run
+    n = 2 * c if args.overhead_only else len(prompts)
+    ps = [prompts[i % len(prompts)] for i in range(n)]
+    params = [SamplingParams(temperature=temp, seed=i, max_tokens=args.max_new_tokens) for i in range(n)]
+    base = run_engine(make_engine(setup, None, c), ps, params, c)
+    rows = [measured_row(setup.model, temp, c, "plain", 1.0, base, base)]
+    _print(rows[-1], args.overhead_only)
+    for shape in shapes:
+        eng = make_engine(setup, shape, c)
+        res = run_engine(eng, ps, params, c)
+        eng.close()
+        tau = acceptance(res.emitted, res.accepted, shape.steps)["acceptance_length"]
+        rows.append(measured_row(setup.model, temp, c, shape.label, tau, res, base))
+        _print(rows[-1], args.overhead_only)
+    return rows
+
+
+def measured_row(model: torch.nn.Module, temp: float, c: int, label: str, tau: float, res: LoadResult,
+                 base: LoadResult) -> dict:
+    """One table row: throughput against the plain run `base`, and the loop's overhead: its median
+    decoding iteration against one bare forward of the target over the same rows, tokens and context."""
+    it, B, N, L = decode_median(res.steps)
+    bare = bare_forward_s(model, B, N, L)
+    speedup = 1.0 if res is base else res.tokens_per_s / base.tokens_per_s
+    return {"temperature": temp, "concurrency": c, "shape": label, "tau": tau,
+            "tokens_per_s": res.tokens_per_s, "baseline_tokens_per_s": base.tokens_per_s, "speedup": speedup,
+            "iteration_ms": it * 1e3, "bare_forward_ms": bare * 1e3, "overhead": it / bare, "rows": B,
+            "tokens_per_row": N, "context": L}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-
-    from eyas.eval.load import acceptance, run_engine
-    from eyas.serve.decoding.engine import Engine
-    from eyas.serve.decoding.sampling import SamplingParams
-    from eyas.serve.decoding.tree import TreeShape
-
-    eos: set[int] = set()
-    if args.random_target:
-        dev = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-        model = random_target(args.random_target, args.layers, dev, torch.bfloat16)
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-        from tiny_targets import draft_for
-
-        n = model.config.num_hidden_layers
-        draft = draft_for(model, 0, aux_ids=[2, n // 2, n - 3] if n >= 6 else [0, 1, n - 1]).to(dev, torch.bfloat16)
-        g = torch.Generator().manual_seed(0)
-        prompts = [torch.randint(0, model.config.vocab_size, (args.prompt_len,), generator=g).tolist()
-                   for _ in range(args.prompts)]
-        what = f"random {args.random_target}" + (f" ({args.layers} layers)" if args.layers else "")
-    else:
-        from eyas.data.chat import eos_token_ids, render_prompt
-        from eyas.data.target import input_device, load_recipe_target
-        from eyas.eval.benchmarks import held_out
-        from eyas.recipes.schema import load_recipe
-        from eyas.train.checkpoint import load_draft
-
-        run = Path(args.run)
-        recipe = load_recipe(run / "recipe.yaml", [f"target.device={args.device}"] if args.device else [])
-        model, tok = load_recipe_target(recipe.target)
-        dev = input_device(model)  # a run whose target.device_map splits it: the loop runs on the input device
-        dtype = next(model.parameters()).dtype
-        draft = load_draft(run / "train" / "checkpoint-final", device=dev, dtype=dtype).eval()
-        eos = set(eos_token_ids(model, tok))
-        prompts = [render_prompt(tok, m) for m in held_out(run, args.prompts).messages]
-        what = f"{recipe.target.model} ({run})"
-    dev = torch.device(dev) if isinstance(dev, str) else dev
+    setup = random_setup(args) if args.random_target else run_setup(args)
     shapes = [TreeShape.chain(k) for k in args.k] + [TreeShape.parse(t) for t in args.tree]
-    print(f"# {what} on {dev}, {len(prompts)} prompts, max_new_tokens {args.max_new_tokens}, "
-          f"torch threads {torch.get_num_threads()}")
-
-    def engine(shape, c):
-        return Engine(model, draft if shape else None, shape, max_batch=c, eos_ids=eos, profile=True)
-
+    print(f"# {setup.what} on {setup.device}, {len(setup.prompts)} prompts, "
+          f"max_new_tokens {args.max_new_tokens}, torch threads {torch.get_num_threads()}")
     warm = [SamplingParams(temperature=0, max_tokens=4)]
     for shape in [None] + shapes:  # first-call costs out of the timings
-        run_engine(engine(shape, 1), prompts[:1], warm, 1)
-
-    rows = []
+        run_engine(make_engine(setup, shape, 1), setup.prompts[:1], warm, 1)
     if not args.overhead_only:
         print("\n| T | C | shape | τ | tok/s | baseline tok/s | speedup | ms/iter | loop overhead |")
         print("|---|---|---|---|---|---|---|---|---|")
+    rows = []
     for temp in args.temperature:
         for c in args.concurrency:
-            # random targets: 2C requests, so that C rows stay busy for most of the run
-            n = 2 * c if args.overhead_only else len(prompts)
-            ps = [prompts[i % len(prompts)] for i in range(n)]
-            params = [SamplingParams(temperature=temp, seed=i, max_tokens=args.max_new_tokens) for i in range(n)]
-            base = run_engine(engine(None, c), ps, params, c)
-            it, B, N, L = decode_median(base.steps)
-            bare = bare_forward_s(model, B, N, L)
-            row = {"temperature": temp, "concurrency": c, "shape": "plain", "tau": 1.0,
-                   "tokens_per_s": base.tokens_per_s, "baseline_tokens_per_s": base.tokens_per_s, "speedup": 1.0,
-                   "iteration_ms": it * 1e3, "bare_forward_ms": bare * 1e3, "overhead": it / bare, "rows": B,
-                   "tokens_per_row": N, "context": L}
-            rows.append(row)
-            _print(row, args.overhead_only)
-            for shape in shapes:
-                eng = engine(shape, c)
-                res = run_engine(eng, ps, params, c)
-                eng.close()
-                it, B, N, L = decode_median(res.steps)
-                bare = bare_forward_s(model, B, N, L)
-                acc = acceptance(res.emitted, res.accepted, shape.steps)
-                row = {"temperature": temp, "concurrency": c, "shape": shape.label,
-                       "tau": acc["acceptance_length"], "tokens_per_s": res.tokens_per_s,
-                       "baseline_tokens_per_s": base.tokens_per_s, "speedup": res.tokens_per_s / base.tokens_per_s,
-                       "iteration_ms": it * 1e3, "bare_forward_ms": bare * 1e3, "overhead": it / bare,
-                       "rows": B, "tokens_per_row": N, "context": L}
-                rows.append(row)
-                _print(row, args.overhead_only)
+            rows += measure_point(setup, shapes, temp, c, args)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
     return 0
@@ -186,13 +219,14 @@ def main(argv=None) -> int:
 
 def _print(r: dict, overhead_only: bool) -> None:
     if overhead_only:
-        print(f"C={r['concurrency']:>3} {r['shape']:>14}  rows {r['rows']:>3} x {r['tokens_per_row']} tokens, "
-              f"context {r['context']}: iteration {r['iteration_ms']:.2f} ms / bare forward {r['bare_forward_ms']:.2f} ms"
-              f" = {r['overhead']:.2f}", flush=True)
+        print(f"C={r['concurrency']:>3} {r['shape']:>14}  rows {r['rows']:>3} x {r['tokens_per_row']} "
+              f"tokens, context {r['context']}: iteration {r['iteration_ms']:.2f} ms / bare forward "
+              f"{r['bare_forward_ms']:.2f} ms = {r['overhead']:.2f}", flush=True)
         return
-    print(f"| {r['temperature']:g} | {r['concurrency']} | {r['shape']} | {r['tau']:.3f} | {r['tokens_per_s']:.1f} | "
-          f"{r['baseline_tokens_per_s']:.1f} | {r['speedup']:.2f}× | {r['iteration_ms']:.1f} | "
-          f"{r['overhead']:.2f} ({r['bare_forward_ms']:.1f} ms bare) |", flush=True)
+    print(f"| {r['temperature']:g} | {r['concurrency']} | {r['shape']} | {r['tau']:.3f} "
+          f"| {r['tokens_per_s']:.1f} | {r['baseline_tokens_per_s']:.1f} | {r['speedup']:.2f}× "
+          f"| {r['iteration_ms']:.1f} | {r['overhead']:.2f} ({r['bare_forward_ms']:.1f} ms bare) |",
+          flush=True)
 
 
 if __name__ == "__main__":

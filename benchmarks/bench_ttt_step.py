@@ -23,7 +23,7 @@ import statistics
 import subprocess
 import sys
 import time
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 
 import torch
 
@@ -52,15 +52,17 @@ def is_oom(e: BaseException) -> bool:
         or isinstance(e, MemoryError)
 
 
-def main():
+def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser()
     p.add_argument("--size", choices=SIZES, default="demo")
     p.add_argument("--lengths", type=int, nargs="+", default=[128, 256, 512, 1024])
-    p.add_argument("--attention", nargs="+", default=["auto"], choices=["auto", "flex", "chunked", "sdpa", "dense"])
+    p.add_argument("--attention", nargs="+", default=["auto"],
+                   choices=["auto", "flex", "chunked", "sdpa", "dense"])
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--ttt-steps", type=int, default=7)
     p.add_argument("--repeat", type=int, default=3)
-    p.add_argument("--warmup", type=int, default=None, help="untimed steps per length (default: 1 on CUDA, 0 on CPU)")
+    p.add_argument("--warmup", type=int, default=None,
+                   help="untimed steps per length (default: 1 on CUDA, 0 on CPU)")
     p.add_argument("--precision", choices=["fp32", "bf16"], default=None)
     p.add_argument("--device", default="cpu")
     p.add_argument("--checkpoint-layer", action="store_true", help="recompute each step's layer in backward")
@@ -70,17 +72,15 @@ def main():
                    help="CPU: cap each length's process (address space), so a quadratic path fails with OOM "
                         "instead of swapping the machine")
     p.add_argument("--profile", type=int, default=0, metavar="N",
-                   help="after the timed steps, profile one more and print its N most expensive ops (self device time)")
+                   help="after the timed steps, profile one more and print its N most expensive ops "
+                        "(self device time)")
     p.add_argument("--one-process", action="store_true", help="(internal) run the lengths in this process")
-    args = p.parse_args()
-    dev = torch.device(args.device)
-    precision = args.precision or ("bf16" if dev.type == "cuda" else "fp32")
-    warmup = args.warmup if args.warmup is not None else (1 if dev.type == "cuda" else 0)
-    runs = [(a, T) for a in args.attention for T in args.lengths]
-    if args.memory_limit_gb:
-        cap = int(args.memory_limit_gb * 2**30)
-        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
-    H, nh, nkv, hd, inter, V, Vd = SIZES[args.size]
+    return p.parse_args()
+
+
+def make_draft(size: str, compiled: bool) -> tuple[Eagle3Draft, torch.Tensor]:
+    """A random draft of `size` (SIZES) with a random draft vocabulary, and a random target lm_head (V, H)."""
+    H, nh, nkv, hd, inter, V, Vd = SIZES[size]
     cfg = DraftConfig(hidden_size=H, num_attention_heads=nh, num_key_value_heads=nkv, head_dim=hd,
                       intermediate_size=inter, vocab_size=V, draft_vocab_size=Vd, aux_layer_ids=[2, 18, 33])
     torch.manual_seed(0)
@@ -90,72 +90,115 @@ def main():
     t2d[ids] = True
     draft.set_vocab_map(ids - torch.arange(Vd), t2d)
     lm_head = torch.randn(V, H) * 0.02
-    compiled = args.compile == "on" or (args.compile == "auto" and dev.type == "cuda")
     if compiled:
         draft.compile_math()
+    return draft, lm_head
+
+
+def run_in_subprocesses(args: argparse.Namespace, runs: list[tuple[str, int]], warmup: int, precision: str
+                        ) -> None:
+    """CPU: each (attention, length) in a fresh process of this script, so each peak RSS is its own."""
+    same = ["--size", args.size, "--batch", str(args.batch), "--ttt-steps", str(args.ttt_steps),
+            "--repeat", str(args.repeat), "--warmup", str(warmup), "--precision", precision,
+            "--device", args.device, "--compile", args.compile, "--one-process",
+            *(["--checkpoint-layer"] if args.checkpoint_layer else []),
+            *(["--memory-limit-gb", str(args.memory_limit_gb)] if args.memory_limit_gb else [])]
+    for a, T in runs:
+        r = subprocess.run([sys.executable, __file__, *same, "--attention", a, "--lengths", str(T)])
+        if r.returncode:
+            print(f"[{a}] T={T:6d}  OOM or killed (exit status {r.returncode})", flush=True)
+
+
+def step_inputs(B: int, T: int, H: int, V: int, dev: torch.device
+                ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+    """Random (aux (B, T, 3H), input ids (B, T), loss mask (B, T), doc ids (B, T)) and final (B, T, H),
+    seeded by T."""
+    g = torch.Generator().manual_seed(T)
+    aux = torch.randn(B, T, 3 * H, generator=g).to(dev)
+    final = torch.randn(B, T, H, generator=g).to(dev)
+    x = torch.randint(0, V, (B, T), generator=g).to(dev)
+    mask = torch.ones(B, T, device=dev)
+    doc = doc_ids_from_lengths(torch.full((B,), T), T).to(dev)
+    return (aux, x, mask, doc), final
+
+
+def measure_length(draft: Eagle3Draft, lm_head: torch.Tensor, attention: str, T: int,
+                   args: argparse.Namespace, autocast: AbstractContextManager, warmup: int
+                   ) -> tuple[float, float, float, float] | None:
+    """`warmup` untimed then --repeat timed training steps (forward + backward + AdamW) at length T.
+    -> (median seconds per step, peak MiB, warm-up seconds, last loss); None when out of memory."""
+    dev = torch.device(args.device)
+    module = TTTModule(draft, lm_head, args.ttt_steps, 0.8, attention, args.checkpoint_layer).to(dev)
+    opt = torch.optim.AdamW([q for q in module.parameters() if q.requires_grad], lr=1e-4,
+                            fused=dev.type == "cuda")  # as the trainer
+    V, H = lm_head.shape
+    inputs, final = step_inputs(args.batch, T, H, V, dev)
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    times, loss, t_warm = [], float("nan"), 0.0
+    try:
+        for i in range(warmup + args.repeat):
+            t0 = time.perf_counter()
+            with autocast:
+                out = module(*inputs, final=final)
+            out.loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+            loss = out.loss.item()
+            del out
+            elapsed = time.perf_counter() - t0
+            if i < warmup:
+                t_warm += elapsed
+            else:
+                times.append(elapsed)
+        if args.profile:
+            profile_step(module, opt, autocast, inputs, final, dev, args.profile)
+    except Exception as e:  # noqa: BLE001 -- reported, and the next length runs
+        if not is_oom(e):
+            raise
+        opt.zero_grad(set_to_none=True)
+        return None
+    finally:
+        del opt, module
+    mem = (torch.cuda.max_memory_allocated() / 2**20) if dev.type == "cuda" else peak_rss_mb()
+    return statistics.median(times), mem, t_warm, loss
+
+
+def main() -> None:
+    args = parse_args()
+    dev = torch.device(args.device)
+    precision = args.precision or ("bf16" if dev.type == "cuda" else "fp32")
+    warmup = args.warmup if args.warmup is not None else (1 if dev.type == "cuda" else 0)
+    runs = [(a, T) for a in args.attention for T in args.lengths]
+    if args.memory_limit_gb:
+        cap = int(args.memory_limit_gb * 2**30)
+        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+    compiled = args.compile == "on" or (args.compile == "auto" and dev.type == "cuda")
+    draft, lm_head = make_draft(args.size, compiled)
     if not args.one_process:
         print(f"size={args.size} trainable={draft.num_parameters() / 1e6:.1f}M ttt_steps={args.ttt_steps} "
-              f"batch={args.batch} device={dev} precision={precision} checkpoint_layer={args.checkpoint_layer} "
-              f"compile={compiled}", flush=True)
+              f"batch={args.batch} device={dev} precision={precision} "
+              f"checkpoint_layer={args.checkpoint_layer} compile={compiled}", flush=True)
     if dev.type == "cpu" and not args.one_process and len(runs) > 1:
-        same = ["--size", args.size, "--batch", str(args.batch), "--ttt-steps", str(args.ttt_steps),
-                "--repeat", str(args.repeat), "--warmup", str(warmup), "--precision", precision,
-                "--device", args.device, "--compile", args.compile, "--one-process", *(["--checkpoint-layer"] if args.checkpoint_layer else []),
-                *(["--memory-limit-gb", str(args.memory_limit_gb)] if args.memory_limit_gb else [])]
-        for a, T in runs:
-            r = subprocess.run([sys.executable, __file__, *same, "--attention", a, "--lengths", str(T)])
-            if r.returncode:
-                print(f"[{a}] T={T:6d}  OOM or killed (exit status {r.returncode})", flush=True)
+        run_in_subprocesses(args, runs, warmup, precision)
         return
     autocast = torch.autocast(dev.type, dtype=torch.bfloat16) if precision == "bf16" else nullcontext()
     for attention, T in runs:
-        module = TTTModule(draft, lm_head, args.ttt_steps, 0.8, attention, args.checkpoint_layer).to(dev)
-        opt = torch.optim.AdamW([q for q in module.parameters() if q.requires_grad], lr=1e-4,
-                                fused=dev.type == "cuda")  # as the trainer
-        B = args.batch
-        g = torch.Generator().manual_seed(T)
-        aux = torch.randn(B, T, 3 * H, generator=g).to(dev)
-        final = torch.randn(B, T, H, generator=g).to(dev)
-        x = torch.randint(0, V, (B, T), generator=g).to(dev)
-        mask = torch.ones(B, T, device=dev)
-        doc = doc_ids_from_lengths(torch.full((B,), T), T).to(dev)
-        if dev.type == "cuda":
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats()
-        times, loss, t_warm = [], float("nan"), 0.0
-        try:
-            for i in range(warmup + args.repeat):
-                t0 = time.perf_counter()
-                with autocast:
-                    out = module(aux, x, mask, doc, final=final)
-                out.loss.backward()
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-                if dev.type == "cuda":
-                    torch.cuda.synchronize()
-                loss = out.loss.item()
-                del out
-                (times.append if i >= warmup else lambda s: None)(time.perf_counter() - t0)
-                if i < warmup:
-                    t_warm += time.perf_counter() - t0
-            if args.profile:
-                profile_step(module, opt, autocast, (aux, x, mask, doc), final, dev, args.profile)
-        except Exception as e:  # noqa: BLE001 -- report and go on to the next length
-            if not is_oom(e):
-                raise
+        got = measure_length(draft, lm_head, attention, T, args, autocast, warmup)
+        if got is None:
             print(f"[{attention}] T={T:6d}  OOM", flush=True)
-            opt.zero_grad(set_to_none=True)
             continue
-        finally:
-            del opt, module
-        sec = statistics.median(times)
-        mem = (torch.cuda.max_memory_allocated() / 2**20) if dev.type == "cuda" else peak_rss_mb()
-        print(f"[{attention}] T={T:6d}  {sec:8.3f} s/step  {B * T / sec:9.0f} tok/s  "
-              f"peak {'GPU' if dev.type == 'cuda' else 'RSS'} {mem:9.0f} MiB  (warm-up {t_warm:.1f} s, loss {loss:.4f})",
-              flush=True)
+        sec, mem, t_warm, loss = got
+        print(f"[{attention}] T={T:6d}  {sec:8.3f} s/step  {args.batch * T / sec:9.0f} tok/s  "
+              f"peak {'GPU' if dev.type == 'cuda' else 'RSS'} {mem:9.0f} MiB  "
+              f"(warm-up {t_warm:.1f} s, loss {loss:.4f})", flush=True)
 
 
-def profile_step(module, opt, autocast, inputs, final, dev, top: int) -> None:
+def profile_step(module: TTTModule, opt: torch.optim.Optimizer, autocast: AbstractContextManager,
+                 inputs: tuple[torch.Tensor, ...], final: torch.Tensor, dev: torch.device, top: int) -> None:
     """One more step under torch.profiler: the ops with the most self time on the device."""
     from torch.profiler import ProfilerActivity, profile
 

@@ -64,11 +64,13 @@ def predict(model: dict, shape: TreeShape | None, tau: float, rows: int, context
     """Predicted output tokens/s at `rows` concurrent requests (shape None: plain decoding)."""
     t = model["target"]
     N = shape.num_draft_tokens if shape else 1
-    target = t["intercept_s"] + t["per_verified_token_s"] * rows * N + t["per_context_token_s"] * rows * context
+    target = (t["intercept_s"] + t["per_verified_token_s"] * rows * N
+              + t["per_context_token_s"] * rows * context)
     if shape is None:
         return rows / max(target + model["plain_overhead_s"], 1e-12)
     d = model["draft"]
-    draft = d["per_forward_s"] * shape.steps + d["per_draft_token_s"] * rows * (shape.topk * (shape.steps - 1) + tau)
+    draft_tokens = shape.topk * (shape.steps - 1) + tau  # per row
+    draft = d["per_forward_s"] * shape.steps + d["per_draft_token_s"] * rows * draft_tokens
     return rows * tau / max(target + draft, 1e-12)
 
 

@@ -40,7 +40,8 @@ def _records(source: str) -> tuple[list, str]:
         if path.suffix == ".jsonl":
             return read_jsonl(path, user_file=True), str(path)
         obj = json.loads(path.read_text())
-        return (obj if isinstance(obj, list) else next(v for v in obj.values() if isinstance(v, list))), str(path)
+        records = obj if isinstance(obj, list) else next(v for v in obj.values() if isinstance(v, list))
+        return records, str(path)
     if source in HUB_SETS:
         import datasets
 

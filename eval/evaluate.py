@@ -11,6 +11,12 @@ For every benchmark x temperature x concurrency x draft x shape (chain k or tree
       output (Hugging Face `generate`): `lossless`.
 Then a cost model fitted to every iteration predicts each k / tree at each concurrency and
 recommends one (eval/advice.py). Writes RUN/report.json, RUN/report.md and the PNG plots.
+
+    run_eval            the stage: settings, target and drafts, the sweep, the report
+    resolve_settings    drafts, k / trees, concurrency, temperatures: the arguments, else the recipe's
+    measure             the sweep: per benchmark its rendered prompts (render_prompts) and greedy
+                        references, then measure_point at each temperature x concurrency
+    build_report        report.json's dict; write_report: report.json, report.md, the DONE marker
 """
 
 from __future__ import annotations
@@ -18,19 +24,67 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
 from eyas import io, layout
+from eyas.data import chat
+from eyas.data.target import describe_placement, input_device, load_recipe_target
 from eyas.eval import advice
 from eyas.eval.benchmarks import Benchmark, held_out, load_benchmark
 from eyas.eval.load import LoadResult, acceptance, pct, run_engine
-from eyas.stages import STAGE_ORDER
+from eyas.eval.report import report_markdown
 from eyas.recipes.schema import Recipe
+from eyas.serve.decoding.engine import Engine, Request
+from eyas.serve.decoding.reference import greedy_generate
 from eyas.serve.decoding.sampling import SamplingParams
 from eyas.serve.decoding.tree import TreeShape
+from eyas.stages import STAGE_ORDER
+from eyas.train.checkpoint import load_draft
+from eyas.train.model import Eagle3Draft
+
+
+@dataclass
+class Settings:
+    """What one eval measures: the arguments where given, else the recipe's `eval` section."""
+
+    drafts: list[tuple[str, str]]  # (name, checkpoint dir)
+    ks: list[int]  # chain lengths asked for
+    shapes: list[TreeShape]  # the chains of `ks`, then the trees
+    concurrency: list[int]  # ascending
+    temperatures: list[float]
+    servers: list[tuple[str, str]]  # (name, URL) of OpenAI-compatible servers
+
+
+@dataclass
+class Point:
+    """One operating point of the sweep: a benchmark's rendered prompts at a temperature and a
+    concurrency level. refs: the target's greedy outputs (temperature 0 in the sweep), else None."""
+
+    bench: Benchmark
+    prompts: list[list[int]]
+    params: list[SamplingParams]  # per prompt
+    refs: list[list[int]] | None
+    temperature: float
+    concurrency: int
+
+    def label(self, what: str) -> str:
+        return f"{self.bench.name} T={self.temperature:g} C={self.concurrency} {what}"
+
+
+@dataclass
+class Sweep:
+    """What the sweep gathers: report rows, every run's engine steps (the cost model), the target's
+    mean entropy along each greedy reference, plain decoding's context lengths, the effort mix."""
+
+    results: list[dict] = field(default_factory=list)
+    cost_runs: list[dict] = field(default_factory=list)  # {"shape": TreeShape | None, "steps": [StepStats]}
+    entropies: list[float] = field(default_factory=list)
+    contexts: list[int] = field(default_factory=list)
+    efforts: Counter = field(default_factory=Counter)  # reasoning effort -> prompts rendered with it
 
 
 def latency_fields(res: LoadResult, prefix: str = "") -> dict:
@@ -61,106 +115,175 @@ def result_entry(name: str, bench: Benchmark, engine: str, concurrency: int, tem
         **(latency_fields(base, "baseline_") if base else {}),
         "lossless": None, "num_mismatched": None,
         "generated_tokens": res.generated, "wall_s": res.wall_s,
-        "tokens_per_second": {"speculative": res.tokens_per_s, "baseline": base.tokens_per_s if base else None},
+        "tokens_per_second": {"speculative": res.tokens_per_s,
+                              "baseline": base.tokens_per_s if base else None},
     }
     if temperature == 0 and refs is not None:
         mismatched = sum(o != r for o, r in zip(res.outputs, refs))
         entry["lossless"], entry["num_mismatched"] = mismatched == 0, mismatched
     if res.emitted is not None and any(bench.categories):
-        entry["by_category"] = {c: acceptance(res.emitted, res.accepted, depth, [x == c for x in bench.categories])
-                                for c in sorted({c for c in bench.categories if c})}
+        entry["by_category"] = {
+            c: acceptance(res.emitted, res.accepted, depth, [x == c for x in bench.categories])
+            for c in sorted({c for c in bench.categories if c})}
     return entry
 
 
 def run_eval(recipe: Recipe, run_dir: str | Path, drafts: list[tuple[str, str]] | None = None,
-             ks: list[int] | None = None, trees: list[str] | None = None, concurrency: list[int] | None = None,
-             temperatures: list[float] | None = None, benchmarks: list[tuple[str, str]] | None = None,
-             servers: list[tuple[str, str]] | None = None, progress: bool = True, force: bool = False) -> dict:
+             ks: list[int] | None = None, trees: list[str] | None = None,
+             concurrency: list[int] | None = None, temperatures: list[float] | None = None,
+             benchmarks: list[tuple[str, str]] | None = None, servers: list[tuple[str, str]] | None = None,
+             progress: bool = True, force: bool = False) -> dict:
     """drafts: (name, checkpoint dir), default the run's own; ks / trees ("S,K,N"): default the
-    recipe's eval.k (+ eval.more_k) and eval.tree; concurrency / temperatures: default the recipe's; benchmarks:
-    (name, prompt file or known name), default the run's held-out prompts; servers: (name, URL) of
-    OpenAI-compatible servers to drive with the same prompts (eval/server_client.py)."""
-    from eyas.data.chat import effort_kwargs, eos_token_ids, reasoning_effort, render_prompt
-    from eyas.data.target import describe_placement, input_device, load_recipe_target
-    from eyas.serve.decoding.engine import Engine
-    from eyas.serve.decoding.reference import greedy_generate
-    from eyas.train.checkpoint import load_draft
-
+    recipe's eval.k (+ eval.more_k) and eval.tree; concurrency / temperatures: default the recipe's;
+    benchmarks: (name, prompt file or known name), default the run's held-out prompts; servers: (name,
+    URL) of OpenAI-compatible servers to drive with the same prompts (eval/server_client.py)."""
     run_dir = Path(run_dir)
     asked = (drafts, ks, trees, concurrency, temperatures, benchmarks, servers)
     if layout.is_done(run_dir, "eval") and not force and all(a is None for a in asked):
         return json.loads((run_dir / layout.REPORT_JSON).read_text())
     t0 = time.perf_counter()
+    settings = resolve_settings(recipe, run_dir, drafts, ks, trees, concurrency, temperatures, servers)
+    model, tok = load_recipe_target(recipe.target)
+    loaded = load_drafts(settings.drafts, model)
+    benches = resolve_benchmarks(recipe, run_dir, benchmarks)
+    sweep = measure(recipe, model, tok, loaded, benches, settings, progress)
+    validation = attach_simulated_tau(sweep.results, run_dir, settings.drafts)
+    plots = _plots(sweep.results, run_dir, [b.name for b in benches])
+    report = build_report(recipe, run_dir, model, settings, benches, sweep, validation, plots,
+                          wall_s=round(time.perf_counter() - t0, 2))
+    write_report(run_dir, report, plots)
+    return report
+
+
+def resolve_settings(recipe: Recipe, run_dir: Path, drafts: list[tuple[str, str]] | None,
+                     ks: list[int] | None, trees: list[str] | None, concurrency: list[int] | None,
+                     temperatures: list[float] | None, servers: list[tuple[str, str]] | None) -> Settings:
+    """The arguments of run_eval, each defaulting to the recipe's eval section (k / trees only when
+    neither is given) and the run's own draft."""
     ev = recipe.eval
-    drafts = drafts or [("eyas", str(run_dir / layout.FINAL_CHECKPOINT))]
     if ks is None and trees is None:
         ks, trees = list(dict.fromkeys([ev.k, *ev.more_k])), list(ev.tree)
-    shapes = [TreeShape.chain(k) for k in (ks or [])] + [TreeShape.parse(t) for t in (trees or [])]
-    concurrency = sorted(set(concurrency or ev.concurrency))
-    temperatures = list(dict.fromkeys(temperatures if temperatures is not None else ev.temperature))
-    model, tok = load_recipe_target(recipe.target)
-    eos = set(eos_token_ids(model, tok))
-    dtype = next(model.parameters()).dtype
-    device = input_device(model)  # the serving loop's per-row state and the draft go where the input ids go
-    loaded = [(name, load_draft(path, device=device, dtype=dtype if dtype != torch.float16 else torch.float32).eval())
-              for name, path in drafts]
-    benches = [held_out(run_dir, ev.num_prompts)] if not benchmarks else \
-        [load_benchmark(name, src, recipe.data.system_prompt, ev.num_prompts) for name, src in benchmarks]
+    return Settings(
+        drafts=drafts or [("eyas", str(run_dir / layout.FINAL_CHECKPOINT))],
+        ks=ks or [],
+        shapes=[TreeShape.chain(k) for k in (ks or [])] + [TreeShape.parse(t) for t in (trees or [])],
+        concurrency=sorted(set(concurrency or ev.concurrency)),
+        temperatures=list(dict.fromkeys(temperatures if temperatures is not None else ev.temperature)),
+        servers=servers or [],
+    )
 
-    runs_per_point = 1 + len(loaded) * len(shapes) + len(servers or [])
-    total = sum(len(b.messages) for b in benches) * len(temperatures) * len(concurrency) * runs_per_point
+
+def load_drafts(drafts: list[tuple[str, str]], model: torch.nn.Module) -> list[tuple[str, Eagle3Draft]]:
+    """Each (name, checkpoint dir) loaded where the target's input ids go (the serving loop keeps its
+    per-row state there), in the target's dtype (float32 for a float16 target)."""
+    dtype = next(model.parameters()).dtype
+    dtype = dtype if dtype != torch.float16 else torch.float32
+    device = input_device(model)
+    return [(name, load_draft(path, device=device, dtype=dtype).eval()) for name, path in drafts]
+
+
+def resolve_benchmarks(recipe: Recipe, run_dir: Path, benchmarks: list[tuple[str, str]] | None
+                       ) -> list[Benchmark]:
+    """The named prompt sets, each cut to eval.num_prompts; default the run's held-out prompts."""
+    ev = recipe.eval
+    if not benchmarks:
+        return [held_out(run_dir, ev.num_prompts)]
+    return [load_benchmark(name, src, recipe.data.system_prompt, ev.num_prompts) for name, src in benchmarks]
+
+
+def measure(recipe: Recipe, model: torch.nn.Module, tok, loaded: list[tuple[str, Eagle3Draft]],
+            benches: list[Benchmark], settings: Settings, progress: bool) -> Sweep:
+    """Every benchmark x temperature x concurrency (measure_point), after one warm-up request per
+    engine kind; the greedy references once per benchmark when temperature 0 is swept."""
+    ev = recipe.eval
+    eos = set(chat.eos_token_ids(model, tok))
+    runs_per_point = 1 + len(loaded) * len(settings.shapes) + len(settings.servers)
+    total = (sum(len(b.messages) for b in benches) * len(settings.temperatures) * len(settings.concurrency)
+             * runs_per_point)
     bar = tqdm(total=total, desc="eval", unit="req", disable=not progress)
-    results, cost_runs, entropies, contexts = [], [], [], []
-    effort_counts: Counter = Counter()
-    _warm_up(model, loaded, shapes, eos)
+    sweep = Sweep()
+    _warm_up(model, loaded, settings.shapes, eos)
     for bench in benches:
-        # gpt-oss as served: each prompt's reasoning effort drawn from data.reasoning_effort, as in regeneration
-        efforts = [reasoning_effort(recipe.data.reasoning_effort, recipe.data.seed, f"eval:{bench.name}:{i}")
-                   for i in range(len(bench.messages))]
-        effort_counts.update(e for e in efforts if e is not None)
-        prompts = [render_prompt(tok, m, **effort_kwargs(e)) for m, e in zip(bench.messages, efforts)]
+        prompts = render_prompts(recipe, tok, bench, sweep.efforts)
         refs = None
-        if 0.0 in temperatures:
-            refs = []
-            for p in prompts:
-                ref, ent, _ = greedy_generate(model, p, ev.max_new_tokens, eos)
-                refs.append(ref)
-                entropies.append(ent)
-        for temp in temperatures:
+        if 0.0 in settings.temperatures:
+            refs, entropies = greedy_references(model, prompts, ev.max_new_tokens, eos)
+            sweep.entropies += entropies
+        for temp in settings.temperatures:
             params = [SamplingParams(temperature=temp, top_p=ev.top_p, top_k=ev.top_k, seed=ev.seed + i,
                                      max_tokens=ev.max_new_tokens) for i in range(len(prompts))]
-            for c in concurrency:
-                bar.set_postfix_str(f"{bench.name} T={temp:g} C={c} plain")
-                base = run_engine(Engine(model, max_batch=c, eos_ids=eos, profile=True), prompts, params, c, bar)
-                cost_runs.append({"shape": None, "steps": base.steps})
-                contexts += [s.context for s in base.steps if s.kind == "decode"]
-                for name, draft in loaded:
-                    for shape in shapes:
-                        bar.set_postfix_str(f"{bench.name} T={temp:g} C={c} {name} {shape.label}")
-                        eng = Engine(model, draft, shape, max_batch=c, eos_ids=eos, profile=True)
-                        res = run_engine(eng, prompts, params, c, bar)
-                        eng.close()
-                        results.append(result_entry(name, bench, "eyas", c, temp, shape, res, base, refs))
-                        cost_runs.append({"shape": shape, "steps": res.steps})
-                for name, url in servers or []:
-                    from eyas.eval.server_client import run_server
-
-                    bar.set_postfix_str(f"{bench.name} T={temp:g} C={c} server {name}")
-                    res, engine_name, depth, acc = run_server(url, prompts, params, c, bar)
-                    results.append(result_entry(name, bench, engine_name, c, temp, None, res, None, refs, depth, acc))
+            for c in settings.concurrency:
+                point = Point(bench, prompts, params, refs, temp, c)
+                measure_point(model, eos, loaded, settings, point, bar, sweep)
     bar.close()
-    validation = attach_simulated_tau(results, run_dir, drafts)
+    return sweep
 
-    model_fit = advice.fit_cost_model(cost_runs)
-    context = sum(contexts) / max(len(contexts), 1)
-    recommendation = advice.recommend(results, model_fit, context)
-    plots = _plots(results, run_dir, [b.name for b in benches])
-    main = next(r for r in results if r["engine"] == "eyas") if any(r["engine"] == "eyas" for r in results) \
-        else results[0]
+
+def render_prompts(recipe: Recipe, tok, bench: Benchmark, efforts: Counter) -> list[list[int]]:
+    """Each prompt rendered with the target's chat template. gpt-oss as served: each prompt's reasoning
+    effort drawn from data.reasoning_effort, as in regeneration (counted into `efforts`)."""
+    d = recipe.data
+    drawn = [chat.reasoning_effort(d.reasoning_effort, d.seed, f"eval:{bench.name}:{i}")
+             for i in range(len(bench.messages))]
+    efforts.update(e for e in drawn if e is not None)
+    return [chat.render_prompt(tok, m, **chat.effort_kwargs(e)) for m, e in zip(bench.messages, drawn)]
+
+
+def greedy_references(model: torch.nn.Module, prompts: list[list[int]], max_new_tokens: int, eos: set[int]
+                      ) -> tuple[list[list[int]], list[float]]:
+    """-> (the target's plain greedy output per prompt: the lossless check's reference, its mean
+    next-token entropy along each)."""
+    refs, entropies = [], []
+    for p in prompts:
+        ref, ent, _ = greedy_generate(model, p, max_new_tokens, eos)
+        refs.append(ref)
+        entropies.append(ent)
+    return refs, entropies
+
+
+def measure_point(model: torch.nn.Module, eos: set[int], loaded: list[tuple[str, Eagle3Draft]],
+                  settings: Settings, point: Point, bar: tqdm, sweep: Sweep) -> None:
+    """Plain decoding (the baseline), then each draft at each shape, then each server, at one point."""
+    c, temp, bench = point.concurrency, point.temperature, point.bench
+    bar.set_postfix_str(point.label("plain"))
+    plain = Engine(model, max_batch=c, eos_ids=eos, profile=True)
+    base = run_engine(plain, point.prompts, point.params, c, bar)
+    sweep.cost_runs.append({"shape": None, "steps": base.steps})
+    sweep.contexts += [s.context for s in base.steps if s.kind == "decode"]
+    for name, draft in loaded:
+        for shape in settings.shapes:
+            bar.set_postfix_str(point.label(f"{name} {shape.label}"))
+            eng = Engine(model, draft, shape, max_batch=c, eos_ids=eos, profile=True)
+            res = run_engine(eng, point.prompts, point.params, c, bar)
+            eng.close()
+            sweep.results.append(result_entry(name, bench, "eyas", c, temp, shape, res, base, point.refs))
+            sweep.cost_runs.append({"shape": shape, "steps": res.steps})
+    for name, url in settings.servers:
+        from eyas.eval.server_client import run_server  # httpx and prometheus_client: only when asked
+
+        bar.set_postfix_str(point.label(f"server {name}"))
+        res, engine_name, depth, acc = run_server(url, point.prompts, point.params, c, bar)
+        sweep.results.append(result_entry(name, bench, engine_name, c, temp, None, res, None, point.refs,
+                                          depth, acc))
+
+
+def build_report(recipe: Recipe, run_dir: Path, model: torch.nn.Module, settings: Settings,
+                 benches: list[Benchmark], sweep: Sweep, validation: dict | None, plots: list[Path],
+                 wall_s: float) -> dict:
+    """report.json: the headline numbers of the first eyas-engine row (else the first row), every row,
+    the recommendation and the cost model behind it, the settings, each stage's wall time and the
+    training's validation (attach_simulated_tau)."""
+    results = sweep.results
+    model_fit = advice.fit_cost_model(sweep.cost_runs)
+    context = sum(sweep.contexts) / max(len(sweep.contexts), 1)
+    main = next((r for r in results if r["engine"] == "eyas"), None) or results[0]
     greedy_rows = [r["lossless"] for r in results if r["lossless"] is not None]
-    stage_times = {s: layout.read_done(run_dir, s).get("wall_s") for s in STAGE_ORDER[:-1] if layout.is_done(run_dir, s)}
-    stage_times["eval"] = round(time.perf_counter() - t0, 2)
-    report = {
+    stage_times = {s: layout.read_done(run_dir, s).get("wall_s")
+                   for s in STAGE_ORDER[:-1] if layout.is_done(run_dir, s)}
+    stage_times["eval"] = wall_s
+    device = input_device(model)
+    ev = recipe.eval
+    return {
         "acceptance_length": main["acceptance_length"],
         "k": main["k"],
         "per_position_acceptance": main["per_position_acceptance"],
@@ -169,32 +292,36 @@ def run_eval(recipe: Recipe, run_dir: str | Path, drafts: list[tuple[str, str]] 
         "tokens_per_second": {"speculative": main["output_tokens_per_s"],
                               "baseline": main["baseline_output_tokens_per_s"]},
         "speedup": main["speedup"],
-        "target_entropy": sum(entropies) / len(entropies) if entropies else None,
+        "target_entropy": sum(sweep.entropies) / len(sweep.entropies) if sweep.entropies else None,
         "stage_times": stage_times,
         "target": recipe.target.model,
-        "draft": drafts[0][1],
+        "draft": settings.drafts[0][1],
         "device": str(device) if recipe.target.device_map is None else
                   f"{device} (target {describe_placement(model, recipe.target.device_map)})",
-        "eval_settings": {"max_new_tokens": ev.max_new_tokens, "greedy": temperatures == [0.0],
+        "eval_settings": {"max_new_tokens": ev.max_new_tokens, "greedy": settings.temperatures == [0.0],
                           "benchmark": main["benchmark"], "benchmarks": [b.name for b in benches],
-                          "ks": ks or [], "trees": [s.to_json() for s in shapes if not s.is_chain],
-                          "concurrency": concurrency, "temperatures": temperatures, "top_p": ev.top_p,
-                          "top_k": ev.top_k, "seed": ev.seed,
-                          "reasoning_effort_mix": dict(sorted(effort_counts.items())) or None,
-                          "servers": [{"name": n, "url": u} for n, u in servers or []]},
+                          "ks": settings.ks,
+                          "trees": [s.to_json() for s in settings.shapes if not s.is_chain],
+                          "concurrency": settings.concurrency, "temperatures": settings.temperatures,
+                          "top_p": ev.top_p, "top_k": ev.top_k, "seed": ev.seed,
+                          "reasoning_effort_mix": dict(sorted(sweep.efforts.items())) or None,
+                          "servers": [{"name": n, "url": u} for n, u in settings.servers]},
         "results": results,
-        "recommendation": recommendation,
+        "recommendation": advice.recommend(results, model_fit, context),
         "cost_model": {**model_fit, "mean_context": context},
-        "plots": [p.name for p in plots] + (["train/curves.png"] if (run_dir / "train" / "curves.png").is_file() else []),
+        "plots": [p.name for p in plots]
+                 + (["train/curves.png"] if (run_dir / "train" / "curves.png").is_file() else []),
         "training_validation": validation,
     }
-    from eyas.eval.report import report_markdown
 
+
+def write_report(run_dir: Path, report: dict, plots: list[Path]) -> None:
+    """RUN/report.json, RUN/report.md, then the eval stage's DONE marker listing them and the plots."""
     io.write_json(run_dir / layout.REPORT_JSON, report)
     io.write_text(run_dir / layout.REPORT_MD, report_markdown(report))
-    layout.mark_done(run_dir, "eval", {"wall_s": stage_times["eval"], "acceptance_length": report["acceptance_length"]},
-                 outside=(layout.REPORT_JSON, layout.REPORT_MD, *(p.name for p in plots)))
-    return report
+    info = {"wall_s": report["stage_times"]["eval"], "acceptance_length": report["acceptance_length"]}
+    layout.mark_done(run_dir, "eval", info,
+                     outside=(layout.REPORT_JSON, layout.REPORT_MD, *(p.name for p in plots)))
 
 
 def attach_simulated_tau(results: list[dict], run_dir: Path, drafts: list[tuple[str, str]]) -> dict | None:
@@ -216,11 +343,10 @@ def attach_simulated_tau(results: list[dict], run_dir: Path, drafts: list[tuple[
     return validation
 
 
-def _warm_up(model, loaded, shapes, eos) -> None:
+def _warm_up(model: torch.nn.Module, loaded: list[tuple[str, Eagle3Draft]], shapes: list[TreeShape],
+             eos: set[int]) -> None:
     """One short request through each engine kind, so first-call costs (kernel selection, lazy
     buffers) are not timed."""
-    from eyas.serve.decoding.engine import Engine, Request
-
     p = SamplingParams(temperature=0, max_tokens=4)
     Engine(model, max_batch=1, eos_ids=eos).run([Request([1, 2, 3], p)])
     for _, draft in loaded[:1]:
@@ -231,7 +357,7 @@ def _warm_up(model, loaded, shapes, eos) -> None:
 
 
 def _plots(results: list[dict], run_dir: Path, benches: list[str]) -> list[Path]:
-    from eyas.eval.plots import acceptance_plot, throughput_plot
+    from eyas.eval.plots import acceptance_plot, throughput_plot  # matplotlib: only when plotting
 
     out = []
     for i, b in enumerate(benches):

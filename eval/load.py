@@ -68,7 +68,8 @@ def acceptance(emitted: list[list[int]], accepted: list[list[int]], depth: int,
     }
 
 
-def request_latencies(token_times: list[float], arrival: float) -> tuple[float | None, list[float], float | None]:
+def request_latencies(token_times: list[float], arrival: float
+                      ) -> tuple[float | None, list[float], float | None]:
     """-> (ttft, inter-emission gaps, tpot) of one request from its token emission times."""
     if not token_times:
         return None, [], None

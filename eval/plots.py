@@ -8,13 +8,15 @@ from pathlib import Path
 
 import matplotlib
 
+from eyas.eval.report import shape_label
+
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 
 
 def _label(r: dict) -> str:
-    shape = f"k={r['k']}" if r.get("tree") is None else "tree " + ",".join(map(str, r["tree"]))
-    return f"{r['draft']} {shape}" + (f" ({r['engine']})" if r.get("engine", "eyas") != "eyas" else "")
+    engine = f" ({r['engine']})" if r.get("engine", "eyas") != "eyas" else ""
+    return f"{r['draft']} {shape_label(r)}{engine}"
 
 
 def throughput_plot(results: list[dict], path: Path, benchmark: str) -> Path:
@@ -34,7 +36,8 @@ def throughput_plot(results: list[dict], path: Path, benchmark: str) -> Path:
             ax.plot([c for c, _ in pts], [t for _, t in pts], marker="o", label=label)
         if base:
             cs = sorted(base)
-            ax.plot(cs, [base[c] for c in cs], marker="s", color="black", linestyle="--", label="no speculation")
+            ax.plot(cs, [base[c] for c in cs], marker="s", color="black", linestyle="--",
+                    label="no speculation")
         ax.set_xscale("log", base=2)
         _axes(ax, "concurrent requests", "output tokens/s", f"{benchmark}, temperature {temp:g}")
     return _save(fig, path)
@@ -65,7 +68,8 @@ def acceptance_plot(results: list[dict], path: Path, benchmark: str) -> Path:
             continue
         seen.add(key)
         pp = r["per_position_acceptance"]
-        ax.plot(range(1, len(pp) + 1), pp, marker="o", label=f"{key[0]}, T={key[1]:g} (τ={r['acceptance_length']:.2f})")
+        ax.plot(range(1, len(pp) + 1), pp, marker="o",
+                label=f"{key[0]}, T={key[1]:g} (τ={r['acceptance_length']:.2f})")
     ax.set_ylim(0, 1.02)
     _axes(ax, "draft position", "acceptance rate", f"{benchmark}: per-position acceptance")
     return _save(fig, path)

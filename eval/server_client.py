@@ -40,7 +40,8 @@ def base_url(url: str) -> str:
 
 
 def scrape(client: httpx.Client, url: str) -> dict:
-    """vLLM spec-decode counters summed over engines: {"drafts", "draft_tokens", "accepted", "per_pos": {i: n}}."""
+    """vLLM spec-decode counters summed over engines:
+    {"drafts", "draft_tokens", "accepted", "per_pos": {i: n}}."""
     r = client.get(f"{url}/metrics")
     if r.status_code != 200:
         return {}
@@ -56,7 +57,8 @@ def scrape(client: httpx.Client, url: str) -> dict:
                 pos = int(s.labels["position"])
                 out["per_pos"][pos] = out["per_pos"].get(pos, 0) + s.value
             else:
-                key = {"drafts": "drafts", "draft_tokens": "draft_tokens", "accepted_tokens": "accepted"}.get(what)
+                key = {"drafts": "drafts", "draft_tokens": "draft_tokens",
+                       "accepted_tokens": "accepted"}.get(what)
                 if key:
                     out[key] = out.get(key, 0) + s.value
     return out if "drafts" in out else {}
@@ -83,8 +85,8 @@ async def _one(client: httpx.AsyncClient, url: str, model: str, prompt: list[int
             for c in chunk.get("choices") or []:
                 ids = c.get("token_ids")
                 if ids is None and c.get("text"):
-                    raise RuntimeError(f"{url}: the server returns no token ids (return_token_ids needs vLLM >= "
-                                       "0.10.2 or SGLang >= 0.5.17)")
+                    raise RuntimeError(f"{url}: the server returns no token ids (return_token_ids needs "
+                                       "vLLM >= 0.10.2 or SGLang >= 0.5.17)")
                 if ids:
                     tokens += ids
                     times.append(time.perf_counter())
@@ -118,8 +120,8 @@ def run_server(url: str, prompts: list[list[int]], params: list[SamplingParams],
         runs, t0 = asyncio.run(_all(url, card["id"], prompts, params, concurrency, bar))
         after = scrape(c, url)
     engine = {"eyas": "eyas-serve", "vllm": "vllm", "sglang": "sglang"}.get(card.get("owned_by"), "server")
-    res = LoadResult(outputs=[r["tokens"] for r in runs], wall_s=max(r["times"][-1] for r in runs if r["times"]) - t0,
-                     ttft_s=[], itl_s=[], tpot_s=[])
+    wall = max(r["times"][-1] for r in runs if r["times"]) - t0
+    res = LoadResult(outputs=[r["tokens"] for r in runs], wall_s=wall, ttft_s=[], itl_s=[], tpot_s=[])
     for r in runs:
         ttft, itl, tpot = request_latencies(r["times"], r["arrival"])
         if ttft is not None:
@@ -138,7 +140,8 @@ def run_server(url: str, prompts: list[list[int]], params: list[SamplingParams],
                    "target_forwards": int(drafts), "cut_verifications": None, "num_prompts": len(prompts)}
     elif all(r["verify_ct"] for r in runs):
         ct = sum(r["verify_ct"] for r in runs)
-        acc = {"acceptance_length": sum(len(r["tokens"]) - 1 for r in runs) / ct, "per_position_acceptance": [],
-               "target_forwards": ct, "cut_verifications": None, "num_prompts": len(prompts)}
+        acc = {"acceptance_length": sum(len(r["tokens"]) - 1 for r in runs) / ct,
+               "per_position_acceptance": [], "target_forwards": ct, "cut_verifications": None,
+               "num_prompts": len(prompts)}
         engine = "sglang" if engine == "server" else engine
     return res, engine, depth, acc

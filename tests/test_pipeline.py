@@ -257,19 +257,19 @@ def test_eval_prompts_carry_the_reasoning_effort_mix(setup, full_run, tmp_path, 
     import shutil
     from collections import Counter
 
-    import eyas.data.regenerate as regen
+    import eyas.data.chat as chat
     from eyas.eval.evaluate import run_eval
 
     _, target, prompts = setup
     run = shutil.copytree(full_run, tmp_path / "run")
     weights = {"low": 1.0, "high": 1.0}
-    seen, real = [], regen.render_prompt
-    monkeypatch.setattr(regen, "render_prompt",
+    seen, real = [], chat.render_prompt
+    monkeypatch.setattr(chat, "render_prompt",
                         lambda tok, m, **kw: seen.append(kw.get("reasoning_effort")) or real(tok, m, **kw))
     report = run_eval(recipe_for(target, prompts, data={"reasoning_effort": weights}), run, ks=[1], concurrency=[1],
                       temperatures=[0.0], progress=False, force=True)
     bench = report["eval_settings"]["benchmark"]
-    expected = [regen.reasoning_effort(weights, 0, f"eval:{bench}:{i}") for i in range(report["num_prompts"])]
+    expected = [chat.reasoning_effort(weights, 0, f"eval:{bench}:{i}") for i in range(report["num_prompts"])]
     assert seen == expected and set(expected) == {"low", "high"}
     assert report["eval_settings"]["reasoning_effort_mix"] == dict(sorted(Counter(expected).items()))
 
