@@ -23,15 +23,23 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from eyas.data.regenerate import loss_mask, read_sequences
 from eyas.data.compact import check_block_width, encode_aux, topk_teacher
-from eyas.data.sharding import Shard, balanced_ranges, current_shard, target_for_rank, wait_until
+from eyas.data.regenerate import loss_mask, read_sequences
+from eyas.data.sharding import Shard, Slices, current_shard, target_for_rank
 from eyas.data.shards import INDEX, shard_name, write_shard
-from eyas.data.target import (LAYER_ID_CONVENTION, StopForward, input_device, load_head_weights,
-                              load_recipe_target, tapped, text_config)
+from eyas.data.target import (
+    LAYER_ID_CONVENTION,
+    StopForward,
+    input_device,
+    load_head_weights,
+    load_recipe_target,
+    tapped,
+    text_config,
+)
 from eyas.io import read_json, write_json
 from eyas.layout import is_done, mark_done, read_done, require_done, stage_dir
-from eyas.recipes.schema import Recipe, check_against_target
+from eyas.recipes.load import check_against_target
+from eyas.recipes.schema import CaptureSection, Recipe, TargetSection
 
 STAGE = "capture"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -95,8 +103,8 @@ LATER_KEYS = {"aux_format": "same", "teacher": "final", "teacher_topk": None, "m
 def _check_resumable(index: dict, expected: dict, out_dir: Path) -> None:
     for key, value in expected.items():
         if index.get(key, LATER_KEYS.get(key)) != value:
-            raise RuntimeError(f"{out_dir / INDEX}: a partial capture with {key}={index.get(key)!r}, but this run "
-                               f"has {key}={value!r}; delete {out_dir} to capture from scratch")
+            raise RuntimeError(f"{out_dir / INDEX}: a partial capture with {key}={index.get(key)!r}, but "
+                               f"this run has {key}={value!r}; delete {out_dir} to capture from scratch")
 
 
 def _online(recipe: Recipe, run_dir: Path, model, layer_ids: list[int], header: dict, first: list[dict],
@@ -111,8 +119,9 @@ def _online(recipe: Recipe, run_dir: Path, model, layer_ids: list[int], header: 
     verified = verify_final(model, final, logits, mask, recipe.capture.verify_tolerance,
                             recipe.target.model)
     num_tokens = sum(len(s["input_ids"]) for s in seqs)
-    write_json(stage_dir(run_dir, STAGE) / INDEX, {**header, "mode": "online", "shards": [], "num_sequences": len(seqs),
-                                                   "num_tokens": num_tokens, "bytes_per_token": 0})
+    write_json(stage_dir(run_dir, STAGE) / INDEX, {**header, "mode": "online", "shards": [],
+                                                   "num_sequences": len(seqs), "num_tokens": num_tokens,
+                                                   "bytes_per_token": 0})
     print(f"capture: online: the target runs inside training for {num_tokens} tokens; nothing stored")
     stats = {"mode": "online", "num_sequences": len(seqs), "num_tokens": num_tokens, "num_shards": 0,
              "bytes_per_token": 0, "aux_layer_ids": layer_ids, "lm_head_max_rel_diff": verified,
@@ -121,7 +130,8 @@ def _online(recipe: Recipe, run_dir: Path, model, layer_ids: list[int], header: 
     return stats
 
 
-def run_capture(recipe: Recipe, run_dir: str | Path, progress: bool = True, shard: str | Shard | None = None) -> dict:
+def run_capture(recipe: Recipe, run_dir: str | Path, progress: bool = True,
+                shard: str | Shard | None = None) -> dict:
     """The `capture` stage (needs the `regenerate` stage); this process's `shard` of it (data/sharding.py):
     a contiguous run of the length-ordered batches holding about 1/N of the tokens, so the joined shards
     list the sequences in the single-process order."""
@@ -131,130 +141,187 @@ def run_capture(recipe: Recipe, run_dir: str | Path, progress: bool = True, shar
     t0 = time.time()
     shard = current_shard(shard)
     c, t = recipe.capture, target_for_rank(recipe.target, shard)
-    out_dir = stage_dir(run_dir, STAGE)
+    slices = Slices(Path(run_dir), STAGE, shard, "index",
+                    complete=lambda x: x["num_sequences"] == x["expected_sequences"])
     if c.mode == "online" and shard.index > 0:  # nothing to share out: shard 0 checks the target
-        return _wait_or_leave(run_dir, shard, "shard 0 checks the target and writes the online index")
-    model, _ = load_recipe_target(t)
-    cfg = text_config(model.config)
-    layer_ids = check_against_target(recipe, cfg.num_hidden_layers, cfg.vocab_size)
-    dtype = DTYPES[c.dtype]
-    header = {"target": t.model, "aux_layer_ids": layer_ids, "layer_id_convention": LAYER_ID_CONVENTION,
-              "hidden_size": cfg.hidden_size, "dtype": c.dtype, "aux_format": c.aux_format, "teacher": c.teacher,
-              "teacher_topk": c.teacher_topk if c.teacher == "topk" else None, "mode": c.mode}
-    check_block_width(c.aux_format, cfg.hidden_size)
-    dev = input_device(model)  # where input ids go (the embedding's execution device)
-    lm_head = model.get_output_embeddings().weight  # (V, H): the top-k teacher's logits
-    if c.teacher == "topk" and lm_head.device.type == "meta":  # offloaded by the device_map: read it from disk
-        lm_head = load_head_weights(t.model, t.trust_remote_code)["lm_head"]
-
+        return slices.wait_or_leave("shard 0 checks the target and writes the online index")
+    model, layer_ids, header, lm_head = _load_target(recipe, t)
     seqs = read_sequences(run_dir)
     order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]["input_ids"]))  # stable: fixed across runs
     if c.mode == "online":
-        return _online(recipe, run_dir, model, layer_ids, header, [seqs[i] for i in order[:c.batch_size]], seqs, t0)
-    batches = [order[i:i + c.batch_size] for i in range(0, len(order), c.batch_size)]
-    first, end = balanced_ranges([sum(len(seqs[i]["input_ids"]) for i in b) for b in batches],
-                                 shard.count)[shard.index]
-    label = shard.label if shard.count > 1 else None
-    own_index = out_dir / (f"index-{label}.json" if label else INDEX)
-    _check_layout(out_dir, shard)
+        first = [seqs[i] for i in order[:c.batch_size]]
+        return _online(recipe, run_dir, model, layer_ids, header, first, seqs, t0)
+    batches = [[seqs[i] for i in order[j:j + c.batch_size]] for j in range(0, len(order), c.batch_size)]
+    first, end = shard.contiguous([sum(len(s["input_ids"]) for s in b) for b in batches])
+    mine = batches[first:end]
+    out = _Output(slices, header, [first, end], sum(len(b) for b in mine))
+    bar = tqdm(total=sum(len(s["input_ids"]) for b in mine for s in b), initial=out.num_tokens,
+               desc="capture" + (f" {shard}" if out.label else ""), unit="tok", unit_scale=True,
+               disable=not progress)
+    new_tokens, fwd_s = _capture_batches(model, layer_ids, lm_head, c, t.model, mine, out, bar)
+    bar.close()
+    out.rate = new_tokens / fwd_s if fwd_s > 0 else out.rate
+    index = out.save()
+    if out.label:
+        print(f"capture: shard {shard}: {index['num_tokens']} tokens in {len(out.shards)} shards")
+    return slices.finish(lambda: _stage_record(slices, out, index, c, t0),
+                         {"num_tokens": index["num_tokens"], "tokens_per_s": out.rate})
 
-    mine = [f".shard-{label}-*.tmp", f".{own_index.name}.*.tmp"] if label else [".*.tmp"]
-    for stray in [f for pattern in mine for f in out_dir.glob(pattern)]:  # left by a killed process
-        stray.unlink()
-    shards: list[dict] = []
-    before: dict = {}
-    if own_index.is_file():
-        before = read_json(own_index)
-        _check_resumable(before, header, out_dir)
-        if label and before.get("batches") != [first, end]:
-            raise RuntimeError(f"{own_index}: this slice was batches {before.get('batches')} when it was written and "
-                               f"is batches {[first, end]} now (capture.batch_size or the sequences changed); delete "
-                               f"{out_dir} to capture from scratch")
-        shards = before["shards"]
-    listed = {s["file"] for s in shards}
-    for f in out_dir.glob(f"shard-{label}-*.safetensors" if label else "shard-[0-9]*.safetensors"):
-        if f.name not in listed:  # written, but the crash came before the index
-            f.unlink()
-    done = sum(s["num_sequences"] for s in shards)
-    expected = sum(len(b) for b in batches[first:end])
-    extra = {"batches": [first, end], "expected_sequences": expected} if label else {}
 
-    def save_index(**more) -> dict:  # a slice's index also keeps its check and speed
-        index = {**index_over(header, shards), **extra, **(more if label else {})}
-        write_json(own_index, index)
+def _load_target(recipe: Recipe, t: TargetSection) -> tuple:
+    """The target of `t` (the recipe's target section for this rank), checked against the recipe.
+
+    -> model, aux layer ids, the index header, the lm_head weight (V, H) for the top-k teacher."""
+    c = recipe.capture
+    model, _ = load_recipe_target(t)
+    cfg = text_config(model.config)
+    layer_ids = check_against_target(recipe, cfg.num_hidden_layers, cfg.vocab_size)
+    header = {"target": t.model, "aux_layer_ids": layer_ids, "layer_id_convention": LAYER_ID_CONVENTION,
+              "hidden_size": cfg.hidden_size, "dtype": c.dtype, "aux_format": c.aux_format,
+              "teacher": c.teacher, "teacher_topk": c.teacher_topk if c.teacher == "topk" else None,
+              "mode": c.mode}
+    check_block_width(c.aux_format, cfg.hidden_size)
+    lm_head = model.get_output_embeddings().weight  # (V, H): the top-k teacher's logits
+    if c.teacher == "topk" and lm_head.device.type == "meta":  # offloaded by the device_map: read from disk
+        lm_head = load_head_weights(t.model, t.trust_remote_code)["lm_head"]
+    return model, layer_ids, header, lm_head
+
+
+class _Output:
+    """What this process captures: its shards as they are written, and its index, rewritten after each shard
+    (index.json; a slice's index-rIofN.json also keeps its batches, its lm_head check and its speed)."""
+
+    def __init__(self, slices: Slices, header: dict, batches: list[int], expected: int):
+        self.out_dir = stage_dir(slices.run_dir, STAGE)
+        self.label = slices.shard.label if slices.shard.count > 1 else None
+        self.path = slices.record() if self.label else self.out_dir / INDEX
+        self.header = header
+        self.extra = {"batches": batches, "expected_sequences": expected} if self.label else {}
+        self.buffer: list[dict[str, torch.Tensor]] = []
+        self.buffered = 0
+        self._resume(slices)
+
+    def _resume(self, slices: Slices) -> None:
+        """Take up what an earlier process of this slice left: the shards its index lists are kept (with its
+        lm_head check and speed), the rest (temporaries, shards written after the last index) is deleted."""
+        _check_layout(slices)
+        label, batches = self.label, self.extra.get("batches")
+        slices.remove_strays([f".shard-{label}-*.tmp", f".{self.path.name}.*.tmp"] if label else [".*.tmp"])
+        before = read_json(self.path) if self.path.is_file() else {}
+        if before:
+            _check_resumable(before, self.header, self.out_dir)
+            if label and before.get("batches") != batches:
+                raise RuntimeError(f"{self.path}: this slice was batches {before.get('batches')} when it was "
+                                   f"written and is batches {batches} now (capture.batch_size or the "
+                                   f"sequences changed); delete {self.out_dir} to capture from scratch")
+        self.shards: list[dict] = before.get("shards", [])
+        written = {s["file"] for s in self.shards}  # a shard not listed was written, but the crash came first
+        slices.remove_strays([f"shard-{label}-*.safetensors" if label else "shard-[0-9]*.safetensors"],
+                             keep=written)
+        self.verified = before.get("lm_head_max_rel_diff")  # a resumed process checks its first batch again
+        self.rate = before.get("tokens_per_s")
+        self.save()
+
+    @property
+    def num_sequences(self) -> int:
+        return sum(s["num_sequences"] for s in self.shards)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s["num_tokens"] for s in self.shards)
+
+    def save(self) -> dict:
+        """Rewrite the index (a slice's also keeps its check and speed). -> the index."""
+        more = {"lm_head_max_rel_diff": self.verified, "tokens_per_s": self.rate} if self.label else {}
+        index = {**index_over(self.header, self.shards), **self.extra, **more}
+        write_json(self.path, index)
         return index
 
-    verified = before.get("lm_head_max_rel_diff")  # a resumed process checks its own first batch again
-    rate = before.get("tokens_per_s")
-    index = save_index(lm_head_max_rel_diff=verified, tokens_per_s=rate)
-    total_tokens = sum(len(seqs[i]["input_ids"]) for b in batches[first:end] for i in b)
-    bar = tqdm(total=total_tokens, initial=sum(s["num_tokens"] for s in shards),
-               desc="capture" + (f" {shard}" if label else ""), unit="tok", unit_scale=True, disable=not progress)
-    buffer: list[dict[str, torch.Tensor]] = []
-    buffered = 0
-    checked, new_tokens, fwd_s = False, 0, 0.0
+    def add(self, row: dict[str, torch.Tensor], shard_tokens: int) -> None:
+        """One sequence's tensors; once `shard_tokens` are buffered they are written as the next shard."""
+        self.buffer.append(row)
+        self.buffered += len(row["input_ids"])
+        if self.buffered >= shard_tokens:
+            self.write_buffer()
+            self.save()
+
+    def write_buffer(self) -> None:
+        if self.buffer:
+            path = self.out_dir / shard_name(len(self.shards), self.label)
+            self.shards.append(write_shard(path, self.buffer))
+            self.buffer, self.buffered = [], 0
+
+
+def _capture_batches(model, layer_ids: list[int], lm_head: torch.Tensor, c: CaptureSection, target: str,
+                     batches: list[list[dict]], out: _Output, bar) -> tuple[int, float]:
+    """This slice's `batches` of sequences through the target, from the first sequence `out` does not hold
+    yet, into `out`'s shards. -> (new tokens, forward seconds)."""
+    done = out.num_sequences
+    dev = input_device(model)  # where input ids go (the embedding's execution device)
+    new_tokens, fwd_s = 0, 0.0
     with tapped(model, layer_ids) as tap:
-        for k in range(first + done // c.batch_size, end):
-            batch = [seqs[i] for i in batches[k]]
+        for j in range(done // c.batch_size, len(batches)):
+            batch = batches[j]
             ids, mask = right_padded([s["input_ids"] for s in batch])  # (B, T)
-            T = ids.shape[1]
             ids, mask = ids.to(dev), mask.to(dev)
             tf = time.time()
             aux, final, logits = capture_batch(model, tap, ids, mask)
-            if not checked:  # this process's first batch: full logits once, to check the final state
-                verified = verify_final(model, final, logits, mask, c.verify_tolerance, t.model)
-                checked = tap.stop_at_final = True  # later batches skip the lm_head
+            if not tap.stop_at_final:  # the process's first batch: check the final state on the full logits
+                out.verified = verify_final(model, final, logits, mask, c.verify_tolerance, target)
+                tap.stop_at_final = True  # once; later batches skip the lm_head
             del logits
-            B = len(batch)
-            # per token: the aux states in their stored form, and the teacher (final state or top-k)
-            stored = encode_aux(aux.reshape(B * T, -1), len(layer_ids), c.aux_format, dtype)
-            if c.teacher == "final":
-                stored["final"] = final.reshape(B * T, -1).to(dtype)
-            else:
-                stored.update(topk_teacher(final.reshape(B * T, -1), lm_head, c.teacher_topk))
-            stored = {n: x.cpu().view(B, T, *x.shape[1:]) for n, x in stored.items()}  # (B, T, ...)
+            stored = stored_form(aux, final, c, len(layer_ids), lm_head)  # (B, T, ...)
             fwd_s += time.time() - tf
             for b, s in enumerate(batch):
-                if (k - first) * c.batch_size + b < done:  # already in a shard (resumed mid-batch)
+                if j * c.batch_size + b < done:  # already in a shard (resumed mid-batch)
                     continue
                 L = len(s["input_ids"])
-                buffer.append({**{n: x[b, :L] for n, x in stored.items()},
-                               "input_ids": torch.tensor(s["input_ids"]),
-                               "loss_mask": torch.tensor(loss_mask(s))})
-                buffered += L
+                row = {n: x[b, :L] for n, x in stored.items()}
+                row.update(input_ids=torch.tensor(s["input_ids"]), loss_mask=torch.tensor(loss_mask(s)))
+                out.add(row, c.shard_tokens)
                 new_tokens += L
                 bar.update(L)
-                if buffered >= c.shard_tokens:
-                    shards.append(write_shard(out_dir / shard_name(len(shards), label), buffer))
-                    index = save_index(lm_head_max_rel_diff=verified, tokens_per_s=rate)
-                    buffer, buffered = [], 0
-        if buffer:
-            shards.append(write_shard(out_dir / shard_name(len(shards), label), buffer))
-        rate = new_tokens / fwd_s if fwd_s > 0 else rate
-        index = save_index(lm_head_max_rel_diff=verified, tokens_per_s=rate)
-    bar.close()
-    if label:
-        print(f"capture: shard {shard}: {index['num_tokens']} tokens in {len(shards)} shards")
-        if not _joinable(run_dir, out_dir, shard):
-            return {"shard": str(shard), "complete": False, "num_tokens": index["num_tokens"], "tokens_per_s": rate}
-        if is_done(run_dir, STAGE):
-            return read_done(run_dir, STAGE)
-        parts = [read_json(out_dir / f"index-r{i}of{shard.count}.json") for i in range(shard.count)]
+    out.write_buffer()
+    return new_tokens, fwd_s
+
+
+def stored_form(aux: torch.Tensor, final: torch.Tensor, c: CaptureSection, n_aux: int,
+                lm_head: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per token the aux states in their stored form and the teacher (final state or top-k).
+
+    aux (B, T, n_aux*H), final (B, T, H), lm_head (V, H) -> {name: (B, T, ...) on the CPU}."""
+    B, T = final.shape[:2]
+    dtype = DTYPES[c.dtype]
+    stored = encode_aux(aux.reshape(B * T, -1), n_aux, c.aux_format, dtype)
+    if c.teacher == "final":
+        stored["final"] = final.reshape(B * T, -1).to(dtype)
+    else:
+        stored.update(topk_teacher(final.reshape(B * T, -1), lm_head, c.teacher_topk))
+    return {n: x.cpu().view(B, T, *x.shape[1:]) for n, x in stored.items()}
+
+
+def _stage_record(slices: Slices, out: _Output, index: dict, c: CaptureSection, t0: float) -> dict:
+    """Join the slices (index.json over every slice's shards, in slice order), say what was stored and mark
+    the stage done. `index`: this process's final index. -> the stage record."""
+    shards, verified, rate = out.shards, out.verified, out.rate
+    if out.label:
+        parts = slices.records()
         shards = [s for p in parts for s in p["shards"]]
-        index = save_joined(out_dir, header, shards)
+        index = save_joined(out.out_dir, out.header, shards)
         verified = max((v for p in parts if (v := p.get("lm_head_max_rel_diff")) is not None), default=None)
         rate = sum(p.get("tokens_per_s") or 0 for p in parts) or None
-
-    bpt = index["bytes_per_token"]
+    layer_ids, bpt = out.header["aux_layer_ids"], index["bytes_per_token"]
+    aux_as = c.aux_format if c.aux_format != "same" else c.dtype
+    teacher = "final state in " + c.dtype if c.teacher == "final" else f"top-{c.teacher_topk}"
     print(f"capture: {index['num_tokens']} tokens in {len(shards)} shards, {bpt:.1f} bytes/token "
-          f"(aux {len(layer_ids)}x{cfg.hidden_size} as {c.aux_format if c.aux_format != 'same' else c.dtype}, "
-          f"teacher: {'final state in ' + c.dtype if c.teacher == 'final' else f'top-{c.teacher_topk}'}, ids, mask)")
-    stats = {"num_sequences": index["num_sequences"], "num_tokens": index["num_tokens"], "num_shards": len(shards),
-             "bytes_per_token": bpt, "aux_layer_ids": layer_ids, "lm_head_max_rel_diff": verified,
-             "tokens_per_s": rate, "wall_s": round(time.time() - t0, 3)}
-    if label:
-        stats["capture_shards"] = shard.count
-    mark_done(run_dir, STAGE, stats, known={f"{STAGE}/{s['file']}": s for s in shards})  # checksummed when written
+          f"(aux {len(layer_ids)}x{out.header['hidden_size']} as {aux_as}, teacher: {teacher}, ids, mask)")
+    stats = {"num_sequences": index["num_sequences"], "num_tokens": index["num_tokens"],
+             "num_shards": len(shards), "bytes_per_token": bpt, "aux_layer_ids": layer_ids,
+             "lm_head_max_rel_diff": verified, "tokens_per_s": rate, "wall_s": round(time.time() - t0, 3)}
+    if out.label:
+        stats["capture_shards"] = slices.shard.count
+    known = {f"{STAGE}/{s['file']}": s for s in shards}  # checksummed when written
+    mark_done(slices.run_dir, STAGE, stats, known=known)
     return stats
 
 
@@ -273,45 +340,18 @@ def save_joined(out_dir: Path, header: dict, shards: list[dict]) -> dict:
     return index
 
 
-def _check_layout(out_dir: Path, shard: Shard) -> None:
+def _check_layout(slices: Slices) -> None:
     """A partial capture is resumed only with the same number of slices it was started with."""
-    sliced = sorted(out_dir.glob("index-r*of*.json"))
+    shard, out_dir = slices.shard, slices.out_dir
+    sliced = slices.on_disk()
     counts = {int(f.stem.split("of")[1]) for f in sliced}
     if shard.count == 1 and sliced:
-        raise RuntimeError(f"{sliced[0]}: a capture sharded {counts.pop()} ways is partial here; finish it with "
-                           f"`eyas capture --shard I/N` (or the same launcher), or delete {out_dir}")
+        raise RuntimeError(f"{sliced[0]}: a capture sharded {counts.pop()} ways is partial here; finish it "
+                           f"with `eyas capture --shard I/N` (or the same launcher), or delete {out_dir}")
     joined = read_json(out_dir / INDEX)["shards"] if (out_dir / INDEX).is_file() else []
     ours = all(s["file"].startswith("shard-r") and f"of{shard.count}-" in s["file"] for s in joined)  # a join
-    if shard.count > 1 and (counts - {shard.count} or not ours):  # (an index.json of this slicing: redo the join)
-        was = f"sharded {sorted(counts - {shard.count})} ways" if counts - {shard.count} else "in one process"
-        raise RuntimeError(f"{out_dir}: a partial capture made {was} cannot be resumed as shard {shard}; resume it "
-                           f"the way it was started, or delete {out_dir}")
-
-
-def _joinable(run_dir: Path, out_dir: Path, shard: Shard) -> bool:
-    """Whether this slice joins the capture now (every slice's index complete): a launched rank 0 waits for
-    the others, other launched ranks wait for its DONE, a --shard process that is not the last leaves."""
-    def complete(i: int) -> bool:
-        f = out_dir / f"index-r{i}of{shard.count}.json"
-        return f.is_file() and (x := read_json(f))["num_sequences"] == x["expected_sequences"]
-
-    if shard.launched:
-        if shard.index == 0:
-            wait_until(lambda: all(complete(i) for i in range(shard.count)), "the other ranks' capture shards")
-        else:
-            wait_until(lambda: is_done(run_dir, STAGE), "rank 0 to join the capture")
-        return True
-    missing = [i for i in range(shard.count) if not complete(i)]
-    if missing:
-        print(f"capture: shard {shard} done; slices {missing} are not finished yet: the last to finish joins them")
-        return False
-    return True
-
-
-def _wait_or_leave(run_dir: Path, shard: Shard, what: str) -> dict:
-    """A launched rank waits for the stage's DONE (-> its record); a --shard process leaves at once."""
-    if shard.launched:
-        wait_until(lambda: is_done(run_dir, STAGE), what)
-        return read_done(run_dir, STAGE)
-    print(f"capture: shard {shard}: nothing to do ({what})")
-    return {"shard": str(shard), "complete": False}
+    others = counts - {shard.count}
+    if shard.count > 1 and (others or not ours):  # (an index.json of this slicing: redo the join)
+        was = f"sharded {sorted(others)} ways" if others else "in one process"
+        raise RuntimeError(f"{out_dir}: a partial capture made {was} cannot be resumed as shard {shard}; "
+                           f"resume it the way it was started, or delete {out_dir}")

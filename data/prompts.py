@@ -37,8 +37,9 @@ from __future__ import annotations
 import json
 import random
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from eyas.data.target import resolve_path
 from eyas.errors import InputError
@@ -80,7 +81,8 @@ def _message_list(msgs: list, where: str) -> list[dict]:
             raise DataFormatError(f"{where}: message {j} has an unknown role {speaker!r} "
                                   f"(known: {', '.join(sorted(ROLES))})")
         if not isinstance(content, str):
-            raise DataFormatError(f"{where}: message {j} content must be a string, got {type(content).__name__}")
+            raise DataFormatError(f"{where}: message {j} content must be a string, got "
+                                  f"{type(content).__name__}")
         out.append({"role": role, "content": content})
     return out
 
@@ -113,7 +115,8 @@ def record_to_conversation(rec: dict, where: str) -> list[dict]:
         text = rec["instruction"] + (f"\n\n{extra}" if isinstance(extra, str) and extra.strip() else "")
         conv = [{"role": "user", "content": text}]
     elif isinstance(rec.get("turns"), list) and rec["turns"] and isinstance(rec["turns"][0], str):
-        conv = [{"role": "user", "content": t} for t in rec["turns"] if isinstance(t, str)]  # answers come later
+        conv = [{"role": "user", "content": t}  # answers come later
+                for t in rec["turns"] if isinstance(t, str)]
     else:
         raise DataFormatError(
             f"{where}: no conversation found (expected one of the fields messages, conversations, data, "
@@ -132,7 +135,8 @@ def _json_records(path: Path) -> list:
     if isinstance(obj, list):
         return obj
     if isinstance(obj, dict):
-        lists = [k for k, v in obj.items() if isinstance(v, list) and v and all(isinstance(r, dict) for r in v)]
+        lists = [k for k, v in obj.items()
+                 if isinstance(v, list) and v and all(isinstance(r, dict) for r in v)]
         if len(lists) == 1:
             return obj[lists[0]]
         raise DataFormatError(f"{path}: expected an array of records or an object with one list of records, "
@@ -167,8 +171,8 @@ def load_conversations(source: str, split: str = "train", hub_config: str | None
             return _convert(_json_records(path), lambda i: f"{path}: record {i}")
         raise DataFormatError(f"{path}: unsupported file type {path.suffix!r} (expected .jsonl or .json)")
     if path.suffix in (".jsonl", ".json") or path.exists() or source.startswith((".", "/", "~")):
-        raise InputError(f"{key}={source}: no such file (or not a regular file); fix the path (a relative one "
-                         f"is read from {Path.cwd()}), or give a hub dataset id ORG/NAME")
+        raise InputError(f"{key}={source}: no such file (or not a regular file); fix the path (a relative "
+                         f"one is read from {Path.cwd()}), or give a hub dataset id ORG/NAME")
     ds = hub_dataset(source, hub_config, split, key)
     return _convert(ds, lambda i: f"{source} (config {hub_config}, split {split}): record {i}")
 
@@ -183,12 +187,12 @@ def hub_dataset(source: str, hub_config: str | None, split: str, key: str):
     try:
         return datasets.load_dataset(source, hub_config, split=split)
     except DatasetNotFoundError as e:
-        raise InputError(f"{key}={source}: no such dataset on the Hugging Face hub (or it is gated and this token "
-                         "cannot read it), and no such local file; check the id or the path") from e
+        raise InputError(f"{key}={source}: no such dataset on the Hugging Face hub (or it is gated and this "
+                         "token cannot read it), and no such local file; check the id or the path") from e
     except ConnectionError as e:
-        raise RunError(f"{key}={source}: the dataset is not in the Hugging Face cache and the hub cannot be reached "
-                       f"({e}); download it where there is network (`hf download --repo-type dataset {source}`), "
-                       f"or save it as a local .jsonl and set {key} to that file") from e
+        raise RunError(f"{key}={source}: the dataset is not in the Hugging Face cache and the hub cannot be "
+                       f"reached ({e}); download it where there is network (`hf download --repo-type dataset "
+                       f"{source}`), or save it as a local .jsonl and set {key} to that file") from e
 
 
 def _system(conv: list[dict], system_prompt: str | None) -> list[dict]:
@@ -207,7 +211,8 @@ def prompt_messages(conv: list[dict], system_prompt: str | None = None) -> list[
     return _system(conv, system_prompt) + [dict(user)]
 
 
-def user_turns(conv: list[dict], system_prompt: str | None = None, max_turns: int | None = None) -> list[dict]:
+def user_turns(conv: list[dict], system_prompt: str | None = None,
+               max_turns: int | None = None) -> list[dict]:
     """The multi-turn prompt: the system message (as `prompt_messages` picks it), then the
     conversation's non-empty user turns in order, at most `max_turns` (None = all). Assistant
     messages are dropped: the target regenerates every answer. -> [system?, user_1, user_2, ...]"""
@@ -255,38 +260,8 @@ def run_prompts(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> d
     t0 = time.time()
     d = recipe.data
     sources, plain_ids = _sources(d)
-    seen: set[str] = set()
-    per_source = []  # per source: its stats entry and its unique prompts, in record order
-    for k, src in enumerate(sources):
-        path = resolve_path(src.source)
-        convs = load_conversations(path, src.split, src.hub_config,
-                                   "data.prompts" if plain_ids else f"data.prompts[{k}].source")
-        name = src.label()
-        items = []
-        for i, conv in enumerate(convs):
-            msgs = user_turns(conv, d.system_prompt, d.max_turns)
-            key = _key(msgs)
-            if key not in seen:
-                seen.add(key)
-                items.append({"id": str(i) if plain_ids else f"{name}:{i}", "messages": msgs,
-                              "eval": prompt_messages(conv, d.system_prompt)})
-        per_source.append(({"name": name, "source": path, "weight": src.weight, "num_records": len(convs),
-                            "num_duplicates": len(convs) - len(items)}, items))
-    weights = [src.weight for src in sources]
-    want = quotas(d.num_prompts, weights) if d.num_prompts is not None else [None] * len(sources)
-    chosen = []
-    for k, ((entry, items), quota) in enumerate(zip(per_source, want)):
-        if quota is not None and len(items) < quota and not plain_ids:  # one source: all it has, as before
-            raise RecipeError(
-                f"data.prompts[{k}] ({entry['name']}, {entry['source']}): {len(items)} unique prompts "
-                f"({entry['num_records']} records, {entry['num_duplicates']} duplicates), fewer than its quota of "
-                f"{quota} (data.num_prompts={d.num_prompts} x weight {entry['weight']:g} / total weight "
-                f"{sum(weights):g}); lower its weight or data.num_prompts")
-        random.Random(d.seed).shuffle(items)
-        for it in items[:quota]:
-            chosen.append((k, it))
-    if len(sources) > 1:
-        random.Random(d.seed).shuffle(chosen)
+    per_source = _unique_prompts(d, sources, plain_ids)
+    chosen = _choose(d, per_source, plain_ids)
     label = per_source[0][0]["source"] if plain_ids else f"{len(sources)} sources"
     num_records = sum(e["num_records"] for e, _ in per_source)
     num_duplicates = sum(e["num_duplicates"] for e, _ in per_source)
@@ -298,16 +273,8 @@ def run_prompts(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> d
 
     if d.num_eval_prompts >= len(chosen):
         raise too_few(len(chosen))
-    # hold out whole conversations, distinct by their (single-turn) eval prompt; a training
-    # conversation that starts with a held-out prompt is dropped so the eval prompt is never trained on
-    evals, rest, eval_keys = [], [], set()
-    for k, it in chosen:
-        ek = _key(it["eval"])
-        if len(evals) < d.num_eval_prompts and ek not in eval_keys:
-            eval_keys.add(ek)
-            evals.append((k, it))
-        else:
-            rest.append((k, it))
+    evals, rest = _hold_out(chosen, d.num_eval_prompts)
+    eval_keys = {_key(it["eval"]) for _, it in evals}
     train = [(k, it) for k, it in rest if _key(it["eval"]) not in eval_keys]
     if not train:
         raise too_few(len(chosen))
@@ -323,16 +290,85 @@ def run_prompts(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> d
              "num_turns": sum(turns), "max_turns_seen": max(turns),
              "sources": [e for e, _ in per_source], "wall_s": round(time.time() - t0, 3)}
     if progress:
-        print(f"prompts: {len(train)} train ({stats['num_turns']} user turns, at most {stats['max_turns_seen']} "
-              f"per prompt), {len(evals)} eval from {num_records} records of {label} ({num_duplicates} duplicates"
-              + (f", {stats['num_eval_overlap']} training conversations dropped: they start with an eval prompt"
-                 if stats["num_eval_overlap"] else "") + ")")
-        if not plain_ids:
-            for e in stats["sources"]:
-                print(f"  {e['name']}: {e['num_chosen']} prompts from {e['num_records']} records of {e['source']} "
-                      f"(weight {e['weight']:g}, {e['num_duplicates']} duplicates)")
-            if d.num_prompts is None and len(set(weights)) > 1:
-                print("  data.num_prompts is null: every unique prompt of every source is used, the weights "
-                      "do not matter")
+        _say(d, stats, label, plain_ids)
     mark_done(run_dir, STAGE, stats)
     return stats
+
+
+def _unique_prompts(d: DataSection, sources: list[PromptSource],
+                    plain_ids: bool) -> list[tuple[dict, list[dict]]]:
+    """Every source's conversations reduced to their user turns, each kept by the first source that has it.
+
+    -> per source: (its stats entry, its unique prompts in record order: {"id", "messages", "eval"})."""
+    seen: set[str] = set()
+    per_source = []
+    for k, src in enumerate(sources):
+        path = resolve_path(src.source)
+        convs = load_conversations(path, src.split, src.hub_config,
+                                   "data.prompts" if plain_ids else f"data.prompts[{k}].source")
+        name = src.label()
+        items = []
+        for i, conv in enumerate(convs):
+            msgs = user_turns(conv, d.system_prompt, d.max_turns)
+            key = _key(msgs)
+            if key not in seen:
+                seen.add(key)
+                items.append({"id": str(i) if plain_ids else f"{name}:{i}", "messages": msgs,
+                              "eval": prompt_messages(conv, d.system_prompt)})
+        per_source.append(({"name": name, "source": path, "weight": src.weight, "num_records": len(convs),
+                            "num_duplicates": len(convs) - len(items)}, items))
+    return per_source
+
+
+def _choose(d: DataSection, per_source: list[tuple[dict, list[dict]]],
+            plain_ids: bool) -> list[tuple[int, dict]]:
+    """Each source's quota of its prompts (all of them with num_prompts null), drawn after a shuffle with
+    `data.seed`; several sources' are shuffled together. -> [(source number, prompt)]."""
+    weights = [entry["weight"] for entry, _ in per_source]
+    want = quotas(d.num_prompts, weights) if d.num_prompts is not None else [None] * len(per_source)
+    chosen = []
+    for k, ((entry, items), quota) in enumerate(zip(per_source, want)):
+        if quota is not None and len(items) < quota and not plain_ids:  # one source: all it has, as before
+            raise RecipeError(
+                f"data.prompts[{k}] ({entry['name']}, {entry['source']}): {len(items)} unique prompts "
+                f"({entry['num_records']} records, {entry['num_duplicates']} duplicates), fewer than its "
+                f"quota of {quota} (data.num_prompts={d.num_prompts} x weight {entry['weight']:g} / total "
+                f"weight {sum(weights):g}); lower its weight or data.num_prompts")
+        random.Random(d.seed).shuffle(items)
+        for it in items[:quota]:
+            chosen.append((k, it))
+    if len(per_source) > 1:
+        random.Random(d.seed).shuffle(chosen)
+    return chosen
+
+
+def _hold_out(chosen: list[tuple[int, dict]], num_eval: int) -> tuple[list, list]:
+    """The first `num_eval` conversations distinct by their (single-turn) eval prompt are held out.
+
+    -> (held out, the rest); a conversation of the rest that starts with a held-out prompt must be dropped
+    from training so that the eval prompt is never trained on."""
+    evals, rest, eval_keys = [], [], set()
+    for k, it in chosen:
+        ek = _key(it["eval"])
+        if len(evals) < num_eval and ek not in eval_keys:
+            eval_keys.add(ek)
+            evals.append((k, it))
+        else:
+            rest.append((k, it))
+    return evals, rest
+
+
+def _say(d: DataSection, stats: dict, label: str, plain_ids: bool) -> None:
+    """The stage's summary on stdout (and each source's share when there are several)."""
+    print(f"prompts: {stats['num_train']} train ({stats['num_turns']} user turns, at most "
+          f"{stats['max_turns_seen']} per prompt), {stats['num_eval']} eval from {stats['num_records']} "
+          f"records of {label} ({stats['num_duplicates']} duplicates"
+          + (f", {stats['num_eval_overlap']} training conversations dropped: they start with an eval prompt"
+             if stats["num_eval_overlap"] else "") + ")")
+    if not plain_ids:
+        for e in stats["sources"]:
+            print(f"  {e['name']}: {e['num_chosen']} prompts from {e['num_records']} records of "
+                  f"{e['source']} (weight {e['weight']:g}, {e['num_duplicates']} duplicates)")
+        if d.num_prompts is None and len({e["weight"] for e in stats["sources"]}) > 1:
+            print("  data.num_prompts is null: every unique prompt of every source is used, the weights "
+                  "do not matter")

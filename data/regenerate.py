@@ -31,14 +31,25 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from eyas.data.chat import (answer_message, cut_at_eos, effort_kwargs, eos_token_ids, generation_eos_ids, is_harmony, left_pad,
-                            pad_token_id, reasoning_effort, render_prompt, split_turns)
+from eyas.data.chat import (
+    answer_message,
+    cut_at_eos,
+    effort_kwargs,
+    eos_token_ids,
+    generation_eos_ids,
+    is_harmony,
+    left_pad,
+    pad_token_id,
+    reasoning_effort,
+    render_prompt,
+    split_turns,
+)
 from eyas.data.prompts import read_prompts
-from eyas.data.sharding import Shard, current_shard, target_for_rank, wait_until
+from eyas.data.sharding import Shard, Slices, current_shard, target_for_rank
 from eyas.data.target import input_device, load_recipe_target, resolve_path
-from eyas.io import read_json, read_jsonl, write_json, write_jsonl
+from eyas.io import read_jsonl, write_json, write_jsonl
 from eyas.layout import is_done, mark_done, read_done, require_done, stage_dir
-from eyas.recipes.schema import Recipe
+from eyas.recipes.schema import DataSection, Recipe
 
 STAGE = "regenerate"
 PART_BATCHES = 8  # batches per part file: what a crash can cost at most
@@ -68,8 +79,8 @@ def generate_batch(model, prompts: list[list[int]], *, eos_ids: list[int], pad_i
     """Left-padded batched generation. -> per prompt (generated ids cut at eos, finished)."""
     ids, mask = left_pad(prompts, pad_id)
     L = ids.shape[1]
-    sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": 0} if temperature > 0 \
-        else {"do_sample": False}
+    sampling = ({"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": 0} if temperature > 0
+                else {"do_sample": False})
     with torch.no_grad():
         dev = input_device(model)
         out = model.generate(input_ids=ids.to(dev), attention_mask=mask.to(dev),
@@ -102,8 +113,10 @@ class Conversations:
     A conversation ends early when an answer did not finish (max_new_tokens) or the next prompt is
     longer than `data.max_prompt_tokens`; its later turns are not asked (counted in the stage record)."""
 
-    def __init__(self, tokenizer, prompts: list[dict], efforts: dict, eos_ids: list[int], max_prompt_tokens: int):
-        self.tok, self.efforts, self.eos_ids, self.max_prompt_tokens = tokenizer, efforts, eos_ids, max_prompt_tokens
+    def __init__(self, tokenizer, prompts: list[dict], efforts: dict, eos_ids: list[int],
+                 max_prompt_tokens: int):
+        self.tok, self.efforts, self.eos_ids = tokenizer, efforts, eos_ids
+        self.max_prompt_tokens = max_prompt_tokens
         self.harmony = is_harmony(tokenizer)  # once: the vocabulary is 201K entries on gpt-oss
         self.turns = {p["id"]: split_turns(p["messages"]) for p in prompts}  # id -> (system, users)
         self.history: dict[str, list[dict]] = {}  # id -> the messages of the last prompt rendered
@@ -117,15 +130,18 @@ class Conversations:
         return self.render(pid, system + users[:1])
 
     def row(self, pid: str, turn: int, ids: list[int], gen: list[int], finished: bool) -> dict:
-        return {"id": pid if turn == 0 else f"{pid}/{turn}", "conversation": pid, "turn": turn, "input_ids": ids + gen,
-                "prompt_len": len(ids), "finished": finished, **effort_kwargs(self.efforts[pid])}
+        return {"id": pid if turn == 0 else f"{pid}/{turn}", "conversation": pid, "turn": turn,
+                "input_ids": ids + gen, "prompt_len": len(ids), "finished": finished,
+                **effort_kwargs(self.efforts[pid])}
 
     def next(self, pid: str, turn: int, gen: list[int], finished: bool) -> list[int] | None:
-        """The prompt ids of turn `turn + 1` after answer `gen` to turn `turn`; None when the conversation ends."""
+        """The prompt ids of turn `turn + 1` after answer `gen` to turn `turn`; None when the conversation
+        ends."""
         users = self.turns[pid][1]
         if turn + 1 >= len(users) or not finished:
             return None
-        ids = self.render(pid, self.history[pid] + [answer_message(self.tok, gen, self.eos_ids, self.harmony), users[turn + 1]])
+        answer = answer_message(self.tok, gen, self.eos_ids, self.harmony)
+        ids = self.render(pid, self.history[pid] + [answer, users[turn + 1]])
         return ids if len(ids) <= self.max_prompt_tokens else None
 
     def num_user_turns(self, pid: str) -> int:
@@ -148,18 +164,43 @@ def run_regenerate(recipe: Recipe, run_dir: str | Path, progress: bool = True,
     t0 = time.time()
     shard = current_shard(shard)
     d, t = recipe.data, target_for_rank(recipe.target, shard)
-    out_dir = stage_dir(run_dir, STAGE)
     if d.backend == "server":
         model, (tok, eos_ids) = None, target_tokenizer_and_eos(t)
     else:
         model, tok = load_recipe_target(t)
         eos_ids = eos_token_ids(model, tok)
+    convs, kept, num_prompts = _first_prompts(d, t.model, tok, eos_ids, read_prompts(run_dir, "train"))
+    batches = [kept[i:i + d.batch_size] for i in range(0, len(kept), d.batch_size)]
+    parts = [batches[i:i + part_batches] for i in range(0, len(batches), part_batches)]
+    slices = Slices(Path(run_dir), STAGE, shard, "shard",  # a slice's record is written after its parts
+                    complete=lambda x: all(part_path(run_dir, p).is_file() for p in x["parts"]))
+    mine = shard.round_robin(len(parts))  # parts are alike
+    todo = _todo(slices, parts, mine)
+    desc = "regenerate" + (f" {shard}" if shard.count > 1 else "")
+    if d.backend == "server":
+        new_tokens, gen_s = _through_servers(d, run_dir, parts, todo, convs, eos_ids, progress, desc)
+    else:
+        new_tokens, gen_s = _through_hf(d, run_dir, parts, mine, todo, model, tok, convs, eos_ids, progress,
+                                        desc)
+    rate = new_tokens / gen_s if gen_s > 0 else None
+    if shard.count > 1:
+        write_json(slices.record(), {"shard": str(shard), "parts": mine, "generated_tokens": new_tokens,
+                                     "generation_tokens_per_s": rate})
+    counts = {"num_prompts": num_prompts, "num_skipped_long": num_prompts - len(kept),
+              "num_parts": len(parts)}
+    return slices.finish(lambda: _stage_record(d, slices, convs, counts, new_tokens, rate, t0),
+                         {"generated_tokens_this_run": new_tokens, "generation_tokens_per_s": rate})
 
-    prompts = read_prompts(run_dir, "train")
+
+def _first_prompts(d: DataSection, target: str, tok, eos_ids: list[int], prompts: list[dict]) -> tuple:
+    """The conversations of the run and the first prompt of each that fits `data.max_prompt_tokens`.
+
+    -> (Conversations, [(id, first prompt ids)] shortest first, number of prompts)."""
     efforts = {p["id"]: reasoning_effort(d.reasoning_effort, d.seed, p["id"]) for p in prompts}
     if d.reasoning_effort and "reasoning_effort" not in (tok.chat_template or ""):
-        raise ValueError(f"data.reasoning_effort: the chat template of {t.model} does not use reasoning_effort, "
-                         "so the effort would not reach the target; leave data.reasoning_effort unset")
+        raise ValueError(f"data.reasoning_effort: the chat template of {target} does not use "
+                         "reasoning_effort, so the effort would not reach the target; leave "
+                         "data.reasoning_effort unset")
     convs = Conversations(tok, prompts, efforts, eos_ids, d.max_prompt_tokens)
     rendered = [(p["id"], convs.first(p["id"])) for p in prompts]
     kept = [(pid, ids) for pid, ids in rendered if len(ids) <= d.max_prompt_tokens]
@@ -167,58 +208,53 @@ def run_regenerate(recipe: Recipe, run_dir: str | Path, progress: bool = True,
         raise RuntimeError(f"data.max_prompt_tokens={d.max_prompt_tokens}: every one of the {len(rendered)} "
                            "training prompts is longer once rendered with the chat template")
     kept.sort(key=lambda x: len(x[1]))  # stable: similar lengths share a batch, less padding
-    batches = [kept[i:i + d.batch_size] for i in range(0, len(kept), d.batch_size)]
-    parts = [batches[i:i + part_batches] for i in range(0, len(batches), part_batches)]
-    mine = [p for p in range(len(parts)) if p % shard.count == shard.index]  # round robin: parts are alike
+    return convs, kept, len(rendered)
 
+
+def _todo(slices: Slices, parts: list, mine: list[int]) -> list[int]:
+    """This shard's parts that are not written yet. A written part is kept if it holds the conversations this
+    run puts there; a killed process's temporaries are deleted (only this shard's: others may be writing)."""
+    run_dir, out_dir = slices.run_dir, stage_dir(slices.run_dir, STAGE)
     extra = sorted(q for q in out_dir.glob("part-*.jsonl") if int(q.stem.split("-")[1]) >= len(parts))
     if extra:
-        raise RuntimeError(f"{extra[0]}: this run makes only {len(parts)} parts (the prompts or data settings "
-                           f"changed since it was written); delete {out_dir} to regenerate from scratch")
-    for p in mine:  # temporaries left by a killed process (only this shard's: others may be writing theirs)
-        for stray in out_dir.glob(f".{part_path(run_dir, p).name}.*.tmp"):
-            stray.unlink()
+        raise RuntimeError(f"{extra[0]}: this run makes only {len(parts)} parts (the prompts or data "
+                           f"settings changed since it was written); delete {out_dir} to regenerate from "
+                           "scratch")
+    slices.remove_strays([f".{part_path(run_dir, p).name}.*.tmp" for p in mine])
     todo = []
     for p in mine:
         path = part_path(run_dir, p)
-        if path.is_file():
-            stored = [row.get("conversation", row["id"]) for row in read_jsonl(path) if row.get("turn", 0) == 0]
-            if stored != [pid for batch in parts[p] for pid, _ in batch]:
-                raise RuntimeError(f"{path}: holds other prompts than this run would put there (the prompts, "
-                                   "data.batch_size or data.max_prompt_tokens changed since it was written); "
-                                   f"delete {out_dir} to regenerate from scratch")
-        else:
+        if not path.is_file():
             todo.append(p)
-    desc = "regenerate" + (f" {shard}" if shard.count > 1 else "")
-    if d.backend == "server":
-        new_tokens, gen_s = _through_servers(d, run_dir, parts, todo, convs, eos_ids, progress, desc)
-    else:
-        new_tokens, gen_s = _through_hf(d, run_dir, parts, mine, todo, model, tok, convs, eos_ids, progress, desc)
-    rate = new_tokens / gen_s if gen_s > 0 else None
-    if shard.count > 1:
-        write_json(out_dir / f"shard-{shard.label}.json", {"shard": str(shard), "parts": mine,
-                                                           "generated_tokens": new_tokens,
-                                                           "generation_tokens_per_s": rate})
-        if not _joinable(run_dir, len(parts), shard, out_dir):
-            return {"shard": str(shard), "complete": False, "generated_tokens_this_run": new_tokens,
-                    "generation_tokens_per_s": rate}
-        if is_done(run_dir, STAGE):
-            return read_done(run_dir, STAGE)
+            continue
+        stored = [row.get("conversation", row["id"]) for row in read_jsonl(path) if row.get("turn", 0) == 0]
+        if stored != [pid for batch in parts[p] for pid, _ in batch]:
+            raise RuntimeError(f"{path}: holds other prompts than this run would put there (the prompts, "
+                               "data.batch_size or data.max_prompt_tokens changed since it was written); "
+                               f"delete {out_dir} to regenerate from scratch")
+    return todo
 
-    seqs = read_sequences(run_dir)
+
+def _stage_record(d: DataSection, slices: Slices, convs: Conversations, counts: dict, new_tokens: int,
+                  rate: float | None, t0: float) -> dict:
+    """The joined stage's record (every part written): what was asked, answered and generated, this run's
+    speed (each slice's), and DONE. `counts`: num_prompts, num_skipped_long, num_parts."""
+    seqs = read_sequences(slices.run_dir)
     firsts = [s for s in seqs if s.get("turn", 0) == 0]
-    if len(firsts) != len(kept):
-        raise RuntimeError(f"{out_dir}: {len(firsts)} conversations stored for {len(kept)} prompts")
+    kept = counts["num_prompts"] - counts["num_skipped_long"]
+    if len(firsts) != kept:
+        raise RuntimeError(f"{slices.out_dir}: {len(firsts)} conversations stored for {kept} prompts")
     answered = Counter(s.get("conversation", s["id"]) for s in seqs)
     gen_lens = [len(s["input_ids"]) - s["prompt_len"] for s in seqs]
-    shards = [read_json(f) for f in sorted(out_dir.glob(f"shard-r*of{shard.count}.json"))] if shard.count > 1 else []
+    shard = slices.shard
+    shards = slices.records() if shard.count > 1 else []
     stats = {
-        "num_prompts": len(rendered),
-        "num_skipped_long": len(rendered) - len(kept),
+        "num_prompts": counts["num_prompts"],
+        "num_skipped_long": counts["num_skipped_long"],
         "num_sequences": len(seqs),
         "num_conversations": len(firsts),
         "num_turns_not_answered": sum(convs.num_user_turns(pid) - n for pid, n in answered.items()),
-        "num_parts": len(parts),
+        "num_parts": counts["num_parts"],
         "mean_generated_tokens": sum(gen_lens) / len(seqs),
         "fraction_finished": sum(s["finished"] for s in seqs) / len(seqs),
         "generated_tokens_this_run": new_tokens + sum(s["generated_tokens"] for s in shards
@@ -232,30 +268,8 @@ def run_regenerate(recipe: Recipe, run_dir: str | Path, progress: bool = True,
     }
     if shards:
         stats["shards"] = shards
-    mark_done(run_dir, STAGE, stats)
+    mark_done(slices.run_dir, STAGE, stats)
     return stats
-
-
-def _joinable(run_dir, num_parts: int, shard: Shard, out_dir: Path) -> bool:
-    """Whether this shard joins the stage now: every part is written (a launched rank 0 waits for them,
-    other launched ranks wait for its DONE; a --shard process that is not the last says what is missing)."""
-    def missing() -> list[int]:
-        return [p for p in range(num_parts) if not part_path(run_dir, p).is_file()]
-
-    reports = [out_dir / f"shard-r{i}of{shard.count}.json" for i in range(shard.count)]
-    if shard.launched:
-        if shard.index == 0:
-            wait_until(lambda: not missing() and all(r.is_file() for r in reports), "the other ranks' parts")
-            return True
-        wait_until(lambda: is_done(run_dir, STAGE), "rank 0 to join the parts")
-        return True
-    gaps = missing()
-    if gaps:
-        owners = sorted({p % shard.count for p in gaps})
-        print(f"regenerate: shard {shard} done; parts {gaps[:8]}{' …' if len(gaps) > 8 else ''} of shards "
-              f"{owners} are still missing: the last shard to finish joins them")
-        return False
-    return True
 
 
 def _through_hf(d, run_dir, parts: list, mine: list[int], todo: list[int], model, tok, convs: Conversations,
@@ -264,8 +278,9 @@ def _through_hf(d, run_dir, parts: list, mine: list[int], todo: list[int], model
     together. -> (new tokens, generation seconds)."""
     pad_id = pad_token_id(model, tok, eos_ids)
     new_tokens, gen_s = 0, 0.0
-    bar = tqdm(total=sum(len(parts[p]) for p in mine), initial=sum(len(parts[p]) for p in mine if p not in todo),
-               desc=desc, unit="batch", disable=not progress)
+    bar = tqdm(total=sum(len(parts[p]) for p in mine),
+               initial=sum(len(parts[p]) for p in mine if p not in todo), desc=desc, unit="batch",
+               disable=not progress)
     for p in todo:
         rows = []
         for j, batch in enumerate(parts[p]):
@@ -275,7 +290,8 @@ def _through_hf(d, run_dir, parts: list, mine: list[int], todo: list[int], model
                 torch.manual_seed(turn_seed(d.seed, p, j, turn))  # resume- and shard-stable sampling
                 tb = time.time()
                 gens = generate_batch(model, [ids for _, ids in active], eos_ids=eos_ids, pad_id=pad_id,
-                                      max_new_tokens=d.max_new_tokens, temperature=d.temperature, top_p=d.top_p)
+                                      max_new_tokens=d.max_new_tokens, temperature=d.temperature,
+                                      top_p=d.top_p)
                 gen_s += time.time() - tb
                 following = []
                 for (pid, ids), (gen, finished) in zip(active, gens):

@@ -21,7 +21,8 @@ from eyas.data.regenerate import loss_mask, read_sequences
 from eyas.data.target import load_target_config, text_config
 from eyas.io import atomic_path
 from eyas.layout import is_done, mark_done, read_done, require_done, stage_dir
-from eyas.recipes.schema import Recipe, check_against_target
+from eyas.recipes.load import check_against_target
+from eyas.recipes.schema import Recipe
 
 STAGE = "vocab"
 
