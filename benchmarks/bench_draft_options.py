@@ -56,8 +56,12 @@ def prepare(out: Path, name: str, over: list[str], base: Path) -> Path:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="runs/bench-options")
-    p.add_argument("--options", nargs="+", default=list(OPTIONS),
-                   help=f"names from {list(OPTIONS)}, or NAME=OVERRIDE,OVERRIDE for a combination")
+    p.add_argument(
+        "--options",
+        nargs="+",
+        default=list(OPTIONS),
+        help=f"names from {list(OPTIONS)}, or NAME=OVERRIDE,OVERRIDE for a combination",
+    )
     p.add_argument("--ks", type=int, nargs="+", default=[1, 2, 3, 4])
     p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     p.add_argument("--num-prompts", type=int, default=16)
@@ -77,22 +81,45 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         run_all(recipe, run, stages=("prompts", "regenerate", "capture", "vocab", "train"), progress=False)
         train = layout.read_done(run, "train")
-        report = run_eval(recipe, run, ks=args.ks, temperatures=args.temperatures, concurrency=[1], force=True,
-                          progress=False)
-        tau = {f"T{r['temperature']:g}@k{r['k']}": r["acceptance_length"] for r in report["results"]
-               if r.get("k") is not None}
+        report = run_eval(
+            recipe,
+            run,
+            ks=args.ks,
+            temperatures=args.temperatures,
+            concurrency=[1],
+            force=True,
+            progress=False,
+        )
+        tau = {
+            f"T{r['temperature']:g}@k{r['k']}": r["acceptance_length"]
+            for r in report["results"]
+            if r.get("k") is not None
+        }
         lossless = all(r["lossless"] for r in report["results"] if r.get("lossless") is not None)
-        rows.append({"option": name, "overrides": over, "params": train["trainable_parameters"],
-                     "train_s": train["wall_s"], "tau": tau, "lossless": lossless,
-                     "wall_s": round(time.perf_counter() - t0, 1)})
+        rows.append(
+            {
+                "option": name,
+                "overrides": over,
+                "params": train["trainable_parameters"],
+                "train_s": train["wall_s"],
+                "tau": tau,
+                "lossless": lossless,
+                "wall_s": round(time.perf_counter() - t0, 1),
+            }
+        )
         print(json.dumps(rows[-1]), flush=True)
 
     cols = [(t, k) for t in args.temperatures for k in args.ks]
-    print(f"\n{'option':<22} {'params':>9} {'train s':>8} " + " ".join(f"{f'T={t:g} k={k}':>10}" for t, k in cols))
+    print(
+        f"\n{'option':<22} {'params':>9} {'train s':>8} "
+        + " ".join(f"{f'T={t:g} k={k}':>10}" for t, k in cols)
+    )
     for r in rows:
         cells = [r["tau"].get(f"T{t:g}@k{k}") for t, k in cols]
-        print(f"{r['option']:<22} {r['params']:>9,d} {r['train_s']:>8.0f} " +
-              " ".join(f"{c:>10.3f}" if c is not None else f"{'-':>10}" for c in cells))
+        print(
+            f"{r['option']:<22} {r['params']:>9,d} {r['train_s']:>8.0f} "
+            + " ".join(f"{c:>10.3f}" if c is not None else f"{'-':>10}" for c in cells)
+        )
     return 0
 
 

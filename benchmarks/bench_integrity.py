@@ -46,7 +46,9 @@ def main() -> None:
     w, c = statistics.median(writes), statistics.median(sums)
     print(f"shard {size:.2f} GB ({tokens} tokens of 3x2880 bf16), median of {args.repeat}:")
     print(f"  write (safetensors save_file) {w:.3f} s  {size / w:.2f} GB/s")
-    print(f"  checksum (xxh3-64 read back)  {c:.3f} s  {size / c:.2f} GB/s  = {100 * c / w:.1f}% of the write")
+    print(
+        f"  checksum (xxh3-64 read back)  {c:.3f} s  {size / c:.2f} GB/s  = {100 * c / w:.1f}% of the write"
+    )
 
 
 if __name__ == "__main__":

@@ -55,12 +55,22 @@ def random_target(name: str, layers: int | None, device: str, dtype: torch.dtype
     """A random-weight GptOssForCausalLM with the named shape (built directly on the device)."""
     from transformers import GptOssConfig, GptOssForCausalLM
 
-    shapes = {"gpt-oss-20b": dict(num_hidden_layers=24, num_local_experts=32),
-              "gpt-oss-120b": dict(num_hidden_layers=36, num_local_experts=128)}
-    cfg = GptOssConfig(**{**shapes[name], **({"num_hidden_layers": layers} if layers else {})},
-                       hidden_size=2880, intermediate_size=2880, head_dim=64, num_attention_heads=64,
-                       num_key_value_heads=8, vocab_size=201088, sliding_window=128, num_experts_per_tok=4,
-                       max_position_embeddings=131072)
+    shapes = {
+        "gpt-oss-20b": dict(num_hidden_layers=24, num_local_experts=32),
+        "gpt-oss-120b": dict(num_hidden_layers=36, num_local_experts=128),
+    }
+    cfg = GptOssConfig(
+        **{**shapes[name], **({"num_hidden_layers": layers} if layers else {})},
+        hidden_size=2880,
+        intermediate_size=2880,
+        head_dim=64,
+        num_attention_heads=64,
+        num_key_value_heads=8,
+        vocab_size=201088,
+        sliding_window=128,
+        num_experts_per_tok=4,
+        max_position_embeddings=131072,
+    )
     with torch.device(device):
         model = GptOssForCausalLM(cfg).to(dtype).eval()
     return model
@@ -99,8 +109,12 @@ def decode_median(stats) -> tuple[float, int, int, int]:
     dec = [s for s in stats if s.kind == "decode"]
     rows = statistics.median_low([s.rows for s in dec])
     same = [s for s in dec if s.rows == rows] or dec
-    return (statistics.median(s.total_s for s in same), rows, same[0].tokens_per_row,
-            int(statistics.mean(s.context for s in same)))
+    return (
+        statistics.median(s.total_s for s in same),
+        rows,
+        same[0].tokens_per_row,
+        int(statistics.mean(s.context for s in same)),
+    )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -134,8 +148,10 @@ def random_setup(args: argparse.Namespace) -> Setup:
     aux_ids = [2, n // 2, n - 3] if n >= 6 else [0, 1, n - 1]
     draft = draft_for(model, 0, aux_ids=aux_ids).to(dev, torch.bfloat16)
     g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(0, model.config.vocab_size, (args.prompt_len,), generator=g).tolist()
-               for _ in range(args.prompts)]
+    prompts = [
+        torch.randint(0, model.config.vocab_size, (args.prompt_len,), generator=g).tolist()
+        for _ in range(args.prompts)
+    ]
     what = f"random {args.random_target}" + (f" ({args.layers} layers)" if args.layers else "")
     return Setup(model, draft, set(), prompts, what, torch.device(dev))
 
@@ -159,8 +175,9 @@ def make_engine(setup: Setup, shape: TreeShape | None, concurrency: int) -> Engi
     return Engine(setup.model, draft, shape, max_batch=concurrency, eos_ids=setup.eos, profile=True)
 
 
-def measure_point(setup: Setup, shapes: list[TreeShape], temp: float, c: int, args: argparse.Namespace
-                  ) -> list[dict]:
+def measure_point(
+    setup: Setup, shapes: list[TreeShape], temp: float, c: int, args: argparse.Namespace
+) -> list[dict]:
     """Plain decoding, then each shape, at temperature `temp` holding `c` requests: a row each, printed
     as it is measured."""
     prompts = setup.prompts
@@ -181,17 +198,29 @@ def measure_point(setup: Setup, shapes: list[TreeShape], temp: float, c: int, ar
     return rows
 
 
-def measured_row(model: torch.nn.Module, temp: float, c: int, label: str, tau: float, res: LoadResult,
-                 base: LoadResult) -> dict:
+def measured_row(
+    model: torch.nn.Module, temp: float, c: int, label: str, tau: float, res: LoadResult, base: LoadResult
+) -> dict:
     """One table row: throughput against the plain run `base`, and the loop's overhead: its median
     decoding iteration against one bare forward of the target over the same rows, tokens and context."""
     it, B, N, L = decode_median(res.steps)
     bare = bare_forward_s(model, B, N, L)
     speedup = 1.0 if res is base else res.tokens_per_s / base.tokens_per_s
-    return {"temperature": temp, "concurrency": c, "shape": label, "tau": tau,
-            "tokens_per_s": res.tokens_per_s, "baseline_tokens_per_s": base.tokens_per_s, "speedup": speedup,
-            "iteration_ms": it * 1e3, "bare_forward_ms": bare * 1e3, "overhead": it / bare, "rows": B,
-            "tokens_per_row": N, "context": L}
+    return {
+        "temperature": temp,
+        "concurrency": c,
+        "shape": label,
+        "tau": tau,
+        "tokens_per_s": res.tokens_per_s,
+        "baseline_tokens_per_s": base.tokens_per_s,
+        "speedup": speedup,
+        "iteration_ms": it * 1e3,
+        "bare_forward_ms": bare * 1e3,
+        "overhead": it / bare,
+        "rows": B,
+        "tokens_per_row": N,
+        "context": L,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -200,8 +229,10 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     setup = random_setup(args) if args.random_target else run_setup(args)
     shapes = [TreeShape.chain(k) for k in args.k] + [TreeShape.parse(t) for t in args.tree]
-    print(f"# {setup.what} on {setup.device}, {len(setup.prompts)} prompts, "
-          f"max_new_tokens {args.max_new_tokens}, torch threads {torch.get_num_threads()}")
+    print(
+        f"# {setup.what} on {setup.device}, {len(setup.prompts)} prompts, "
+        f"max_new_tokens {args.max_new_tokens}, torch threads {torch.get_num_threads()}"
+    )
     warm = [SamplingParams(temperature=0, max_tokens=4)]
     for shape in [None] + shapes:  # first-call costs out of the timings
         run_engine(make_engine(setup, shape, 1), setup.prompts[:1], warm, 1)
@@ -219,14 +250,19 @@ def main(argv: list[str] | None = None) -> int:
 
 def _print(r: dict, overhead_only: bool) -> None:
     if overhead_only:
-        print(f"C={r['concurrency']:>3} {r['shape']:>14}  rows {r['rows']:>3} x {r['tokens_per_row']} "
-              f"tokens, context {r['context']}: iteration {r['iteration_ms']:.2f} ms / bare forward "
-              f"{r['bare_forward_ms']:.2f} ms = {r['overhead']:.2f}", flush=True)
+        print(
+            f"C={r['concurrency']:>3} {r['shape']:>14}  rows {r['rows']:>3} x {r['tokens_per_row']} "
+            f"tokens, context {r['context']}: iteration {r['iteration_ms']:.2f} ms / bare forward "
+            f"{r['bare_forward_ms']:.2f} ms = {r['overhead']:.2f}",
+            flush=True,
+        )
         return
-    print(f"| {r['temperature']:g} | {r['concurrency']} | {r['shape']} | {r['tau']:.3f} "
-          f"| {r['tokens_per_s']:.1f} | {r['baseline_tokens_per_s']:.1f} | {r['speedup']:.2f}× "
-          f"| {r['iteration_ms']:.1f} | {r['overhead']:.2f} ({r['bare_forward_ms']:.1f} ms bare) |",
-          flush=True)
+    print(
+        f"| {r['temperature']:g} | {r['concurrency']} | {r['shape']} | {r['tau']:.3f} "
+        f"| {r['tokens_per_s']:.1f} | {r['baseline_tokens_per_s']:.1f} | {r['speedup']:.2f}× "
+        f"| {r['iteration_ms']:.1f} | {r['overhead']:.2f} ({r['bare_forward_ms']:.1f} ms bare) |",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -47,33 +47,50 @@ def peak_rss_mb() -> float:
 
 
 def is_oom(e: BaseException) -> bool:
-    return isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower() \
-        or "can't allocate memory" in str(e) \
+    return (
+        isinstance(e, torch.OutOfMemoryError)
+        or "out of memory" in str(e).lower()
+        or "can't allocate memory" in str(e)
         or isinstance(e, MemoryError)
+    )
 
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser()
     p.add_argument("--size", choices=SIZES, default="demo")
     p.add_argument("--lengths", type=int, nargs="+", default=[128, 256, 512, 1024])
-    p.add_argument("--attention", nargs="+", default=["auto"],
-                   choices=["auto", "flex", "chunked", "sdpa", "dense"])
+    p.add_argument(
+        "--attention", nargs="+", default=["auto"], choices=["auto", "flex", "chunked", "sdpa", "dense"]
+    )
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--ttt-steps", type=int, default=7)
     p.add_argument("--repeat", type=int, default=3)
-    p.add_argument("--warmup", type=int, default=None,
-                   help="untimed steps per length (default: 1 on CUDA, 0 on CPU)")
+    p.add_argument(
+        "--warmup", type=int, default=None, help="untimed steps per length (default: 1 on CUDA, 0 on CPU)"
+    )
     p.add_argument("--precision", choices=["fp32", "bf16"], default=None)
     p.add_argument("--device", default="cpu")
     p.add_argument("--checkpoint-layer", action="store_true", help="recompute each step's layer in backward")
-    p.add_argument("--compile", choices=["auto", "on", "off"], default="auto",
-                   help="torch.compile the draft's norms and MLP as train.compile does (auto: on CUDA)")
-    p.add_argument("--memory-limit-gb", type=float, default=None,
-                   help="CPU: cap each length's process (address space), so a quadratic path fails with OOM "
-                        "instead of swapping the machine")
-    p.add_argument("--profile", type=int, default=0, metavar="N",
-                   help="after the timed steps, profile one more and print its N most expensive ops "
-                        "(self device time)")
+    p.add_argument(
+        "--compile",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="torch.compile the draft's norms and MLP as train.compile does (auto: on CUDA)",
+    )
+    p.add_argument(
+        "--memory-limit-gb",
+        type=float,
+        default=None,
+        help="CPU: cap each length's process (address space), so a quadratic path fails with OOM "
+        "instead of swapping the machine",
+    )
+    p.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="after the timed steps, profile one more and print its N most expensive ops (self device time)",
+    )
     p.add_argument("--one-process", action="store_true", help="(internal) run the lengths in this process")
     return p.parse_args()
 
@@ -81,8 +98,16 @@ def parse_args() -> argparse.Namespace:
 def make_draft(size: str, compiled: bool) -> tuple[Eagle3Draft, torch.Tensor]:
     """A random draft of `size` (SIZES) with a random draft vocabulary, and a random target lm_head (V, H)."""
     H, nh, nkv, hd, inter, V, Vd = SIZES[size]
-    cfg = DraftConfig(hidden_size=H, num_attention_heads=nh, num_key_value_heads=nkv, head_dim=hd,
-                      intermediate_size=inter, vocab_size=V, draft_vocab_size=Vd, aux_layer_ids=[2, 18, 33])
+    cfg = DraftConfig(
+        hidden_size=H,
+        num_attention_heads=nh,
+        num_key_value_heads=nkv,
+        head_dim=hd,
+        intermediate_size=inter,
+        vocab_size=V,
+        draft_vocab_size=Vd,
+        aux_layer_ids=[2, 18, 33],
+    )
     torch.manual_seed(0)
     draft = Eagle3Draft(cfg)
     ids = torch.randperm(V)[:Vd].sort().values
@@ -95,22 +120,40 @@ def make_draft(size: str, compiled: bool) -> tuple[Eagle3Draft, torch.Tensor]:
     return draft, lm_head
 
 
-def run_in_subprocesses(args: argparse.Namespace, runs: list[tuple[str, int]], warmup: int, precision: str
-                        ) -> None:
+def run_in_subprocesses(
+    args: argparse.Namespace, runs: list[tuple[str, int]], warmup: int, precision: str
+) -> None:
     """CPU: each (attention, length) in a fresh process of this script, so each peak RSS is its own."""
-    same = ["--size", args.size, "--batch", str(args.batch), "--ttt-steps", str(args.ttt_steps),
-            "--repeat", str(args.repeat), "--warmup", str(warmup), "--precision", precision,
-            "--device", args.device, "--compile", args.compile, "--one-process",
-            *(["--checkpoint-layer"] if args.checkpoint_layer else []),
-            *(["--memory-limit-gb", str(args.memory_limit_gb)] if args.memory_limit_gb else [])]
+    same = [
+        "--size",
+        args.size,
+        "--batch",
+        str(args.batch),
+        "--ttt-steps",
+        str(args.ttt_steps),
+        "--repeat",
+        str(args.repeat),
+        "--warmup",
+        str(warmup),
+        "--precision",
+        precision,
+        "--device",
+        args.device,
+        "--compile",
+        args.compile,
+        "--one-process",
+        *(["--checkpoint-layer"] if args.checkpoint_layer else []),
+        *(["--memory-limit-gb", str(args.memory_limit_gb)] if args.memory_limit_gb else []),
+    ]
     for a, T in runs:
         r = subprocess.run([sys.executable, __file__, *same, "--attention", a, "--lengths", str(T)])
         if r.returncode:
             print(f"[{a}] T={T:6d}  OOM or killed (exit status {r.returncode})", flush=True)
 
 
-def step_inputs(B: int, T: int, H: int, V: int, dev: torch.device
-                ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+def step_inputs(
+    B: int, T: int, H: int, V: int, dev: torch.device
+) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
     """Random (aux (B, T, 3H), input ids (B, T), loss mask (B, T), doc ids (B, T)) and final (B, T, H),
     seeded by T."""
     g = torch.Generator().manual_seed(T)
@@ -122,15 +165,22 @@ def step_inputs(B: int, T: int, H: int, V: int, dev: torch.device
     return (aux, x, mask, doc), final
 
 
-def measure_length(draft: Eagle3Draft, lm_head: torch.Tensor, attention: str, T: int,
-                   args: argparse.Namespace, autocast: AbstractContextManager, warmup: int
-                   ) -> tuple[float, float, float, float] | None:
+def measure_length(
+    draft: Eagle3Draft,
+    lm_head: torch.Tensor,
+    attention: str,
+    T: int,
+    args: argparse.Namespace,
+    autocast: AbstractContextManager,
+    warmup: int,
+) -> tuple[float, float, float, float] | None:
     """`warmup` untimed then --repeat timed training steps (forward + backward + AdamW) at length T.
     -> (median seconds per step, peak MiB, warm-up seconds, last loss); None when out of memory."""
     dev = torch.device(args.device)
     module = TTTModule(draft, lm_head, args.ttt_steps, 0.8, attention, args.checkpoint_layer).to(dev)
-    opt = torch.optim.AdamW([q for q in module.parameters() if q.requires_grad], lr=1e-4,
-                            fused=dev.type == "cuda")  # as the trainer
+    opt = torch.optim.AdamW(
+        [q for q in module.parameters() if q.requires_grad], lr=1e-4, fused=dev.type == "cuda"
+    )  # as the trainer
     V, H = lm_head.shape
     inputs, final = step_inputs(args.batch, T, H, V, dev)
     if dev.type == "cuda":
@@ -179,9 +229,12 @@ def main() -> None:
     compiled = args.compile == "on" or (args.compile == "auto" and dev.type == "cuda")
     draft, lm_head = make_draft(args.size, compiled)
     if not args.one_process:
-        print(f"size={args.size} trainable={draft.num_parameters() / 1e6:.1f}M ttt_steps={args.ttt_steps} "
-              f"batch={args.batch} device={dev} precision={precision} "
-              f"checkpoint_layer={args.checkpoint_layer} compile={compiled}", flush=True)
+        print(
+            f"size={args.size} trainable={draft.num_parameters() / 1e6:.1f}M ttt_steps={args.ttt_steps} "
+            f"batch={args.batch} device={dev} precision={precision} "
+            f"checkpoint_layer={args.checkpoint_layer} compile={compiled}",
+            flush=True,
+        )
     if dev.type == "cpu" and not args.one_process and len(runs) > 1:
         run_in_subprocesses(args, runs, warmup, precision)
         return
@@ -192,13 +245,23 @@ def main() -> None:
             print(f"[{attention}] T={T:6d}  OOM", flush=True)
             continue
         sec, mem, t_warm, loss = got
-        print(f"[{attention}] T={T:6d}  {sec:8.3f} s/step  {args.batch * T / sec:9.0f} tok/s  "
-              f"peak {'GPU' if dev.type == 'cuda' else 'RSS'} {mem:9.0f} MiB  "
-              f"(warm-up {t_warm:.1f} s, loss {loss:.4f})", flush=True)
+        print(
+            f"[{attention}] T={T:6d}  {sec:8.3f} s/step  {args.batch * T / sec:9.0f} tok/s  "
+            f"peak {'GPU' if dev.type == 'cuda' else 'RSS'} {mem:9.0f} MiB  "
+            f"(warm-up {t_warm:.1f} s, loss {loss:.4f})",
+            flush=True,
+        )
 
 
-def profile_step(module: TTTModule, opt: torch.optim.Optimizer, autocast: AbstractContextManager,
-                 inputs: tuple[torch.Tensor, ...], final: torch.Tensor, dev: torch.device, top: int) -> None:
+def profile_step(
+    module: TTTModule,
+    opt: torch.optim.Optimizer,
+    autocast: AbstractContextManager,
+    inputs: tuple[torch.Tensor, ...],
+    final: torch.Tensor,
+    dev: torch.device,
+    top: int,
+) -> None:
     """One more step under torch.profiler: the ops with the most self time on the device."""
     from torch.profiler import ProfilerActivity, profile
 

@@ -49,9 +49,14 @@ def long_prompts(n: int, seed: int) -> list[dict]:
     samples = generate_samples(n * (NOTES + 1), seed)
     out = []
     for i in range(n):
-        notes, question = samples[i * (NOTES + 1):(i + 1) * (NOTES + 1) - 1], samples[(i + 1) * (NOTES + 1) - 1]
+        notes, question = (
+            samples[i * (NOTES + 1) : (i + 1) * (NOTES + 1) - 1],
+            samples[(i + 1) * (NOTES + 1) - 1],
+        )
         doc = "\n".join(f"Q: {s.question} A: {s.final}" for s in notes)
-        out.append({"messages": [{"role": "user", "content": f"Notes:\n{doc}\nQuestion: {question.question}"}]})
+        out.append(
+            {"messages": [{"role": "user", "content": f"Notes:\n{doc}\nQuestion: {question.question}"}]}
+        )
     return out
 
 
@@ -79,8 +84,11 @@ def main(argv=None) -> int:
     # long-context trains on the demo prompts (less the short held-out ones) and the long ones
     held_text = {json.dumps(r["messages"]) for r in held}
     mixed = out / "long-context-prompts.jsonl"
-    io.write_jsonl(mixed, [r for r in io.read_jsonl(target / "prompts.jsonl") if json.dumps(r["messages"]) not in held_text]
-                   + long_prompts(LONG_TRAIN, seed=2026))
+    io.write_jsonl(
+        mixed,
+        [r for r in io.read_jsonl(target / "prompts.jsonl") if json.dumps(r["messages"]) not in held_text]
+        + long_prompts(LONG_TRAIN, seed=2026),
+    )
 
     rows = []
     for name in args.variants:
@@ -91,21 +99,42 @@ def main(argv=None) -> int:
         run_all(recipe, run, stages=("prompts", "regenerate", "capture", "vocab", "train"))
         train, cap = layout.read_done(run, "train"), layout.read_done(run, "capture")
         ks = [k for k in args.ks if k <= recipe.train.ttt_steps]
-        report = run_eval(recipe, run, ks=ks, temperatures=[0.0], concurrency=[1], force=True, progress=False,
-                          benchmarks=[("short", str(short_eval)), ("long", str(long_eval))])
-        taus = {(r["benchmark"], r["k"]): r["acceptance_length"] for r in report["results"] if r["k"] is not None}
-        rows.append({"variant": name, "params": train["trainable_parameters"], "train_s": train["wall_s"],
-                     "tokens": cap["num_tokens"], "ttt_steps": recipe.train.ttt_steps,
-                     "tau": {f"{b}@k{k}": t for (b, k), t in sorted(taus.items())},
-                     "wall_s": round(time.perf_counter() - t0, 1)})
+        report = run_eval(
+            recipe,
+            run,
+            ks=ks,
+            temperatures=[0.0],
+            concurrency=[1],
+            force=True,
+            progress=False,
+            benchmarks=[("short", str(short_eval)), ("long", str(long_eval))],
+        )
+        taus = {
+            (r["benchmark"], r["k"]): r["acceptance_length"] for r in report["results"] if r["k"] is not None
+        }
+        rows.append(
+            {
+                "variant": name,
+                "params": train["trainable_parameters"],
+                "train_s": train["wall_s"],
+                "tokens": cap["num_tokens"],
+                "ttt_steps": recipe.train.ttt_steps,
+                "tau": {f"{b}@k{k}": t for (b, k), t in sorted(taus.items())},
+                "wall_s": round(time.perf_counter() - t0, 1),
+            }
+        )
         print(json.dumps(rows[-1]), flush=True)
 
-    print(f"\n{'variant':<14} {'params':>9} {'TTT':>4} {'train s':>8} {'tokens':>8} " +
-          " ".join(f"{b + ' k=' + str(k):>10}" for b in ("short", "long") for k in args.ks))
+    print(
+        f"\n{'variant':<14} {'params':>9} {'TTT':>4} {'train s':>8} {'tokens':>8} "
+        + " ".join(f"{b + ' k=' + str(k):>10}" for b in ("short", "long") for k in args.ks)
+    )
     for r in rows:
         cells = [r["tau"].get(f"{b}@k{k}") for b in ("short", "long") for k in args.ks]
-        print(f"{r['variant']:<14} {r['params']:>9,d} {r['ttt_steps']:>4} {r['train_s']:>8.0f} {r['tokens']:>8,d} " +
-              " ".join(f"{c:>10.3f}" if c is not None else f"{'-':>10}" for c in cells))
+        print(
+            f"{r['variant']:<14} {r['params']:>9,d} {r['ttt_steps']:>4} {r['train_s']:>8.0f} "
+            f"{r['tokens']:>8,d} " + " ".join(f"{c:>10.3f}" if c is not None else f"{'-':>10}" for c in cells)
+        )
     return 0
 
 

@@ -51,7 +51,7 @@ def right_padded(sequences: list) -> tuple[torch.Tensor, torch.Tensor]:
     ids = torch.zeros((len(sequences), T), dtype=torch.long)
     mask = torch.zeros((len(sequences), T), dtype=torch.long)
     for b, x in enumerate(sequences):
-        ids[b, :len(x)], mask[b, :len(x)] = torch.as_tensor(x), 1
+        ids[b, : len(x)], mask[b, : len(x)] = torch.as_tensor(x), 1
     return ids, mask
 
 
@@ -69,15 +69,23 @@ def capture_batch(model, tap, input_ids: torch.Tensor, attention_mask: torch.Ten
             pass
     final = tap.final
     if final is None or final.shape[:2] != input_ids.shape:
-        raise RuntimeError(f"{model.name_or_path}: the lm_head hook saw "
-                           f"{None if final is None else tuple(final.shape)} for input of shape "
-                           f"{tuple(input_ids.shape)}; the model does not apply its output embedding module "
-                           "to every position")
+        raise RuntimeError(
+            f"{model.name_or_path}: the lm_head hook saw "
+            f"{None if final is None else tuple(final.shape)} for input of shape "
+            f"{tuple(input_ids.shape)}; the model does not apply its output embedding module "
+            "to every position"
+        )
     return tap.aux, final, logits
 
 
-def verify_final(model, final: torch.Tensor, logits: torch.Tensor, attention_mask: torch.Tensor,
-                 tolerance: float, target: str) -> float:
+def verify_final(
+    model,
+    final: torch.Tensor,
+    logits: torch.Tensor,
+    attention_mask: torch.Tensor,
+    tolerance: float,
+    target: str,
+) -> float:
     """max |lm_head(final) - logits| / max |logits| over real tokens; raises if above `tolerance`.
 
     final (B, T, H), logits (B, T, V), attention_mask (B, T)."""
@@ -92,7 +100,8 @@ def verify_final(model, final: torch.Tensor, logits: torch.Tensor, attention_mas
             f"target {target}: lm_head(captured final state) does not reproduce the target's logits: max abs "
             f"diff {diff:.4g} = {rel:.4g} of max |logit| {scale:.4g} > capture.verify_tolerance={tolerance}. "
             "The captured final state is not what the logits come from (logit soft-capping or scaling after "
-            "lm_head?), so a draft trained on it would be wrong.")
+            "lm_head?), so a draft trained on it would be wrong."
+        )
     return rel
 
 
@@ -103,12 +112,22 @@ LATER_KEYS = {"aux_format": "same", "teacher": "final", "teacher_topk": None, "m
 def _check_resumable(index: dict, expected: dict, out_dir: Path) -> None:
     for key, value in expected.items():
         if index.get(key, LATER_KEYS.get(key)) != value:
-            raise RuntimeError(f"{out_dir / INDEX}: a partial capture with {key}={index.get(key)!r}, but "
-                               f"this run has {key}={value!r}; delete {out_dir} to capture from scratch")
+            raise RuntimeError(
+                f"{out_dir / INDEX}: a partial capture with {key}={index.get(key)!r}, but "
+                f"this run has {key}={value!r}; delete {out_dir} to capture from scratch"
+            )
 
 
-def _online(recipe: Recipe, run_dir: Path, model, layer_ids: list[int], header: dict, first: list[dict],
-            seqs: list[dict], t0: float) -> dict:
+def _online(
+    recipe: Recipe,
+    run_dir: Path,
+    model,
+    layer_ids: list[int],
+    header: dict,
+    first: list[dict],
+    seqs: list[dict],
+    t0: float,
+) -> dict:
     """`capture.mode: online` (train/online.py): check the target on the first batch as an offline capture
     does, and write an index with no shards; training runs the target itself."""
     ids, mask = right_padded([s["input_ids"] for s in first])  # (B, T)
@@ -116,22 +135,37 @@ def _online(recipe: Recipe, run_dir: Path, model, layer_ids: list[int], header: 
     ids, mask = ids.to(dev), mask.to(dev)
     with tapped(model, layer_ids) as tap:
         _, final, logits = capture_batch(model, tap, ids, mask)
-    verified = verify_final(model, final, logits, mask, recipe.capture.verify_tolerance,
-                            recipe.target.model)
+    verified = verify_final(model, final, logits, mask, recipe.capture.verify_tolerance, recipe.target.model)
     num_tokens = sum(len(s["input_ids"]) for s in seqs)
-    write_json(stage_dir(run_dir, STAGE) / INDEX, {**header, "mode": "online", "shards": [],
-                                                   "num_sequences": len(seqs), "num_tokens": num_tokens,
-                                                   "bytes_per_token": 0})
+    write_json(
+        stage_dir(run_dir, STAGE) / INDEX,
+        {
+            **header,
+            "mode": "online",
+            "shards": [],
+            "num_sequences": len(seqs),
+            "num_tokens": num_tokens,
+            "bytes_per_token": 0,
+        },
+    )
     print(f"capture: online: the target runs inside training for {num_tokens} tokens; nothing stored")
-    stats = {"mode": "online", "num_sequences": len(seqs), "num_tokens": num_tokens, "num_shards": 0,
-             "bytes_per_token": 0, "aux_layer_ids": layer_ids, "lm_head_max_rel_diff": verified,
-             "wall_s": round(time.time() - t0, 3)}
+    stats = {
+        "mode": "online",
+        "num_sequences": len(seqs),
+        "num_tokens": num_tokens,
+        "num_shards": 0,
+        "bytes_per_token": 0,
+        "aux_layer_ids": layer_ids,
+        "lm_head_max_rel_diff": verified,
+        "wall_s": round(time.time() - t0, 3),
+    }
     mark_done(run_dir, STAGE, stats)
     return stats
 
 
-def run_capture(recipe: Recipe, run_dir: str | Path, progress: bool = True,
-                shard: str | Shard | None = None) -> dict:
+def run_capture(
+    recipe: Recipe, run_dir: str | Path, progress: bool = True, shard: str | Shard | None = None
+) -> dict:
     """The `capture` stage (needs the `regenerate` stage); this process's `shard` of it (data/sharding.py):
     a contiguous run of the length-ordered batches holding about 1/N of the tokens, so the joined shards
     list the sequences in the single-process order."""
@@ -141,31 +175,39 @@ def run_capture(recipe: Recipe, run_dir: str | Path, progress: bool = True,
     t0 = time.time()
     shard = current_shard(shard)
     c, t = recipe.capture, target_for_rank(recipe.target, shard)
-    slices = Slices(Path(run_dir), STAGE, shard, "index",
-                    complete=lambda x: x["num_sequences"] == x["expected_sequences"])
+    slices = Slices(
+        Path(run_dir), STAGE, shard, "index", complete=lambda x: x["num_sequences"] == x["expected_sequences"]
+    )
     if c.mode == "online" and shard.index > 0:  # nothing to share out: shard 0 checks the target
         return slices.wait_or_leave("shard 0 checks the target and writes the online index")
     model, layer_ids, header, lm_head = _load_target(recipe, t)
     seqs = read_sequences(run_dir)
     order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]["input_ids"]))  # stable: fixed across runs
     if c.mode == "online":
-        first = [seqs[i] for i in order[:c.batch_size]]
+        first = [seqs[i] for i in order[: c.batch_size]]
         return _online(recipe, run_dir, model, layer_ids, header, first, seqs, t0)
-    batches = [[seqs[i] for i in order[j:j + c.batch_size]] for j in range(0, len(order), c.batch_size)]
+    batches = [[seqs[i] for i in order[j : j + c.batch_size]] for j in range(0, len(order), c.batch_size)]
     first, end = shard.contiguous([sum(len(s["input_ids"]) for s in b) for b in batches])
     mine = batches[first:end]
     out = _Output(slices, header, [first, end], sum(len(b) for b in mine))
-    bar = tqdm(total=sum(len(s["input_ids"]) for b in mine for s in b), initial=out.num_tokens,
-               desc="capture" + (f" {shard}" if out.label else ""), unit="tok", unit_scale=True,
-               disable=not progress)
+    bar = tqdm(
+        total=sum(len(s["input_ids"]) for b in mine for s in b),
+        initial=out.num_tokens,
+        desc="capture" + (f" {shard}" if out.label else ""),
+        unit="tok",
+        unit_scale=True,
+        disable=not progress,
+    )
     new_tokens, fwd_s = _capture_batches(model, layer_ids, lm_head, c, t.model, mine, out, bar)
     bar.close()
     out.rate = new_tokens / fwd_s if fwd_s > 0 else out.rate
     index = out.save()
     if out.label:
         print(f"capture: shard {shard}: {index['num_tokens']} tokens in {len(out.shards)} shards")
-    return slices.finish(lambda: _stage_record(slices, out, index, c, t0),
-                         {"num_tokens": index["num_tokens"], "tokens_per_s": out.rate})
+    return slices.finish(
+        lambda: _stage_record(slices, out, index, c, t0),
+        {"num_tokens": index["num_tokens"], "tokens_per_s": out.rate},
+    )
 
 
 def _load_target(recipe: Recipe, t: TargetSection) -> tuple:
@@ -176,10 +218,17 @@ def _load_target(recipe: Recipe, t: TargetSection) -> tuple:
     model, _ = load_recipe_target(t)
     cfg = text_config(model.config)
     layer_ids = check_against_target(recipe, cfg.num_hidden_layers, cfg.vocab_size)
-    header = {"target": t.model, "aux_layer_ids": layer_ids, "layer_id_convention": LAYER_ID_CONVENTION,
-              "hidden_size": cfg.hidden_size, "dtype": c.dtype, "aux_format": c.aux_format,
-              "teacher": c.teacher, "teacher_topk": c.teacher_topk if c.teacher == "topk" else None,
-              "mode": c.mode}
+    header = {
+        "target": t.model,
+        "aux_layer_ids": layer_ids,
+        "layer_id_convention": LAYER_ID_CONVENTION,
+        "hidden_size": cfg.hidden_size,
+        "dtype": c.dtype,
+        "aux_format": c.aux_format,
+        "teacher": c.teacher,
+        "teacher_topk": c.teacher_topk if c.teacher == "topk" else None,
+        "mode": c.mode,
+    }
     check_block_width(c.aux_format, cfg.hidden_size)
     lm_head = model.get_output_embeddings().weight  # (V, H): the top-k teacher's logits
     if c.teacher == "topk" and lm_head.device.type == "meta":  # offloaded by the device_map: read from disk
@@ -211,13 +260,16 @@ class _Output:
         if before:
             _check_resumable(before, self.header, self.out_dir)
             if label and before.get("batches") != batches:
-                raise RuntimeError(f"{self.path}: this slice was batches {before.get('batches')} when it was "
-                                   f"written and is batches {batches} now (capture.batch_size or the "
-                                   f"sequences changed); delete {self.out_dir} to capture from scratch")
+                raise RuntimeError(
+                    f"{self.path}: this slice was batches {before.get('batches')} when it was "
+                    f"written and is batches {batches} now (capture.batch_size or the "
+                    f"sequences changed); delete {self.out_dir} to capture from scratch"
+                )
         self.shards: list[dict] = before.get("shards", [])
         written = {s["file"] for s in self.shards}  # a shard not listed was written, but the crash came first
-        slices.remove_strays([f"shard-{label}-*.safetensors" if label else "shard-[0-9]*.safetensors"],
-                             keep=written)
+        slices.remove_strays(
+            [f"shard-{label}-*.safetensors" if label else "shard-[0-9]*.safetensors"], keep=written
+        )
         self.verified = before.get("lm_head_max_rel_diff")  # a resumed process checks its first batch again
         self.rate = before.get("tokens_per_s")
         self.save()
@@ -252,8 +304,16 @@ class _Output:
             self.buffer, self.buffered = [], 0
 
 
-def _capture_batches(model, layer_ids: list[int], lm_head: torch.Tensor, c: CaptureSection, target: str,
-                     batches: list[list[dict]], out: _Output, bar) -> tuple[int, float]:
+def _capture_batches(
+    model,
+    layer_ids: list[int],
+    lm_head: torch.Tensor,
+    c: CaptureSection,
+    target: str,
+    batches: list[list[dict]],
+    out: _Output,
+    bar,
+) -> tuple[int, float]:
     """This slice's `batches` of sequences through the target, from the first sequence `out` does not hold
     yet, into `out`'s shards. -> (new tokens, forward seconds)."""
     done = out.num_sequences
@@ -285,8 +345,9 @@ def _capture_batches(model, layer_ids: list[int], lm_head: torch.Tensor, c: Capt
     return new_tokens, fwd_s
 
 
-def stored_form(aux: torch.Tensor, final: torch.Tensor, c: CaptureSection, n_aux: int,
-                lm_head: torch.Tensor) -> dict[str, torch.Tensor]:
+def stored_form(
+    aux: torch.Tensor, final: torch.Tensor, c: CaptureSection, n_aux: int, lm_head: torch.Tensor
+) -> dict[str, torch.Tensor]:
     """Per token the aux states in their stored form and the teacher (final state or top-k).
 
     aux (B, T, n_aux*H), final (B, T, H), lm_head (V, H) -> {name: (B, T, ...) on the CPU}."""
@@ -313,11 +374,20 @@ def _stage_record(slices: Slices, out: _Output, index: dict, c: CaptureSection, 
     layer_ids, bpt = out.header["aux_layer_ids"], index["bytes_per_token"]
     aux_as = c.aux_format if c.aux_format != "same" else c.dtype
     teacher = "final state in " + c.dtype if c.teacher == "final" else f"top-{c.teacher_topk}"
-    print(f"capture: {index['num_tokens']} tokens in {len(shards)} shards, {bpt:.1f} bytes/token "
-          f"(aux {len(layer_ids)}x{out.header['hidden_size']} as {aux_as}, teacher: {teacher}, ids, mask)")
-    stats = {"num_sequences": index["num_sequences"], "num_tokens": index["num_tokens"],
-             "num_shards": len(shards), "bytes_per_token": bpt, "aux_layer_ids": layer_ids,
-             "lm_head_max_rel_diff": verified, "tokens_per_s": rate, "wall_s": round(time.time() - t0, 3)}
+    print(
+        f"capture: {index['num_tokens']} tokens in {len(shards)} shards, {bpt:.1f} bytes/token "
+        f"(aux {len(layer_ids)}x{out.header['hidden_size']} as {aux_as}, teacher: {teacher}, ids, mask)"
+    )
+    stats = {
+        "num_sequences": index["num_sequences"],
+        "num_tokens": index["num_tokens"],
+        "num_shards": len(shards),
+        "bytes_per_token": bpt,
+        "aux_layer_ids": layer_ids,
+        "lm_head_max_rel_diff": verified,
+        "tokens_per_s": rate,
+        "wall_s": round(time.time() - t0, 3),
+    }
     if out.label:
         stats["capture_shards"] = slices.shard.count
     known = {f"{STAGE}/{s['file']}": s for s in shards}  # checksummed when written
@@ -328,9 +398,13 @@ def _stage_record(slices: Slices, out: _Output, index: dict, c: CaptureSection, 
 def index_over(header: dict, shards: list[dict]) -> dict:
     """An index listing `shards` (their entries from write_shard), with the totals."""
     num_tokens = sum(s["num_tokens"] for s in shards)
-    return {**header, "shards": shards, "num_sequences": sum(s["num_sequences"] for s in shards),
-            "num_tokens": num_tokens,
-            "bytes_per_token": sum(s["bytes"] for s in shards) / num_tokens if num_tokens else None}
+    return {
+        **header,
+        "shards": shards,
+        "num_sequences": sum(s["num_sequences"] for s in shards),
+        "num_tokens": num_tokens,
+        "bytes_per_token": sum(s["bytes"] for s in shards) / num_tokens if num_tokens else None,
+    }
 
 
 def save_joined(out_dir: Path, header: dict, shards: list[dict]) -> dict:
@@ -346,12 +420,16 @@ def _check_layout(slices: Slices) -> None:
     sliced = slices.on_disk()
     counts = {int(f.stem.split("of")[1]) for f in sliced}
     if shard.count == 1 and sliced:
-        raise RuntimeError(f"{sliced[0]}: a capture sharded {counts.pop()} ways is partial here; finish it "
-                           f"with `eyas capture --shard I/N` (or the same launcher), or delete {out_dir}")
+        raise RuntimeError(
+            f"{sliced[0]}: a capture sharded {counts.pop()} ways is partial here; finish it "
+            f"with `eyas capture --shard I/N` (or the same launcher), or delete {out_dir}"
+        )
     joined = read_json(out_dir / INDEX)["shards"] if (out_dir / INDEX).is_file() else []
     ours = all(s["file"].startswith("shard-r") and f"of{shard.count}-" in s["file"] for s in joined)  # a join
     others = counts - {shard.count}
     if shard.count > 1 and (others or not ours):  # (an index.json of this slicing: redo the join)
         was = f"sharded {sorted(others)} ways" if others else "in one process"
-        raise RuntimeError(f"{out_dir}: a partial capture made {was} cannot be resumed as shard {shard}; "
-                           f"resume it the way it was started, or delete {out_dir}")
+        raise RuntimeError(
+            f"{out_dir}: a partial capture made {was} cannot be resumed as shard {shard}; "
+            f"resume it the way it was started, or delete {out_dir}"
+        )

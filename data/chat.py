@@ -14,12 +14,15 @@ from collections.abc import Mapping
 import torch
 
 
-def render_prompt(tokenizer, messages: list[dict], add_generation_prompt: bool = True, **template_kwargs) -> list[int]:
+def render_prompt(
+    tokenizer, messages: list[dict], add_generation_prompt: bool = True, **template_kwargs
+) -> list[int]:
     """The chat-template token ids of `messages`, by default followed by the assistant
     generation prompt (whatever container this transformers version returns). `template_kwargs`
     reach the template (gpt-oss: reasoning_effort)."""
-    out = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True,
-                                        **template_kwargs)
+    out = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=add_generation_prompt, tokenize=True, **template_kwargs
+    )
     ids = out["input_ids"] if isinstance(out, Mapping) else out
     return [int(t) for t in ids]
 
@@ -35,8 +38,10 @@ def generation_eos_ids(generation_config, tokenizer, name: str) -> list[int]:
     if eos is None:
         eos = tokenizer.eos_token_id
     if eos is None:
-        raise ValueError(f"{name}: neither the generation config nor the tokenizer names an "
-                         "eos token, so generations could never finish")
+        raise ValueError(
+            f"{name}: neither the generation config nor the tokenizer names an "
+            "eos token, so generations could never finish"
+        )
     return [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
 
 
@@ -66,7 +71,7 @@ def cut_at_eos(tokens: list[int], eos_ids: set[int]) -> tuple[list[int], bool]:
     """-> (tokens up to and including the first eos, whether an eos was found)."""
     for i, t in enumerate(tokens):
         if t in eos_ids:
-            return tokens[:i + 1], True
+            return tokens[: i + 1], True
     return tokens, False
 
 
@@ -76,8 +81,8 @@ def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch
     ids = torch.full((B, L), pad_id, dtype=torch.long)
     mask = torch.zeros((B, L), dtype=torch.long)
     for b, p in enumerate(prompts):
-        ids[b, L - len(p):] = torch.tensor(p)
-        mask[b, L - len(p):] = 1
+        ids[b, L - len(p) :] = torch.tensor(p)
+        mask[b, L - len(p) :] = 1
     return ids, mask
 
 
@@ -97,8 +102,9 @@ def is_harmony(tokenizer) -> bool:
     return all(t in vocab for t in HARMONY_TOKENS[:4])
 
 
-HARMONY_MESSAGE = re.compile(r"<\|channel\|>([^<]*)<\|message\|>(.*?)(?=<\|end\|>|<\|return\|>|<\|call\|>|<\|start\|>|$)",
-                             re.DOTALL)
+HARMONY_MESSAGE = re.compile(
+    r"<\|channel\|>([^<]*)<\|message\|>(.*?)(?=<\|end\|>|<\|return\|>|<\|call\|>|<\|start\|>|$)", re.DOTALL
+)
 
 
 def answer_message(tokenizer, generated: list[int], eos_ids: list[int], harmony: bool | None = None) -> dict:

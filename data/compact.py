@@ -33,17 +33,25 @@ BLOCK = 32  # int6 / int4 values per scale
 LEVELS = {"int6": 31, "int4": 7}  # largest |q|: values are rounded to -q..q
 
 
-def bytes_per_token(n_aux: int, hidden: int, aux_format: str, teacher: str, topk: int, dtype_bytes: int) -> int:
+def bytes_per_token(
+    n_aux: int, hidden: int, aux_format: str, teacher: str, topk: int, dtype_bytes: int
+) -> int:
     """Stored bytes per token for these choices, the token id (4) and loss mask (1) included."""
     n = n_aux * hidden
-    aux = {"same": n * dtype_bytes, "fp8": n + 4 * n_aux, "int6": 3 * n // 4 + 2 * (n // BLOCK),
-           "int4": n // 2 + 2 * (n // BLOCK)}[aux_format]
+    aux = {
+        "same": n * dtype_bytes,
+        "fp8": n + 4 * n_aux,
+        "int6": 3 * n // 4 + 2 * (n // BLOCK),
+        "int4": n // 2 + 2 * (n // BLOCK),
+    }[aux_format]
     return aux + (hidden * dtype_bytes if teacher == "final" else 6 * topk) + 5
 
 
 def check_block_width(fmt: str, width: int) -> None:
     if fmt in LEVELS and width % BLOCK:
-        raise ValueError(f"capture.aux_format={fmt} needs a hidden size that is a multiple of {BLOCK}, got {width}")
+        raise ValueError(
+            f"capture.aux_format={fmt} needs a hidden size that is a multiple of {BLOCK}, got {width}"
+        )
 
 
 def encode_aux(aux: torch.Tensor, n_aux: int, fmt: str, dtype: torch.dtype) -> dict[str, torch.Tensor]:
@@ -63,12 +71,16 @@ def encode_aux(aux: torch.Tensor, n_aux: int, fmt: str, dtype: torch.dtype) -> d
         x = x.view(N, D // BLOCK, BLOCK)
         scale = (x.abs().amax(-1) / top).to(torch.bfloat16)  # (N, D/32), rounded first: decode uses it
         s = scale.float().clamp(min=torch.finfo(torch.float32).tiny)
-        q = (torch.round(x / s[..., None]).clamp(-top, top) + top + 1).to(torch.int32).view(N, D)  # 1..2*top+1
+        q = (
+            (torch.round(x / s[..., None]).clamp(-top, top) + top + 1).to(torch.int32).view(N, D)
+        )  # 1..2*top+1
         if fmt == "int4":  # (N, D/2): even values in the low nibble, odd in the high
             packed = (q[:, 0::2] | (q[:, 1::2] << 4)).to(torch.uint8)
         else:  # (N, 3D/4): values 4i..4i+3 as 24 bits, little-endian
             w = q[:, 0::4] | (q[:, 1::4] << 6) | (q[:, 2::4] << 12) | (q[:, 3::4] << 18)  # (N, D/4)
-            packed = torch.stack([w & 0xFF, (w >> 8) & 0xFF, w >> 16], dim=-1).view(N, 3 * D // 4).to(torch.uint8)
+            packed = (
+                torch.stack([w & 0xFF, (w >> 8) & 0xFF, w >> 16], dim=-1).view(N, 3 * D // 4).to(torch.uint8)
+            )
         return {"aux": packed, "aux_scale": scale}
     raise ValueError(f"unknown aux format {fmt!r}; one of {AUX_FORMATS}")
 
@@ -96,14 +108,15 @@ def decode_aux(t: dict[str, torch.Tensor], n_aux: int, fmt: str, dtype: torch.dt
 
 
 @torch.no_grad()
-def topk_teacher(final: torch.Tensor, lm_head_weight: torch.Tensor, k: int, chunk: int = 1024
-                 ) -> dict[str, torch.Tensor]:
+def topk_teacher(
+    final: torch.Tensor, lm_head_weight: torch.Tensor, k: int, chunk: int = 1024
+) -> dict[str, torch.Tensor]:
     """final (N, H) post-norm target states, lm_head_weight (V, H) -> {"teacher_ids" (N, k) int32,
     top-1 first; "teacher_logprobs" (N, k) fp16, log-softmax over the whole vocabulary}."""
     ids, lps = [], []
     w = lm_head_weight.float()  # fp32 logits, as the final-state teacher's (train/ttt.target_view)
     for s in range(0, final.shape[0], chunk):  # full-vocab logits in chunks: V is 201088 for gpt-oss
-        z = final[s:s + chunk].to(device=w.device, dtype=torch.float32) @ w.T  # (c, V)
+        z = final[s : s + chunk].to(device=w.device, dtype=torch.float32) @ w.T  # (c, V)
         top = torch.log_softmax(z, dim=-1).topk(k, dim=-1)  # sorted, largest first
         ids.append(top.indices.to(torch.int32).cpu())
         lps.append(top.values.to(torch.float16).cpu())

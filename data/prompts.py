@@ -52,8 +52,12 @@ STAGE = "prompts"
 # Speaker names seen in the wild -> chat roles.
 ROLES = {
     "system": "system",
-    "human": "user", "user": "user",
-    "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant", "model": "assistant",
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "chatgpt": "assistant",
+    "model": "assistant",
 }
 
 
@@ -78,11 +82,13 @@ def _message_list(msgs: list, where: str) -> list[dict]:
         content = m.get("content", m.get("value"))
         role = ROLES.get(str(speaker).lower()) if speaker is not None else None
         if role is None:
-            raise DataFormatError(f"{where}: message {j} has an unknown role {speaker!r} "
-                                  f"(known: {', '.join(sorted(ROLES))})")
+            raise DataFormatError(
+                f"{where}: message {j} has an unknown role {speaker!r} (known: {', '.join(sorted(ROLES))})"
+            )
         if not isinstance(content, str):
-            raise DataFormatError(f"{where}: message {j} content must be a string, got "
-                                  f"{type(content).__name__}")
+            raise DataFormatError(
+                f"{where}: message {j} content must be a string, got {type(content).__name__}"
+            )
         out.append({"role": role, "content": content})
     return out
 
@@ -115,12 +121,16 @@ def record_to_conversation(rec: dict, where: str) -> list[dict]:
         text = rec["instruction"] + (f"\n\n{extra}" if isinstance(extra, str) and extra.strip() else "")
         conv = [{"role": "user", "content": text}]
     elif isinstance(rec.get("turns"), list) and rec["turns"] and isinstance(rec["turns"][0], str):
-        conv = [{"role": "user", "content": t}  # answers come later
-                for t in rec["turns"] if isinstance(t, str)]
+        conv = [
+            {"role": "user", "content": t}  # answers come later
+            for t in rec["turns"]
+            if isinstance(t, str)
+        ]
     else:
         raise DataFormatError(
             f"{where}: no conversation found (expected one of the fields messages, conversations, data, "
-            f"prompt, question, instruction, turns; got {', '.join(sorted(rec)) or 'no fields'})")
+            f"prompt, question, instruction, turns; got {', '.join(sorted(rec)) or 'no fields'})"
+        )
     if not any(m["role"] == "user" and m["content"].strip() for m in conv):
         raise DataFormatError(f"{where}: no non-empty user turn")
     return conv
@@ -135,12 +145,15 @@ def _json_records(path: Path) -> list:
     if isinstance(obj, list):
         return obj
     if isinstance(obj, dict):
-        lists = [k for k, v in obj.items()
-                 if isinstance(v, list) and v and all(isinstance(r, dict) for r in v)]
+        lists = [
+            k for k, v in obj.items() if isinstance(v, list) and v and all(isinstance(r, dict) for r in v)
+        ]
         if len(lists) == 1:
             return obj[lists[0]]
-        raise DataFormatError(f"{path}: expected an array of records or an object with one list of records, "
-                              f"found {len(lists)} such lists ({', '.join(lists) or 'none'})")
+        raise DataFormatError(
+            f"{path}: expected an array of records or an object with one list of records, "
+            f"found {len(lists)} such lists ({', '.join(lists) or 'none'})"
+        )
     raise DataFormatError(f"{path}: expected an array or object, got {type(obj).__name__}")
 
 
@@ -154,8 +167,9 @@ def _convert(records: Iterable, where: Callable[[int], str]) -> list[list[dict]]
     return [record_to_conversation(r, where(i)) for i, r in enumerate(records)]
 
 
-def load_conversations(source: str, split: str = "train", hub_config: str | None = None,
-                       key: str = "data.prompts") -> list[list[dict]]:
+def load_conversations(
+    source: str, split: str = "train", hub_config: str | None = None, key: str = "data.prompts"
+) -> list[list[dict]]:
     """All conversations of a local .jsonl/.json file or a hub dataset ("org/name").
 
     -> one list of {"role", "content"} messages per record. A malformed JSON line fails with
@@ -171,8 +185,10 @@ def load_conversations(source: str, split: str = "train", hub_config: str | None
             return _convert(_json_records(path), lambda i: f"{path}: record {i}")
         raise DataFormatError(f"{path}: unsupported file type {path.suffix!r} (expected .jsonl or .json)")
     if path.suffix in (".jsonl", ".json") or path.exists() or source.startswith((".", "/", "~")):
-        raise InputError(f"{key}={source}: no such file (or not a regular file); fix the path (a relative "
-                         f"one is read from {Path.cwd()}), or give a hub dataset id ORG/NAME")
+        raise InputError(
+            f"{key}={source}: no such file (or not a regular file); fix the path (a relative "
+            f"one is read from {Path.cwd()}), or give a hub dataset id ORG/NAME"
+        )
     ds = hub_dataset(source, hub_config, split, key)
     return _convert(ds, lambda i: f"{source} (config {hub_config}, split {split}): record {i}")
 
@@ -187,12 +203,16 @@ def hub_dataset(source: str, hub_config: str | None, split: str, key: str):
     try:
         return datasets.load_dataset(source, hub_config, split=split)
     except DatasetNotFoundError as e:
-        raise InputError(f"{key}={source}: no such dataset on the Hugging Face hub (or it is gated and this "
-                         "token cannot read it), and no such local file; check the id or the path") from e
+        raise InputError(
+            f"{key}={source}: no such dataset on the Hugging Face hub (or it is gated and this "
+            "token cannot read it), and no such local file; check the id or the path"
+        ) from e
     except ConnectionError as e:
-        raise RunError(f"{key}={source}: the dataset is not in the Hugging Face cache and the hub cannot be "
-                       f"reached ({e}); download it where there is network (`hf download --repo-type dataset "
-                       f"{source}`), or save it as a local .jsonl and set {key} to that file") from e
+        raise RunError(
+            f"{key}={source}: the dataset is not in the Hugging Face cache and the hub cannot be "
+            f"reached ({e}); download it where there is network (`hf download --repo-type dataset "
+            f"{source}`), or save it as a local .jsonl and set {key} to that file"
+        ) from e
 
 
 def _system(conv: list[dict], system_prompt: str | None) -> list[dict]:
@@ -211,8 +231,9 @@ def prompt_messages(conv: list[dict], system_prompt: str | None = None) -> list[
     return _system(conv, system_prompt) + [dict(user)]
 
 
-def user_turns(conv: list[dict], system_prompt: str | None = None,
-               max_turns: int | None = None) -> list[dict]:
+def user_turns(
+    conv: list[dict], system_prompt: str | None = None, max_turns: int | None = None
+) -> list[dict]:
     """The multi-turn prompt: the system message (as `prompt_messages` picks it), then the
     conversation's non-empty user turns in order, at most `max_turns` (None = all). Assistant
     messages are dropped: the target regenerates every answer. -> [system?, user_1, user_2, ...]"""
@@ -238,7 +259,7 @@ def quotas(n: int, weights: list[float]) -> list[int]:
     exact = [n * w / total for w in weights]
     out = [int(e) for e in exact]
     by_remainder = sorted(range(len(weights)), key=lambda i: (-(exact[i] - out[i]), i))
-    for i in by_remainder[:n - sum(out)]:
+    for i in by_remainder[: n - sum(out)]:
         out[i] += 1
     return out
 
@@ -267,9 +288,11 @@ def run_prompts(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> d
     num_duplicates = sum(e["num_duplicates"] for e, _ in per_source)
 
     def too_few(n):
-        return RecipeError(f"data.num_eval_prompts: holding out {d.num_eval_prompts} eval prompts leaves no "
-                           f"training prompts out of {n} (source {label}, data.num_prompts={d.num_prompts}, "
-                           f"{num_duplicates} duplicates dropped)")
+        return RecipeError(
+            f"data.num_eval_prompts: holding out {d.num_eval_prompts} eval prompts leaves no "
+            f"training prompts out of {n} (source {label}, data.num_prompts={d.num_prompts}, "
+            f"{num_duplicates} duplicates dropped)"
+        )
 
     if d.num_eval_prompts >= len(chosen):
         raise too_few(len(chosen))
@@ -284,19 +307,27 @@ def run_prompts(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> d
     turns = [sum(m["role"] == "user" for m in it["messages"]) for _, it in train]
     for k, (entry, _) in enumerate(per_source):
         entry["num_chosen"] = sum(j == k for j, _ in evals + train)
-    stats = {"source": label if plain_ids else [e["source"] for e, _ in per_source],
-             "num_records": num_records, "num_duplicates": num_duplicates,
-             "num_train": len(train), "num_eval": len(evals), "num_eval_overlap": len(rest) - len(train),
-             "num_turns": sum(turns), "max_turns_seen": max(turns),
-             "sources": [e for e, _ in per_source], "wall_s": round(time.time() - t0, 3)}
+    stats = {
+        "source": label if plain_ids else [e["source"] for e, _ in per_source],
+        "num_records": num_records,
+        "num_duplicates": num_duplicates,
+        "num_train": len(train),
+        "num_eval": len(evals),
+        "num_eval_overlap": len(rest) - len(train),
+        "num_turns": sum(turns),
+        "max_turns_seen": max(turns),
+        "sources": [e for e, _ in per_source],
+        "wall_s": round(time.time() - t0, 3),
+    }
     if progress:
         _say(d, stats, label, plain_ids)
     mark_done(run_dir, STAGE, stats)
     return stats
 
 
-def _unique_prompts(d: DataSection, sources: list[PromptSource],
-                    plain_ids: bool) -> list[tuple[dict, list[dict]]]:
+def _unique_prompts(
+    d: DataSection, sources: list[PromptSource], plain_ids: bool
+) -> list[tuple[dict, list[dict]]]:
     """Every source's conversations reduced to their user turns, each kept by the first source that has it.
 
     -> per source: (its stats entry, its unique prompts in record order: {"id", "messages", "eval"})."""
@@ -304,8 +335,9 @@ def _unique_prompts(d: DataSection, sources: list[PromptSource],
     per_source = []
     for k, src in enumerate(sources):
         path = resolve_path(src.source)
-        convs = load_conversations(path, src.split, src.hub_config,
-                                   "data.prompts" if plain_ids else f"data.prompts[{k}].source")
+        convs = load_conversations(
+            path, src.split, src.hub_config, "data.prompts" if plain_ids else f"data.prompts[{k}].source"
+        )
         name = src.label()
         items = []
         for i, conv in enumerate(convs):
@@ -313,15 +345,31 @@ def _unique_prompts(d: DataSection, sources: list[PromptSource],
             key = _key(msgs)
             if key not in seen:
                 seen.add(key)
-                items.append({"id": str(i) if plain_ids else f"{name}:{i}", "messages": msgs,
-                              "eval": prompt_messages(conv, d.system_prompt)})
-        per_source.append(({"name": name, "source": path, "weight": src.weight, "num_records": len(convs),
-                            "num_duplicates": len(convs) - len(items)}, items))
+                items.append(
+                    {
+                        "id": str(i) if plain_ids else f"{name}:{i}",
+                        "messages": msgs,
+                        "eval": prompt_messages(conv, d.system_prompt),
+                    }
+                )
+        per_source.append(
+            (
+                {
+                    "name": name,
+                    "source": path,
+                    "weight": src.weight,
+                    "num_records": len(convs),
+                    "num_duplicates": len(convs) - len(items),
+                },
+                items,
+            )
+        )
     return per_source
 
 
-def _choose(d: DataSection, per_source: list[tuple[dict, list[dict]]],
-            plain_ids: bool) -> list[tuple[int, dict]]:
+def _choose(
+    d: DataSection, per_source: list[tuple[dict, list[dict]]], plain_ids: bool
+) -> list[tuple[int, dict]]:
     """Each source's quota of its prompts (all of them with num_prompts null), drawn after a shuffle with
     `data.seed`; several sources' are shuffled together. -> [(source number, prompt)]."""
     weights = [entry["weight"] for entry, _ in per_source]
@@ -333,7 +381,8 @@ def _choose(d: DataSection, per_source: list[tuple[dict, list[dict]]],
                 f"data.prompts[{k}] ({entry['name']}, {entry['source']}): {len(items)} unique prompts "
                 f"({entry['num_records']} records, {entry['num_duplicates']} duplicates), fewer than its "
                 f"quota of {quota} (data.num_prompts={d.num_prompts} x weight {entry['weight']:g} / total "
-                f"weight {sum(weights):g}); lower its weight or data.num_prompts")
+                f"weight {sum(weights):g}); lower its weight or data.num_prompts"
+            )
         random.Random(d.seed).shuffle(items)
         for it in items[:quota]:
             chosen.append((k, it))
@@ -360,15 +409,25 @@ def _hold_out(chosen: list[tuple[int, dict]], num_eval: int) -> tuple[list, list
 
 def _say(d: DataSection, stats: dict, label: str, plain_ids: bool) -> None:
     """The stage's summary on stdout (and each source's share when there are several)."""
-    print(f"prompts: {stats['num_train']} train ({stats['num_turns']} user turns, at most "
-          f"{stats['max_turns_seen']} per prompt), {stats['num_eval']} eval from {stats['num_records']} "
-          f"records of {label} ({stats['num_duplicates']} duplicates"
-          + (f", {stats['num_eval_overlap']} training conversations dropped: they start with an eval prompt"
-             if stats["num_eval_overlap"] else "") + ")")
+    print(
+        f"prompts: {stats['num_train']} train ({stats['num_turns']} user turns, at most "
+        f"{stats['max_turns_seen']} per prompt), {stats['num_eval']} eval from {stats['num_records']} "
+        f"records of {label} ({stats['num_duplicates']} duplicates"
+        + (
+            f", {stats['num_eval_overlap']} training conversations dropped: they start with an eval prompt"
+            if stats["num_eval_overlap"]
+            else ""
+        )
+        + ")"
+    )
     if not plain_ids:
         for e in stats["sources"]:
-            print(f"  {e['name']}: {e['num_chosen']} prompts from {e['num_records']} records of "
-                  f"{e['source']} (weight {e['weight']:g}, {e['num_duplicates']} duplicates)")
+            print(
+                f"  {e['name']}: {e['num_chosen']} prompts from {e['num_records']} records of "
+                f"{e['source']} (weight {e['weight']:g}, {e['num_duplicates']} duplicates)"
+            )
         if d.num_prompts is None and len({e["weight"] for e in stats["sources"]}) > 1:
-            print("  data.num_prompts is null: every unique prompt of every source is used, the weights "
-                  "do not matter")
+            print(
+                "  data.num_prompts is null: every unique prompt of every source is used, the weights "
+                "do not matter"
+            )

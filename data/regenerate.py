@@ -74,18 +74,34 @@ def effort_mix(seqs: list[dict]) -> dict[str, int] | None:
     return dict(sorted(counts.items())) or None
 
 
-def generate_batch(model, prompts: list[list[int]], *, eos_ids: list[int], pad_id: int, max_new_tokens: int,
-                   temperature: float, top_p: float) -> list[tuple[list[int], bool]]:
+def generate_batch(
+    model,
+    prompts: list[list[int]],
+    *,
+    eos_ids: list[int],
+    pad_id: int,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+) -> list[tuple[list[int], bool]]:
     """Left-padded batched generation. -> per prompt (generated ids cut at eos, finished)."""
     ids, mask = left_pad(prompts, pad_id)
     L = ids.shape[1]
-    sampling = ({"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": 0} if temperature > 0
-                else {"do_sample": False})
+    sampling = (
+        {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": 0}
+        if temperature > 0
+        else {"do_sample": False}
+    )
     with torch.no_grad():
         dev = input_device(model)
-        out = model.generate(input_ids=ids.to(dev), attention_mask=mask.to(dev),
-                             max_new_tokens=max_new_tokens, eos_token_id=eos_ids, pad_token_id=pad_id,
-                             **sampling)  # (B, L + n_new)
+        out = model.generate(
+            input_ids=ids.to(dev),
+            attention_mask=mask.to(dev),
+            max_new_tokens=max_new_tokens,
+            eos_token_id=eos_ids,
+            pad_token_id=pad_id,
+            **sampling,
+        )  # (B, L + n_new)
     eos = set(eos_ids)
     return [cut_at_eos(row, eos) for row in out[:, L:].tolist()]
 
@@ -113,8 +129,9 @@ class Conversations:
     A conversation ends early when an answer did not finish (max_new_tokens) or the next prompt is
     longer than `data.max_prompt_tokens`; its later turns are not asked (counted in the stage record)."""
 
-    def __init__(self, tokenizer, prompts: list[dict], efforts: dict, eos_ids: list[int],
-                 max_prompt_tokens: int):
+    def __init__(
+        self, tokenizer, prompts: list[dict], efforts: dict, eos_ids: list[int], max_prompt_tokens: int
+    ):
         self.tok, self.efforts, self.eos_ids = tokenizer, efforts, eos_ids
         self.max_prompt_tokens = max_prompt_tokens
         self.harmony = is_harmony(tokenizer)  # once: the vocabulary is 201K entries on gpt-oss
@@ -130,9 +147,15 @@ class Conversations:
         return self.render(pid, system + users[:1])
 
     def row(self, pid: str, turn: int, ids: list[int], gen: list[int], finished: bool) -> dict:
-        return {"id": pid if turn == 0 else f"{pid}/{turn}", "conversation": pid, "turn": turn,
-                "input_ids": ids + gen, "prompt_len": len(ids), "finished": finished,
-                **effort_kwargs(self.efforts[pid])}
+        return {
+            "id": pid if turn == 0 else f"{pid}/{turn}",
+            "conversation": pid,
+            "turn": turn,
+            "input_ids": ids + gen,
+            "prompt_len": len(ids),
+            "finished": finished,
+            **effort_kwargs(self.efforts[pid]),
+        }
 
     def next(self, pid: str, turn: int, gen: list[int], finished: bool) -> list[int] | None:
         """The prompt ids of turn `turn + 1` after answer `gen` to turn `turn`; None when the conversation
@@ -153,8 +176,13 @@ def turn_seed(*keys) -> int:
     return random.Random(":".join(map(str, keys))).getrandbits(31)
 
 
-def run_regenerate(recipe: Recipe, run_dir: str | Path, progress: bool = True,
-                   part_batches: int = PART_BATCHES, shard: str | Shard | None = None) -> dict:
+def run_regenerate(
+    recipe: Recipe,
+    run_dir: str | Path,
+    progress: bool = True,
+    part_batches: int = PART_BATCHES,
+    shard: str | Shard | None = None,
+) -> dict:
     """The `regenerate` stage (this process's `shard` of it: data/sharding.py). A conversation whose first
     prompt is longer than `data.max_prompt_tokens` is skipped (cutting a rendered chat prompt would cut
     off its generation prompt) and counted."""
@@ -170,26 +198,44 @@ def run_regenerate(recipe: Recipe, run_dir: str | Path, progress: bool = True,
         model, tok = load_recipe_target(t)
         eos_ids = eos_token_ids(model, tok)
     convs, kept, num_prompts = _first_prompts(d, t.model, tok, eos_ids, read_prompts(run_dir, "train"))
-    batches = [kept[i:i + d.batch_size] for i in range(0, len(kept), d.batch_size)]
-    parts = [batches[i:i + part_batches] for i in range(0, len(batches), part_batches)]
-    slices = Slices(Path(run_dir), STAGE, shard, "shard",  # a slice's record is written after its parts
-                    complete=lambda x: all(part_path(run_dir, p).is_file() for p in x["parts"]))
+    batches = [kept[i : i + d.batch_size] for i in range(0, len(kept), d.batch_size)]
+    parts = [batches[i : i + part_batches] for i in range(0, len(batches), part_batches)]
+    slices = Slices(
+        Path(run_dir),
+        STAGE,
+        shard,
+        "shard",  # a slice's record is written after its parts
+        complete=lambda x: all(part_path(run_dir, p).is_file() for p in x["parts"]),
+    )
     mine = shard.round_robin(len(parts))  # parts are alike
     todo = _todo(slices, parts, mine)
     desc = "regenerate" + (f" {shard}" if shard.count > 1 else "")
     if d.backend == "server":
         new_tokens, gen_s = _through_servers(d, run_dir, parts, todo, convs, eos_ids, progress, desc)
     else:
-        new_tokens, gen_s = _through_hf(d, run_dir, parts, mine, todo, model, tok, convs, eos_ids, progress,
-                                        desc)
+        new_tokens, gen_s = _through_hf(
+            d, run_dir, parts, mine, todo, model, tok, convs, eos_ids, progress, desc
+        )
     rate = new_tokens / gen_s if gen_s > 0 else None
     if shard.count > 1:
-        write_json(slices.record(), {"shard": str(shard), "parts": mine, "generated_tokens": new_tokens,
-                                     "generation_tokens_per_s": rate})
-    counts = {"num_prompts": num_prompts, "num_skipped_long": num_prompts - len(kept),
-              "num_parts": len(parts)}
-    return slices.finish(lambda: _stage_record(d, slices, convs, counts, new_tokens, rate, t0),
-                         {"generated_tokens_this_run": new_tokens, "generation_tokens_per_s": rate})
+        write_json(
+            slices.record(),
+            {
+                "shard": str(shard),
+                "parts": mine,
+                "generated_tokens": new_tokens,
+                "generation_tokens_per_s": rate,
+            },
+        )
+    counts = {
+        "num_prompts": num_prompts,
+        "num_skipped_long": num_prompts - len(kept),
+        "num_parts": len(parts),
+    }
+    return slices.finish(
+        lambda: _stage_record(d, slices, convs, counts, new_tokens, rate, t0),
+        {"generated_tokens_this_run": new_tokens, "generation_tokens_per_s": rate},
+    )
 
 
 def _first_prompts(d: DataSection, target: str, tok, eos_ids: list[int], prompts: list[dict]) -> tuple:
@@ -198,15 +244,19 @@ def _first_prompts(d: DataSection, target: str, tok, eos_ids: list[int], prompts
     -> (Conversations, [(id, first prompt ids)] shortest first, number of prompts)."""
     efforts = {p["id"]: reasoning_effort(d.reasoning_effort, d.seed, p["id"]) for p in prompts}
     if d.reasoning_effort and "reasoning_effort" not in (tok.chat_template or ""):
-        raise ValueError(f"data.reasoning_effort: the chat template of {target} does not use "
-                         "reasoning_effort, so the effort would not reach the target; leave "
-                         "data.reasoning_effort unset")
+        raise ValueError(
+            f"data.reasoning_effort: the chat template of {target} does not use "
+            "reasoning_effort, so the effort would not reach the target; leave "
+            "data.reasoning_effort unset"
+        )
     convs = Conversations(tok, prompts, efforts, eos_ids, d.max_prompt_tokens)
     rendered = [(p["id"], convs.first(p["id"])) for p in prompts]
     kept = [(pid, ids) for pid, ids in rendered if len(ids) <= d.max_prompt_tokens]
     if not kept:
-        raise RuntimeError(f"data.max_prompt_tokens={d.max_prompt_tokens}: every one of the {len(rendered)} "
-                           "training prompts is longer once rendered with the chat template")
+        raise RuntimeError(
+            f"data.max_prompt_tokens={d.max_prompt_tokens}: every one of the {len(rendered)} "
+            "training prompts is longer once rendered with the chat template"
+        )
     kept.sort(key=lambda x: len(x[1]))  # stable: similar lengths share a batch, less padding
     return convs, kept, len(rendered)
 
@@ -217,9 +267,11 @@ def _todo(slices: Slices, parts: list, mine: list[int]) -> list[int]:
     run_dir, out_dir = slices.run_dir, stage_dir(slices.run_dir, STAGE)
     extra = sorted(q for q in out_dir.glob("part-*.jsonl") if int(q.stem.split("-")[1]) >= len(parts))
     if extra:
-        raise RuntimeError(f"{extra[0]}: this run makes only {len(parts)} parts (the prompts or data "
-                           f"settings changed since it was written); delete {out_dir} to regenerate from "
-                           "scratch")
+        raise RuntimeError(
+            f"{extra[0]}: this run makes only {len(parts)} parts (the prompts or data "
+            f"settings changed since it was written); delete {out_dir} to regenerate from "
+            "scratch"
+        )
     slices.remove_strays([f".{part_path(run_dir, p).name}.*.tmp" for p in mine])
     todo = []
     for p in mine:
@@ -229,14 +281,23 @@ def _todo(slices: Slices, parts: list, mine: list[int]) -> list[int]:
             continue
         stored = [row.get("conversation", row["id"]) for row in read_jsonl(path) if row.get("turn", 0) == 0]
         if stored != [pid for batch in parts[p] for pid, _ in batch]:
-            raise RuntimeError(f"{path}: holds other prompts than this run would put there (the prompts, "
-                               "data.batch_size or data.max_prompt_tokens changed since it was written); "
-                               f"delete {out_dir} to regenerate from scratch")
+            raise RuntimeError(
+                f"{path}: holds other prompts than this run would put there (the prompts, "
+                "data.batch_size or data.max_prompt_tokens changed since it was written); "
+                f"delete {out_dir} to regenerate from scratch"
+            )
     return todo
 
 
-def _stage_record(d: DataSection, slices: Slices, convs: Conversations, counts: dict, new_tokens: int,
-                  rate: float | None, t0: float) -> dict:
+def _stage_record(
+    d: DataSection,
+    slices: Slices,
+    convs: Conversations,
+    counts: dict,
+    new_tokens: int,
+    rate: float | None,
+    t0: float,
+) -> dict:
     """The joined stage's record (every part written): what was asked, answered and generated, this run's
     speed (each slice's), and DONE. `counts`: num_prompts, num_skipped_long, num_parts."""
     seqs = read_sequences(slices.run_dir)
@@ -257,8 +318,8 @@ def _stage_record(d: DataSection, slices: Slices, convs: Conversations, counts: 
         "num_parts": counts["num_parts"],
         "mean_generated_tokens": sum(gen_lens) / len(seqs),
         "fraction_finished": sum(s["finished"] for s in seqs) / len(seqs),
-        "generated_tokens_this_run": new_tokens + sum(s["generated_tokens"] for s in shards
-                                                      if s["shard"] != str(shard)),
+        "generated_tokens_this_run": new_tokens
+        + sum(s["generated_tokens"] for s in shards if s["shard"] != str(shard)),
         "generation_tokens_per_s": sum(s["generation_tokens_per_s"] or 0 for s in shards) or rate,
         "backend": d.backend,
         "num_servers": len(d.server_urls) if d.backend == "server" else None,
@@ -272,15 +333,30 @@ def _stage_record(d: DataSection, slices: Slices, convs: Conversations, counts: 
     return stats
 
 
-def _through_hf(d, run_dir, parts: list, mine: list[int], todo: list[int], model, tok, convs: Conversations,
-                eos_ids: list[int], progress: bool, desc: str) -> tuple[int, float]:
+def _through_hf(
+    d,
+    run_dir,
+    parts: list,
+    mine: list[int],
+    todo: list[int],
+    model,
+    tok,
+    convs: Conversations,
+    eos_ids: list[int],
+    progress: bool,
+    desc: str,
+) -> tuple[int, float]:
     """`data.backend: hf`: the parts in `todo`, batch by batch; a batch's conversations go on turn by turn
     together. -> (new tokens, generation seconds)."""
     pad_id = pad_token_id(model, tok, eos_ids)
     new_tokens, gen_s = 0, 0.0
-    bar = tqdm(total=sum(len(parts[p]) for p in mine),
-               initial=sum(len(parts[p]) for p in mine if p not in todo), desc=desc, unit="batch",
-               disable=not progress)
+    bar = tqdm(
+        total=sum(len(parts[p]) for p in mine),
+        initial=sum(len(parts[p]) for p in mine if p not in todo),
+        desc=desc,
+        unit="batch",
+        disable=not progress,
+    )
     for p in todo:
         rows = []
         for j, batch in enumerate(parts[p]):
@@ -289,9 +365,15 @@ def _through_hf(d, run_dir, parts: list, mine: list[int], todo: list[int], model
             while active:
                 torch.manual_seed(turn_seed(d.seed, p, j, turn))  # resume- and shard-stable sampling
                 tb = time.time()
-                gens = generate_batch(model, [ids for _, ids in active], eos_ids=eos_ids, pad_id=pad_id,
-                                      max_new_tokens=d.max_new_tokens, temperature=d.temperature,
-                                      top_p=d.top_p)
+                gens = generate_batch(
+                    model,
+                    [ids for _, ids in active],
+                    eos_ids=eos_ids,
+                    pad_id=pad_id,
+                    max_new_tokens=d.max_new_tokens,
+                    temperature=d.temperature,
+                    top_p=d.top_p,
+                )
                 gen_s += time.time() - tb
                 following = []
                 for (pid, ids), (gen, finished) in zip(active, gens):
@@ -309,8 +391,16 @@ def _through_hf(d, run_dir, parts: list, mine: list[int], todo: list[int], model
     return new_tokens, gen_s
 
 
-def _through_servers(d, run_dir, parts: list, todo: list[int], convs: Conversations, eos_ids: list[int],
-                     progress: bool, desc: str) -> tuple[int, float]:
+def _through_servers(
+    d,
+    run_dir,
+    parts: list,
+    todo: list[int],
+    convs: Conversations,
+    eos_ids: list[int],
+    progress: bool,
+    desc: str,
+) -> tuple[int, float]:
     """`data.backend: server`: every conversation of the parts in `todo` through the fleet at once, each
     turn sent when the answer before it is back; a part is written (atomically) as soon as its last
     conversation ends. -> (new tokens, wall seconds)."""
@@ -344,7 +434,16 @@ def _through_servers(d, run_dir, parts: list, todo: list[int], convs: Conversati
         return None
 
     if jobs:
-        regenerate_through_servers(d.server_urls, d.server_model, jobs, params, eos_ids, d.server_concurrency,
-                                   d.server_timeout_s, d.server_retries, done)
+        regenerate_through_servers(
+            d.server_urls,
+            d.server_model,
+            jobs,
+            params,
+            eos_ids,
+            d.server_concurrency,
+            d.server_timeout_s,
+            d.server_retries,
+            done,
+        )
     bar.close()
     return state["new"], time.time() - state["t0"]

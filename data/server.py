@@ -49,21 +49,31 @@ async def complete(client: httpx.AsyncClient, url: str, body: dict, retries: int
                     raise ServerError(f"{url}/v1/completions answered {r.status_code}: {r.text[:500]}")
                 choice = r.json()["choices"][0]
                 if choice.get("token_ids") is None:
-                    raise ServerError(f"{url}: the response carries no token_ids; the server must support "
-                                      "`return_token_ids` (vLLM >= 0.10.2, SGLang, eyas serve)")
+                    raise ServerError(
+                        f"{url}: the response carries no token_ids; the server must support "
+                        "`return_token_ids` (vLLM >= 0.10.2, SGLang, eyas serve)"
+                    )
                 return choice
             error = f"{r.status_code}: {r.text[:200]}"
         except httpx.TransportError as e:  # refused, reset, timed out
             error = f"{type(e).__name__}: {e}"
         if attempt == retries:
             raise ServerError(f"{url}/v1/completions failed {retries + 1} times, last: {error}")
-        await asyncio.sleep(min(BACKOFF_MAX_S, BACKOFF_S * 2 ** attempt) * (0.5 + random.random()))
+        await asyncio.sleep(min(BACKOFF_MAX_S, BACKOFF_S * 2**attempt) * (0.5 + random.random()))
     raise AssertionError("unreachable")
 
 
-def regenerate_through_servers(urls: list[str], model: str | None, jobs: list[tuple],
-                               params: dict, eos_ids: list[int], concurrency: int, timeout_s: float, retries: int,
-                               on_done: Callable) -> None:
+def regenerate_through_servers(
+    urls: list[str],
+    model: str | None,
+    jobs: list[tuple],
+    params: dict,
+    eos_ids: list[int],
+    concurrency: int,
+    timeout_s: float,
+    retries: int,
+    on_done: Callable,
+) -> None:
     """Send every job (key, seed, prompt ids) to the fleet. `on_done(key, prompt ids, generated ids,
     finish_reason)` is called in the caller's thread as each one completes (in any order); it may return
     a follow-up job (the conversation's next turn), which joins the queue."""
@@ -81,8 +91,14 @@ def regenerate_through_servers(urls: list[str], model: str | None, jobs: list[tu
             async def worker(url: str):
                 while True:
                     key, seed, ids = await queue.get()
-                    body = {"model": names[url], "prompt": ids, "seed": seed, "stop_token_ids": eos_ids,
-                            "return_token_ids": True, **params}
+                    body = {
+                        "model": names[url],
+                        "prompt": ids,
+                        "seed": seed,
+                        "stop_token_ids": eos_ids,
+                        "return_token_ids": True,
+                        **params,
+                    }
                     choice = await complete(client, url, body, retries)
                     follow = on_done(key, ids, list(choice["token_ids"]), choice.get("finish_reason"))
                     if follow is not None:

@@ -55,7 +55,7 @@ class Shard:
 
 
 def parse_shard(text: str) -> Shard:
-    """"I/N" (0 <= I < N) -> Shard."""
+    """ "I/N" (0 <= I < N) -> Shard."""
     try:
         i, n = (int(x) for x in text.split("/"))
     except ValueError:
@@ -103,8 +103,10 @@ def wait_until(ready, what: str, poll_s: float = POLL_S) -> None:
 def rank_gpus(local_rank: int, local_world: int, num_gpus: int) -> list[int]:
     """The node's GPUs of one launched rank: `num_gpus // local_world` consecutive ones."""
     if num_gpus < local_world:
-        raise RecipeError(f"{local_world} processes per node but {num_gpus} visible GPUs: start at most one "
-                          "process per GPU (or one per group of GPUs that holds the target)")
+        raise RecipeError(
+            f"{local_world} processes per node but {num_gpus} visible GPUs: start at most one "
+            "process per GPU (or one per group of GPUs that holds the target)"
+        )
     per = num_gpus // local_world
     return list(range(local_rank * per, (local_rank + 1) * per))
 
@@ -119,14 +121,19 @@ def target_for_rank(t: TargetSection, shard: Shard) -> TargetSection:
 
     if not shard.launched or not torch.cuda.is_available():
         return t
-    gpus = rank_gpus(int(os.environ.get("LOCAL_RANK", shard.index)),
-                     int(os.environ.get("LOCAL_WORLD_SIZE", shard.count)), torch.cuda.device_count())
+    gpus = rank_gpus(
+        int(os.environ.get("LOCAL_RANK", shard.index)),
+        int(os.environ.get("LOCAL_WORLD_SIZE", shard.count)),
+        torch.cuda.device_count(),
+    )
     if t.device_map is None:
         return t.model_copy(update={"device": f"cuda:{gpus[0]}"}) if t.device in ("auto", "cuda") else t
     if isinstance(t.device_map, dict):
-        raise RecipeError("target.device_map: an explicit map cannot be split between launched ranks; start "
-                          "one `eyas regenerate|capture --shard I/N` per group of GPUs "
-                          "(CUDA_VISIBLE_DEVICES) instead")
+        raise RecipeError(
+            "target.device_map: an explicit map cannot be split between launched ranks; start "
+            "one `eyas regenerate|capture --shard I/N` per group of GPUs "
+            "(CUDA_VISIBLE_DEVICES) instead"
+        )
     own = {d: v for d, v in (t.max_memory or {}).items() if d in ("cpu", "disk")}
     for g in gpus:
         given = (t.max_memory or {}).get(str(g), (t.max_memory or {}).get(f"cuda:{g}"))
@@ -167,8 +174,11 @@ class Slices:
 
     def unfinished(self) -> list[int]:
         """The slices whose record is missing or not complete."""
-        return [i for i in range(self.shard.count)
-                if not (self.record(i).is_file() and self.complete(read_json(self.record(i))))]
+        return [
+            i
+            for i in range(self.shard.count)
+            if not (self.record(i).is_file() and self.complete(read_json(self.record(i))))
+        ]
 
     def remove_strays(self, patterns: list[str], keep: Collection[str] = ()) -> None:
         """Delete the files of the stage's folder that match `patterns` (this process's own: others may be
@@ -191,8 +201,10 @@ class Slices:
             else:
                 wait_until(lambda: is_done(run_dir, stage), f"rank 0 to join the {stage} slices")
         elif missing := self.unfinished():
-            print(f"{stage}: shard {shard} done; slices {missing} are not finished yet: the last to finish "
-                  "joins them")
+            print(
+                f"{stage}: shard {shard} done; slices {missing} are not finished yet: the last to finish "
+                "joins them"
+            )
             return {"shard": str(shard), "complete": False, **done_here}
         if is_done(run_dir, stage):
             return read_done(run_dir, stage)

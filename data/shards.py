@@ -50,7 +50,9 @@ def write_shard(path: str | Path, seqs: list[dict[str, torch.Tensor]]) -> dict:
     "teacher_logprobs" (T, k), "input_ids" (T,), "loss_mask" (T,)} into one shard, written
     atomically. -> its index entry."""
     lengths = torch.tensor([len(s["input_ids"]) for s in seqs], dtype=torch.int64)
-    tensors = {k: torch.cat([s[k] for s in seqs]).contiguous() for k in PER_TOKEN if k in seqs[0]}  # (N_tok, ...)
+    tensors = {
+        k: torch.cat([s[k] for s in seqs]).contiguous() for k in PER_TOKEN if k in seqs[0]
+    }  # (N_tok, ...)
     tensors["input_ids"] = tensors["input_ids"].to(torch.int32)
     tensors["loss_mask"] = tensors["loss_mask"].to(torch.uint8)
     tensors["offsets"] = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])  # (n_seq+1,)
@@ -58,15 +60,22 @@ def write_shard(path: str | Path, seqs: list[dict[str, torch.Tensor]]) -> dict:
     with atomic_path(path) as tmp:
         save_file(tensors, str(tmp))
         record = file_record(tmp)  # {"size", "xxh3_64"}: read back while the page cache holds it
-    return {"file": path.name, "num_sequences": len(seqs), "num_tokens": int(lengths.sum()),
-            "bytes": sum(t.numel() * t.element_size() for t in tensors.values()), **record}
+    return {
+        "file": path.name,
+        "num_sequences": len(seqs),
+        "num_tokens": int(lengths.sum()),
+        "bytes": sum(t.numel() * t.element_size() for t in tensors.values()),
+        **record,
+    }
 
 
 def read_index(capture_dir: str | Path) -> dict:
     path = Path(capture_dir) / INDEX
     if not path.is_file():
-        raise InputError(f"{path}: no capture index; run the capture stage first (`eyas capture "
-                         f"{Path(capture_dir).parent}`, or `eyas run` for every stage)")
+        raise InputError(
+            f"{path}: no capture index; run the capture stage first (`eyas capture "
+            f"{Path(capture_dir).parent}`, or `eyas run` for every stage)"
+        )
     return json.loads(path.read_text())
 
 
@@ -115,13 +124,14 @@ class ShardDataset(Dataset):
         a, b = self._offsets[k][s], self._offsets[k][s + 1]
         sf = self._shard(k)
         rows = {n: sf.get_slice(n)[a:b] for n in PER_TOKEN if n in sf.keys()}
-        item = {"aux": decode_aux(rows, len(self.aux_layer_ids), self.aux_format, self.dtype),  # (T, n_aux*H)
-                "input_ids": rows["input_ids"].to(torch.int64),  # (T,)
-                "loss_mask": rows["loss_mask"].to(torch.float32)}  # (T,)
+        item = {
+            "aux": decode_aux(rows, len(self.aux_layer_ids), self.aux_format, self.dtype),  # (T, n_aux*H)
+            "input_ids": rows["input_ids"].to(torch.int64),  # (T,)
+            "loss_mask": rows["loss_mask"].to(torch.float32),
+        }  # (T,)
         if self.teacher == "final":
             item["final"] = rows["final"]  # (T, H)
         else:
             item["teacher_ids"] = rows["teacher_ids"].to(torch.int64)  # (T, k)
             item["teacher_logprobs"] = rows["teacher_logprobs"].to(torch.float32)  # (T, k)
         return item
-

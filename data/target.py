@@ -29,8 +29,10 @@ import torch
 from torch import nn
 
 DEMO_TARGET = "eyas-demo"
-LAYER_ID_CONVENTION = ("vLLM: id k = input of decoder layer k (0-based) = HF hidden_states[k] for k < N; "
-                       "id N = output of the last decoder layer before the final norm")
+LAYER_ID_CONVENTION = (
+    "vLLM: id k = input of decoder layer k (0-based) = HF hidden_states[k] for k < N; "
+    "id N = output of the last decoder layer before the final norm"
+)
 
 
 def resolve_path(name: str) -> str:
@@ -40,7 +42,7 @@ def resolve_path(name: str) -> str:
         from eyas.demo_target.build import ensure_demo_target
 
         root = ensure_demo_target()
-        return str(root / name[len(DEMO_TARGET) + 1:]) if name != DEMO_TARGET else str(root)
+        return str(root / name[len(DEMO_TARGET) + 1 :]) if name != DEMO_TARGET else str(root)
     return name
 
 
@@ -58,12 +60,20 @@ def pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
 
 
-def load_target(name: str, dtype: str = "auto", device: str = "auto", trust_remote_code: bool = False,
-                device_map: str | dict[str, str] | None = None, max_memory: dict[str, str] | None = None,
-                offload_folder: str | None = None, weights: str = "auto"):
+def load_target(
+    name: str,
+    dtype: str = "auto",
+    device: str = "auto",
+    trust_remote_code: bool = False,
+    device_map: str | dict[str, str] | None = None,
+    max_memory: dict[str, str] | None = None,
+    offload_folder: str | None = None,
+    weights: str = "auto",
+):
     """-> (model in eval mode, tokenizer). `name` is a directory or hub id. Without `device_map` the
     whole model goes to `device`; with one, it is placed as the recipe's `target` section says.
-    `weights` (auto | mxfp4 | dequantized) is how an MXFP4 checkpoint (gpt-oss) is held: see `weight_format`."""
+    `weights` (auto | mxfp4 | dequantized) is how an MXFP4 checkpoint (gpt-oss) is held: see
+    `weight_format`."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = resolve_path(name)
@@ -72,14 +82,17 @@ def load_target(name: str, dtype: str = "auto", device: str = "auto", trust_remo
     torch_dtype = pick_dtype(dtype, dev)
     mxfp4 = stored_as_mxfp4(load_target_config(path, trust_remote_code))
     if weights != "auto" and not mxfp4:
-        raise ValueError(f"target.weights={weights}: {name} does not store MXFP4 weights; leave target.weights at auto")
+        raise ValueError(
+            f"target.weights={weights}: {name} does not store MXFP4 weights; leave target.weights at auto"
+        )
     if weights == "dequantized":
         from transformers import Mxfp4Config
 
         placed["quantization_config"] = Mxfp4Config(dequantize=True)
     with model_errors(name):
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, trust_remote_code=trust_remote_code,
-                                                     **placed)
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=torch_dtype, trust_remote_code=trust_remote_code, **placed
+        )
     if mxfp4:
         print(f"target: {weight_format(model, weights, torch_dtype)}", flush=True)
     if device_map is None:
@@ -117,17 +130,27 @@ def weight_format(model: nn.Module, asked: str, dtype: torch.dtype) -> str:
     if getattr(model, "is_quantized", False):
         return "MXFP4 weights kept (transformers' MXFP4 kernels)"
     if asked == "mxfp4":
-        raise RuntimeError("target.weights=mxfp4: transformers dequantized the MXFP4 weights, because its MXFP4 "
-                           "kernels cannot run here (they need a CUDA GPU, triton >= 3.4 and the `kernels` "
-                           "package); set target.weights to auto or dequantized, and plan for the bf16 size")
+        raise RuntimeError(
+            "target.weights=mxfp4: transformers dequantized the MXFP4 weights, because its MXFP4 "
+            "kernels cannot run here (they need a CUDA GPU, triton >= 3.4 and the `kernels` "
+            "package); set target.weights to auto or dequantized, and plan for the bf16 size"
+        )
     why = "as target.weights asks" if asked == "dequantized" else "MXFP4 kernels unavailable here"
     return f"MXFP4 weights dequantized to {str(dtype).removeprefix('torch.')} ({why})"
 
 
 def load_recipe_target(t):
     """load_target with every key of a recipe's `target` section (recipes/schema.TargetSection)."""
-    return load_target(t.model, t.dtype, t.device, t.trust_remote_code, t.device_map, t.max_memory,
-                       t.offload_folder, t.weights)
+    return load_target(
+        t.model,
+        t.dtype,
+        t.device,
+        t.trust_remote_code,
+        t.device_map,
+        t.max_memory,
+        t.offload_folder,
+        t.weights,
+    )
 
 
 def _device(d: str):
@@ -139,8 +162,11 @@ def _device(d: str):
 
 def placement_kwargs(device_map, max_memory=None, offload_folder=None) -> dict:
     """The recipe's placement -> `from_pretrained` keyword arguments."""
-    kw = {"device_map": device_map if isinstance(device_map, str)
-          else {name: _device(d) for name, d in device_map.items()}}
+    kw = {
+        "device_map": device_map
+        if isinstance(device_map, str)
+        else {name: _device(d) for name, d in device_map.items()}
+    }
     if max_memory:
         kw["max_memory"] = {_device(d): size for d, size in max_memory.items()}
     if offload_folder:
@@ -154,7 +180,9 @@ def describe_placement(model: nn.Module, device_map) -> str:
     names = {id(m): n for n, m in model.named_modules()}
 
     def where(name: str) -> str:  # the entry of the map that covers module `name` (itself or a parent)
-        best = max((k for k in placed if k == "" or name == k or name.startswith(k + ".")), key=len, default=None)
+        best = max(
+            (k for k in placed if k == "" or name == k or name.startswith(k + ".")), key=len, default=None
+        )
         return str(placed[best]) if best is not None else "?"
 
     runs: list[list] = []  # [device, first layer, last layer]
@@ -189,8 +217,10 @@ def model_errors(name: str, key: str = "target.model"):
 
     local = Path(name).expanduser()
     if not local.exists() and (not HUB_REPO_ID.match(name) or name.startswith((".", "/", "~"))):
-        raise InputError(f"{key}={name}: no such directory, and not a Hugging Face hub id (ORG/NAME); "
-                         f"set {key} to a model directory holding config.json, or to a hub id")
+        raise InputError(
+            f"{key}={name}: no such directory, and not a Hugging Face hub id (ORG/NAME); "
+            f"set {key} to a model directory holding config.json, or to a hub id"
+        )
     try:
         yield
     except (OSError, ValueError) as e:
@@ -199,20 +229,31 @@ def model_errors(name: str, key: str = "target.model"):
         chain = list(causes(e))
         if local.is_dir():
             if (local / "config.json").is_file():
-                raise  # the model is there; what failed is for its own message (trust_remote_code, placement…)
-            raise InputError(f"{key}={name}: the directory has no config.json; set {key} to the folder that "
-                             "holds the model's config.json and weights") from e
+                # the model is there; what failed is for its own message (trust_remote_code, placement…)
+                raise
+            raise InputError(
+                f"{key}={name}: the directory has no config.json; set {key} to the folder that "
+                "holds the model's config.json and weights"
+            ) from e
         if any(isinstance(c, (RepositoryNotFoundError, GatedRepoError)) for c in chain):
-            raise InputError(f"{key}={name}: no such model on the Hugging Face hub, or it is gated or private and "
-                             "this token cannot read it; check the id, or `hf auth login` with a token that has "
-                             "access") from e
+            raise InputError(
+                f"{key}={name}: no such model on the Hugging Face hub, or it is gated or private and "
+                "this token cannot read it; check the id, or `hf auth login` with a token that has "
+                "access"
+            ) from e
         if any(isinstance(c, LocalEntryNotFoundError) for c in chain):
             from huggingface_hub import constants
 
-            why = "HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE else f"{constants.ENDPOINT} cannot be reached"
-            raise RunError(f"{key}={name}: not in the Hugging Face cache ({constants.HF_HUB_CACHE}) and {why}; "
-                           f"download it where there is network (`hf download {name}`) into that cache, or set "
-                           f"{key} to a local model directory") from e
+            why = (
+                "HF_HUB_OFFLINE is set"
+                if constants.HF_HUB_OFFLINE
+                else f"{constants.ENDPOINT} cannot be reached"
+            )
+            raise RunError(
+                f"{key}={name}: not in the Hugging Face cache ({constants.HF_HUB_CACHE}) and {why}; "
+                f"download it where there is network (`hf download {name}`) into that cache, or set "
+                f"{key} to a local model directory"
+            ) from e
         raise
 
 
@@ -245,15 +286,19 @@ class HiddenStateTap:
         n = len(layers)
         for i in layer_ids:
             if not 0 <= i <= n:
-                raise ValueError(f"aux layer id {i} out of range for a target with {n} layers (vLLM convention: "
-                                 f"id k = input of decoder layer k, id {n} = output of the last layer before the "
-                                 f"final norm; ids run 0..{n})")
+                raise ValueError(
+                    f"aux layer id {i} out of range for a target with {n} layers (vLLM convention: "
+                    f"id k = input of decoder layer k, id {n} = output of the last layer before the "
+                    f"final norm; ids run 0..{n})"
+                )
         self.layer_ids = list(layer_ids)
         self._aux: dict[int, torch.Tensor] = {}
         self.final: torch.Tensor | None = None
         self.stop_at_final = stop_at_final
         self._handles = [
-            layers[i].register_forward_pre_hook(self._layer_hook(i), with_kwargs=True) for i in layer_ids if i < n
+            layers[i].register_forward_pre_hook(self._layer_hook(i), with_kwargs=True)
+            for i in layer_ids
+            if i < n
         ]
         if n in layer_ids:
             self._handles.append(layers[n - 1].register_forward_hook(self._last_layer_hook(n)))
@@ -262,11 +307,13 @@ class HiddenStateTap:
     def _layer_hook(self, i):
         def hook(module, args, kwargs):
             self._aux[i] = args[0] if args else kwargs["hidden_states"]
+
         return hook
 
     def _last_layer_hook(self, n):
         def hook(module, args, output):  # decoder layers return the hidden states, alone or first of a tuple
             self._aux[n] = output[0] if isinstance(output, (tuple, list)) else output
+
         return hook
 
     def _final_hook(self, module, args):

@@ -47,10 +47,14 @@ def count_tokens(run_dir: str | Path, vocab_size: int) -> torch.Tensor:
     """How often each target id is a generated (loss-masked) token of the `regen` sequences. -> (V,) int64."""
     counts = torch.zeros(vocab_size, dtype=torch.int64)
     for seq in read_sequences(run_dir):
-        ids = torch.tensor(seq["input_ids"], dtype=torch.int64)[torch.tensor(loss_mask(seq), dtype=torch.bool)]
+        ids = torch.tensor(seq["input_ids"], dtype=torch.int64)[
+            torch.tensor(loss_mask(seq), dtype=torch.bool)
+        ]
         if ids.numel() and (ids.min() < 0 or ids.max() >= vocab_size):
-            raise ValueError(f"regen sequence {seq['id']}: token id {int(ids.max())} outside the target's "
-                             f"vocabulary of {vocab_size}")
+            raise ValueError(
+                f"regen sequence {seq['id']}: token id {int(ids.max())} outside the target's "
+                f"vocabulary of {vocab_size}"
+            )
         counts += torch.bincount(ids, minlength=vocab_size)
     return counts
 
@@ -68,12 +72,18 @@ def run_vocab(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> dic
     with atomic_path(stage_dir(run_dir, STAGE) / "vocab.safetensors") as tmp:
         save_file({"d2t": d2t, "t2d": t2d, "counts": counts}, str(tmp))
     total = int(counts.sum())
-    stats = {"vocab_size": cfg.vocab_size, "draft_vocab_size": recipe.vocab.draft_vocab_size,
-             "num_tokens": total, "num_distinct_tokens": int((counts > 0).sum()),
-             "coverage": int(counts[t2d].sum()) / total if total else None,
-             "wall_s": round(time.time() - t0, 3)}
+    stats = {
+        "vocab_size": cfg.vocab_size,
+        "draft_vocab_size": recipe.vocab.draft_vocab_size,
+        "num_tokens": total,
+        "num_distinct_tokens": int((counts > 0).sum()),
+        "coverage": int(counts[t2d].sum()) / total if total else None,
+        "wall_s": round(time.time() - t0, 3),
+    }
     if progress:
-        print(f"vocab: {stats['draft_vocab_size']} of {cfg.vocab_size} ids cover "
-              f"{stats['coverage']:.2%} of {total} generated tokens")
+        print(
+            f"vocab: {stats['draft_vocab_size']} of {cfg.vocab_size} ids cover "
+            f"{stats['coverage']:.2%} of {total} generated tokens"
+        )
     mark_done(run_dir, STAGE, stats)
     return stats

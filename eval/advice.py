@@ -54,18 +54,21 @@ def fit_cost_model(runs: list[dict]) -> dict:
                 dy.append(s.total_s - s.target_s)
     a = _lstsq(tx, ty)
     d = _lstsq(dx, dy) if dx else [0.0, 0.0]
-    return {"target": {"intercept_s": a[0], "per_verified_token_s": a[1], "per_context_token_s": a[2]},
-            "draft": {"per_forward_s": d[0], "per_draft_token_s": d[1]},
-            "plain_overhead_s": float(np.mean(overhead)) if overhead else 0.0,
-            "num_steps": len(ty)}
+    return {
+        "target": {"intercept_s": a[0], "per_verified_token_s": a[1], "per_context_token_s": a[2]},
+        "draft": {"per_forward_s": d[0], "per_draft_token_s": d[1]},
+        "plain_overhead_s": float(np.mean(overhead)) if overhead else 0.0,
+        "num_steps": len(ty),
+    }
 
 
 def predict(model: dict, shape: TreeShape | None, tau: float, rows: int, context: float) -> float:
     """Predicted output tokens/s at `rows` concurrent requests (shape None: plain decoding)."""
     t = model["target"]
     N = shape.num_draft_tokens if shape else 1
-    target = (t["intercept_s"] + t["per_verified_token_s"] * rows * N
-              + t["per_context_token_s"] * rows * context)
+    target = (
+        t["intercept_s"] + t["per_verified_token_s"] * rows * N + t["per_context_token_s"] * rows * context
+    )
     if shape is None:
         return rows / max(target + model["plain_overhead_s"], 1e-12)
     d = model["draft"]
@@ -104,19 +107,38 @@ def recommend(results: list[dict], model: dict, context: float) -> list[dict]:
         cands = candidate_taus(group)
         for c in sorted({r["concurrency"] for r in group}):
             base = predict(model, None, 1.0, c, context)
-            scored = sorted(((predict(model, s, tau, c, context) / base, label, s, tau)
-                             for label, (s, tau) in cands.items()), key=lambda x: -x[0])
+            scored = sorted(
+                (
+                    (predict(model, s, tau, c, context) / base, label, s, tau)
+                    for label, (s, tau) in cands.items()
+                ),
+                key=lambda x: -x[0],
+            )
             best = scored[0] if scored and scored[0][0] > 1.0 else (1.0, "k=0", None, 1.0)
             speedup, label, shape, tau = best
-            measured = next((r["speedup"] for r in group if r["concurrency"] == c and shape is not None
-                             and _same(r, shape)), None)
-            rows.append({
-                "draft": draft, "benchmark": bench, "temperature": temp, "concurrency": c,
-                "k": 0 if shape is None else (shape.steps if shape.is_chain else None),
-                "tree": None if shape is None else shape.to_json(), "choice": label,
-                "predicted_speedup": speedup, "measured_speedup": measured, "predicted_tau": tau,
-                "candidates": {lab: round(sp, 4) for sp, lab, _, _ in scored},
-            })
+            measured = next(
+                (
+                    r["speedup"]
+                    for r in group
+                    if r["concurrency"] == c and shape is not None and _same(r, shape)
+                ),
+                None,
+            )
+            rows.append(
+                {
+                    "draft": draft,
+                    "benchmark": bench,
+                    "temperature": temp,
+                    "concurrency": c,
+                    "k": 0 if shape is None else (shape.steps if shape.is_chain else None),
+                    "tree": None if shape is None else shape.to_json(),
+                    "choice": label,
+                    "predicted_speedup": speedup,
+                    "measured_speedup": measured,
+                    "predicted_tau": tau,
+                    "candidates": {lab: round(sp, 4) for sp, lab, _, _ in scored},
+                }
+            )
     return rows
 
 

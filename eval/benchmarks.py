@@ -54,8 +54,9 @@ def _records(source: str) -> tuple[list, str]:
     return list(datasets.load_dataset(source, split="test")), source
 
 
-def load_benchmark(name: str, source: str, system_prompt: str | None = None,
-                   limit: int | None = None) -> Benchmark:
+def load_benchmark(
+    name: str, source: str, system_prompt: str | None = None, limit: int | None = None
+) -> Benchmark:
     """`source`: a local .jsonl/.json file, a name in HUB_SETS, or a hub dataset (test split)."""
     from eyas.data.prompts import prompt_messages, record_to_conversation
 
@@ -74,6 +75,10 @@ def load_benchmark(name: str, source: str, system_prompt: str | None = None,
 
 def held_out(run_dir: str | Path, limit: int | None = None) -> Benchmark:
     """The run's held-out eval prompts (RUN/prompts/eval.jsonl), never trained on."""
-    rows = read_jsonl(Path(run_dir) / "prompts" / "eval.jsonl")[:limit or None]
-    return Benchmark(name="held-out", source=str(Path(run_dir) / "prompts" / "eval.jsonl"),
-                     messages=[r["messages"] for r in rows], categories=[None] * len(rows))
+    rows = read_jsonl(Path(run_dir) / "prompts" / "eval.jsonl")[: limit or None]
+    return Benchmark(
+        name="held-out",
+        source=str(Path(run_dir) / "prompts" / "eval.jsonl"),
+        messages=[r["messages"] for r in rows],
+        categories=[None] * len(rows),
+    )

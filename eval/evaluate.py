@@ -88,22 +88,47 @@ class Sweep:
 
 
 def latency_fields(res: LoadResult, prefix: str = "") -> dict:
-    return {f"{prefix}ttft_ms_p50": pct(res.ttft_s, 50), f"{prefix}ttft_ms_p95": pct(res.ttft_s, 95),
-            f"{prefix}itl_ms_p50": pct(res.itl_s, 50), f"{prefix}itl_ms_p95": pct(res.itl_s, 95),
-            f"{prefix}tpot_ms_p50": pct(res.tpot_s, 50)}
+    return {
+        f"{prefix}ttft_ms_p50": pct(res.ttft_s, 50),
+        f"{prefix}ttft_ms_p95": pct(res.ttft_s, 95),
+        f"{prefix}itl_ms_p50": pct(res.itl_s, 50),
+        f"{prefix}itl_ms_p95": pct(res.itl_s, 95),
+        f"{prefix}tpot_ms_p50": pct(res.tpot_s, 50),
+    }
 
 
-def result_entry(name: str, bench: Benchmark, engine: str, concurrency: int, temperature: float,
-                 shape: TreeShape | None, res: LoadResult, base: LoadResult | None,
-                 refs: list[list[int]] | None, depth: int | None = None, acc: dict | None = None) -> dict:
+def result_entry(
+    name: str,
+    bench: Benchmark,
+    engine: str,
+    concurrency: int,
+    temperature: float,
+    shape: TreeShape | None,
+    res: LoadResult,
+    base: LoadResult | None,
+    refs: list[list[int]] | None,
+    depth: int | None = None,
+    acc: dict | None = None,
+) -> dict:
     """One row of report.json `results`. `acc`: acceptance read from an external server's counters."""
     depth = depth if depth is not None else (shape.steps if shape else 0)
     if acc is None:
-        acc = acceptance(res.emitted, res.accepted, depth) if res.emitted is not None else {
-            "acceptance_length": None, "per_position_acceptance": [], "target_forwards": None,
-            "cut_verifications": None, "num_prompts": len(res.outputs)}
+        acc = (
+            acceptance(res.emitted, res.accepted, depth)
+            if res.emitted is not None
+            else {
+                "acceptance_length": None,
+                "per_position_acceptance": [],
+                "target_forwards": None,
+                "cut_verifications": None,
+                "num_prompts": len(res.outputs),
+            }
+        )
     entry = {
-        "draft": name, "benchmark": bench.name, "engine": engine, "concurrency": concurrency,
+        "draft": name,
+        "benchmark": bench.name,
+        "engine": engine,
+        "concurrency": concurrency,
         "temperature": temperature,
         "k": (shape.steps if shape.is_chain else None) if shape else depth or None,
         "tree": shape.to_json() if shape else None,
@@ -113,10 +138,14 @@ def result_entry(name: str, bench: Benchmark, engine: str, concurrency: int, tem
         "speedup": res.tokens_per_s / base.tokens_per_s if base else None,
         **latency_fields(res),
         **(latency_fields(base, "baseline_") if base else {}),
-        "lossless": None, "num_mismatched": None,
-        "generated_tokens": res.generated, "wall_s": res.wall_s,
-        "tokens_per_second": {"speculative": res.tokens_per_s,
-                              "baseline": base.tokens_per_s if base else None},
+        "lossless": None,
+        "num_mismatched": None,
+        "generated_tokens": res.generated,
+        "wall_s": res.wall_s,
+        "tokens_per_second": {
+            "speculative": res.tokens_per_s,
+            "baseline": base.tokens_per_s if base else None,
+        },
     }
     if temperature == 0 and refs is not None:
         mismatched = sum(o != r for o, r in zip(res.outputs, refs))
@@ -124,15 +153,24 @@ def result_entry(name: str, bench: Benchmark, engine: str, concurrency: int, tem
     if res.emitted is not None and any(bench.categories):
         entry["by_category"] = {
             c: acceptance(res.emitted, res.accepted, depth, [x == c for x in bench.categories])
-            for c in sorted({c for c in bench.categories if c})}
+            for c in sorted({c for c in bench.categories if c})
+        }
     return entry
 
 
-def run_eval(recipe: Recipe, run_dir: str | Path, drafts: list[tuple[str, str]] | None = None,
-             ks: list[int] | None = None, trees: list[str] | None = None,
-             concurrency: list[int] | None = None, temperatures: list[float] | None = None,
-             benchmarks: list[tuple[str, str]] | None = None, servers: list[tuple[str, str]] | None = None,
-             progress: bool = True, force: bool = False) -> dict:
+def run_eval(
+    recipe: Recipe,
+    run_dir: str | Path,
+    drafts: list[tuple[str, str]] | None = None,
+    ks: list[int] | None = None,
+    trees: list[str] | None = None,
+    concurrency: list[int] | None = None,
+    temperatures: list[float] | None = None,
+    benchmarks: list[tuple[str, str]] | None = None,
+    servers: list[tuple[str, str]] | None = None,
+    progress: bool = True,
+    force: bool = False,
+) -> dict:
     """drafts: (name, checkpoint dir), default the run's own; ks / trees ("S,K,N"): default the
     recipe's eval.k (+ eval.more_k) and eval.tree; concurrency / temperatures: default the recipe's;
     benchmarks: (name, prompt file or known name), default the run's held-out prompts; servers: (name,
@@ -149,15 +187,31 @@ def run_eval(recipe: Recipe, run_dir: str | Path, drafts: list[tuple[str, str]] 
     sweep = measure(recipe, model, tok, loaded, benches, settings, progress)
     validation = attach_simulated_tau(sweep.results, run_dir, settings.drafts)
     plots = _plots(sweep.results, run_dir, [b.name for b in benches])
-    report = build_report(recipe, run_dir, model, settings, benches, sweep, validation, plots,
-                          wall_s=round(time.perf_counter() - t0, 2))
+    report = build_report(
+        recipe,
+        run_dir,
+        model,
+        settings,
+        benches,
+        sweep,
+        validation,
+        plots,
+        wall_s=round(time.perf_counter() - t0, 2),
+    )
     write_report(run_dir, report, plots)
     return report
 
 
-def resolve_settings(recipe: Recipe, run_dir: Path, drafts: list[tuple[str, str]] | None,
-                     ks: list[int] | None, trees: list[str] | None, concurrency: list[int] | None,
-                     temperatures: list[float] | None, servers: list[tuple[str, str]] | None) -> Settings:
+def resolve_settings(
+    recipe: Recipe,
+    run_dir: Path,
+    drafts: list[tuple[str, str]] | None,
+    ks: list[int] | None,
+    trees: list[str] | None,
+    concurrency: list[int] | None,
+    temperatures: list[float] | None,
+    servers: list[tuple[str, str]] | None,
+) -> Settings:
     """The arguments of run_eval, each defaulting to the recipe's eval section (k / trees only when
     neither is given) and the run's own draft."""
     ev = recipe.eval
@@ -182,8 +236,9 @@ def load_drafts(drafts: list[tuple[str, str]], model: torch.nn.Module) -> list[t
     return [(name, load_draft(path, device=device, dtype=dtype).eval()) for name, path in drafts]
 
 
-def resolve_benchmarks(recipe: Recipe, run_dir: Path, benchmarks: list[tuple[str, str]] | None
-                       ) -> list[Benchmark]:
+def resolve_benchmarks(
+    recipe: Recipe, run_dir: Path, benchmarks: list[tuple[str, str]] | None
+) -> list[Benchmark]:
     """The named prompt sets, each cut to eval.num_prompts; default the run's held-out prompts."""
     ev = recipe.eval
     if not benchmarks:
@@ -191,15 +246,26 @@ def resolve_benchmarks(recipe: Recipe, run_dir: Path, benchmarks: list[tuple[str
     return [load_benchmark(name, src, recipe.data.system_prompt, ev.num_prompts) for name, src in benchmarks]
 
 
-def measure(recipe: Recipe, model: torch.nn.Module, tok, loaded: list[tuple[str, Eagle3Draft]],
-            benches: list[Benchmark], settings: Settings, progress: bool) -> Sweep:
+def measure(
+    recipe: Recipe,
+    model: torch.nn.Module,
+    tok,
+    loaded: list[tuple[str, Eagle3Draft]],
+    benches: list[Benchmark],
+    settings: Settings,
+    progress: bool,
+) -> Sweep:
     """Every benchmark x temperature x concurrency (measure_point), after one warm-up request per
     engine kind; the greedy references once per benchmark when temperature 0 is swept."""
     ev = recipe.eval
     eos = set(chat.eos_token_ids(model, tok))
     runs_per_point = 1 + len(loaded) * len(settings.shapes) + len(settings.servers)
-    total = (sum(len(b.messages) for b in benches) * len(settings.temperatures) * len(settings.concurrency)
-             * runs_per_point)
+    total = (
+        sum(len(b.messages) for b in benches)
+        * len(settings.temperatures)
+        * len(settings.concurrency)
+        * runs_per_point
+    )
     bar = tqdm(total=total, desc="eval", unit="req", disable=not progress)
     sweep = Sweep()
     _warm_up(model, loaded, settings.shapes, eos)
@@ -210,8 +276,16 @@ def measure(recipe: Recipe, model: torch.nn.Module, tok, loaded: list[tuple[str,
             refs, entropies = greedy_references(model, prompts, ev.max_new_tokens, eos)
             sweep.entropies += entropies
         for temp in settings.temperatures:
-            params = [SamplingParams(temperature=temp, top_p=ev.top_p, top_k=ev.top_k, seed=ev.seed + i,
-                                     max_tokens=ev.max_new_tokens) for i in range(len(prompts))]
+            params = [
+                SamplingParams(
+                    temperature=temp,
+                    top_p=ev.top_p,
+                    top_k=ev.top_k,
+                    seed=ev.seed + i,
+                    max_tokens=ev.max_new_tokens,
+                )
+                for i in range(len(prompts))
+            ]
             for c in settings.concurrency:
                 point = Point(bench, prompts, params, refs, temp, c)
                 measure_point(model, eos, loaded, settings, point, bar, sweep)
@@ -223,14 +297,17 @@ def render_prompts(recipe: Recipe, tok, bench: Benchmark, efforts: Counter) -> l
     """Each prompt rendered with the target's chat template. gpt-oss as served: each prompt's reasoning
     effort drawn from data.reasoning_effort, as in regeneration (counted into `efforts`)."""
     d = recipe.data
-    drawn = [chat.reasoning_effort(d.reasoning_effort, d.seed, f"eval:{bench.name}:{i}")
-             for i in range(len(bench.messages))]
+    drawn = [
+        chat.reasoning_effort(d.reasoning_effort, d.seed, f"eval:{bench.name}:{i}")
+        for i in range(len(bench.messages))
+    ]
     efforts.update(e for e in drawn if e is not None)
     return [chat.render_prompt(tok, m, **chat.effort_kwargs(e)) for m, e in zip(bench.messages, drawn)]
 
 
-def greedy_references(model: torch.nn.Module, prompts: list[list[int]], max_new_tokens: int, eos: set[int]
-                      ) -> tuple[list[list[int]], list[float]]:
+def greedy_references(
+    model: torch.nn.Module, prompts: list[list[int]], max_new_tokens: int, eos: set[int]
+) -> tuple[list[list[int]], list[float]]:
     """-> (the target's plain greedy output per prompt: the lossless check's reference, its mean
     next-token entropy along each)."""
     refs, entropies = [], []
@@ -241,8 +318,15 @@ def greedy_references(model: torch.nn.Module, prompts: list[list[int]], max_new_
     return refs, entropies
 
 
-def measure_point(model: torch.nn.Module, eos: set[int], loaded: list[tuple[str, Eagle3Draft]],
-                  settings: Settings, point: Point, bar: tqdm, sweep: Sweep) -> None:
+def measure_point(
+    model: torch.nn.Module,
+    eos: set[int],
+    loaded: list[tuple[str, Eagle3Draft]],
+    settings: Settings,
+    point: Point,
+    bar: tqdm,
+    sweep: Sweep,
+) -> None:
     """Plain decoding (the baseline), then each draft at each shape, then each server, at one point."""
     c, temp, bench = point.concurrency, point.temperature, point.bench
     bar.set_postfix_str(point.label("plain"))
@@ -263,13 +347,22 @@ def measure_point(model: torch.nn.Module, eos: set[int], loaded: list[tuple[str,
 
         bar.set_postfix_str(point.label(f"server {name}"))
         res, engine_name, depth, acc = run_server(url, point.prompts, point.params, c, bar)
-        sweep.results.append(result_entry(name, bench, engine_name, c, temp, None, res, None, point.refs,
-                                          depth, acc))
+        sweep.results.append(
+            result_entry(name, bench, engine_name, c, temp, None, res, None, point.refs, depth, acc)
+        )
 
 
-def build_report(recipe: Recipe, run_dir: Path, model: torch.nn.Module, settings: Settings,
-                 benches: list[Benchmark], sweep: Sweep, validation: dict | None, plots: list[Path],
-                 wall_s: float) -> dict:
+def build_report(
+    recipe: Recipe,
+    run_dir: Path,
+    model: torch.nn.Module,
+    settings: Settings,
+    benches: list[Benchmark],
+    sweep: Sweep,
+    validation: dict | None,
+    plots: list[Path],
+    wall_s: float,
+) -> dict:
     """report.json: the headline numbers of the first eyas-engine row (else the first row), every row,
     the recommendation and the cost model behind it, the settings, each stage's wall time and the
     training's validation (attach_simulated_tau)."""
@@ -278,8 +371,9 @@ def build_report(recipe: Recipe, run_dir: Path, model: torch.nn.Module, settings
     context = sum(sweep.contexts) / max(len(sweep.contexts), 1)
     main = next((r for r in results if r["engine"] == "eyas"), None) or results[0]
     greedy_rows = [r["lossless"] for r in results if r["lossless"] is not None]
-    stage_times = {s: layout.read_done(run_dir, s).get("wall_s")
-                   for s in STAGE_ORDER[:-1] if layout.is_done(run_dir, s)}
+    stage_times = {
+        s: layout.read_done(run_dir, s).get("wall_s") for s in STAGE_ORDER[:-1] if layout.is_done(run_dir, s)
+    }
     stage_times["eval"] = wall_s
     device = input_device(model)
     ev = recipe.eval
@@ -289,28 +383,38 @@ def build_report(recipe: Recipe, run_dir: Path, model: torch.nn.Module, settings
         "per_position_acceptance": main["per_position_acceptance"],
         "lossless": all(greedy_rows) if greedy_rows else None,
         "num_prompts": main["num_prompts"],
-        "tokens_per_second": {"speculative": main["output_tokens_per_s"],
-                              "baseline": main["baseline_output_tokens_per_s"]},
+        "tokens_per_second": {
+            "speculative": main["output_tokens_per_s"],
+            "baseline": main["baseline_output_tokens_per_s"],
+        },
         "speedup": main["speedup"],
         "target_entropy": sum(sweep.entropies) / len(sweep.entropies) if sweep.entropies else None,
         "stage_times": stage_times,
         "target": recipe.target.model,
         "draft": settings.drafts[0][1],
-        "device": str(device) if recipe.target.device_map is None else
-                  f"{device} (target {describe_placement(model, recipe.target.device_map)})",
-        "eval_settings": {"max_new_tokens": ev.max_new_tokens, "greedy": settings.temperatures == [0.0],
-                          "benchmark": main["benchmark"], "benchmarks": [b.name for b in benches],
-                          "ks": settings.ks,
-                          "trees": [s.to_json() for s in settings.shapes if not s.is_chain],
-                          "concurrency": settings.concurrency, "temperatures": settings.temperatures,
-                          "top_p": ev.top_p, "top_k": ev.top_k, "seed": ev.seed,
-                          "reasoning_effort_mix": dict(sorted(sweep.efforts.items())) or None,
-                          "servers": [{"name": n, "url": u} for n, u in settings.servers]},
+        "device": str(device)
+        if recipe.target.device_map is None
+        else f"{device} (target {describe_placement(model, recipe.target.device_map)})",
+        "eval_settings": {
+            "max_new_tokens": ev.max_new_tokens,
+            "greedy": settings.temperatures == [0.0],
+            "benchmark": main["benchmark"],
+            "benchmarks": [b.name for b in benches],
+            "ks": settings.ks,
+            "trees": [s.to_json() for s in settings.shapes if not s.is_chain],
+            "concurrency": settings.concurrency,
+            "temperatures": settings.temperatures,
+            "top_p": ev.top_p,
+            "top_k": ev.top_k,
+            "seed": ev.seed,
+            "reasoning_effort_mix": dict(sorted(sweep.efforts.items())) or None,
+            "servers": [{"name": n, "url": u} for n, u in settings.servers],
+        },
         "results": results,
         "recommendation": advice.recommend(results, model_fit, context),
         "cost_model": {**model_fit, "mean_context": context},
         "plots": [p.name for p in plots]
-                 + (["train/curves.png"] if (run_dir / "train" / "curves.png").is_file() else []),
+        + (["train/curves.png"] if (run_dir / "train" / "curves.png").is_file() else []),
         "training_validation": validation,
     }
 
@@ -320,8 +424,9 @@ def write_report(run_dir: Path, report: dict, plots: list[Path]) -> None:
     io.write_json(run_dir / layout.REPORT_JSON, report)
     io.write_text(run_dir / layout.REPORT_MD, report_markdown(report))
     info = {"wall_s": report["stage_times"]["eval"], "acceptance_length": report["acceptance_length"]}
-    layout.mark_done(run_dir, "eval", info,
-                     outside=(layout.REPORT_JSON, layout.REPORT_MD, *(p.name for p in plots)))
+    layout.mark_done(
+        run_dir, "eval", info, outside=(layout.REPORT_JSON, layout.REPORT_MD, *(p.name for p in plots))
+    )
 
 
 def attach_simulated_tau(results: list[dict], run_dir: Path, drafts: list[tuple[str, str]]) -> dict | None:
@@ -333,18 +438,26 @@ def attach_simulated_tau(results: list[dict], run_dir: Path, drafts: list[tuple[
     validation = layout.read_done(run_dir, "train").get("validation")
     if not validation:
         return None
-    own = {name for name, path in drafts
-           if Path(path).resolve() == (run_dir / layout.FINAL_CHECKPOINT).resolve()}
+    own = {
+        name for name, path in drafts if Path(path).resolve() == (run_dir / layout.FINAL_CHECKPOINT).resolve()
+    }
     sim = validation["simulated_tau"]
     for r in results:
-        if r["draft"] in own and r["engine"] == "eyas" and r["temperature"] == 0 and r.get("tree") is None \
-                and r["k"] and r["k"] <= len(sim):
+        if (
+            r["draft"] in own
+            and r["engine"] == "eyas"
+            and r["temperature"] == 0
+            and r.get("tree") is None
+            and r["k"]
+            and r["k"] <= len(sim)
+        ):
             r["training_simulated_tau"] = sim[r["k"] - 1]
     return validation
 
 
-def _warm_up(model: torch.nn.Module, loaded: list[tuple[str, Eagle3Draft]], shapes: list[TreeShape],
-             eos: set[int]) -> None:
+def _warm_up(
+    model: torch.nn.Module, loaded: list[tuple[str, Eagle3Draft]], shapes: list[TreeShape], eos: set[int]
+) -> None:
     """One short request through each engine kind, so first-call costs (kernel selection, lazy
     buffers) are not timed."""
     p = SamplingParams(temperature=0, max_tokens=4)

@@ -51,8 +51,9 @@ def pct(values: list[float], q: float) -> float | None:
     return float(np.percentile(values, q)) * 1000 if values else None  # seconds -> ms
 
 
-def acceptance(emitted: list[list[int]], accepted: list[list[int]], depth: int,
-               select: list[bool] | None = None) -> dict:
+def acceptance(
+    emitted: list[list[int]], accepted: list[list[int]], depth: int, select: list[bool] | None = None
+) -> dict:
     """tau, per-position acceptance (positions 1..depth) and counts over the selected prompts."""
     rows = [i for i in range(len(emitted)) if select is None or select[i]]
     e = [x for i in rows for x in emitted[i]]
@@ -60,16 +61,18 @@ def acceptance(emitted: list[list[int]], accepted: list[list[int]], depth: int,
     forwards = len(e)
     return {
         "acceptance_length": sum(e) / forwards if forwards else None,
-        "per_position_acceptance": [sum(x >= s for x in a) / forwards if forwards else 0.0
-                                    for s in range(1, depth + 1)],
+        "per_position_acceptance": [
+            sum(x >= s for x in a) / forwards if forwards else 0.0 for s in range(1, depth + 1)
+        ],
         "target_forwards": forwards,
         "cut_verifications": sum(x == y for x, y in zip(e, a)),  # emitted only accepted drafts (cut early)
         "num_prompts": len(rows),
     }
 
 
-def request_latencies(token_times: list[float], arrival: float
-                      ) -> tuple[float | None, list[float], float | None]:
+def request_latencies(
+    token_times: list[float], arrival: float
+) -> tuple[float | None, list[float], float | None]:
     """-> (ttft, inter-emission gaps, tpot) of one request from its token emission times."""
     if not token_times:
         return None, [], None
@@ -79,8 +82,9 @@ def request_latencies(token_times: list[float], arrival: float
     return token_times[0] - arrival, itl, tpot
 
 
-def run_engine(engine: Engine, prompts: list[list[int]], params: list[SamplingParams], concurrency: int,
-               progress=None) -> LoadResult:
+def run_engine(
+    engine: Engine, prompts: list[list[int]], params: list[SamplingParams], concurrency: int, progress=None
+) -> LoadResult:
     """Keep `concurrency` requests in flight on `engine` until every prompt is answered: a new
     request arrives as soon as one finishes (at the next step boundary)."""
     todo = list(range(len(prompts)))[::-1]

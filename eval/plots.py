@@ -36,8 +36,9 @@ def throughput_plot(results: list[dict], path: Path, benchmark: str) -> Path:
             ax.plot([c for c, _ in pts], [t for _, t in pts], marker="o", label=label)
         if base:
             cs = sorted(base)
-            ax.plot(cs, [base[c] for c in cs], marker="s", color="black", linestyle="--",
-                    label="no speculation")
+            ax.plot(
+                cs, [base[c] for c in cs], marker="s", color="black", linestyle="--", label="no speculation"
+            )
         ax.set_xscale("log", base=2)
         _axes(ax, "concurrent requests", "output tokens/s", f"{benchmark}, temperature {temp:g}")
     return _save(fig, path)
@@ -68,8 +69,12 @@ def acceptance_plot(results: list[dict], path: Path, benchmark: str) -> Path:
             continue
         seen.add(key)
         pp = r["per_position_acceptance"]
-        ax.plot(range(1, len(pp) + 1), pp, marker="o",
-                label=f"{key[0]}, T={key[1]:g} (τ={r['acceptance_length']:.2f})")
+        ax.plot(
+            range(1, len(pp) + 1),
+            pp,
+            marker="o",
+            label=f"{key[0]}, T={key[1]:g} (τ={r['acceptance_length']:.2f})",
+        )
     ax.set_ylim(0, 1.02)
     _axes(ax, "draft position", "acceptance rate", f"{benchmark}: per-position acceptance")
     return _save(fig, path)

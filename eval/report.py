@@ -18,7 +18,8 @@ def report_markdown(r: dict) -> str:
     s = r["eval_settings"]
     lossless = {True: "true", False: "**false**", None: "— (no greedy rows)"}[r["lossless"]]
     lines = [
-        "# eyas evaluation report", "",
+        "# eyas evaluation report",
+        "",
         f"- target: `{r['target']}` on {r['device']}; max_new_tokens {s['max_new_tokens']}; temperatures "
         f"{s['temperatures']} (top-p {s['top_p']}, top-k {s['top_k'] or 'off'}); "
         f"concurrency {s['concurrency']}",
@@ -26,11 +27,16 @@ def report_markdown(r: dict) -> str:
         f"{r['num_prompts']} prompts): tokens emitted per target verification, the bonus token included",
         f"- lossless: {lossless} (at temperature 0, every speculative output == the target's plain greedy "
         "output, token for token)",
-        f"- target mean next-token entropy on its greedy outputs: {_f(r['target_entropy'], 3)} nats", "",
+        f"- target mean next-token entropy on its greedy outputs: {_f(r['target_entropy'], 3)} nats",
+        "",
         *results_table(r["results"]),
         *category_table(r["results"]),
         *training_table(r["results"]),
-        "", "## Recommendation", "", recommendation_table(r.get("recommendation") or []), "",
+        "",
+        "## Recommendation",
+        "",
+        recommendation_table(r.get("recommendation") or []),
+        "",
         *cost_model_lines(r.get("cost_model")),
     ]
     for p in r.get("plots") or []:
@@ -43,11 +49,13 @@ def report_markdown(r: dict) -> str:
 def results_table(results: list[dict]) -> list[str]:
     """## Results: one line per row of report.json `results`."""
     lines = [
-        "## Results", "",
+        "## Results",
+        "",
         "Output tokens/s over the whole run holding the concurrency level; TTFT from arrival (queueing "
         "included); ITL between consecutive emissions of a request (a speculative emission holds several "
         "tokens); the baseline is the same engine without a draft at the same concurrency and "
-        "temperature.", "",
+        "temperature.",
+        "",
         "| draft | engine | benchmark | T | C | shape | τ | per-position acceptance | tok/s | baseline tok/s "
         "| speedup | TTFT p50 ms | ITL p50 / p95 ms | lossless |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
@@ -60,7 +68,8 @@ def results_table(results: list[dict]) -> list[str]:
             f"| {shape_label(x)} | {_f(x['acceptance_length'], 3)} | {pp} "
             f"| {_f(x['output_tokens_per_s'], 1)} | {_f(x['baseline_output_tokens_per_s'], 1)} "
             f"| {_f(x['speedup'])}× | {_f(x['ttft_ms_p50'], 1)} "
-            f"| {_f(x['itl_ms_p50'], 1)} / {_f(x['itl_ms_p95'], 1)} | {ll} |")
+            f"| {_f(x['itl_ms_p50'], 1)} / {_f(x['itl_ms_p95'], 1)} | {ll} |"
+        )
     return lines
 
 
@@ -70,30 +79,47 @@ def category_table(results: list[dict]) -> list[str]:
     if not cats:
         return []
     names = list(cats[0]["by_category"])
-    lines = ["", "## τ by category", "", "| draft | benchmark | T | C | shape | " + " | ".join(names) + " |",
-             "|---|---|---|---|---|" + "---|" * len(names)]
+    lines = [
+        "",
+        "## τ by category",
+        "",
+        "| draft | benchmark | T | C | shape | " + " | ".join(names) + " |",
+        "|---|---|---|---|---|" + "---|" * len(names),
+    ]
     for x in cats:
         taus = " | ".join(_f(v["acceptance_length"], 3) for v in x["by_category"].values())
-        lines.append(f"| {x['draft']} | {x['benchmark']} | {x['temperature']:g} | {x['concurrency']} | "
-                     f"{shape_label(x)} | " + taus + " |")
+        lines.append(
+            f"| {x['draft']} | {x['benchmark']} | {x['temperature']:g} | {x['concurrency']} | "
+            f"{shape_label(x)} | " + taus + " |"
+        )
     return lines
 
 
 def training_table(results: list[dict]) -> list[str]:
     """Training's simulated τ next to the measured one, for the rows that carry both; else none."""
-    sim = [x for x in results if x.get("training_simulated_tau") is not None
-           and x.get("acceptance_length") is not None]
+    sim = [
+        x
+        for x in results
+        if x.get("training_simulated_tau") is not None and x.get("acceptance_length") is not None
+    ]
     if not sim:
         return []
-    lines = ["", "## Training's estimate vs the serving loop", "",
-             "Simulated τ: training's validation on held-out captured sequences (teacher-forced TTT, greedy "
-             "chain of k drafts); measured τ: the serving loop at temperature 0.", "",
-             "| draft | benchmark | C | k | simulated τ | measured τ | measured − simulated |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        "",
+        "## Training's estimate vs the serving loop",
+        "",
+        "Simulated τ: training's validation on held-out captured sequences (teacher-forced TTT, greedy "
+        "chain of k drafts); measured τ: the serving loop at temperature 0.",
+        "",
+        "| draft | benchmark | C | k | simulated τ | measured τ | measured − simulated |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for x in sim:
-        lines.append(f"| {x['draft']} | {x['benchmark']} | {x['concurrency']} | {x['k']} | "
-                     f"{_f(x['training_simulated_tau'], 3)} | {_f(x['acceptance_length'], 3)} | "
-                     f"{x['acceptance_length'] - x['training_simulated_tau']:+.3f} |")
+        lines.append(
+            f"| {x['draft']} | {x['benchmark']} | {x['concurrency']} | {x['k']} | "
+            f"{_f(x['training_simulated_tau'], 3)} | {_f(x['acceptance_length'], 3)} | "
+            f"{x['acceptance_length'] - x['training_simulated_tau']:+.3f} |"
+        )
     return lines
 
 
@@ -102,21 +128,29 @@ def cost_model_lines(cm: dict | None) -> list[str]:
     if not cm:
         return []
     t, d = cm["target"], cm["draft"]
-    return [f"Cost model fitted to {cm['num_steps']} iterations: target forward = "
-            f"{t['intercept_s'] * 1e3:.3f} ms + {t['per_verified_token_s'] * 1e6:.2f} µs per verified token "
-            f"+ {t['per_context_token_s'] * 1e9:.2f} ns per context token; draft = "
-            f"{d['per_forward_s'] * 1e3:.3f} ms per forward + {d['per_draft_token_s'] * 1e6:.2f} µs per "
-            f"draft token; plain-decoding overhead {cm['plain_overhead_s'] * 1e3:.3f} ms per step.", ""]
+    return [
+        f"Cost model fitted to {cm['num_steps']} iterations: target forward = "
+        f"{t['intercept_s'] * 1e3:.3f} ms + {t['per_verified_token_s'] * 1e6:.2f} µs per verified token "
+        f"+ {t['per_context_token_s'] * 1e9:.2f} ns per context token; draft = "
+        f"{d['per_forward_s'] * 1e3:.3f} ms per forward + {d['per_draft_token_s'] * 1e6:.2f} µs per "
+        f"draft token; plain-decoding overhead {cm['plain_overhead_s'] * 1e3:.3f} ms per step.",
+        "",
+    ]
 
 
 def recommendation_table(rows: list[dict]) -> str:
     if not rows:
         return "(no eyas-engine results to base a recommendation on)"
-    out = ["| draft | benchmark | T | concurrency | recommended | predicted speedup | measured speedup "
-           "| predicted τ |", "|---|---|---|---|---|---|---|---|"]
+    out = [
+        "| draft | benchmark | T | concurrency | recommended | predicted speedup | measured speedup "
+        "| predicted τ |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for x in rows:
-        out.append(f"| {x['draft']} | {x['benchmark']} | {x['temperature']:g} | {x['concurrency']} | "
-                   f"{'no speculation' if x['k'] == 0 else x['choice']} | {_f(x['predicted_speedup'])}× | "
-                   f"{_f(x['measured_speedup'])}{'×' if x['measured_speedup'] is not None else ''} | "
-                   f"{_f(x['predicted_tau'])} |")
+        out.append(
+            f"| {x['draft']} | {x['benchmark']} | {x['temperature']:g} | {x['concurrency']} | "
+            f"{'no speculation' if x['k'] == 0 else x['choice']} | {_f(x['predicted_speedup'])}× | "
+            f"{_f(x['measured_speedup'])}{'×' if x['measured_speedup'] is not None else ''} | "
+            f"{_f(x['predicted_tau'])} |"
+        )
     return "\n".join(out)

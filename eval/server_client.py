@@ -49,7 +49,7 @@ def scrape(client: httpx.Client, url: str) -> dict:
     for fam in text_string_to_metric_families(r.text):
         if not fam.name.startswith(SPEC):
             continue
-        what = fam.name[len(SPEC):]
+        what = fam.name[len(SPEC) :]
         for s in fam.samples:
             if not s.name.endswith("_total"):
                 continue
@@ -57,17 +57,28 @@ def scrape(client: httpx.Client, url: str) -> dict:
                 pos = int(s.labels["position"])
                 out["per_pos"][pos] = out["per_pos"].get(pos, 0) + s.value
             else:
-                key = {"drafts": "drafts", "draft_tokens": "draft_tokens",
-                       "accepted_tokens": "accepted"}.get(what)
+                key = {"drafts": "drafts", "draft_tokens": "draft_tokens", "accepted_tokens": "accepted"}.get(
+                    what
+                )
                 if key:
                     out[key] = out.get(key, 0) + s.value
     return out if "drafts" in out else {}
 
 
 async def _one(client: httpx.AsyncClient, url: str, model: str, prompt: list[int], p: SamplingParams) -> dict:
-    body = {"model": model, "prompt": prompt, "max_tokens": p.max_tokens, "temperature": p.temperature,
-            "top_p": p.top_p, "top_k": p.top_k, "seed": p.seed, "stream": True, "return_token_ids": True,
-            "stream_options": {"include_usage": True}, "return_spec_tokens_details": True}
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": p.max_tokens,
+        "temperature": p.temperature,
+        "top_p": p.top_p,
+        "top_k": p.top_k,
+        "seed": p.seed,
+        "stream": True,
+        "return_token_ids": True,
+        "stream_options": {"include_usage": True},
+        "return_spec_tokens_details": True,
+    }
     t0 = time.perf_counter()
     times, tokens, verify_ct = [], [], None
     async with client.stream("POST", f"{url}/v1/completions", json=body) as r:
@@ -85,8 +96,10 @@ async def _one(client: httpx.AsyncClient, url: str, model: str, prompt: list[int
             for c in chunk.get("choices") or []:
                 ids = c.get("token_ids")
                 if ids is None and c.get("text"):
-                    raise RuntimeError(f"{url}: the server returns no token ids (return_token_ids needs "
-                                       "vLLM >= 0.10.2 or SGLang >= 0.5.17)")
+                    raise RuntimeError(
+                        f"{url}: the server returns no token ids (return_token_ids needs "
+                        "vLLM >= 0.10.2 or SGLang >= 0.5.17)"
+                    )
                 if ids:
                     tokens += ids
                     times.append(time.perf_counter())
@@ -97,19 +110,22 @@ async def _all(url: str, model: str, prompts, params, concurrency: int, bar) -> 
     sem = asyncio.Semaphore(concurrency)
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=limits) as client:
+
         async def go(i):
             async with sem:
                 res = await _one(client, url, model, prompts[i], params[i])
             if bar is not None:
                 bar.update(1)
             return res
+
         t0 = time.perf_counter()
         out = await asyncio.gather(*[go(i) for i in range(len(prompts))])
     return out, t0
 
 
-def run_server(url: str, prompts: list[list[int]], params: list[SamplingParams], concurrency: int,
-               bar=None) -> tuple[LoadResult, str, int, dict | None]:
+def run_server(
+    url: str, prompts: list[list[int]], params: list[SamplingParams], concurrency: int, bar=None
+) -> tuple[LoadResult, str, int, dict | None]:
     """-> (load result, engine name, draft depth, acceptance dict or None when the server reports none)."""
     from eyas.eval.load import request_latencies
 
@@ -136,12 +152,21 @@ def run_server(url: str, prompts: list[list[int]], params: list[SamplingParams],
         if drafts > 0:
             accepted = after["accepted"] - before.get("accepted", 0)
             pp = [(after["per_pos"][i] - before.get("per_pos", {}).get(i, 0)) / drafts for i in range(depth)]
-            acc = {"acceptance_length": 1 + accepted / drafts, "per_position_acceptance": pp,
-                   "target_forwards": int(drafts), "cut_verifications": None, "num_prompts": len(prompts)}
+            acc = {
+                "acceptance_length": 1 + accepted / drafts,
+                "per_position_acceptance": pp,
+                "target_forwards": int(drafts),
+                "cut_verifications": None,
+                "num_prompts": len(prompts),
+            }
     elif all(r["verify_ct"] for r in runs):
         ct = sum(r["verify_ct"] for r in runs)
-        acc = {"acceptance_length": sum(len(r["tokens"]) - 1 for r in runs) / ct,
-               "per_position_acceptance": [], "target_forwards": ct, "cut_verifications": None,
-               "num_prompts": len(prompts)}
+        acc = {
+            "acceptance_length": sum(len(r["tokens"]) - 1 for r in runs) / ct,
+            "per_position_acceptance": [],
+            "target_forwards": ct,
+            "cut_verifications": None,
+            "num_prompts": len(prompts),
+        }
         engine = "sglang" if engine == "server" else engine
     return res, engine, depth, acc

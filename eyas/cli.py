@@ -62,10 +62,13 @@ def parse_with_overrides(parser: argparse.ArgumentParser, argv: list[str]) -> ar
 def _result_line(r: dict) -> str:
     def f(x, d=2):
         return "-" if x is None else f"{x:.{d}f}"
+
     shape = f"k={r['k']}" if r["tree"] is None else "tree " + ",".join(map(str, r["tree"]))
-    return (f"{r['draft']:>12s} {r['engine']:>6s} {r['benchmark']:>10s} T={r['temperature']:g} "
-            f"C={r['concurrency']} {shape}  tau={f(r['acceptance_length'], 3)}  "
-            f"tok/s={f(r['output_tokens_per_s'], 1)}  speedup={f(r['speedup'])}  lossless={r['lossless']}")
+    return (
+        f"{r['draft']:>12s} {r['engine']:>6s} {r['benchmark']:>10s} T={r['temperature']:g} "
+        f"C={r['concurrency']} {shape}  tau={f(r['acceptance_length'], 3)}  "
+        f"tok/s={f(r['output_tokens_per_s'], 1)}  speedup={f(r['speedup'])}  lossless={r['lossless']}"
+    )
 
 
 def _tree_arg(text: str):
@@ -102,31 +105,43 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="eyas", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="eyas", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="cmd", required=True)
     _recipe_args(sub.add_parser("run", help="run every stage in order (resumes finished ones)"))
     for s in STAGE_ORDER[:-1]:  # eval has its own parser below
         stage = sub.add_parser(s, help=f"run the {s} stage")
         _recipe_args(stage)
         if s in SHARDED:
-            stage.add_argument("--shard", metavar="I/N",
-                               help="do slice I of N (0-based) of this stage, e.g. one per machine over a shared "
-                                    "run dir; the last slice to finish joins them (torchrun / accelerate launch "
-                                    "share it out by rank without this)")
+            stage.add_argument(
+                "--shard",
+                metavar="I/N",
+                help="do slice I of N (0-based) of this stage, e.g. one per machine over a shared "
+                "run dir; the last slice to finish joins them (torchrun / accelerate launch "
+                "share it out by rank without this)",
+            )
     ev = sub.add_parser("eval", help="measure acceptance length with the speculative loop")
     _recipe_args(ev)
     ev.add_argument("--draft", action="append", help="NAME=CHECKPOINT (repeatable); default the run's own")
     ev.add_argument("--k", type=int, action="append", help="chain length (repeatable); default eval.k")
     ev.add_argument("--tree", action="append", help="STEPS,TOPK,NUM_DRAFT_TOKENS dynamic tree (repeatable)")
     ev.add_argument("--concurrency", type=int, action="append", help="requests in flight (repeatable)")
-    ev.add_argument("--temperature", type=float, action="append", help="sampling temperature (repeatable; 0 = greedy)")
-    ev.add_argument("--prompts", action="append",
-                    help="BENCHMARK=FILE or a known name (mt-bench, humaneval, gsm8k; repeatable); "
-                         "default the held-out prompts")
-    ev.add_argument("--server", action="append",
-                    help="[NAME=]URL of an OpenAI-compatible server (vLLM, SGLang, eyas serve) to measure "
-                         "with the same prompts (repeatable)")
+    ev.add_argument(
+        "--temperature", type=float, action="append", help="sampling temperature (repeatable; 0 = greedy)"
+    )
+    ev.add_argument(
+        "--prompts",
+        action="append",
+        help="BENCHMARK=FILE or a known name (mt-bench, humaneval, gsm8k; repeatable); "
+        "default the held-out prompts",
+    )
+    ev.add_argument(
+        "--server",
+        action="append",
+        help="[NAME=]URL of an OpenAI-compatible server (vLLM, SGLang, eyas serve) to measure "
+        "with the same prompts (repeatable)",
+    )
     for name in COMMANDS:
         sub.add_parser(name, help=f"see `eyas {name} --help`", add_help=False)
     return parser
@@ -156,20 +171,34 @@ def _eval(args, recipe, run_dir: Path, progress: bool) -> None:
 
     for t in args.tree or []:
         _tree_arg(t)
-    if any(k < 1 for k in args.k or []) or any(c < 1 for c in args.concurrency or []) \
-            or any(t < 0 for t in args.temperature or []):
+    if (
+        any(k < 1 for k in args.k or [])
+        or any(c < 1 for c in args.concurrency or [])
+        or any(t < 0 for t in args.temperature or [])
+    ):
         raise RecipeError("--k and --concurrency must be >= 1, --temperature >= 0")
     check_target(recipe)
     prepare_run(recipe, run_dir, redo=("eval",))
-    report = run_eval(recipe, run_dir, drafts=_pairs(args.draft, "--draft") or None, ks=args.k,
-                      trees=args.tree, concurrency=args.concurrency, temperatures=args.temperature,
-                      benchmarks=_benchmarks(args.prompts), servers=_servers(args.server),
-                      progress=progress, force=True)
+    report = run_eval(
+        recipe,
+        run_dir,
+        drafts=_pairs(args.draft, "--draft") or None,
+        ks=args.k,
+        trees=args.tree,
+        concurrency=args.concurrency,
+        temperatures=args.temperature,
+        benchmarks=_benchmarks(args.prompts),
+        servers=_servers(args.server),
+        progress=progress,
+        force=True,
+    )
     for r in report["results"]:
         print(f"[eyas] {_result_line(r)}")
     for x in report["recommendation"]:
-        print(f"[eyas] recommend {x['draft']} {x['benchmark']} T={x['temperature']:g} C={x['concurrency']}: "
-              f"{x['choice']} (predicted {x['predicted_speedup']:.2f}x)")
+        print(
+            f"[eyas] recommend {x['draft']} {x['benchmark']} T={x['temperature']:g} C={x['concurrency']}: "
+            f"{x['choice']} (predicted {x['predicted_speedup']:.2f}x)"
+        )
     print(f"[eyas] report: {run_dir / REPORT_JSON}")
 
 
@@ -177,7 +206,9 @@ def _stage(args, recipe, run_dir: Path, progress: bool) -> None:
     """One stage: prompts, regenerate, capture, vocab or train."""
     from eyas.pipeline import check_target, prepare_run
 
-    if args.cmd != "prompts":  # the prompts stage reads the data sources only: no target needed (eyas plan --run)
+    if (
+        args.cmd != "prompts"
+    ):  # the prompts stage reads the data sources only: no target needed (eyas plan --run)
         check_target(recipe)
     prepare_run(recipe, run_dir)
     shard = {"shard": args.shard} if args.cmd in SHARDED else {}

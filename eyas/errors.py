@@ -20,7 +20,7 @@ import os
 import signal
 import sys
 import traceback
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 from eyas.interrupts import Interrupted
 
@@ -65,8 +65,10 @@ def causes(e: BaseException) -> Iterator[BaseException]:
 
 def disk_full_message(e: OSError) -> str:
     where = f" writing {e.filename}" if e.filename else ""
-    return (f"no space left on device{where}; free space there (or point --out at a larger disk) and re-run the "
-            "same command: finished files and parts are kept and the stage resumes")
+    return (
+        f"no space left on device{where}; free space there (or point --out at a larger disk) and re-run the "
+        "same command: finished files and parts are kept and the stage resumes"
+    )
 
 
 def as_input(e: Exception) -> Exception:

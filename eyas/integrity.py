@@ -19,13 +19,15 @@ from eyas.errors import CorruptData
 from eyas.layout import ALGO, RECIPE, file_record, is_done, marker
 from eyas.stages import STAGE_ORDER
 
+
 def check_file(path: Path, record: dict, full: bool = True) -> str | None:
     """What is wrong with `path` against its record (None: nothing); `full=False` checks the size only."""
     if not path.is_file():
         return "missing"
     size = path.stat().st_size
     if size != record["size"]:
-        return f"{size} bytes, {record['size']} when written ({'truncated' if size < record['size'] else 'grown'})"
+        how = "truncated" if size < record["size"] else "grown"
+        return f"{size} bytes, {record['size']} when written ({how})"
     if full and ALGO in record and file_record(path)[ALGO] != record[ALGO]:
         return "checksum differs: its bytes changed since they were written"
     return None
@@ -37,14 +39,18 @@ def open_shard(path: Path, record: dict):
     naming the file and the fix."""
     from safetensors import SafetensorError, safe_open
 
-    problem = check_file(path, record, full=False) if "size" in record else (None if path.is_file() else "missing")
+    problem = (
+        check_file(path, record, full=False) if "size" in record else (None if path.is_file() else "missing")
+    )
     if problem is None:
         try:
             return safe_open(path, "pt")
         except SafetensorError as e:
             problem = f"not a readable safetensors file ({e})"
-    raise CorruptData(f"{path}: {problem}; run `eyas verify {path.parent.parent}` to list every bad file, then "
-                      f"{redo_hint(path.parent.parent, 'capture')}")
+    raise CorruptData(
+        f"{path}: {problem}; run `eyas verify {path.parent.parent}` to list every bad file, then "
+        f"{redo_hint(path.parent.parent, 'capture')}"
+    )
 
 
 def redo_hint(run_dir: Path, stage: str) -> str:
@@ -60,8 +66,10 @@ def run_records(run_dir: Path) -> list[tuple[str, str, dict]]:
         if is_done(run_dir, stage):
             files = json_of(marker(run_dir, stage), stage).get("files")
             if files is None:  # a stage finished by an eyas older than the checksums
-                print(f"{marker(run_dir, stage)}: lists no files (made before eyas kept checksums): "
-                      f"the {stage} stage is not checked")
+                print(
+                    f"{marker(run_dir, stage)}: lists no files (made before eyas kept checksums): "
+                    f"the {stage} stage is not checked"
+                )
                 continue
             out += [(stage, rel, rec) for rel, rec in files.items()]
         elif stage == "capture":
@@ -100,20 +108,25 @@ def main_verify(argv: list[str] | None = None) -> int:
     """`eyas verify RUN`."""
     from eyas.errors import InputError
 
-    p = argparse.ArgumentParser(prog="eyas verify", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="eyas verify", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("run", help="run directory")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
     run_dir = Path(args.run)
     if not (run_dir / RECIPE).is_file():
-        raise InputError(f"{run_dir}: not a run directory (no recipe.yaml); give the --out directory of a run")
+        raise InputError(
+            f"{run_dir}: not a run directory (no recipe.yaml); give the --out directory of a run"
+        )
     checked, bad = verify_run(run_dir, progress=not args.no_progress)
     for stage, rel, problem in bad:
         print(f"{run_dir / rel}: {problem}: {redo_hint(run_dir, stage)}")
     if bad:
         stages = [s for s in STAGE_ORDER if any(stage == s for stage, _, _ in bad)]
-        raise CorruptData(f"{run_dir}: {len(bad)} of {checked} files failed the check (listed above); redo the "
-                          f"{', '.join(stages)} stage{'s' if len(stages) > 1 else ''}")
+        raise CorruptData(
+            f"{run_dir}: {len(bad)} of {checked} files failed the check (listed above); redo the "
+            f"{', '.join(stages)} stage{'s' if len(stages) > 1 else ''}"
+        )
     print(f"{run_dir}: {checked} files checked, all intact")
     return 0

@@ -15,8 +15,8 @@ from __future__ import annotations
 import os
 import signal
 import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Callable, Iterator
 
 
 class Interrupted(BaseException):
@@ -36,6 +36,7 @@ class Interrupted(BaseException):
 def signals_raise() -> Iterator[None]:
     """SIGTERM (a scheduler preempting the job) raises Interrupted like Ctrl-C raises KeyboardInterrupt,
     so a write in progress is dropped by its `atomic_path` rather than left behind."""
+
     def handler(signum, frame):
         raise Interrupted(signum)
 
@@ -64,10 +65,13 @@ class StopRequest:
             return
         self.signum = signum
         # os.write, not print: a handler that prints while tqdm writes would raise "reentrant call"
-        os.write(2, f"\n[eyas] {signal.Signals(signum).name}: saving the training state at the end of this "
-                    "step (Ctrl-C again to stop at once)\n".encode())
+        os.write(
+            2,
+            f"\n[eyas] {signal.Signals(signum).name}: saving the training state at the end of this "
+            "step (Ctrl-C again to stop at once)\n".encode(),
+        )
 
-    def __enter__(self) -> "StopRequest":
+    def __enter__(self) -> StopRequest:
         if _main_thread():
             for s in (signal.SIGINT, signal.SIGTERM):
                 self._previous[s] = signal.signal(s, self._handler)

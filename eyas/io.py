@@ -11,9 +11,10 @@ import errno
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 
 @contextmanager
@@ -35,7 +36,13 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         raise
 
 
-DISK_FULL_WORDS = ("no space left on device", "os error 28", "storagefull", "disk quota exceeded", "os error 122")
+DISK_FULL_WORDS = (
+    "no space left on device",
+    "os error 28",
+    "storagefull",
+    "disk quota exceeded",
+    "os error 122",
+)
 
 
 def disk_full(e: BaseException, directory: str | Path, path: str | Path | None = None) -> OSError | None:
@@ -58,7 +65,11 @@ def disk_full(e: BaseException, directory: str | Path, path: str | Path | None =
         st = os.statvfs(directory)
     except OSError:
         return None
-    return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path) if st.f_bavail * st.f_frsize < 1 << 20 else None
+    return (
+        OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+        if st.f_bavail * st.f_frsize < 1 << 20
+        else None
+    )
 
 
 def write_json(path: str | Path, obj: Any) -> None:
@@ -86,8 +97,10 @@ def read_jsonl(path: str | Path, user_file: bool = False) -> list[dict]:
     def bad(what: str) -> Exception:
         if user_file:
             return BadInputFile(f"{path}:{n}: {what}; fix that line")
-        return CorruptData(f"{path}:{n}: {what}, in a file eyas wrote whole: it is damaged; `eyas verify` on the "
-                           "run names the stage to redo")
+        return CorruptData(
+            f"{path}:{n}: {what}, in a file eyas wrote whole: it is damaged; `eyas verify` on the "
+            "run names the stage to redo"
+        )
 
     rows = []
     with open(path) as f:

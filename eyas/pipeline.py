@@ -19,6 +19,7 @@ from eyas.recipes.load import check_against_target, dump_recipe, load_recipe
 from eyas.recipes.schema import Recipe, RecipeError
 from eyas.stages import SHARDED, STAGE_KEYS, STAGE_ORDER, stage_fn
 
+
 def check_target(recipe: Recipe) -> list[int]:
     """Recipe checks that need the target's config.json (layer count, vocab). -> aux layer ids."""
     from eyas.data.target import load_target_config, text_config
@@ -34,7 +35,9 @@ def _diff(a: dict, b: dict, prefix: str = "", defaults: dict | None = None) -> l
     for k in sorted(set(a) | set(b)):
         va, vb = a.get(k, defaults.get(k)), b.get(k)
         if isinstance(va, dict) and isinstance(vb, dict):
-            keys += _diff(va, vb, f"{prefix}{k}.", defaults.get(k) if isinstance(defaults.get(k), dict) else None)
+            keys += _diff(
+                va, vb, f"{prefix}{k}.", defaults.get(k) if isinstance(defaults.get(k), dict) else None
+            )
         elif va != vb:
             keys.append(f"{prefix}{k}")
     return keys
@@ -54,12 +57,16 @@ def prepare_run(recipe: Recipe, run_dir: str | Path, redo: tuple[str, ...] = ())
         for stage in STAGE_ORDER:
             if not layout.is_done(run_dir, stage) or stage in redo:
                 continue
-            changed = [k for sec in STAGE_KEYS[stage]
-                       for k in _diff(saved.get(sec, {}), new[sec], f"{sec}.", DEFAULTS.get(sec))]
+            changed = [
+                k
+                for sec in STAGE_KEYS[stage]
+                for k in _diff(saved.get(sec, {}), new[sec], f"{sec}.", DEFAULTS.get(sec))
+            ]
             if changed:
                 raise RecipeError(
                     f"{run_dir}: stage '{stage}' is finished with a different recipe ({', '.join(changed)} "
-                    f"changed); use a new --out directory, or delete {run_dir / stage} to redo it")
+                    f"changed); use a new --out directory, or delete {run_dir / stage} to redo it"
+                )
     run_dir.mkdir(parents=True, exist_ok=True)
     io.write_text(saved_path, dump_recipe(recipe))
     return run_dir
@@ -83,7 +90,9 @@ def run_all(recipe: Recipe, run_dir: str | Path, stages=STAGE_ORDER, progress: b
         if shard.launched and shard.index > 0 and stage not in SHARDED + ("train",):
             wait_until(lambda: layout.is_done(run_dir, stage), f"rank 0 to finish the {stage} stage")
         else:
-            stage_fn(stage)(recipe, run_dir, progress=progress, **({"shard": shard} if stage in SHARDED else {}))
+            stage_fn(stage)(
+                recipe, run_dir, progress=progress, **({"shard": shard} if stage in SHARDED else {})
+            )
         times[stage] = round(time.perf_counter() - t0, 1)
         print(f"[eyas] {stage}: {times[stage]} s", flush=True)
     return times

@@ -8,7 +8,7 @@ module can read the table, and the functions are imported by name only when a st
 from __future__ import annotations
 
 import importlib
-from typing import Callable
+from collections.abc import Callable
 
 STAGE_ORDER = ("prompts", "regenerate", "capture", "vocab", "train", "eval")
 
@@ -49,7 +49,7 @@ COMMANDS = {
 
 
 def resolve(spec: str) -> Callable:
-    """"package.module:function" -> the function (its module imported now)."""
+    """ "package.module:function" -> the function (its module imported now)."""
     module, _, name = spec.partition(":")
     return getattr(importlib.import_module(module), name)
 

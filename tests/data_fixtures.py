@@ -34,8 +34,13 @@ def make_tokenizer():
     vocab = {w: i for i, w in enumerate(["[UNK]"] + SPECIAL_TOKENS + WORDS)}
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
     core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok = PreTrainedTokenizerFast(tokenizer_object=core, unk_token="[UNK]", pad_token="<|pad|>",
-                                  eos_token="<|return|>", additional_special_tokens=SPECIAL_TOKENS)
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        unk_token="[UNK]",
+        pad_token="<|pad|>",
+        eos_token="<|return|>",
+        additional_special_tokens=SPECIAL_TOKENS,
+    )
     tok.chat_template = CHAT_TEMPLATE
     return tok
 
@@ -50,12 +55,24 @@ def make_tiny_target(path: str | Path, num_layers: int = 4, seed: int = 0) -> Pa
     path = Path(path)
     tok = make_tokenizer()
     V = len(tok)
-    cfg = GptOssConfig(num_hidden_layers=num_layers, num_local_experts=4, num_experts_per_tok=2, vocab_size=V,
-                       hidden_size=64, intermediate_size=64, head_dim=16, num_attention_heads=4,
-                       num_key_value_heads=2, sliding_window=8, max_position_embeddings=512,
-                       rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, initializer_range=0.2,
-                       tie_word_embeddings=False, pad_token_id=tok.pad_token_id,
-                       eos_token_id=tok.convert_tokens_to_ids("<|return|>"))
+    cfg = GptOssConfig(
+        num_hidden_layers=num_layers,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        vocab_size=V,
+        hidden_size=64,
+        intermediate_size=64,
+        head_dim=16,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        sliding_window=8,
+        max_position_embeddings=512,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        initializer_range=0.2,
+        tie_word_embeddings=False,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.convert_tokens_to_ids("<|return|>"),
+    )
     torch.manual_seed(seed)
     return save_target(GptOssForCausalLM(cfg).eval(), tok, path)
 
@@ -67,13 +84,24 @@ def make_family_target(path: str | Path, family: str, num_layers: int = 4, seed:
 
     path = Path(path)
     tok = make_tokenizer()
-    shape = dict(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=num_layers,
-                 num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
-                 initializer_range=0.2, pad_token_id=tok.pad_token_id,
-                 eos_token_id=tok.convert_tokens_to_ids("<|return|>"))
-    cfg = {"llama": lambda: LlamaConfig(**shape, tie_word_embeddings=False),
-           "mistral": lambda: MistralConfig(**shape, sliding_window=None, tie_word_embeddings=False),
-           "qwen3": lambda: Qwen3Config(**shape, tie_word_embeddings=True)}[family]()
+    shape = dict(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=512,
+        initializer_range=0.2,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.convert_tokens_to_ids("<|return|>"),
+    )
+    cfg = {
+        "llama": lambda: LlamaConfig(**shape, tie_word_embeddings=False),
+        "mistral": lambda: MistralConfig(**shape, sliding_window=None, tie_word_embeddings=False),
+        "qwen3": lambda: Qwen3Config(**shape, tie_word_embeddings=True),
+    }[family]()
     torch.manual_seed(seed)
     return save_target(AutoModelForCausalLM.from_config(cfg).eval(), tok, path)
 
@@ -83,8 +111,9 @@ def save_target(model, tok, path: Path) -> Path:
     from transformers import GenerationConfig
 
     eos = [tok.convert_tokens_to_ids("<|return|>"), tok.convert_tokens_to_ids("<|end|>")]
-    model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=tok.pad_token_id,
-                                               bos_token_id=None, do_sample=False)
+    model.generation_config = GenerationConfig(
+        eos_token_id=eos, pad_token_id=tok.pad_token_id, bos_token_id=None, do_sample=False
+    )
     model.save_pretrained(path)
     tok.save_pretrained(path)
     return path
@@ -101,9 +130,13 @@ def write_prompts(path: str | Path, n: int, seed: int = 0) -> Path:
         if text not in texts:
             texts.append(text)
     path = Path(path)
-    path.write_text("".join(json.dumps({"messages": [{"role": "user", "content": t},
-                                                     {"role": "assistant", "content": "no"}]}) + "\n"
-                            for t in texts))
+    path.write_text(
+        "".join(
+            json.dumps({"messages": [{"role": "user", "content": t}, {"role": "assistant", "content": "no"}]})
+            + "\n"
+            for t in texts
+        )
+    )
     return path
 
 
@@ -132,7 +165,9 @@ def tiny_recipe(target, prompts, **over) -> dict:
     return raw
 
 
-def assert_capture_exact(model, reference, sequences: list, layer_ids: list[int], hidden: int, what: str = "") -> None:
+def assert_capture_exact(
+    model, reference, sequences: list, layer_ids: list[int], hidden: int, what: str = ""
+) -> None:
     """Capture `sequences` (right padded, one batch) from `model` through the tap and compare with
     `reference`'s output_hidden_states, exactly: vLLM ids, k = input of decoder layer k =
     hidden_states[k]; the final state = hidden_states[-1] (post-norm); the logits."""
@@ -145,7 +180,9 @@ def assert_capture_exact(model, reference, sequences: list, layer_ids: list[int]
     with torch.no_grad():
         out = reference(input_ids=ids, attention_mask=mask, output_hidden_states=True, use_cache=False)
     for j, k in enumerate(layer_ids):
-        assert torch.equal(aux[..., j * hidden:(j + 1) * hidden], out.hidden_states[k]), f"{what} aux layer id {k}"
+        assert torch.equal(aux[..., j * hidden : (j + 1) * hidden], out.hidden_states[k]), (
+            f"{what} aux layer id {k}"
+        )
     assert torch.equal(final, out.hidden_states[-1]), f"{what} final state"
     assert torch.equal(logits, out.logits), f"{what} logits"
 
@@ -172,7 +209,7 @@ def write_conversations(path: Path, n: int = 8) -> Path:
     rows = []
     for i in range(n):
         turns = []
-        for u in users[TURNS * i:TURNS * (i + 1)]:
+        for u in users[TURNS * i : TURNS * (i + 1)]:
             turns += [{"from": "human", "value": u}, {"from": "gpt", "value": "a stale answer"}]
         system = [{"from": "system", "value": "Answer briefly."}] if i % 2 else []  # else the template's own
         rows.append({"conversations": [*system, *turns]})

@@ -43,15 +43,26 @@ import json
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Iterator
 
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-ENDPOINTS = ("create_repo", "repo_info", "list_refs", "create_branch", "validate_yaml", "preupload",
-             "lfs_batch", "lfs_upload", "lfs_verify", "commit", "unhandled")
+ENDPOINTS = (
+    "create_repo",
+    "repo_info",
+    "list_refs",
+    "create_branch",
+    "validate_yaml",
+    "preupload",
+    "lfs_batch",
+    "lfs_upload",
+    "lfs_verify",
+    "commit",
+    "unhandled",
+)
 KINDS = {"models": "model", "datasets": "dataset", "spaces": "space"}
 REGULAR_MAX = 5 * 1024 * 1024  # the Hub's limit on a file sent inline in a commit
 
@@ -59,6 +70,7 @@ REGULAR_MAX = 5 * 1024 * 1024  # the Hub's limit on a file sent inline in a comm
 @dataclass
 class Recorded:
     """One request as the stand-in received it."""
+
     endpoint: str  # one of ENDPOINTS
     method: str
     path: str
@@ -119,7 +131,11 @@ class HubStandIn:
         """Answer `endpoint` with HTTP `status` and {"error": message} (`times` calls, default always)."""
         if endpoint not in ENDPOINTS:
             raise ValueError(f"unknown endpoint {endpoint!r}; one of {ENDPOINTS}")
-        self._failures[endpoint] = (status, message or f"stand-in: {endpoint} refused with HTTP {status}", times)
+        self._failures[endpoint] = (
+            status,
+            message or f"stand-in: {endpoint} refused with HTTP {status}",
+            times,
+        )
 
     def calls(self, endpoint: str) -> list[Recorded]:
         return [r for r in self.requests if r.endpoint == endpoint]
@@ -135,9 +151,14 @@ class HubStandIn:
 
     async def _receive(self, request: Request, endpoint: str) -> tuple[Recorded, Response | None]:
         body = await request.body()
-        rec = Recorded(endpoint=endpoint, method=request.method, path=request.url.path,
-                       query=request.url.query, headers=[(k.lower(), v) for k, v in request.headers.items()],
-                       body=body)
+        rec = Recorded(
+            endpoint=endpoint,
+            method=request.method,
+            path=request.url.path,
+            query=request.url.query,
+            headers=[(k.lower(), v) for k, v in request.headers.items()],
+            body=body,
+        )
         with self._lock:
             self.requests.append(rec)
             failure = self._failures.get(endpoint)
@@ -157,8 +178,12 @@ class HubStandIn:
         return JSONResponse(content, status_code=status, headers=headers)
 
     def _not_found(self, rec: Recorded, repo_id: str) -> Response:
-        return self._answer(rec, {"error": "Repository not found"}, 404,
-                            {"X-Error-Code": "RepoNotFound", "X-Error-Message": "Repository not found"})
+        return self._answer(
+            rec,
+            {"error": "Repository not found"},
+            404,
+            {"X-Error-Code": "RepoNotFound", "X-Error-Message": "Repository not found"},
+        )
 
     def _repo(self, kind: str, namespace: str, name: str) -> tuple[str, _Repo | None]:
         repo_id = f"{namespace}/{name}"
@@ -191,9 +216,15 @@ class HubStandIn:
             url = self._repo_url(repo_id, repo_type)
             with self._lock:
                 if repo_id in self._repos:
-                    return self._answer(rec, {"error": "You already created this model repo", "url": url}, 409)
-                self._repos[repo_id] = _Repo(repo_type=repo_type, private=payload.get("visibility") == "private",
-                                             branches={"main": {}}, heads={"main": _oid(repo_id.encode())})
+                    return self._answer(
+                        rec, {"error": "You already created this model repo", "url": url}, 409
+                    )
+                self._repos[repo_id] = _Repo(
+                    repo_type=repo_type,
+                    private=payload.get("visibility") == "private",
+                    branches={"main": {}},
+                    heads={"main": _oid(repo_id.encode())},
+                )
             return self._answer(rec, {"url": url, "name": repo_id, "id": repo_id})
 
         @app.post("/api/validate-yaml")
@@ -209,7 +240,9 @@ class HubStandIn:
             repo_id, repo = self._repo(kind, namespace, name)
             if repo is None:
                 return self._not_found(rec, repo_id)
-            branches = [{"name": b, "ref": f"refs/heads/{b}", "targetCommit": oid} for b, oid in repo.heads.items()]
+            branches = [
+                {"name": b, "ref": f"refs/heads/{b}", "targetCommit": oid} for b, oid in repo.heads.items()
+            ]
             return self._answer(rec, {"branches": branches, "converts": [], "tags": [], "pullRequests": []})
 
         @app.get("/api/{kind}/{namespace}/{name}")
@@ -225,10 +258,18 @@ class HubStandIn:
             if repo is None:
                 return self._not_found(rec, repo_id)
             if revision not in repo.heads:
-                return self._answer(rec, {"error": f"Invalid rev id: {revision}"}, 404,
-                                    {"X-Error-Code": "RevisionNotFound"})
-            return self._answer(rec, {"id": repo_id, "sha": repo.heads[revision], "private": repo.private,
-                                      "siblings": [{"rfilename": p} for p in sorted(repo.branches[revision])]})
+                return self._answer(
+                    rec, {"error": f"Invalid rev id: {revision}"}, 404, {"X-Error-Code": "RevisionNotFound"}
+                )
+            return self._answer(
+                rec,
+                {
+                    "id": repo_id,
+                    "sha": repo.heads[revision],
+                    "private": repo.private,
+                    "siblings": [{"rfilename": p} for p in sorted(repo.branches[revision])],
+                },
+            )
 
         @app.post("/api/{kind}/{namespace}/{name}/branch/{branch:path}")
         async def create_branch(kind: str, namespace: str, name: str, branch: str, request: Request):
@@ -243,8 +284,9 @@ class HubStandIn:
                 if branch in repo.branches:
                     return self._answer(rec, {"error": "Reference already exists"}, 409)
                 if start not in repo.branches:
-                    return self._answer(rec, {"error": f"Invalid rev id: {start}"}, 404,
-                                        {"X-Error-Code": "RevisionNotFound"})
+                    return self._answer(
+                        rec, {"error": f"Invalid rev id: {start}"}, 404, {"X-Error-Code": "RevisionNotFound"}
+                    )
                 repo.branches[branch] = dict(repo.branches[start])
                 repo.heads[branch] = repo.heads[start]
             return self._answer(rec, {})
@@ -263,7 +305,11 @@ class HubStandIn:
                 mode = self._upload_mode(f["path"], f["size"])
                 old = present.get(f["path"])
                 # the remote oid lets the client skip unchanged files: git sha1, or sha256 for LFS
-                oid = None if old is None else (hashlib.sha256(old).hexdigest() if mode == "lfs" else _git_hash(old))
+                oid = (
+                    None
+                    if old is None
+                    else (hashlib.sha256(old).hexdigest() if mode == "lfs" else _git_hash(old))
+                )
                 out.append({"path": f["path"], "uploadMode": mode, "shouldIgnore": False, "oid": oid})
             return self._answer(rec, {"files": out, "commitOid": repo.heads.get(revision)})
 
@@ -284,12 +330,16 @@ class HubStandIn:
             for o in payload["objects"]:
                 obj = {"oid": o["oid"], "size": o["size"]}
                 if o["oid"] not in self.lfs_objects:  # no "actions": already stored, nothing to upload
-                    obj["actions"] = {"upload": {"href": f"{self.url}/lfs-storage/{o['oid']}"},
-                                      "verify": {"href": f"{self.url}/lfs-verify/{o['oid']}"}}
+                    obj["actions"] = {
+                        "upload": {"href": f"{self.url}/lfs-storage/{o['oid']}"},
+                        "verify": {"href": f"{self.url}/lfs-verify/{o['oid']}"},
+                    }
                 objects.append(obj)
             rec.status = 200
-            return Response(json.dumps({"transfer": "basic", "objects": objects, "hash_algo": "sha256"}),
-                            media_type="application/vnd.git-lfs+json")
+            return Response(
+                json.dumps({"transfer": "basic", "objects": objects, "hash_algo": "sha256"}),
+                media_type="application/vnd.git-lfs+json",
+            )
 
         @app.put("/lfs-storage/{oid}")
         async def lfs_upload(oid: str, request: Request):
@@ -323,8 +373,9 @@ class HubStandIn:
             if repo is None:
                 return self._not_found(rec, repo_id)
             if revision not in repo.branches:
-                return self._answer(rec, {"error": f"Invalid rev id: {revision}"}, 404,
-                                    {"X-Error-Code": "RevisionNotFound"})
+                return self._answer(
+                    rec, {"error": f"Invalid rev id: {revision}"}, 404, {"X-Error-Code": "RevisionNotFound"}
+                )
             summary, added, deleted = "", {}, []
             for line in rec.body.splitlines():
                 if not line.strip():
@@ -335,17 +386,23 @@ class HubStandIn:
                     summary = value["summary"]
                 elif key == "file":
                     if value.get("encoding") != "base64":
-                        return self._answer(rec, {"error": f"unknown encoding {value.get('encoding')!r}"}, 400)
+                        return self._answer(
+                            rec, {"error": f"unknown encoding {value.get('encoding')!r}"}, 400
+                        )
                     added[value["path"]] = base64.b64decode(value["content"])
                 elif key == "lfsFile":
                     blob = self.lfs_objects.get(value["oid"])
                     if blob is None:
-                        return self._answer(rec, {"error": f"LFS object {value['oid']} was never uploaded"}, 400)
+                        return self._answer(
+                            rec, {"error": f"LFS object {value['oid']} was never uploaded"}, 400
+                        )
                     added[value["path"]] = blob
                 elif key in ("deletedFile", "deletedFolder"):
                     deleted.append(value["path"])
                 else:
-                    return self._answer(rec, {"error": f"stand-in: unsupported commit operation {key!r}"}, 400)
+                    return self._answer(
+                        rec, {"error": f"stand-in: unsupported commit operation {key!r}"}, 400
+                    )
             oid = _oid(repo_id.encode(), revision.encode(), rec.body)
             with self._lock:
                 tree = repo.branches[revision]
@@ -355,8 +412,15 @@ class HubStandIn:
                 tree.update(added)
                 repo.heads[revision] = oid
                 self.commits.append(Commit(repo_id, revision, summary, oid, added, deleted))
-            return self._answer(rec, {"commitUrl": f"{self._repo_url(repo_id, repo.repo_type)}/commit/{oid}",
-                                      "commitOid": oid, "pullRequestUrl": None, "success": True})
+            return self._answer(
+                rec,
+                {
+                    "commitUrl": f"{self._repo_url(repo_id, repo.repo_type)}/commit/{oid}",
+                    "commitOid": oid,
+                    "pullRequestUrl": None,
+                    "success": True,
+                },
+            )
 
         @app.api_route("/{rest:path}", methods=["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"])
         async def unhandled(rest: str, request: Request):
@@ -374,8 +438,14 @@ def hub_standin(lfs: bool = False, user: str = "acme", startup_timeout: float = 
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     hub.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    config = uvicorn.Config(hub.app, log_config=None, log_level="warning", access_log=False,
-                            lifespan="off", timeout_graceful_shutdown=2)
+    config = uvicorn.Config(
+        hub.app,
+        log_config=None,
+        log_level="warning",
+        access_log=False,
+        lifespan="off",
+        timeout_graceful_shutdown=2,
+    )
     server = uvicorn.Server(config)
     errors: list[BaseException] = []
 

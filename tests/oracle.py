@@ -35,6 +35,8 @@ class OracleEngine(Engine):
                     on_path.add(i)
                     taken.add(par)
                 else:
-                    tokens[b][i] = (true + 1 + self.rng.randrange(self.vocab - 1)) % self.vocab  # never `true`
+                    tokens[b][i] = (
+                        true + 1 + self.rng.randrange(self.vocab - 1)
+                    ) % self.vocab  # never `true`
         tree.tokens = torch.tensor(tokens, device=tree.tokens.device)
         return tree

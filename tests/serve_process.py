@@ -23,8 +23,12 @@ def free_port() -> int:
 def eyas_serve(args: list[str], port: int, log_path):
     """`python -m eyas serve ARGS --host 127.0.0.1 --port PORT` until the block ends; yields the process."""
     log = open(log_path, "a")
-    proc = subprocess.Popen([sys.executable, "-m", "eyas", "serve", *args, "--host", "127.0.0.1", "--port", str(port)],
-                            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "eyas", "serve", *args, "--host", "127.0.0.1", "--port", str(port)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     try:
         for _ in range(240):
             if proc.poll() is not None:

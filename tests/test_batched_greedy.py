@@ -8,16 +8,15 @@ import random
 
 import pytest
 import torch
+from data_fixtures import one_thread  # noqa: F401  (tiny models: one thread is faster)
+from oracle import OracleEngine
+from tiny_targets import draft_for, tiny_gpt_oss
 
 from eyas.serve.decoding.cache import RowKVCache
 from eyas.serve.decoding.engine import Engine, Request
 from eyas.serve.decoding.reference import greedy_generate
 from eyas.serve.decoding.sampling import SamplingParams
 from eyas.serve.decoding.tree import TreeShape
-
-from data_fixtures import one_thread  # noqa: F401  (tiny models: one thread is faster)
-from oracle import OracleEngine
-from tiny_targets import draft_for, tiny_gpt_oss
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -26,7 +25,11 @@ CASES = [  # (seed, target size kwargs)
     (1, dict(layers=3, hidden=32, window=5, heads=2, kv=1)),
     (2, dict(layers=6, hidden=48, window=16, heads=4, kv=4, head_dim=12)),
 ]
-SHAPES = [TreeShape.chain(k) for k in range(1, 7)] + [TreeShape(2, 2, 4), TreeShape(3, 3, 8), TreeShape(4, 2, 9)]
+SHAPES = [TreeShape.chain(k) for k in range(1, 7)] + [
+    TreeShape(2, 2, 4),
+    TreeShape(3, 3, 8),
+    TreeShape(4, 2, 9),
+]
 NEW = 24
 
 
@@ -90,7 +93,7 @@ def test_eos_and_max_tokens_cut_what_is_emitted():
     ref, _, _ = greedy_generate(target, prompt, max_new_tokens=30)
     eos = ref[7]  # pretend the 8th greedy token is eos
     ref_eos, _, _ = greedy_generate(target, prompt, max_new_tokens=30, eos_ids={eos})
-    assert ref_eos == ref[:ref.index(eos) + 1]
+    assert ref_eos == ref[: ref.index(eos) + 1]
     truth = {"a": prompt + ref, "b": prompt + ref}
     eng = OracleEngine(target, draft, TreeShape.chain(4), eos_ids={eos}, truth=truth, p_wrong=0.0)
     a = Request(prompt, SamplingParams(temperature=0, max_tokens=30), id="a")
@@ -114,7 +117,7 @@ def test_stop_token_ids_and_abort():
     eng.abort(gone)
     while eng.busy:
         eng.step()
-    assert r.tokens == ref[:ref.index(ref[3]) + 1] and r.finish_reason == "stop"
+    assert r.tokens == ref[: ref.index(ref[3]) + 1] and r.finish_reason == "stop"
     assert gone.finish_reason == "abort" and len(gone.tokens) < 12
 
 
@@ -165,12 +168,17 @@ def test_context_limit_cuts_speculative_and_plain_alike():
         outs = []
         for shape in (None, TreeShape.chain(3), TreeShape(3, 2, 6)):
             truth = {"r": prompt + ref}
-            eng = Engine(target, max_batch=2, max_model_len=limit) if shape is None else \
-                OracleEngine(target, draft, shape, max_batch=2, max_model_len=limit, truth=truth, p_wrong=0.2)
+            eng = (
+                Engine(target, max_batch=2, max_model_len=limit)
+                if shape is None
+                else OracleEngine(
+                    target, draft, shape, max_batch=2, max_model_len=limit, truth=truth, p_wrong=0.2
+                )
+            )
             r = eng.run([Request(prompt, SamplingParams(temperature=0, max_tokens=100), id="r")])[0]
             assert len(prompt) + len(r.tokens) == limit and r.finish_reason == "length", (limit, shape)
             outs.append(r.tokens)
-        assert outs[0] == outs[1] == outs[2] == ref[:limit - len(prompt)]
+        assert outs[0] == outs[1] == outs[2] == ref[: limit - len(prompt)]
 
 
 def test_greedy_and_sampled_rows_share_a_batch():
@@ -183,8 +191,10 @@ def test_greedy_and_sampled_rows_share_a_batch():
     runs = []
     for _ in range(2):
         eng = Engine(target, draft, TreeShape(3, 2, 5), max_batch=6)
-        reqs = [Request(p, SamplingParams(temperature=0 if i % 2 == 0 else 1.0, top_k=20, seed=i, max_tokens=NEW))
-                for i, p in enumerate(prompts)]
+        reqs = [
+            Request(p, SamplingParams(temperature=0 if i % 2 == 0 else 1.0, top_k=20, seed=i, max_tokens=NEW))
+            for i, p in enumerate(prompts)
+        ]
         runs.append(eng.run(reqs))
     for i, (a, b) in enumerate(zip(*runs)):
         assert a.tokens == b.tokens

@@ -12,12 +12,27 @@ from eyas.train.model import DraftConfig, Eagle3Draft, KVCache
 
 def random_draft(seed=0):
     torch.manual_seed(seed)
-    cfg = DraftConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                      intermediate_size=64, vocab_size=101, draft_vocab_size=50, aux_layer_ids=[1, 3, 5],
-                      rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0,
-                                       "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
-                                       "original_max_position_embeddings": 4096},
-                      max_position_embeddings=131072, target_model="some/target")
+    cfg = DraftConfig(
+        hidden_size=32,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        intermediate_size=64,
+        vocab_size=101,
+        draft_vocab_size=50,
+        aux_layer_ids=[1, 3, 5],
+        rope_parameters={
+            "rope_type": "yarn",
+            "rope_theta": 150000.0,
+            "factor": 32.0,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "truncate": False,
+            "original_max_position_embeddings": 4096,
+        },
+        max_position_embeddings=131072,
+        target_model="some/target",
+    )
     d = Eagle3Draft(cfg)
     d.embed_tokens.weight.data.normal_()
     d2t = torch.arange(50) * 2 - torch.arange(50)
@@ -60,12 +75,22 @@ def test_layout_and_config(tmp_path):
         assert f.get_tensor("fc.weight").dtype == torch.bfloat16
         assert f.get_tensor("fc.weight").shape == (32, 96)
     assert keys == {
-        "embed_tokens.weight", "fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d",
-        "midlayer.input_layernorm.weight", "midlayer.hidden_norm.weight",
+        "embed_tokens.weight",
+        "fc.weight",
+        "norm.weight",
+        "lm_head.weight",
+        "d2t",
+        "t2d",
+        "midlayer.input_layernorm.weight",
+        "midlayer.hidden_norm.weight",
         "midlayer.post_attention_layernorm.weight",
-        "midlayer.self_attn.q_proj.weight", "midlayer.self_attn.k_proj.weight",
-        "midlayer.self_attn.v_proj.weight", "midlayer.self_attn.o_proj.weight",
-        "midlayer.mlp.gate_proj.weight", "midlayer.mlp.up_proj.weight", "midlayer.mlp.down_proj.weight",
+        "midlayer.self_attn.q_proj.weight",
+        "midlayer.self_attn.k_proj.weight",
+        "midlayer.self_attn.v_proj.weight",
+        "midlayer.self_attn.o_proj.weight",
+        "midlayer.mlp.gate_proj.weight",
+        "midlayer.mlp.up_proj.weight",
+        "midlayer.mlp.down_proj.weight",
     }
 
 

@@ -1,10 +1,9 @@
 """`train.compile` (Eagle3Draft.compile_math): the compiled norms and MLP train exactly as eager ones."""
 
 import torch
+from test_train_serve_consistency import make_draft
 
 from eyas.train.ttt import TargetView, ttt_forward
-
-from test_train_serve_consistency import make_draft
 
 
 def unroll(compiled: bool):
@@ -16,8 +15,16 @@ def unroll(compiled: bool):
     probs = torch.softmax(torch.randn(2, 40, d.config.draft_vocab_size, generator=g), -1)
     argmax = torch.randint(0, 97, (2, 40), generator=g)
     target = TargetView(probs, argmax, torch.ones_like(argmax, dtype=torch.bool))
-    out = ttt_forward(d, aux, ids, torch.ones(2, 40), torch.zeros(2, 40, dtype=torch.long), target,
-                      ttt_steps=3, attention="chunked")
+    out = ttt_forward(
+        d,
+        aux,
+        ids,
+        torch.ones(2, 40),
+        torch.zeros(2, 40, dtype=torch.long),
+        target,
+        ttt_steps=3,
+        attention="chunked",
+    )
     out.loss.backward()
     return out, {n: p.grad for n, p in d.named_parameters() if p.requires_grad}
 

@@ -15,9 +15,9 @@ from eyas.data.capture import LAYER_ID_CONVENTION, capture_batch, run_capture
 from eyas.data.prompts import run_prompts
 from eyas.data.regenerate import loss_mask, read_sequences, run_regenerate
 from eyas.data.shards import ShardDataset
-from eyas.train.packing import collate_rows
 from eyas.data.target import load_target, tapped
 from eyas.recipes.load import load_recipe
+from eyas.train.packing import collate_rows
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 N_LAYERS = 6
@@ -30,8 +30,12 @@ def regen_run(tmp_path_factory, one_thread):
     root = tmp_path_factory.mktemp("capture")
     target = make_tiny_target(root / "target", num_layers=N_LAYERS)
     prompts = write_prompts(root / "prompts.jsonl", 12)
-    r = load_recipe({"target": {"model": str(target), "dtype": "float32", "device": "cpu"},
-                     "data": {"prompts": str(prompts), "num_eval_prompts": 2, "max_new_tokens": 12}})
+    r = load_recipe(
+        {
+            "target": {"model": str(target), "dtype": "float32", "device": "cpu"},
+            "data": {"prompts": str(prompts), "num_eval_prompts": 2, "max_new_tokens": 12},
+        }
+    )
     run_prompts(r, root / "run", progress=False)
     run_regenerate(r, root / "run", progress=False)
     return target, root / "run"
@@ -43,9 +47,13 @@ def fresh_run(regen_run, tmp_path, name="run"):
 
 
 def recipe(target, **cap):
-    return load_recipe({"target": {"model": str(target), "dtype": "float32", "device": "cpu"},
-                        "capture": {"aux_layer_ids": IDS, "dtype": "float32", **cap},
-                        "vocab": {"draft_vocab_size": 32}})
+    return load_recipe(
+        {
+            "target": {"model": str(target), "dtype": "float32", "device": "cpu"},
+            "capture": {"aux_layer_ids": IDS, "dtype": "float32", **cap},
+            "vocab": {"draft_vocab_size": 32},
+        }
+    )
 
 
 def reference(model, ids):
@@ -87,15 +95,17 @@ def test_capture_batch_equals_hidden_states_exactly(regen_run):
     ids = torch.zeros((3, T), dtype=torch.long)
     mask = torch.zeros((3, T), dtype=torch.long)
     for b, s in enumerate(seqs):
-        ids[b, :len(s["input_ids"])] = torch.tensor(s["input_ids"])
-        mask[b, :len(s["input_ids"])] = 1
+        ids[b, : len(s["input_ids"])] = torch.tensor(s["input_ids"])
+        mask[b, : len(s["input_ids"])] = 1
     with tapped(model, IDS) as tap:
         aux, final, logits = capture_batch(model, tap, ids, mask)
     with torch.no_grad():
         out = model(input_ids=ids, attention_mask=mask, output_hidden_states=True, use_cache=False)
-    assert len(out.hidden_states) == N_LAYERS + 1 and aux.shape == (3, T, 3 * 64) and final.shape == (3, T, 64)
+    assert (
+        len(out.hidden_states) == N_LAYERS + 1 and aux.shape == (3, T, 3 * 64) and final.shape == (3, T, 64)
+    )
     for j, k in enumerate(IDS):  # id k = input of decoder layer k = hidden_states[k], 0 and N-1 included
-        assert torch.equal(aux[..., j * 64:(j + 1) * 64], out.hidden_states[k]), f"aux layer id {k}"
+        assert torch.equal(aux[..., j * 64 : (j + 1) * 64], out.hidden_states[k]), f"aux layer id {k}"
     assert torch.equal(final, out.hidden_states[N_LAYERS])  # post-norm
     assert torch.equal(logits, out.logits)
     with torch.no_grad():
@@ -117,8 +127,11 @@ def test_run_capture_round_trip(regen_run, tmp_path, capsys):
     for s in index["shards"]:
         t = load_file(run / "capture" / s["file"])
         assert t["aux"].dtype == t["final"].dtype == torch.float32
-        assert (t["input_ids"].dtype, t["loss_mask"].dtype, t["offsets"].dtype) == (torch.int32, torch.uint8,
-                                                                                   torch.int64)
+        assert (t["input_ids"].dtype, t["loss_mask"].dtype, t["offsets"].dtype) == (
+            torch.int32,
+            torch.uint8,
+            torch.int64,
+        )
         assert t["offsets"][0] == 0 and t["offsets"][-1] == s["num_tokens"] == len(t["input_ids"])
         assert len(t["offsets"]) == s["num_sequences"] + 1
         stored += sum(x.numel() * x.element_size() for x in t.values())
@@ -134,7 +147,7 @@ def test_run_capture_round_trip(regen_run, tmp_path, capsys):
         assert torch.equal(item["input_ids"], ids) and item["input_ids"].dtype == torch.int64
         assert torch.equal(item["loss_mask"], torch.tensor(loss_mask(seq), dtype=torch.float32))
         for j, k in enumerate(IDS):
-            assert torch.equal(item["aux"][:, j * 64:(j + 1) * 64], hs[k][0]), f"aux layer id {k}"
+            assert torch.equal(item["aux"][:, j * 64 : (j + 1) * 64], hs[k][0]), f"aux layer id {k}"
         assert torch.equal(item["final"], hs[N_LAYERS][0])
         with torch.no_grad():
             assert torch.equal(model.lm_head(item["final"]), logits[0])
@@ -147,7 +160,10 @@ def test_run_capture_round_trip(regen_run, tmp_path, capsys):
         L = lengths[b]
         assert torch.equal(batch["aux"][b, :L], ds[i]["aux"][:L]) and not batch["aux"][b, L:].any()
         assert torch.equal(batch["input_ids"][b, :L], ds[i]["input_ids"][:L])
-        assert torch.equal(batch["loss_mask"][b, :L], ds[i]["loss_mask"][:L]) and not batch["loss_mask"][b, L:].any()
+        assert (
+            torch.equal(batch["loss_mask"][b, :L], ds[i]["loss_mask"][:L])
+            and not batch["loss_mask"][b, L:].any()
+        )
         assert batch["doc_ids"][b].tolist() == [0] * L + [1] * (max(lengths) - L)
 
 
@@ -215,15 +231,19 @@ def test_lm_head_check_raises_when_final_is_not_what_logits_come_from(regen_run,
         return model, tok
 
     monkeypatch.setattr(capture, "load_recipe_target", load_softcapped)
-    with pytest.raises(RuntimeError, match=rf"target {target}: lm_head\(captured final state\) does not reproduce "
-                                           r"the target's logits: max abs diff \d"):
+    with pytest.raises(
+        RuntimeError,
+        match=rf"target {target}: lm_head\(captured final state\) does not reproduce "
+        r"the target's logits: max abs diff \d",
+    ):
         run_capture(recipe(target), run, progress=False)
     assert not list((run / "capture").glob("shard-*"))
 
 
 @pytest.mark.parametrize("aux_format", ["fp8", "int6", "int4"])
 def test_compact_capture_decodes_within_its_stated_error(regen_run, tmp_path, aux_format):
-    """`capture.aux_format: fp8 | int4` and `teacher: topk` (data/compact.py): the shards hold the stated bytes
+    """`capture.aux_format: fp8 | int4` and `teacher: topk` (data/compact.py): the shards hold the stated
+    bytes
     per token; decoded aux states are within the format's error of HF hidden_states[k] (fp8 e4m3: 1/16 of
     each value, plus 2^-9 of its aux state's max for the subnormal range; int6 / int4: half a step, step =
     the block's max / 31 or / 7); the teacher is the target's exact top-k over its whole vocabulary."""
@@ -231,15 +251,24 @@ def test_compact_capture_decodes_within_its_stated_error(regen_run, tmp_path, au
 
     target, run = regen_run[0], fresh_run(regen_run, tmp_path, f"compact-{aux_format}")
     k = 5
-    stats = run_capture(recipe(target, aux_format=aux_format, teacher="topk", teacher_topk=k), run, progress=False)
+    stats = run_capture(
+        recipe(target, aux_format=aux_format, teacher="topk", teacher_topk=k), run, progress=False
+    )
     index = json.loads((run / "capture" / "index.json").read_text())
     assert (index["aux_format"], index["teacher"], index["teacher_topk"]) == (aux_format, "topk", k)
     n_tok = index["num_tokens"]
     offsets_bytes = sum(8 * (s["num_sequences"] + 1) for s in index["shards"])
-    assert stats["bytes_per_token"] * n_tok == bytes_per_token(3, 64, aux_format, "topk", k, 4) * n_tok + offsets_bytes
+    assert (
+        stats["bytes_per_token"] * n_tok
+        == bytes_per_token(3, 64, aux_format, "topk", k, 4) * n_tok + offsets_bytes
+    )
     for s in index["shards"]:
         t = load_file(run / "capture" / s["file"])
-        assert "final" not in t and t["teacher_ids"].dtype == torch.int32 and t["teacher_logprobs"].dtype == torch.float16
+        assert (
+            "final" not in t
+            and t["teacher_ids"].dtype == torch.int32
+            and t["teacher_logprobs"].dtype == torch.float16
+        )
         assert t["aux"].dtype == (torch.float8_e4m3fn if aux_format == "fp8" else torch.uint8)
         assert t["aux"].shape[1] == {"fp8": 192, "int6": 144, "int4": 96}[aux_format]
 
@@ -251,12 +280,14 @@ def test_compact_capture_decodes_within_its_stated_error(regen_run, tmp_path, au
         hs, logits = reference(model, ids)
         assert item["aux"].dtype == torch.float32 and item["aux"].shape == (len(ids), 3 * 64)
         for j, layer in enumerate(IDS):
-            x, dec = hs[layer][0], item["aux"][:, j * 64:(j + 1) * 64]  # (T, 64)
+            x, dec = hs[layer][0], item["aux"][:, j * 64 : (j + 1) * 64]  # (T, 64)
             err = (dec - x).abs()
             if aux_format == "fp8":
-                bound = x.abs() / 16 + x.abs().amax(-1, keepdim=True) * 2 ** -9
+                bound = x.abs() / 16 + x.abs().amax(-1, keepdim=True) * 2**-9
             else:
-                step = x.view(len(ids), -1, BLOCK).abs().amax(-1, keepdim=True) / LEVELS[aux_format]  # (T, 2, 1)
+                step = (
+                    x.view(len(ids), -1, BLOCK).abs().amax(-1, keepdim=True) / LEVELS[aux_format]
+                )  # (T, 2, 1)
                 bound = (step * 0.502).expand(-1, -1, BLOCK).reshape(len(ids), 64)  # 0.002: the bf16 scale
             assert (err <= bound + 1e-7).all(), f"aux layer id {layer}: max excess {(err - bound).max()}"
             assert err.max() > 0  # it is quantised
@@ -266,16 +297,27 @@ def test_compact_capture_decodes_within_its_stated_error(regen_run, tmp_path, au
 
 
 def test_topk_teacher_with_the_whole_vocab_is_the_final_state_teacher():
-    """train/ttt.topk_view with k = V gives target_view's draft-vocab distribution, argmax and in-draft flags."""
+    """train/ttt.topk_view with k = V gives target_view's draft-vocab distribution, argmax and in-draft
+    flags."""
     from eyas.data.compact import topk_teacher
     from eyas.train.model import DraftConfig, Eagle3Draft
     from eyas.train.ttt import target_view, topk_view
 
     torch.manual_seed(0)
     V, H, V_d = 50, 16, 20
-    cfg = DraftConfig(hidden_size=H, intermediate_size=32, num_attention_heads=2, num_key_value_heads=1, head_dim=8,
-                      vocab_size=V, draft_vocab_size=V_d, aux_layer_ids=[0, 1, 2], rms_norm_eps=1e-6,
-                      max_position_embeddings=64, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    cfg = DraftConfig(
+        hidden_size=H,
+        intermediate_size=32,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=8,
+        vocab_size=V,
+        draft_vocab_size=V_d,
+        aux_layer_ids=[0, 1, 2],
+        rms_norm_eps=1e-6,
+        max_position_embeddings=64,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    )
     draft = Eagle3Draft(cfg)
     keep = torch.randperm(V)[:V_d].sort().values
     t2d = torch.zeros(V, dtype=torch.bool)
@@ -284,7 +326,9 @@ def test_topk_teacher_with_the_whole_vocab_is_the_final_state_teacher():
     final, w = torch.randn(2, 7, H), torch.randn(V, H)
     ref = target_view(final, w, draft)
     top = topk_teacher(final.view(14, H), w, V)
-    got = topk_view(top["teacher_ids"].long().view(2, 7, V), top["teacher_logprobs"].float().view(2, 7, V), draft)
+    got = topk_view(
+        top["teacher_ids"].long().view(2, 7, V), top["teacher_logprobs"].float().view(2, 7, V), draft
+    )
     assert torch.equal(got.argmax, ref.argmax) and torch.equal(got.in_draft, ref.in_draft)
     assert torch.allclose(got.probs, ref.probs, atol=2e-3)  # the log-probs are stored in fp16
     assert got.probs.shape == (2, 7, V_d)
@@ -297,13 +341,23 @@ def train_first_steps(regen_run, tmp_path, **capture_keys) -> tuple[list[dict], 
 
     target = regen_run[0]
     run = fresh_run(regen_run, tmp_path, "train-" + "-".join(f"{k}-{v}" for k, v in capture_keys.items()))
-    r = load_recipe({"target": {"model": str(target), "dtype": "float32", "device": "cpu"},
-                     "data": {"num_eval_prompts": 2, "max_new_tokens": 12},
-                     "capture": {"aux_layer_ids": IDS, "dtype": "float32", **capture_keys},
-                     "vocab": {"draft_vocab_size": 32},
-                     "train": {"max_steps": 3, "batch_size": 2, "ttt_steps": 2, "lr": 1e-3, "val_fraction": 0.2,
-                               "log_every": 1},
-                     "eval": {"k": 2}})
+    r = load_recipe(
+        {
+            "target": {"model": str(target), "dtype": "float32", "device": "cpu"},
+            "data": {"num_eval_prompts": 2, "max_new_tokens": 12},
+            "capture": {"aux_layer_ids": IDS, "dtype": "float32", **capture_keys},
+            "vocab": {"draft_vocab_size": 32},
+            "train": {
+                "max_steps": 3,
+                "batch_size": 2,
+                "ttt_steps": 2,
+                "lr": 1e-3,
+                "val_fraction": 0.2,
+                "log_every": 1,
+            },
+            "eval": {"k": 2},
+        }
+    )
     run_capture(r, run, progress=False)
     run_vocab(r, run, progress=False)
     run_train(r, run, progress=False)
@@ -315,7 +369,9 @@ def final_teacher_log(regen_run, tmp_path_factory):
     return train_first_steps(regen_run, tmp_path_factory.mktemp("final"))[0]
 
 
-def test_training_on_a_whole_vocab_topk_teacher_equals_the_final_state_teacher(regen_run, tmp_path, final_teacher_log):
+def test_training_on_a_whole_vocab_topk_teacher_equals_the_final_state_teacher(
+    regen_run, tmp_path, final_teacher_log
+):
     """The trainer reads the top-k teacher (k = the whole vocabulary here) as it reads the final state: the
     first step's loss within 1e-3 (relative; the log-probs are stored in fp16) and the same accuracies.
     (Later steps are not compared: Adam's first steps turn tiny gradient differences into +-lr.)"""
@@ -324,12 +380,17 @@ def test_training_on_a_whole_vocab_topk_teacher_equals_the_final_state_teacher(r
     V = AutoConfig.from_pretrained(str(regen_run[0])).vocab_size
     a, b = train_first_steps(regen_run, tmp_path, teacher="topk", teacher_topk=V)[0][0], final_teacher_log[0]
     assert a["step"] == b["step"] == 1
-    assert a["loss"] == pytest.approx(b["loss"], rel=1e-3) and a["acc"] == b["acc"] and a["cond_acc"] == b["cond_acc"]
+    assert (
+        a["loss"] == pytest.approx(b["loss"], rel=1e-3)
+        and a["acc"] == b["acc"]
+        and a["cond_acc"] == b["cond_acc"]
+    )
     assert a["step_loss"] == pytest.approx(b["step_loss"], rel=1e-3)
 
 
 def test_online_mode_stores_nothing_and_trains_as_the_offline_capture(regen_run, tmp_path, final_teacher_log):
-    """`capture.mode: online`: no shard is written, the target runs inside training (train/online.py), and every
+    """`capture.mode: online`: no shard is written, the target runs inside training (train/online.py), and
+    every
     training step and the validation see what the offline capture stored: losses within 1e-5 (relative; the
     target runs on other batches, fp32), the same accuracies."""
     log, run = train_first_steps(regen_run, tmp_path, mode="online")

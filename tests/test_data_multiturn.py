@@ -9,8 +9,8 @@ import pytest
 import torch
 from data_fixtures import TURNS, write_conversations
 
-from eyas.data.prompts import run_prompts
 from eyas.data.chat import answer_message, eos_token_ids, pad_token_id, render_prompt, split_turns
+from eyas.data.prompts import run_prompts
 from eyas.data.regenerate import generate_batch, read_sequences, run_regenerate
 from eyas.data.target import load_target
 from eyas.io import read_jsonl
@@ -53,21 +53,26 @@ def test_every_turn_answered_with_the_targets_own_earlier_answers(demo):
         assert system in ([], [{"role": "system", "content": "Answer briefly."}]) and len(users) == TURNS
         context = system + users[:1]
         for t, s in enumerate(turns):
-            prompt, gen = s["input_ids"][:s["prompt_len"]], s["input_ids"][s["prompt_len"]:]
-            assert prompt == render_prompt(tok, context)  # exactly the template's rendering of the conversation
-            (alone, finished), = generate_batch(model, [prompt], eos_ids=eos, pad_id=pad, max_new_tokens=64,
-                                                temperature=0.0, top_p=1.0)
+            prompt, gen = s["input_ids"][: s["prompt_len"]], s["input_ids"][s["prompt_len"] :]
+            assert prompt == render_prompt(
+                tok, context
+            )  # exactly the template's rendering of the conversation
+            ((alone, finished),) = generate_batch(
+                model, [prompt], eos_ids=eos, pad_id=pad, max_new_tokens=64, temperature=0.0, top_p=1.0
+            )
             assert gen == alone and finished == s["finished"]  # the greedy answer to exactly that prompt
             answer = answer_message(tok, gen, eos)
             text = tok.decode(gen, skip_special_tokens=False)
             assert f"<|channel|>final<|message|>{answer['content']}<|return|>" in text
             if t + 1 < TURNS:
-                later = tok.decode(turns[t + 1]["input_ids"][:turns[t + 1]["prompt_len"]], skip_special_tokens=False)
+                later = tok.decode(
+                    turns[t + 1]["input_ids"][: turns[t + 1]["prompt_len"]], skip_special_tokens=False
+                )
                 assert f"<|channel|>final<|message|>{answer['content']}<|end|>" in later
                 if answer.get("thinking"):  # gpt-oss's template drops an earlier turn's analysis
                     assert answer["thinking"] not in later
                     dropped_analysis += 1
-            context = context + [answer] + users[t + 1:t + 2]
+            context = context + [answer] + users[t + 1 : t + 2]
     assert dropped_analysis > 0
 
 
@@ -83,8 +88,10 @@ def test_a_later_prompt_over_max_prompt_tokens_ends_its_conversation(demo):
     root, prompts, _, _ = demo
     r = load_recipe("demo", BASE + [f"data.prompts={prompts}"])
     run_prompts(r, root / "lengths", progress=False)
-    first = [len(render_prompt(tok, split_turns(p["messages"])[0] + split_turns(p["messages"])[1][:1]))
-             for p in read_jsonl(root / "lengths" / "prompts" / "train.jsonl")]
+    first = [
+        len(render_prompt(tok, split_turns(p["messages"])[0] + split_turns(p["messages"])[1][:1]))
+        for p in read_jsonl(root / "lengths" / "prompts" / "train.jsonl")
+    ]
     limit = max(first) + 4  # every first turn fits, no second turn does (it holds a whole answer more)
     stats, run = regenerate(demo, "lengths", "data.max_new_tokens=64", f"data.max_prompt_tokens={limit}")
     seqs = read_sequences(run)
@@ -95,9 +102,16 @@ def test_a_later_prompt_over_max_prompt_tokens_ends_its_conversation(demo):
 def test_answer_message_reads_harmony_channels_and_plain_text(demo):
     _, _, model, tok = demo
     eos = eos_token_ids(model, tok)
-    ids = tok.encode("<|channel|>analysis<|message|>Think a bit.<|end|><|start|>assistant<|channel|>final"
-                     "<|message|>It is 4.<|return|>", add_special_tokens=False)
-    assert answer_message(tok, ids, eos) == {"role": "assistant", "content": "It is 4.", "thinking": "Think a bit."}
+    ids = tok.encode(
+        "<|channel|>analysis<|message|>Think a bit.<|end|><|start|>assistant<|channel|>final"
+        "<|message|>It is 4.<|return|>",
+        add_special_tokens=False,
+    )
+    assert answer_message(tok, ids, eos) == {
+        "role": "assistant",
+        "content": "It is 4.",
+        "thinking": "Think a bit.",
+    }
     final_only = tok.encode("<|channel|>final<|message|>Yes.<|return|>", add_special_tokens=False)
     assert answer_message(tok, final_only, eos) == {"role": "assistant", "content": "Yes."}
     assert torch.equal(torch.tensor(ids), torch.tensor(tok.encode(tok.decode(ids), add_special_tokens=False)))
@@ -105,13 +119,16 @@ def test_answer_message_reads_harmony_channels_and_plain_text(demo):
 
 def regenerated(run, model, tok) -> tuple[dict, dict]:
     """A regenerated run's conversations and answers. -> ({conversation id: (system messages, user turns)},
-    {conversation id: [(its sequence row, the tokens the template keeps of its answer: the final channel)]})."""
+    {conversation id: [(its sequence row, the tokens the template keeps of its answer: the final
+    channel)]})."""
     eos = eos_token_ids(model, tok)
     convs = {r["id"]: split_turns(r["messages"]) for r in read_jsonl(run / "prompts" / "train.jsonl")}
     answers: dict[str, list[tuple[dict, int]]] = {}
     for s in read_sequences(run):
-        final = answer_message(tok, s["input_ids"][s["prompt_len"]:], eos)["content"]
-        answers.setdefault(s["conversation"], []).append((s, len(tok.encode(final, add_special_tokens=False))))
+        final = answer_message(tok, s["input_ids"][s["prompt_len"] :], eos)["content"]
+        answers.setdefault(s["conversation"], []).append(
+            (s, len(tok.encode(final, add_special_tokens=False)))
+        )
     return convs, answers
 
 
@@ -136,7 +153,10 @@ def test_plan_counts_turns_and_renders_prompts_as_regeneration_does(demo, tmp_pa
     _, prompts, model, tok = demo
     convs, answers = regenerated(run, model, tok)
     assert len(answers) == len(convs) == 6 and stats["num_sequences"] == 6 * TURNS
-    for cid, turns in answers.items():  # the lengths regeneration rendered, from the real answers' final channels
+    for (
+        cid,
+        turns,
+    ) in answers.items():  # the lengths regeneration rendered, from the real answers' final channels
         kept = [n for _, n in turns]
         assert turn_prompt_lengths(tok, *convs[cid], kept, 10**9) == [s["prompt_len"] for s, _ in turns]
 
@@ -145,32 +165,46 @@ def test_plan_counts_turns_and_renders_prompts_as_regeneration_does(demo, tmp_pa
     a = Assumptions()
     new = a.new_token_fraction * 64
     kept = a.kept_answer_fraction_harmony * new  # the demo target's template is harmony: analysis dropped
-    lengths = {cid: turn_prompt_lengths(tok, system, users, [kept] * TURNS, 10**9) for cid, (system, users) in convs.items()}
+    lengths = {
+        cid: turn_prompt_lengths(tok, system, users, [kept] * TURNS, 10**9)
+        for cid, (system, users) in convs.items()
+    }
     over = BASE + [f"data.prompts={prompts}", "data.max_new_tokens=64", "data.num_prompts=600"]
     p = plan(load_recipe("demo", over), "1xH100", run_dir=only)
     mean_prompt = sum(map(sum, lengths.values())) / (6 * TURNS)
     assert p.sequences == 600 * TURNS and p.conversations == 600  # every turn fits: all answered
-    assert p.mean_tokens == pytest.approx(mean_prompt + new) and p.tokens == pytest.approx(1800 * (mean_prompt + new))
+    assert p.mean_tokens == pytest.approx(mean_prompt + new) and p.tokens == pytest.approx(
+        1800 * (mean_prompt + new)
+    )
     assert p.stages_measured == ["prompts"] and p.measured == [] and p.turns.rendered == 6
     text = render(load_recipe("demo", over), p)
-    assert f"data: 600 conversations x 3.00 answered turns = 1,800 sequences x {mean_prompt + new:,.0f} tokens" in text
+    assert (
+        f"data: 600 conversations x 3.00 answered turns = 1,800 sequences x {mean_prompt + new:,.0f} tokens"
+        in text
+    )
     assert "18 user turns counted in 6 conversations, prompts rendered for 6 of 6 conversations" in text
     assert f"hold each earlier answer as {kept:,.0f} tokens" in text and "(an upper bound)" in text
 
     # a prompt limit that only some later turns fit under: those over it are not counted, nor any after them
     limit = int(mean_prompt)
     fit = {cid: [n for n in ls if n <= limit] for cid, ls in lengths.items()}
-    assert all(ls == lengths[cid][:len(ls)] for cid, ls in fit.items())  # the fitting turns come first
+    assert all(ls == lengths[cid][: len(ls)] for cid, ls in fit.items())  # the fitting turns come first
     cut = sum(map(len, fit.values()))
     assert 6 <= cut < 6 * TURNS
     short = plan(load_recipe("demo", over + [f"data.max_prompt_tokens={limit}"]), "1xH100", run_dir=only)
     assert short.sequences == round(600 * cut / 6)
     assert short.mean_tokens == pytest.approx(sum(map(sum, fit.values())) / cut + new)
-    with pytest.raises(ValueError, match=r"data.max_prompt_tokens=8: no first prompt of the 6 conversations rendered "
-                                         "fits under it, so regeneration would answer none"):
+    with pytest.raises(
+        ValueError,
+        match=r"data.max_prompt_tokens=8: no first prompt of the 6 conversations rendered "
+        "fits under it, so regeneration would answer none",
+    ):
         plan(load_recipe("demo", over + ["data.max_prompt_tokens=8"]), "1xH100", run_dir=only)
-    # fewer turns asked by the recipe than the prompts stage kept; no data.num_prompts: the stage's conversations
-    two = plan(load_recipe("demo", over + ["data.max_turns=2", "data.num_prompts=null"]), "1xH100", run_dir=only)
+    # fewer turns asked by the recipe than the prompts stage kept; no data.num_prompts: the stage's
+    # conversations
+    two = plan(
+        load_recipe("demo", over + ["data.max_turns=2", "data.num_prompts=null"]), "1xH100", run_dir=only
+    )
     assert two.conversations == 6 and two.sequences == 6 * 2
     assert two.mean_tokens == pytest.approx(sum(ls[0] + ls[1] for ls in lengths.values()) / 12 + new)
     # more conversations than are rendered: a seeded sample of them gives the mean prompt, all give the turns
@@ -182,7 +216,9 @@ def test_plan_counts_turns_and_renders_prompts_as_regeneration_does(demo, tmp_pa
     assert "prompts rendered for 3 of 6 conversations" in render(load_recipe("demo", over), sampled)
 
 
-@pytest.mark.parametrize("files", [(), ("tokenizer.json", "tokenizer_config.json")], ids=["none", "no-template"])
+@pytest.mark.parametrize(
+    "files", [(), ("tokenizer.json", "tokenizer_config.json")], ids=["none", "no-template"]
+)
 def test_plan_counts_turns_without_the_targets_tokenizer(demo, tmp_path, files):
     """A target whose tokenizer cannot be had, or has no chat template (a directory with its config and
     weights, and no tokenizer or no template, offline): the turns are still counted from the prompts
@@ -196,21 +232,33 @@ def test_plan_counts_turns_without_the_targets_tokenizer(demo, tmp_path, files):
 
     _, prompts, _, _ = demo
     run = tmp_path / "run"
-    run_prompts(load_recipe("demo", BASE + [f"data.prompts={prompts}"]), run, progress=False)  # that stage alone
+    run_prompts(
+        load_recipe("demo", BASE + [f"data.prompts={prompts}"]), run, progress=False
+    )  # that stage alone
     target = tmp_path / "no-tokenizer"
     target.mkdir()
     for f in ("config.json", "generation_config.json", "model.safetensors", *files):
         shutil.copy(Path(resolve_path("eyas-demo")) / f, target / f)
-    over = BASE + [f"data.prompts={prompts}", f"target.model={target}", "data.max_new_tokens=64", "data.num_prompts=600"]
+    over = BASE + [
+        f"data.prompts={prompts}",
+        f"target.model={target}",
+        "data.max_new_tokens=64",
+        "data.num_prompts=600",
+    ]
     p = plan(load_recipe("demo", over), "1xH100", run_dir=run)
     a = Assumptions()
     kept = a.kept_answer_fraction_harmony * a.new_token_fraction * 64  # its config says gpt_oss: harmony
     assert p.sequences == 600 * TURNS and p.turns.rendered == 0
-    assert p.mean_tokens == pytest.approx(a.mean_prompt_tokens + kept + a.new_token_fraction * 64)  # turns 0, 1, 2
+    assert p.mean_tokens == pytest.approx(
+        a.mean_prompt_tokens + kept + a.new_token_fraction * 64
+    )  # turns 0, 1, 2
     text = render(load_recipe("demo", over), p)
     assert f"the tokenizer of {target} could not be used" in text
     assert ("(it has no chat template)" in text) == bool(files)
-    assert f"put the model's tokenizer files (tokenizer.json, tokenizer_config.json, its chat template) in {target}" in text
+    assert (
+        "put the model's tokenizer files (tokenizer.json, tokenizer_config.json, its chat template) in "
+        f"{target}" in text
+    )
     assert f"mean first-turn prompt {a.mean_prompt_tokens:.0f} tokens" in text
 
 
@@ -229,14 +277,23 @@ def test_plan_renders_each_prompt_with_its_reasoning_effort(demo, tmp_path):
     target = shutil.copytree(resolve_path("eyas-demo"), tmp_path / "target")
     template = (target / "chat_template.jinja").read_text()
     words = "(' Think.' * {'low': 1, 'medium': 2, 'high': 5}[reasoning_effort | default('medium')])"
-    template = template.replace("text(messages[0].content) + '<|end|>'", f"text(messages[0].content) + {words} + '<|end|>'")
-    template = template.replace("'<|start|>system<|message|>You are a helpful assistant.<|end|>'",
-                                f"'<|start|>system<|message|>You are a helpful assistant.' + {words} + '<|end|>'")
+    template = template.replace(
+        "text(messages[0].content) + '<|end|>'", f"text(messages[0].content) + {words} + '<|end|>'"
+    )
+    template = template.replace(
+        "'<|start|>system<|message|>You are a helpful assistant.<|end|>'",
+        f"'<|start|>system<|message|>You are a helpful assistant.' + {words} + '<|end|>'",
+    )
     assert template.count("Think.") == 2
     (target / "chat_template.jinja").write_text(template)
     weights = {"low": 1, "medium": 1, "high": 1}
-    stats, run = regenerate(demo, "effort", f"target.model={target}", "data.max_new_tokens=64",
-                            "data.reasoning_effort={low: 1, medium: 1, high: 1}")
+    stats, run = regenerate(
+        demo,
+        "effort",
+        f"target.model={target}",
+        "data.max_new_tokens=64",
+        "data.reasoning_effort={low: 1, medium: 1, high: 1}",
+    )
     _, _, model, tok = demo
     tok = type(tok).from_pretrained(target)
     convs, answers = regenerated(run, model, tok)
@@ -254,10 +311,28 @@ def test_plan_renders_each_prompt_with_its_reasoning_effort(demo, tmp_path):
     shutil.copytree(run / "prompts", only / "prompts")
     a = Assumptions()
     kept = [a.kept_answer_fraction_harmony * a.new_token_fraction * 64] * TURNS
-    mean = {e: sum(sum(turn_prompt_lengths(tok, *convs[cid], kept, 10**9, **effort_kwargs(e or efforts[cid])))
-                   for cid in convs) / (6 * TURNS) for e in (None, "medium")}
+    mean = {
+        e: sum(
+            sum(turn_prompt_lengths(tok, *convs[cid], kept, 10**9, **effort_kwargs(e or efforts[cid])))
+            for cid in convs
+        )
+        / (6 * TURNS)
+        for e in (None, "medium")
+    }
     assert mean[None] != mean["medium"]  # the template's default effort would give another mean
     _, prompts, _, _ = demo
-    p = plan(load_recipe("demo", BASE + [f"data.prompts={prompts}", f"target.model={target}", "data.max_new_tokens=64",
-                                         "data.reasoning_effort={low: 1, medium: 1, high: 1}"]), "1xH100", run_dir=only)
+    p = plan(
+        load_recipe(
+            "demo",
+            BASE
+            + [
+                f"data.prompts={prompts}",
+                f"target.model={target}",
+                "data.max_new_tokens=64",
+                "data.reasoning_effort={low: 1, medium: 1, high: 1}",
+            ],
+        ),
+        "1xH100",
+        run_dir=only,
+    )
     assert p.turns.rendered == 6 and p.mean_tokens == pytest.approx(mean[None] + a.new_token_fraction * 64)

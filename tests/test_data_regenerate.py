@@ -5,8 +5,8 @@ import torch
 from data_fixtures import make_tiny_target, one_thread, write_prompts  # noqa: F401  (one_thread: fixture)
 
 import eyas.data.regenerate as regen
-from eyas.data.prompts import read_prompts, run_prompts
 from eyas.data.chat import cut_at_eos, render_prompt
+from eyas.data.prompts import read_prompts, run_prompts
 from eyas.data.regenerate import loss_mask, read_sequences, run_regenerate
 from eyas.data.target import load_target
 from eyas.recipes.load import load_recipe
@@ -22,9 +22,18 @@ def setup(tmp_path_factory, one_thread):
 
 def recipe(setup, **data):
     target, prompts = setup
-    return load_recipe({"target": {"model": str(target), "dtype": "float32", "device": "cpu"},
-                        "data": {"prompts": str(prompts), "num_eval_prompts": 2, "batch_size": 4,
-                                 "max_new_tokens": 10, **data}})
+    return load_recipe(
+        {
+            "target": {"model": str(target), "dtype": "float32", "device": "cpu"},
+            "data": {
+                "prompts": str(prompts),
+                "num_eval_prompts": 2,
+                "batch_size": 4,
+                "max_new_tokens": 10,
+                **data,
+            },
+        }
+    )
 
 
 def run(setup, run_dir, part_batches=1, **data):
@@ -50,12 +59,14 @@ def test_ids_mask_and_batched_equals_unbatched_greedy(setup, tmp_path):
     finished = []
     for s in seqs:
         prompt = render_prompt(tok, prompts[s["id"]])
-        assert s["input_ids"][:s["prompt_len"]] == prompt and s["prompt_len"] == len(prompt)
+        assert s["input_ids"][: s["prompt_len"]] == prompt and s["prompt_len"] == len(prompt)
         assert loss_mask(s) == [0] * len(prompt) + [1] * (len(s["input_ids"]) - len(prompt))
-        gen = s["input_ids"][len(prompt):]
+        gen = s["input_ids"][len(prompt) :]
         # the same prompt alone, greedy, through plain `generate`: batched left-padded == unbatched
         with torch.no_grad():
-            alone = model.generate(torch.tensor([prompt]), max_new_tokens=10, do_sample=False)[0, len(prompt):]
+            alone = model.generate(torch.tensor([prompt]), max_new_tokens=10, do_sample=False)[
+                0, len(prompt) :
+            ]
         assert gen == alone.tolist()
         assert s["finished"] == (gen[-1] in eos) and not eos & set(gen[:-1])
         finished.append(s["finished"])
@@ -105,16 +116,20 @@ def test_resume_refuses_changed_batching(setup, tmp_path):
     run_prompts(r, tmp_path, progress=False)
     first = [p["id"] for p in read_prompts(tmp_path, "train")][:1]
     (tmp_path / "regenerate" / "part-00000.jsonl").write_text(
-        "".join(f'{{"id": "{i}", "input_ids": [1], "prompt_len": 1, "finished": false}}\n' for i in first))
+        "".join(f'{{"id": "{i}", "input_ids": [1], "prompt_len": 1, "finished": false}}\n' for i in first)
+    )
     with pytest.raises(RuntimeError, match="part-00000.jsonl: holds other prompts than this run"):
         run_regenerate(r, tmp_path, progress=False)
 
 
-# the effort as a word of the tiny vocabulary (low -> one, medium -> two, high -> three), so it changes the ids
-HARMONY_WITH_EFFORT = ("<|start|>system<|message|>"
-                       "{{ {'low': 'one', 'medium': 'two', 'high': 'three'}[reasoning_effort | default('medium')] }}<|end|>"
-                       "{% for m in messages %}<|start|>{{ m['role'] }}<|message|>{{ m['content'] }}<|end|>{% endfor %}"
-                       "{% if add_generation_prompt %}<|start|>assistant<|channel|>analysis<|message|>{% endif %}")
+# the effort as a word of the tiny vocabulary (low -> one, medium -> two, high -> three), so it changes the
+# ids
+HARMONY_WITH_EFFORT = (
+    "<|start|>system<|message|>"
+    "{{ {'low': 'one', 'medium': 'two', 'high': 'three'}[reasoning_effort | default('medium')] }}<|end|>"
+    "{% for m in messages %}<|start|>{{ m['role'] }}<|message|>{{ m['content'] }}<|end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|start|>assistant<|channel|>analysis<|message|>{% endif %}"
+)
 
 
 def test_reasoning_effort_reaches_each_prompt_and_is_recorded(setup, tmp_path):
@@ -136,11 +151,13 @@ def test_reasoning_effort_reaches_each_prompt_and_is_recorded(setup, tmp_path):
     for s in seqs:
         assert s["reasoning_effort"] == regen.reasoning_effort(weights, 0, s["id"])
         rendered = render_prompt(tok, prompts[s["id"]], reasoning_effort=s["reasoning_effort"])
-        assert s["input_ids"][:s["prompt_len"]] == rendered
+        assert s["input_ids"][: s["prompt_len"]] == rendered
         other = "high" if s["reasoning_effort"] != "high" else "low"
         assert render_prompt(tok, prompts[s["id"]], reasoning_effort=other) != rendered
-    assert stats["reasoning_effort_mix"] == {lvl: sum(s["reasoning_effort"] == lvl for s in seqs)
-                                             for lvl in sorted({s["reasoning_effort"] for s in seqs})}
+    assert stats["reasoning_effort_mix"] == {
+        lvl: sum(s["reasoning_effort"] == lvl for s in seqs)
+        for lvl in sorted({s["reasoning_effort"] for s in seqs})
+    }
     assert stats["temperature"] == 0.0
     # the draw follows the weights: 20,000 prompt ids within 1.5 points of 40 / 40 / 20 %
     draws = [regen.reasoning_effort(weights, 0, str(i)) for i in range(20_000)]
@@ -150,6 +167,9 @@ def test_reasoning_effort_reaches_each_prompt_and_is_recorded(setup, tmp_path):
 
 
 def test_reasoning_effort_with_a_template_that_ignores_it_names_the_key(setup, tmp_path):
-    with pytest.raises(ValueError, match=r"data.reasoning_effort: the chat template of .* does not use "
-                                         r"reasoning_effort"):
+    with pytest.raises(
+        ValueError,
+        match=r"data.reasoning_effort: the chat template of .* does not use "
+        r"reasoning_effort",
+    ):
         run(setup, tmp_path, reasoning_effort={"high": 1})

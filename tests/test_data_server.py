@@ -16,14 +16,23 @@ from eyas.data.regenerate import read_sequences, run_regenerate
 from eyas.layout import read_done
 from eyas.recipes.load import load_recipe
 
-BASE = ["target.dtype=float32", "target.device=cpu", "data.num_prompts=10", "data.num_eval_prompts=2",
-        "data.max_new_tokens=24", "data.batch_size=2"]
+BASE = [
+    "target.dtype=float32",
+    "target.device=cpu",
+    "data.num_prompts=10",
+    "data.num_eval_prompts=2",
+    "data.max_new_tokens=24",
+    "data.batch_size=2",
+]
 
 
 def demo_server(port: int, log_path):
     """`eyas serve demo`, the target alone."""
-    return eyas_serve(["demo", "--no-speculation", "--max-num-seqs", "4", "target.dtype=float32",
-                       "target.device=cpu"], port, log_path)
+    return eyas_serve(
+        ["demo", "--no-speculation", "--max-num-seqs", "4", "target.dtype=float32", "target.device=cpu"],
+        port,
+        log_path,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -37,8 +46,16 @@ def prompted(tmp_path_factory):
 
 
 def server_recipe(port: int, *extra):
-    return load_recipe("demo", BASE + ["data.backend=server", f"data.server_urls=[http://127.0.0.1:{port}/]",
-                                       "data.server_concurrency=3", *extra])
+    return load_recipe(
+        "demo",
+        BASE
+        + [
+            "data.backend=server",
+            f"data.server_urls=[http://127.0.0.1:{port}/]",
+            "data.server_concurrency=3",
+            *extra,
+        ],
+    )
 
 
 def test_greedy_through_the_server_equals_the_hf_backend(prompted, tmp_path):
@@ -50,8 +67,9 @@ def test_greedy_through_the_server_equals_the_hf_backend(prompted, tmp_path):
     hf = read_sequences(prompted / "hf")
     assert stats["backend"] == "server" and stats["num_sequences"] == len(hf) == 8
     assert read_sequences(run) == hf  # the same token ids, prompt lengths and finished flags, part by part
-    assert sorted(p.name for p in (run / "regenerate").glob("part-*")) == \
-        sorted(p.name for p in (prompted / "hf" / "regenerate").glob("part-*"))
+    assert sorted(p.name for p in (run / "regenerate").glob("part-*")) == sorted(
+        p.name for p in (prompted / "hf" / "regenerate").glob("part-*")
+    )
     assert read_done(run, "regenerate")["generation_tokens_per_s"] > 0
 
 
@@ -63,8 +81,12 @@ def test_a_server_that_dies_mid_run_and_comes_back_loses_nothing(prompted, tmp_p
 
     def regenerate():
         try:
-            result["stats"] = run_regenerate(server_recipe(port, "data.server_concurrency=1", "data.server_retries=10"),
-                                             run, progress=False, part_batches=1)
+            result["stats"] = run_regenerate(
+                server_recipe(port, "data.server_concurrency=1", "data.server_retries=10"),
+                run,
+                progress=False,
+                part_batches=1,
+            )
         except BaseException as e:  # noqa: BLE001 -- reported below
             result["error"] = e
 
@@ -92,7 +114,9 @@ def test_a_server_that_never_answers_fails_naming_it(prompted, tmp_path):
     shutil.copytree(prompted / "run", run)
     port = free_port()  # nothing listens there
     with pytest.raises(Exception, match=rf"http://127.0.0.1:{port}"):
-        run_regenerate(server_recipe(port, "data.server_retries=1", "data.server_model=demo"), run, progress=False)
+        run_regenerate(
+            server_recipe(port, "data.server_retries=1", "data.server_model=demo"), run, progress=False
+        )
     assert not list((run / "regenerate").glob("part-*"))
 
 
@@ -107,6 +131,8 @@ def test_multi_turn_conversations_through_the_server_equal_the_hf_backend(tmp_pa
     hf_stats = run_regenerate(r, hf, progress=False, part_batches=1)
     port = free_port()
     with demo_server(port, tmp_path / "serve.log"):
-        stats = run_regenerate(server_recipe(port, *multi), tmp_path / "server", progress=False, part_batches=1)
+        stats = run_regenerate(
+            server_recipe(port, *multi), tmp_path / "server", progress=False, part_batches=1
+        )
     assert stats["num_sequences"] == hf_stats["num_sequences"] > stats["num_conversations"] == 6
     assert read_sequences(tmp_path / "server") == read_sequences(hf)

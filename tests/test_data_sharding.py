@@ -26,13 +26,23 @@ from eyas.recipes.schema import RecipeError
 pytestmark = pytest.mark.usefixtures("one_thread")  # as the torchrun ranks (OMP_NUM_THREADS=1): same sums
 
 # 18 conversations of 3 turns, one per batch: 3 parts of 8 batches (parts 0, 2 -> shard 0; part 1 -> shard 1)
-OVERRIDES = ["target.dtype=float32", "target.device=cpu", "data.num_eval_prompts=2", "data.batch_size=1",
-             "data.max_new_tokens=16", "capture.batch_size=4", "capture.shard_tokens=300"]
+OVERRIDES = [
+    "target.dtype=float32",
+    "target.device=cpu",
+    "data.num_eval_prompts=2",
+    "data.batch_size=1",
+    "data.max_new_tokens=16",
+    "capture.batch_size=4",
+    "capture.shard_tokens=300",
+]
 
 
 def test_balanced_ranges_split_by_cost_in_order():
     assert balanced_ranges([1] * 10, 2) == [(0, 5), (5, 10)]
-    assert balanced_ranges([1, 1, 1, 1, 6], 2) == [(0, 5), (5, 5)]  # half the cost is reached at the last item
+    assert balanced_ranges([1, 1, 1, 1, 6], 2) == [
+        (0, 5),
+        (5, 5),
+    ]  # half the cost is reached at the last item
     assert balanced_ranges([5, 1, 1, 1, 1, 1], 3) == [(0, 1), (1, 3), (3, 6)]  # running 5 >= 10/3, 7 >= 20/3
     assert balanced_ranges([2, 2], 4) == [(0, 1), (1, 1), (1, 2), (2, 2)]
     assert balanced_ranges([3], 1) == [(0, 1)]
@@ -89,7 +99,9 @@ def test_shards_by_flag_join_to_the_single_process_result(single, tmp_path):
     assert is_done(run, "regenerate") and stats["num_parts"] == 3
     assert [s["parts"] for s in stats["shards"]] == [[0, 2], [1]]
     expected = read_sequences(root / "single")
-    assert stats["num_conversations"] == 18 and stats["num_sequences"] == len(expected) > 18  # later turns too
+    assert (
+        stats["num_conversations"] == 18 and stats["num_sequences"] == len(expected) > 18
+    )  # later turns too
     assert read_sequences(run) == expected
 
     half = run_capture(recipe, run, progress=False, shard="1/2")
@@ -99,8 +111,12 @@ def test_shards_by_flag_join_to_the_single_process_result(single, tmp_path):
     with pytest.raises(RuntimeError, match=r"cannot be resumed as shard 0/3"):
         run_capture(recipe, run, progress=False, shard="0/3")
     other = load_recipe("demo", OVERRIDES + [f"data.prompts={recipe.data.prompts}", "capture.batch_size=2"])
-    with pytest.raises(RuntimeError, match=r"slice was batches \[\d+, \d+\] when .* is batches \[\d+, \d+\] now"):
-        run_capture(other, run, progress=False, shard="1/2")  # other batches: the slice would hold other sequences
+    with pytest.raises(
+        RuntimeError, match=r"slice was batches \[\d+, \d+\] when .* is batches \[\d+, \d+\] now"
+    ):
+        run_capture(
+            other, run, progress=False, shard="1/2"
+        )  # other batches: the slice would hold other sequences
     done = run_capture(recipe, run, progress=False, shard="0/2")
     assert done["capture_shards"] == 2 and is_done(run, "capture") and done["lm_head_max_rel_diff"] < 1e-3
     files = [s["file"] for s in read_index(run / "capture")["shards"]]
@@ -119,8 +135,13 @@ def test_torchrun_ranks_share_regeneration_and_capture(single, tmp_path):
     launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     for stage in ("regenerate", "capture"):
-        out = subprocess.run([*launch, f"--master_port={free_port()}", "-m", "eyas", stage, str(run), "--no-progress"],
-                             env=env, capture_output=True, text=True, timeout=600)
+        out = subprocess.run(
+            [*launch, f"--master_port={free_port()}", "-m", "eyas", stage, str(run), "--no-progress"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert read_sequences(run) == read_sequences(root / "single")
     assert [s["shard"] for s in read_done(run, "regenerate")["shards"]] == ["0/2", "1/2"]

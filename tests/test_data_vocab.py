@@ -4,9 +4,9 @@ import json
 
 import pytest
 import torch
+from data_fixtures import make_tiny_target
 from safetensors.torch import load_file
 
-from data_fixtures import make_tiny_target
 from eyas.data.vocab import build_vocab, count_tokens, run_vocab
 from eyas.layout import mark_done
 from eyas.recipes.load import load_recipe
@@ -58,10 +58,13 @@ def write_regen(run_dir, seqs):
 def test_count_tokens_and_run_vocab(tmp_path):
     target = make_tiny_target(tmp_path / "target", num_layers=4)
     run = tmp_path / "run"
-    write_regen(run, [
-        {"id": "0", "input_ids": [1, 2, 3, 7, 7, 9], "prompt_len": 3, "finished": False},
-        {"id": "1", "input_ids": [7, 5, 9, 9, 9], "prompt_len": 1, "finished": True},
-    ])
+    write_regen(
+        run,
+        [
+            {"id": "0", "input_ids": [1, 2, 3, 7, 7, 9], "prompt_len": 3, "finished": False},
+            {"id": "1", "input_ids": [7, 5, 9, 9, 9], "prompt_len": 1, "finished": True},
+        ],
+    )
     counts = count_tokens(run, 20)
     assert counts.tolist() == [0] * 5 + [1, 0, 2, 0, 4] + [0] * 10  # only generated tokens count
     recipe = load_recipe({"target": {"model": str(target)}, "vocab": {"draft_vocab_size": 2}})

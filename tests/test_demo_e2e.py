@@ -25,5 +25,7 @@ def test_demo_recipe_end_to_end(tmp_path):
     before = (run / "report.json").read_text()
     assert main(["run", "demo", "--out", str(run), "--no-progress"]) == 0
     assert (run / "report.json").read_text() == before
-    print(f"demo: tau={report['acceptance_length']:.3f} stage times {report['stage_times']} "
-          f"(EYAS_CACHE={os.environ.get('EYAS_CACHE')})")
+    print(
+        f"demo: tau={report['acceptance_length']:.3f} stage times {report['stage_times']} "
+        f"(EYAS_CACHE={os.environ.get('EYAS_CACHE')})"
+    )

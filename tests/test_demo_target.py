@@ -5,10 +5,10 @@ import json
 import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer, GptOssForCausalLM
 
+from eyas.data.chat import render_prompt
 from eyas.demo_target.build import MARKER, NUM_PROMPTS, ensure_demo_target
 from eyas.demo_target.corpus import FAMILIES, generate_conversations, write_prompts
 from eyas.demo_target.quality import parse_answer
-from eyas.data.chat import render_prompt
 from eyas.demo_target.tokenizer import DEFAULT_SYSTEM, build_tokenizer, corpus_texts
 from eyas.demo_target.training import encode
 
@@ -71,32 +71,40 @@ def test_special_tokens(tokenizer):
 def test_chat_template_harmony_format(tokenizer):
     conv = [{"role": "user", "content": "Q?"}, {"role": "assistant", "thinking": "R.", "content": "A."}]
     text = tokenizer.apply_chat_template(conv, tokenize=False)
-    assert text == (f"<|start|>system<|message|>{DEFAULT_SYSTEM}<|end|><|start|>user<|message|>Q?<|end|>"
-                    "<|start|>assistant<|channel|>analysis<|message|>R.<|end|>"
-                    "<|start|>assistant<|channel|>final<|message|>A.<|return|>")
+    assert text == (
+        f"<|start|>system<|message|>{DEFAULT_SYSTEM}<|end|><|start|>user<|message|>Q?<|end|>"
+        "<|start|>assistant<|channel|>analysis<|message|>R.<|end|>"
+        "<|start|>assistant<|channel|>final<|message|>A.<|return|>"
+    )
     prompt = tokenizer.apply_chat_template(conv[:1], tokenize=False, add_generation_prompt=True)
     assert prompt.endswith("<|end|><|start|>assistant") and text.startswith(prompt)
-    assert parse_answer(text[len(prompt):]) == ("R.", "A.")
+    assert parse_answer(text[len(prompt) :]) == ("R.", "A.")
 
 
 def test_chat_template_generic_messages(tokenizer):
     """ShareGPT-style data: a system prompt, assistants without thinking, text-part content."""
-    conv = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"},
-            {"role": "assistant", "content": "hello"}, {"role": "user", "content": [{"type": "text", "text": "again"}]},
-            {"role": "assistant", "content": "ok"}]
+    conv = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello"},
+        {"role": "user", "content": [{"type": "text", "text": "again"}]},
+        {"role": "assistant", "content": "ok"},
+    ]
     assert tokenizer.apply_chat_template(conv, tokenize=False) == (
         "<|start|>system<|message|>Be brief.<|end|><|start|>user<|message|>hi<|end|>"
         "<|start|>assistant<|channel|>final<|message|>hello<|end|><|start|>user<|message|>again<|end|>"
-        "<|start|>assistant<|channel|>final<|message|>ok<|return|>")
+        "<|start|>assistant<|channel|>final<|message|>ok<|return|>"
+    )
     assert tokenizer.apply_chat_template(conv[:4], tokenize=False, add_generation_prompt=True).endswith(
-        "<|message|>again<|end|><|start|>assistant")
+        "<|message|>again<|end|><|start|>assistant"
+    )
 
 
 def test_prompt_is_a_prefix_of_the_conversation(tokenizer):
     records = generate_conversations(20, 1)
     for r, (ids, prompt_len) in zip(records, encode(tokenizer, records)):
         assert ids == render_prompt(tokenizer, r["messages"], False)
-        assert tokenizer.convert_ids_to_tokens(ids[prompt_len - 2:prompt_len]) == ["<|start|>", "assistant"]
+        assert tokenizer.convert_ids_to_tokens(ids[prompt_len - 2 : prompt_len]) == ["<|start|>", "assistant"]
         assert ids[-1] == tokenizer.eos_token_id
 
 

@@ -30,13 +30,12 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from data_fixtures import make_tiny_target, tiny_recipe, write_prompts
 from safetensors.torch import load_file
 
 from eyas import layout
 from eyas.pipeline import run_all
 from eyas.recipes.load import load_recipe
-
-from data_fixtures import make_tiny_target, tiny_recipe, write_prompts
 
 
 @pytest.fixture(scope="module")
@@ -44,12 +43,26 @@ def base(tmp_path_factory):
     root = tmp_path_factory.mktemp("dist")
     target = make_tiny_target(root / "target", num_layers=4)
     prompts = write_prompts(root / "prompts.jsonl", 30)
-    raw = tiny_recipe(target, prompts, train={"max_steps": None, "epochs": 2, "batch_size": 1, "lr": 3e-3,
-                                              "warmup_ratio": 0.2, "val_fraction": 0.05})
+    raw = tiny_recipe(
+        target,
+        prompts,
+        train={
+            "max_steps": None,
+            "epochs": 2,
+            "batch_size": 1,
+            "lr": 3e-3,
+            "warmup_ratio": 0.2,
+            "val_fraction": 0.05,
+        },
+    )
     recipe_path = root / "recipe.yaml"
     recipe_path.write_text(yaml.safe_dump(raw))
-    run_all(load_recipe(recipe_path), root / "base", stages=("prompts", "regenerate", "capture", "vocab"),
-            progress=False)
+    run_all(
+        load_recipe(recipe_path),
+        root / "base",
+        stages=("prompts", "regenerate", "capture", "vocab"),
+        progress=False,
+    )
     return root, recipe_path
 
 
@@ -62,18 +75,39 @@ def free_port() -> int:
 CONFIGS = Path(__file__).parents[1] / "recipes" / "accelerate"
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 # on CPU: DDP and FSDP2 configs run over gloo with ACCELERATE_USE_CPU; DeepSpeed must not have it
-CPU_ENV = {"ddp": {"ACCELERATE_USE_CPU": "true"}, "fsdp2": {"ACCELERATE_USE_CPU": "true"}, "zero2": {}, "zero3": {}}
+CPU_ENV = {
+    "ddp": {"ACCELERATE_USE_CPU": "true"},
+    "fsdp2": {"ACCELERATE_USE_CPU": "true"},
+    "zero2": {},
+    "zero3": {},
+}
 
 
 def command(recipe, run, nproc, *overrides, config=None):
     """torchrun (`config` None) or `accelerate launch --config_file recipes/accelerate/<config>.yaml`."""
     if config:
-        launch = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS / f"{config}.yaml"),
-                  "--num_processes", str(nproc), "--main_process_ip", "127.0.0.1", "--main_process_port",
-                  str(free_port())]
+        launch = [
+            sys.executable,
+            "-m",
+            "accelerate.commands.launch",
+            "--config_file",
+            str(CONFIGS / f"{config}.yaml"),
+            "--num_processes",
+            str(nproc),
+            "--main_process_ip",
+            "127.0.0.1",
+            "--main_process_port",
+            str(free_port()),
+        ]
     elif nproc > 1:
-        launch = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-                  "--master_addr=127.0.0.1", f"--master_port={free_port()}"]
+        launch = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            f"--nproc_per_node={nproc}",
+            "--master_addr=127.0.0.1",
+            f"--master_port={free_port()}",
+        ]
     else:
         launch = [sys.executable]
     return [*launch, "-m", "eyas.train", str(recipe), "--out", str(run), "--no-progress", *overrides]
@@ -84,8 +118,13 @@ def train(base, name, nproc, *overrides, config=None, source="base"):
     run = root / name
     if not run.exists():
         shutil.copytree(root / source, run)
-    r = subprocess.run(command(recipe, run, nproc, *overrides, config=config), env={**ENV, **CPU_ENV.get(config, {})},
-                       capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        command(recipe, run, nproc, *overrides, config=config),
+        env={**ENV, **CPU_ENV.get(config, {})},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     return run
 
@@ -118,15 +157,21 @@ def test_ddp_equals_one_process_with_the_same_global_batch(base, two_procs, one_
     d2, d1 = layout.read_done(two_procs, "train"), layout.read_done(one, "train")
     assert d2["num_processes"] == 2 and d1["num_processes"] == 1
     assert d2["global_batch_rows"] == d1["global_batch_rows"] == 2
-    n_seq = sum(s["num_sequences"] for s in json.loads((one / "capture" / "index.json").read_text())["shards"])
+    n_seq = sum(
+        s["num_sequences"] for s in json.loads((one / "capture" / "index.json").read_text())["shards"]
+    )
     n_train = n_seq - d1["val_sequences"]
     assert d2["steps"] == d1["steps"] == 2 * ((n_train + 1) // 2)  # 2 epochs of ceil(n / global batch) steps
-    assert d2["tokens_seen"] == d1["tokens_seen"] > 0  # every training sequence, once per epoch, over all ranks
+    assert (
+        d2["tokens_seen"] == d1["tokens_seen"] > 0
+    )  # every training sequence, once per epoch, over all ranks
     log2 = [json.loads(x) for x in (two_procs / "train" / "log.jsonl").read_text().splitlines()]
     log1 = [json.loads(x) for x in (one / "train" / "log.jsonl").read_text().splitlines()]
     steps2 = [e["step"] for e in log2 if "loss" in e]
     assert steps2 == list(range(1, d2["steps"] + 1))  # one line per step: only the main process writes
-    assert [e["lr"] for e in log2 if "lr" in e] == pytest.approx([e["lr"] for e in log1 if "lr" in e], rel=1e-12)
+    assert [e["lr"] for e in log2 if "lr" in e] == pytest.approx(
+        [e["lr"] for e in log1 if "lr" in e], rel=1e-12
+    )
     train_losses = [e["loss"] for e in log1 if "loss" in e]
     assert sum(train_losses[-5:]) / 5 < sum(train_losses[:5]) / 5 - 0.1  # it trained
     assert_close_weights(weights(two_procs), weights(one))
@@ -187,8 +232,13 @@ def test_killed_two_process_run_resumes_to_the_same_weights(base, two_procs, con
     run = root / name
     shutil.copytree(root / "base", run)
     over = ("train.grad_accum=1", "train.save_every=2")
-    proc = subprocess.Popen(command(recipe, run, 2, *over, config=config), env={**ENV, **CPU_ENV.get(config, {})},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        command(recipe, run, 2, *over, config=config),
+        env={**ENV, **CPU_ENV.get(config, {})},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     step_file = run / "train" / "state" / "step.json"
     deadline = time.time() + 300
     while not step_file.is_file() and proc.poll() is None and time.time() < deadline:
@@ -201,10 +251,14 @@ def test_killed_two_process_run_resumes_to_the_same_weights(base, two_procs, con
     assert 2 <= saved < total
     train(base, name, 2, *over, config=config)  # resumes from the saved step
     log = [json.loads(x) for x in (run / "train" / "log.jsonl").read_text().splitlines()]
-    assert [e["step"] for e in log if "loss" in e] == list(range(1, total + 1))  # steps redone are logged once
+    assert [e["step"] for e in log if "loss" in e] == list(
+        range(1, total + 1)
+    )  # steps redone are logged once
     # against the uninterrupted run of the same launcher (DDP: two_procs; the others ran in the test above,
     # or run here when this test runs alone)
-    uninterrupted = two_procs if config is None else train(base, config, 2, "train.grad_accum=1", config=config)
+    uninterrupted = (
+        two_procs if config is None else train(base, config, 2, "train.grad_accum=1", config=config)
+    )
     a, b = weights(run), weights(uninterrupted)
     for k in a:
         assert torch.equal(a[k], b[k]), k
@@ -217,8 +271,9 @@ def test_sigterm_to_torchrun_saves_one_step_on_both_ranks(base, two_procs):
     run = root / "sigterm-ddp"
     shutil.copytree(root / "base", run)
     over = ("train.grad_accum=1", "train.save_every=0")
-    proc = subprocess.Popen(command(recipe, run, 2, *over), env=ENV, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        command(recipe, run, 2, *over), env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
     log = run / "train" / "log.jsonl"
     deadline = time.time() + 300
     while not (log.is_file() and len(log.read_text().splitlines()) >= 2) and time.time() < deadline:
@@ -229,7 +284,9 @@ def test_sigterm_to_torchrun_saves_one_step_on_both_ranks(base, two_procs):
     saved = json.loads((run / "train" / "state" / "step.json").read_text())["step"]
     total = layout.read_done(two_procs, "train")["steps"]
     assert 2 <= saved < total and not layout.is_done(run, "train")
-    assert f"eyas: error: interrupted by SIGTERM: the training state at step {saved}/{total} is saved in" in err
+    assert (
+        f"eyas: error: interrupted by SIGTERM: the training state at step {saved}/{total} is saved in" in err
+    )
     train(base, "sigterm-ddp", 2, *over)  # resumes from the saved step
     a, b = weights(run), weights(two_procs)
     for k in a:
@@ -248,6 +305,6 @@ def test_micro_batches_cover_every_row_once_per_epoch(rows, b, a, world):
     # optimizer step s on N ranks trains the rows one process with grad_accum N*a trains at step s
     one = epoch_micro_batches(rows, b, a * world, 1, 0, seed=3, epoch=1)
     for s in range(steps):
-        dealt = sorted(i for p in per for mb in p[s * a:(s + 1) * a] for i in mb)
-        assert dealt == sorted(i for mb in one[s * a * world:(s + 1) * a * world] for i in mb)
+        dealt = sorted(i for p in per for mb in p[s * a : (s + 1) * a] for i in mb)
+        assert dealt == sorted(i for mb in one[s * a * world : (s + 1) * a * world] for i in mb)
     assert epoch_micro_batches(rows, b, a, world, 0, seed=3, epoch=2) != per[0] or rows <= b

@@ -5,13 +5,13 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file
+from test_export_support import YARN, make_draft, tiny_target
 
 from eyas.cli import main
 from eyas.serve.interchange import export as export_mod
 from eyas.serve.interchange.export import ExportError, export, fixed_batch_outputs, main_export
 from eyas.serve.interchange.importer import import_draft
 from eyas.train.checkpoint import load_draft, save_draft
-from test_export_support import YARN, make_draft, tiny_target
 
 
 @pytest.fixture(scope="module")
@@ -89,13 +89,27 @@ def test_engine_refusals_name_the_engine_and_reason(tmp_path, target):
         export(ckpt, "speculators", tmp_path / "out2", engines=["sglang"])
 
 
-@pytest.mark.parametrize("options,refused,needs", [
-    ({"norm_before_residual": True}, ["SGLang: norm_before_residual", "TensorRT-LLM: norm_before_residual"], []),
-    ({"num_layers": 2}, ["TensorRT-LLM: num_layers 2"], ["needs vLLM with PR #26164", "needs SGLang with PR #24663"]),
-    ({"norm_before_fc": True}, [], ["needs vLLM with PR #36545", "needs SGLang with PR #32334"]),
-    ({"aux": (4, 6, 8)}, ["SGLang: aux layer id 8 (the last layer's output)"],
-     ["needs vLLM with PR #36063"]),
-])
+@pytest.mark.parametrize(
+    "options,refused,needs",
+    [
+        (
+            {"norm_before_residual": True},
+            ["SGLang: norm_before_residual", "TensorRT-LLM: norm_before_residual"],
+            [],
+        ),
+        (
+            {"num_layers": 2},
+            ["TensorRT-LLM: num_layers 2"],
+            ["needs vLLM with PR #26164", "needs SGLang with PR #24663"],
+        ),
+        ({"norm_before_fc": True}, [], ["needs vLLM with PR #36545", "needs SGLang with PR #32334"]),
+        (
+            {"aux": (4, 6, 8)},
+            ["SGLang: aux layer id 8 (the last layer's output)"],
+            ["needs vLLM with PR #36063"],
+        ),
+    ],
+)
 def test_option_refusals_and_versions(tmp_path, target, options, refused, needs):
     """Each option: the engines that cannot run it refuse it by name; the others note the version needed
     (the tiny target is a Llama: SGLang captures the last layer's output only for gpt-oss)."""
@@ -105,8 +119,13 @@ def test_option_refusals_and_versions(tmp_path, target, options, refused, needs)
             export(ckpt, "eagle3", tmp_path / "all")
         for r in refused:
             assert r in str(err.value)
-    fine = [e for e in ("vllm", "sglang", "trtllm") if not any(r.startswith(
-        {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM"}[e]) for r in refused)]
+    fine = [
+        e
+        for e in ("vllm", "sglang", "trtllm")
+        if not any(
+            r.startswith({"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM"}[e]) for r in refused
+        )
+    ]
     result = export(ckpt, "eagle3", tmp_path / "out", engines=fine, dtype="float32")
     for n in needs:
         assert any(n in note for note in result.notes), (n, result.notes)
@@ -116,8 +135,14 @@ def test_option_refusals_and_versions(tmp_path, target, options, refused, needs)
     assert "embed_tokens.weight" in load_file(str(spec.path / "model.safetensors"))  # carried by default
 
 
-@pytest.mark.parametrize("aux,message", [((4, 2, 6), "not strictly increasing"), ((0, 2, 6), "id 0"),
-                                         ((2, 4, 9), "out of range for a target with 8 layers")])
+@pytest.mark.parametrize(
+    "aux,message",
+    [
+        ((4, 2, 6), "not strictly increasing"),
+        ((0, 2, 6), "id 0"),
+        ((2, 4, 9), "out of range for a target with 8 layers"),
+    ],
+)
 def test_aux_layer_ids_checked(tmp_path, target, aux, message):
     ckpt = saved(tmp_path, make_draft(5, target, aux=aux))
     with pytest.raises(ExportError, match=message):
@@ -125,8 +150,9 @@ def test_aux_layer_ids_checked(tmp_path, target, aux, message):
 
 
 def test_dynamic_rope_refused(tmp_path, target):
-    ckpt = saved(tmp_path, make_draft(6, target, rope={"rope_type": "dynamic", "rope_theta": 10000.0,
-                                                        "factor": 2.0}))
+    ckpt = saved(
+        tmp_path, make_draft(6, target, rope={"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0})
+    )
     with pytest.raises(ExportError, match="rope_type 'dynamic'"):
         export(ckpt, "eagle3", tmp_path / "out")
 
@@ -145,10 +171,16 @@ def test_speculators_config_and_names(tmp_path, target):
     config = json.loads((tmp_path / "out" / "config.json").read_text())
     assert config["speculators_model_type"] == "eagle3" and config["norm_before_residual"] is False
     method = config["speculators_config"]["proposal_methods"][0]
-    assert method == {"proposal_type": "greedy", "speculative_tokens": 4, "verifier_accept_k": 1,
-                      "accept_tolerance": 0.0}
-    assert config["speculators_config"]["verifier"] == {"name_or_path": str(target),
-                                                        "architectures": ["LlamaForCausalLM"]}
+    assert method == {
+        "proposal_type": "greedy",
+        "speculative_tokens": 4,
+        "verifier_accept_k": 1,
+        "accept_tolerance": 0.0,
+    }
+    assert config["speculators_config"]["verifier"] == {
+        "name_or_path": str(target),
+        "architectures": ["LlamaForCausalLM"],
+    }
     names = set(load_file(str(tmp_path / "out" / "model.safetensors")))
     assert "layers.0.self_attn.q_proj.weight" in names and not any(n.startswith("midlayer.") for n in names)
 
@@ -157,7 +189,9 @@ def test_cli(tmp_path, target, capsys):
     ckpt = saved(tmp_path, make_draft(9, target))
     assert main_export([str(ckpt), "--format", "eagle3", "--out", str(tmp_path / "out")]) == 0
     assert capsys.readouterr().out.strip() == str(tmp_path / "out")
-    assert main(["export", str(tmp_path / "nowhere"), "--format", "eagle3", "--out", str(tmp_path / "x")]) == 2
+    assert (
+        main(["export", str(tmp_path / "nowhere"), "--format", "eagle3", "--out", str(tmp_path / "x")]) == 2
+    )
     assert "neither an eyas checkpoint" in capsys.readouterr().err
     # an existing directory with foreign files is never replaced
     (tmp_path / "busy").mkdir()

@@ -15,8 +15,15 @@ from eyas.train.model import DraftConfig
 BF16, I64, BOOL = torch.bfloat16, torch.int64, torch.bool
 H, V, VD = 2880, 201088, 32000
 
-GPT_OSS_ROPE = {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
-                "truncate": False, "original_max_position_embeddings": 4096}
+GPT_OSS_ROPE = {
+    "rope_type": "yarn",
+    "rope_theta": 150000.0,
+    "factor": 32.0,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "truncate": False,
+    "original_max_position_embeddings": 4096,
+}
 
 EXPECTED_EAGLE3 = {
     "fc.weight": ((H, 3 * H), BF16),
@@ -54,17 +61,32 @@ EXPECTED_VLLM_PARAMS = {
 
 @pytest.fixture
 def cfg():
-    return DraftConfig(hidden_size=H, num_attention_heads=64, num_key_value_heads=8, head_dim=64,
-                       intermediate_size=17280, vocab_size=V, draft_vocab_size=VD, aux_layer_ids=[2, 18, 33],
-                       target_hidden_size=H, max_position_embeddings=131072, rope_parameters=GPT_OSS_ROPE,
-                       target_model="openai/gpt-oss-120b")
+    return DraftConfig(
+        hidden_size=H,
+        num_attention_heads=64,
+        num_key_value_heads=8,
+        head_dim=64,
+        intermediate_size=17280,
+        vocab_size=V,
+        draft_vocab_size=VD,
+        aux_layer_ids=[2, 18, 33],
+        target_hidden_size=H,
+        max_position_embeddings=131072,
+        rope_parameters=GPT_OSS_ROPE,
+        target_model="openai/gpt-oss-120b",
+    )
 
 
 def vllm_load_names(keys: dict) -> dict:
     """Published name -> (vLLM parameter, shard), as Eagle3LlamaForCausalLM.load_weights and
     LlamaModel.load_weights rename them; t2d is skipped there."""
-    stacked = [(".q_proj", ".qkv_proj", "q"), (".k_proj", ".qkv_proj", "k"), (".v_proj", ".qkv_proj", "v"),
-               (".gate_proj", ".gate_up_proj", 0), (".up_proj", ".gate_up_proj", 1)]
+    stacked = [
+        (".q_proj", ".qkv_proj", "q"),
+        (".k_proj", ".qkv_proj", "k"),
+        (".v_proj", ".qkv_proj", "v"),
+        (".gate_proj", ".gate_up_proj", 0),
+        (".up_proj", ".gate_up_proj", 1),
+    ]
     out = {}
     for name in keys:
         if "t2d" in name:
@@ -113,15 +135,23 @@ def test_eagle3_config_fields_vllm_reads(cfg):
     c = eagle3_config(cfg, torch.bfloat16)
     assert c["architectures"] == ["LlamaForCausalLMEagle3"] and c["model_type"] == "llama"
     assert c["num_hidden_layers"] == 1 and c["hidden_act"] == "silu"
-    assert (c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]) == (H, 64, 8, 64)
+    assert (c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]) == (
+        H,
+        64,
+        8,
+        64,
+    )
     assert c["intermediate_size"] == 17280
     assert (c["vocab_size"], c["draft_vocab_size"]) == (V, VD)
     # LlamaModel: fc_input_size = target_hidden_size * 3
     assert c["target_hidden_size"] * 3 == EXPECTED_EAGLE3["fc.weight"][0][1]
     assert c["eagle_aux_hidden_state_layer_ids"] == [2, 18, 33]  # gpu_model_runner, input of layer k
     # SGLang: a list starting at 1 is output-of-layer numbering (+1), on every release
-    assert c["eagle_config"] == {"eagle_aux_hidden_state_layer_ids": [1, 17, 32], "use_aux_hidden_state": True,
-                                 "norm_before_fc": False}
+    assert c["eagle_config"] == {
+        "eagle_aux_hidden_state_layer_ids": [1, 17, 32],
+        "use_aux_hidden_state": True,
+        "norm_before_fc": False,
+    }
     assert c["norm_before_fc"] is False and c["num_aux_hidden_states"] == 3
     assert c["norm_before_residual"] is False and c["attention_bias"] is False and c["mlp_bias"] is False
     assert c["tie_word_embeddings"] is False and c["torch_dtype"] == "bfloat16"

@@ -17,15 +17,14 @@ import huggingface_hub
 import pytest
 import torch
 import yaml
+from data_fixtures import make_tiny_target, tiny_recipe, write_prompts
 from safetensors.torch import load_file
+from test_export_support import fabricate_run, make_draft, tiny_target
 
 from eyas import io, layout
 from eyas.cli import main
 from eyas.pipeline import run_all
 from eyas.recipes.load import load_recipe
-
-from data_fixtures import make_tiny_target, tiny_recipe, write_prompts
-from test_export_support import fabricate_run, make_draft, tiny_target
 
 TROUBLESHOOTING = Path(__file__).resolve().parents[1] / "docs" / "troubleshooting.md"
 
@@ -36,12 +35,18 @@ def base(tmp_path_factory):
     root = tmp_path_factory.mktemp("fail")
     target = make_tiny_target(root / "target", num_layers=4)
     prompts = write_prompts(root / "prompts.jsonl", 48)
-    raw = tiny_recipe(target, prompts, capture={"batch_size": 1, "shard_tokens": 32},
-                      train={"max_steps": 150, "save_every": 0})
+    raw = tiny_recipe(
+        target,
+        prompts,
+        capture={"batch_size": 1, "shard_tokens": 32},
+        train={"max_steps": 150, "save_every": 0},
+    )
     recipe_file = root / "recipe.yaml"
     recipe_file.write_text(yaml.safe_dump(raw))
     run = root / "base"
-    run_all(load_recipe(recipe_file), run, stages=("prompts", "regenerate", "capture", "vocab"), progress=False)
+    run_all(
+        load_recipe(recipe_file), run, stages=("prompts", "regenerate", "capture", "vocab"), progress=False
+    )
     return root, recipe_file, run
 
 
@@ -82,11 +87,12 @@ def troubleshooting_rows() -> list[tuple[str, int]]:
         if cells[0] == "Failure" or set(line.strip()) <= set("|- "):
             continue
         quote = "``" if cells[1].startswith("``") else "`"  # a message holding backticks is in a `` span ``
-        rows.append((cells[1][len(quote):-len(quote)].strip(), int(cells[2])))
+        rows.append((cells[1][len(quote) : -len(quote)].strip(), int(cells[2])))
     return rows
 
 
 # ---------------------------------------------------------------- the table's failures, one scenario each
+
 
 def unknown_key(base, tmp_path, capsys, monkeypatch):
     root, recipe, _ = base
@@ -95,7 +101,9 @@ def unknown_key(base, tmp_path, capsys, monkeypatch):
 
 def model_missing(base, tmp_path, capsys, monkeypatch):
     root, recipe, _ = base
-    status = main(["regenerate", str(recipe), "--out", str(tmp_path / "r"), "target.model=/nonexistent/model"])
+    status = main(
+        ["regenerate", str(recipe), "--out", str(tmp_path / "r"), "target.model=/nonexistent/model"]
+    )
     return status, error_line(capsys)
 
 
@@ -104,8 +112,22 @@ def model_offline(base, tmp_path, capsys, monkeypatch):
     a fresh process)."""
     root, recipe, _ = base
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
-    p = subprocess.run([sys.executable, "-m", "eyas.cli", "regenerate", str(recipe), "--out", str(tmp_path / "r"),
-                        "target.model=openai/gpt-oss-120b"], env=env, capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "eyas.cli",
+            "regenerate",
+            str(recipe),
+            "--out",
+            str(tmp_path / "r"),
+            "target.model=openai/gpt-oss-120b",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     line = [x for x in p.stderr.splitlines() if x.strip()][-1]
     return p.returncode, line.replace(str(tmp_path / "hf" / "hub"), "HF_HUB_CACHE")
 
@@ -159,7 +181,9 @@ def engine_refusal(base, tmp_path, capsys, monkeypatch):
     from eyas.train.checkpoint import save_draft
 
     ckpt = save_draft(make_draft(0, tiny_target(tmp_path), norm_before_residual=True), tmp_path / "CKPT")
-    status = main(["export", str(ckpt), "--format", "eagle3", "--engines", "sglang", "--out", str(tmp_path / "x")])
+    status = main(
+        ["export", str(ckpt), "--format", "eagle3", "--engines", "sglang", "--out", str(tmp_path / "x")]
+    )
     return status, error_line(capsys)
 
 
@@ -169,8 +193,20 @@ def not_a_checkpoint(base, tmp_path, capsys, monkeypatch):
     return status, error_line(capsys)
 
 
-SCENARIOS = [unknown_key, model_missing, model_offline, prompts_missing, stage_order, recipe_changed,
-             shard_truncated, verify_finds, disk_full, no_token, engine_refusal, not_a_checkpoint]
+SCENARIOS = [
+    unknown_key,
+    model_missing,
+    model_offline,
+    prompts_missing,
+    stage_order,
+    recipe_changed,
+    shard_truncated,
+    verify_finds,
+    disk_full,
+    no_token,
+    engine_refusal,
+    not_a_checkpoint,
+]
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda f: f.__name__)
@@ -179,7 +215,9 @@ def test_troubleshooting_row(scenario, base, tmp_path, capsys, monkeypatch):
     status, line = scenario(base, tmp_path, capsys, monkeypatch)
     root, _, _ = base
     line = normalised(line, RUN=tmp_path / "RUN", CKPT=tmp_path / "CKPT", TMP=tmp_path, ROOT=root)
-    assert (line, status) in troubleshooting_rows(), f"not in docs/troubleshooting.md's table: {status} {line}"
+    assert (line, status) in troubleshooting_rows(), (
+        f"not in docs/troubleshooting.md's table: {status} {line}"
+    )
 
 
 def test_every_table_row_has_a_scenario():
@@ -188,18 +226,24 @@ def test_every_table_row_has_a_scenario():
 
 # ---------------------------------------------------------------- integrity
 
+
 def test_every_stage_lists_its_files_and_verify_passes(base, capsys):
     root, _, run = base
     for stage in ("prompts", "regenerate", "capture", "vocab"):
         files = json.loads(layout.marker(run, stage).read_text())["files"]
-        on_disk = sorted(p.relative_to(run).as_posix() for p in (run / stage).rglob("*")
-                         if p.is_file() and p.name != "DONE.json" and not p.name.startswith("."))
+        on_disk = sorted(
+            p.relative_to(run).as_posix()
+            for p in (run / stage).rglob("*")
+            if p.is_file() and p.name != "DONE.json" and not p.name.startswith(".")
+        )
         assert sorted(files) == on_disk and on_disk, stage
         for rel, rec in files.items():
             assert rec["size"] == (run / rel).stat().st_size and len(rec["xxh3_64"]) == 16
     files = json.loads(layout.marker(run, "capture").read_text())["files"]
     index = io.read_json(run / "capture" / "index.json")
-    assert all(files[f"capture/{s['file']}"]["xxh3_64"] == s["xxh3_64"] for s in index["shards"])  # from the write
+    assert all(
+        files[f"capture/{s['file']}"]["xxh3_64"] == s["xxh3_64"] for s in index["shards"]
+    )  # from the write
     assert main(["verify", str(run), "--no-progress"]) == 0
     assert capsys.readouterr().out.strip().endswith("files checked, all intact")
 
@@ -211,8 +255,10 @@ def test_verify_names_the_file_and_the_stage(base, tmp_path, capsys, monkeypatch
     # the listing went to stdout before the error line: the file, what is wrong, and how to redo it
     assert main(["verify", str(run), "--no-progress"]) == 1
     out = capsys.readouterr().out.strip().splitlines()
-    assert out == [f"{run}/capture/shard-00001.safetensors: checksum differs: its bytes changed since they were "
-                   f"written: redo the capture stage: remove {run}/capture and run `eyas capture {run}`"]
+    assert out == [
+        f"{run}/capture/shard-00001.safetensors: checksum differs: its bytes changed since they were "
+        f"written: redo the capture stage: remove {run}/capture and run `eyas capture {run}`"
+    ]
 
 
 def test_training_names_a_truncated_shard(base, tmp_path, capsys, monkeypatch):
@@ -222,6 +268,7 @@ def test_training_names_a_truncated_shard(base, tmp_path, capsys, monkeypatch):
 
 
 # ---------------------------------------------------------------- a full disk
+
 
 def full_disk_at(monkeypatch, n: int):
     """The n-th shard write runs out of space half way through the file, and safetensors says so as it does
@@ -237,8 +284,10 @@ def full_disk_at(monkeypatch, n: int):
         if calls["n"] == n:
             real(tensors, path, *a, **k)
             Path(path).write_bytes(Path(path).read_bytes()[: os.path.getsize(path) // 2])
-            raise SafetensorError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: '
-                                  '"No space left on device" })')
+            raise SafetensorError(
+                "Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "
+                '"No space left on device" })'
+            )
         return real(tensors, path, *a, **k)
 
     monkeypatch.setattr(shards, "save_file", save_file)
@@ -249,11 +298,17 @@ def test_full_disk_leaves_no_partial_file_and_resumes(base, tmp_path, capsys, mo
     run = tmp_path / "RUN"
     assert status == 1 and "shard-00002.safetensors" in line
     names = sorted(p.name for p in (run / "capture").iterdir())
-    assert names == ["index.json", "shard-00000.safetensors", "shard-00001.safetensors"]  # no partial, no temporary
+    assert names == [
+        "index.json",
+        "shard-00000.safetensors",
+        "shard-00001.safetensors",
+    ]  # no partial, no temporary
     monkeypatch.undo()  # space freed
     assert main(["capture", str(run), "--no-progress"]) == 0
     ref = base[2] / "capture"
-    assert io.read_json(run / "capture" / "index.json")["shards"] == io.read_json(ref / "index.json")["shards"]
+    assert (
+        io.read_json(run / "capture" / "index.json")["shards"] == io.read_json(ref / "index.json")["shards"]
+    )
     assert main(["verify", str(run), "--no-progress"]) == 0
 
 
@@ -265,8 +320,10 @@ def test_disk_full_is_recognised_however_the_writer_says_it(tmp_path, monkeypatc
     wrapped.__cause__ = cause
     assert io.disk_full(wrapped, tmp_path, target).errno == errno.EDQUOT
     assert io.disk_full(OSError(errno.ENOSPC, "x"), tmp_path, target).filename == str(target)
-    torch_says = RuntimeError("[enforce fail at inline_container.cc:672] . PytorchStreamWriter failed writing "
-                              "file data/0: file write failed")
+    torch_says = RuntimeError(
+        "[enforce fail at inline_container.cc:672] . PytorchStreamWriter failed writing "
+        "file data/0: file write failed"
+    )
     assert io.disk_full(torch_says, tmp_path) is None  # space left: another failure, kept as it is
     assert io.disk_full(ValueError("bad value"), tmp_path) is None
     monkeypatch.setattr(os, "statvfs", lambda d: os.statvfs_result((4096, 4096, 10, 0, 0, 10, 0, 0, 0, 255)))
@@ -285,8 +342,13 @@ INTERRUPT_ROWS = ("interrupted training", "interrupted capture")
 
 def start(args: list[str]) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, "-m", "eyas.cli", *args, "--no-progress"], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "eyas.cli", *args, "--no-progress"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def signal_when(proc: subprocess.Popen, ready, signum: int, timeout: float = 240) -> tuple[int, str]:
@@ -307,17 +369,22 @@ def log_lines(run: Path) -> int:
 
 
 def test_sigterm_mid_training_resumes_to_the_same_weights(base, tmp_path):
-    """SIGTERM at some step: the state of that step is saved, exit 143; the re-run finishes with the weights of
+    """SIGTERM at some step: the state of that step is saved, exit 143; the re-run finishes with the
+    weights of
     a run never interrupted (both in processes with one thread, so the arithmetic is the same)."""
     reference, stopped = copy_run(base, tmp_path / "ref"), copy_run(base, tmp_path / "RUN")
     ref = start(["train", str(reference)])
     assert ref.wait(timeout=600) == 0, ref.communicate()
-    status, line = signal_when(start(["train", str(stopped)]), lambda: log_lines(stopped) >= 3, signal.SIGTERM)
+    status, line = signal_when(
+        start(["train", str(stopped)]), lambda: log_lines(stopped) >= 3, signal.SIGTERM
+    )
     step = json.loads((stopped / "train" / "state" / "step.json").read_text())["step"]
     assert status == 143 and 3 <= step < 150 and not layout.is_done(stopped, "train")
     assert log_lines(stopped) == step  # a line per kept step
-    assert line == (f"eyas: error: interrupted by SIGTERM: the training state at step {step}/150 is saved in "
-                    f"{stopped}/train/state; re-run the same command to continue")
+    assert line == (
+        f"eyas: error: interrupted by SIGTERM: the training state at step {step}/150 is saved in "
+        f"{stopped}/train/state; re-run the same command to continue"
+    )
     assert (normalised(line, RUN=stopped), 143) in troubleshooting_rows()
     resumed = start(["train", str(stopped)])
     out, err = resumed.communicate(timeout=600)
@@ -332,7 +399,9 @@ def test_sigint_mid_capture_keeps_the_complete_shards(base, tmp_path, capsys):
     shards = lambda: sorted((run / "capture").glob("shard-*.safetensors"))  # noqa: E731
     status, line = signal_when(start(["capture", str(run)]), lambda: len(shards()) >= 1, signal.SIGINT)
     assert status == 130 and (normalised(line, RUN=run), 130) in troubleshooting_rows()
-    assert not list((run / "capture").glob(".*")) and not layout.is_done(run, "capture")  # nothing half-written
+    assert not list((run / "capture").glob(".*")) and not layout.is_done(
+        run, "capture"
+    )  # nothing half-written
     listed = [s["file"] for s in io.read_json(run / "capture" / "index.json")["shards"]]
     assert listed and [p.name for p in shards()][: len(listed)] == listed
     assert main(["capture", str(run), "--no-progress"]) == 0

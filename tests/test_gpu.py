@@ -4,6 +4,8 @@ there within bf16 tolerance."""
 
 import pytest
 import torch
+from test_train_serve_consistency import make_draft
+from tiny_targets import draft_for, tiny_gpt_oss
 
 from eyas.serve.decoding.engine import Engine, Request
 from eyas.serve.decoding.reference import greedy_generate
@@ -12,11 +14,10 @@ from eyas.serve.decoding.tree import TreeShape
 from eyas.train.model import KVCache
 from eyas.train.ttt import ttt_forward
 
-from test_train_serve_consistency import make_draft
-from tiny_targets import draft_for, tiny_gpt_oss
-
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -56,13 +57,23 @@ def test_ttt_matches_chain_on_cuda():
     ids = torch.randint(0, 97, (1, 12), device="cuda")
     aux = torch.randn(1, 12, 96, device="cuda")
     with torch.no_grad():
-        out = ttt_forward(d, aux, ids, torch.ones(1, 12, device="cuda"),
-                          torch.zeros(1, 12, dtype=torch.long, device="cuda"), None, ttt_steps=4, attention="dense")
+        out = ttt_forward(
+            d,
+            aux,
+            ids,
+            torch.ones(1, 12, device="cuda"),
+            torch.zeros(1, 12, dtype=torch.long, device="cuda"),
+            None,
+            ttt_steps=4,
+            attention="dense",
+        )
         cache = KVCache()
         h, logits = d.step(ids[:, 1:6], d.fuse(aux)[:, :5], torch.arange(5, device="cuda")[None], cache)
         hidden = h[:, -1:]
         for j in range(1, 4):
-            hidden, logits = d.step(ids[:, 5 + j:6 + j], hidden, torch.tensor([[4 + j]], device="cuda"), cache)
+            hidden, logits = d.step(
+                ids[:, 5 + j : 6 + j], hidden, torch.tensor([[4 + j]], device="cuda"), cache
+            )
             assert (logits[0, 0] - out.logits[j][0, 4]).abs().max().item() <= 1e-4
 
 
@@ -70,9 +81,9 @@ def test_ttt_matches_chain_on_cuda():
 def test_flex_and_chunked_attention_equal_dense_on_cuda(T):
     """FlexAttention (block mask, GQA, packing, T not a multiple of its 128 tile) and the chunked path
     against the dense reference: output and gradients, fp32, within 1e-4 relative."""
-    from eyas.train import attention as A
-
     from test_ttt_attention import packed_docs
+
+    from eyas.train import attention as A
 
     g = torch.Generator().manual_seed(T)
     B, nh, nkv, d = 2, 8, 2, 64
@@ -111,8 +122,11 @@ def test_flex_ttt_same_loss_and_grads_on_cuda():
         d.zero_grad()
         out = ttt_forward(d, aux, ids, mask, doc, target, ttt_steps=4, attention=impl, checkpoint_layer=ckpt)
         out.loss.backward()
-        runs[impl + ("+ckpt" if ckpt else "")] = (out.loss.item(), out.step_count, {n: p.grad.clone() for n, p in d.named_parameters()
-                                                         if p.grad is not None})
+        runs[impl + ("+ckpt" if ckpt else "")] = (
+            out.loss.item(),
+            out.step_count,
+            {n: p.grad.clone() for n, p in d.named_parameters() if p.grad is not None},
+        )
     for other in ("flex", "flex+ckpt"):
         assert abs(runs["dense"][0] - runs[other][0]) <= 1e-4 * abs(runs["dense"][0])
         assert runs["dense"][1] == runs[other][1]
@@ -132,9 +146,16 @@ def test_serving_loop_on_a_target_split_between_cpu_and_cuda(tmp_path, embed, lm
     from eyas.data.target import input_device
 
     tiny_gpt_oss(seed=0, layers=4, hidden=64, window=8).save_pretrained(tmp_path / "target")
-    device_map = {"model.embed_tokens": embed, "model.rotary_emb": embed, "model.norm": lm_head, "lm_head": lm_head}
+    device_map = {
+        "model.embed_tokens": embed,
+        "model.rotary_emb": embed,
+        "model.norm": lm_head,
+        "lm_head": lm_head,
+    }
     device_map.update({f"model.layers.{i}": "cuda:0" if i % 2 else "cpu" for i in range(4)})
-    split = AutoModelForCausalLM.from_pretrained(tmp_path / "target", dtype=torch.float32, device_map=device_map).eval()
+    split = AutoModelForCausalLM.from_pretrained(
+        tmp_path / "target", dtype=torch.float32, device_map=device_map
+    ).eval()
     assert input_device(split) == torch.device(embed)
     assert {p.device.type for p in split.parameters()} == {"cpu", "cuda"}
     draft = draft_for(split, 0).to(input_device(split))

@@ -12,8 +12,14 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGE_DIRS = {"eyas": "eyas", "data": "eyas.data", "train": "eyas.train", "eval": "eyas.eval",
-                "serve": "eyas.serve", "recipes": "eyas.recipes"}
+PACKAGE_DIRS = {
+    "eyas": "eyas",
+    "data": "eyas.data",
+    "train": "eyas.train",
+    "eval": "eyas.eval",
+    "serve": "eyas.serve",
+    "recipes": "eyas.recipes",
+}
 
 
 def eyas_modules(root: Path = ROOT, package_dirs: dict[str, str] = PACKAGE_DIRS) -> dict[str, Path]:
@@ -99,7 +105,9 @@ def test_the_walk_sees_lazy_relative_and_remapped_imports(tmp_path):
     (tmp_path / "stage").mkdir()
     (tmp_path / "pkg" / "__init__.py").write_text("")
     (tmp_path / "stage" / "__init__.py").write_text("")
-    (tmp_path / "pkg" / "table.py").write_text("def run():\n    from pkg.stage.work import go\n    return go\n")
+    (tmp_path / "pkg" / "table.py").write_text(
+        "def run():\n    from pkg.stage.work import go\n    return go\n"
+    )
     (tmp_path / "stage" / "work.py").write_text("from . import helper\n\ndef go():\n    pass\n")
     (tmp_path / "stage" / "helper.py").write_text("import pkg.table as t\n")
     graph = import_graph(tmp_path, {"pkg": "pkg", "stage": "pkg.stage"})

@@ -14,13 +14,23 @@ import math
 import pytest
 import torch
 from safetensors.torch import save_file
+from test_export_support import (
+    DRAFT_VOCAB,
+    HEAD_DIM,
+    HEADS,
+    HIDDEN,
+    KV_HEADS,
+    TARGET_LAYERS,
+    VOCAB,
+    random_vocab_map,
+    target_embed,
+    tiny_target,
+)
 
 from eyas.cli import main
 from eyas.serve.interchange.importer import DraftFormatError, import_draft, load_published, main_import
 from eyas.train.checkpoint import load_draft
 from eyas.train.model import KVCache
-from test_export_support import (DRAFT_VOCAB, HEAD_DIM, HEADS, HIDDEN, KV_HEADS, TARGET_LAYERS, VOCAB,
-                                  random_vocab_map, target_embed, tiny_target)
 
 INTER = 48
 EPS = 1e-5
@@ -66,17 +76,28 @@ def layer_weights(seed, draft_vocab=DRAFT_VOCAB, n_aux=3, num_layers=1, norm_bef
 
 
 def llama_fields(theta=None, eps=EPS):
-    fields = {"model_type": "llama", "hidden_size": HIDDEN, "intermediate_size": INTER,
-              "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS, "num_hidden_layers": 1,
-              "hidden_act": "silu", "rms_norm_eps": eps, "vocab_size": VOCAB, "max_position_embeddings": 2048,
-              "tie_word_embeddings": False}
+    fields = {
+        "model_type": "llama",
+        "hidden_size": HIDDEN,
+        "intermediate_size": INTER,
+        "num_attention_heads": HEADS,
+        "num_key_value_heads": KV_HEADS,
+        "num_hidden_layers": 1,
+        "hidden_act": "silu",
+        "rms_norm_eps": eps,
+        "vocab_size": VOCAB,
+        "max_position_embeddings": 2048,
+        "tie_word_embeddings": False,
+    }
     if theta is not None:
         fields["rope_theta"] = theta
     return fields
 
 
 def renamed(weights, prefix):
-    return {(prefix + k[len("midlayer."):] if k.startswith("midlayer.") else k): v for k, v in weights.items()}
+    return {
+        (prefix + k[len("midlayer.") :] if k.startswith("midlayer.") else k): v for k, v in weights.items()
+    }
 
 
 def write(path, config, tensors, bin_file=False):
@@ -108,7 +129,7 @@ def reference_layer(w, p, x_in, residual, pos, theta):
     cos, sin = torch.cat([ang.cos()] * 2, -1)[None, :, None], torch.cat([ang.sin()] * 2, -1)[None, :, None]
 
     def rope(t):
-        t1, t2 = t[..., :HEAD_DIM // 2], t[..., HEAD_DIM // 2:]
+        t1, t2 = t[..., : HEAD_DIM // 2], t[..., HEAD_DIM // 2 :]
         return t * cos + torch.cat([-t2, t1], -1) * sin
 
     q, k = rope(q), rope(k)
@@ -136,7 +157,8 @@ def reference_forward(w, embed, ids, hidden_in, theta, norm_before_residual=Fals
 
 
 def reference_fuse(w, aux, norm_before_fc=False):
-    """aux (B, T, n*H) -> g (B, T, H): [input_norm, one norm over all n * H (vLLM combine_hidden_states)], fc."""
+    """aux (B, T, n*H) -> g (B, T, H): [input_norm, one norm over all n * H (vLLM combine_hidden_states)],
+    fc."""
     aux = aux.double()
     if norm_before_fc:
         aux = rms(aux, w["input_norm.weight"])
@@ -170,8 +192,12 @@ def test_eagle3_release_bin_without_aux_ids_or_embedding(tmp_path, target):
     (engines' default [2, N//2, N-3]), embedding from the target."""
     weights = layer_weights(0)
     d2t, t2d = random_vocab_map(0)
-    config = {"architectures": ["LlamaForCausalLMEagle3"], **llama_fields(), "draft_vocab_size": DRAFT_VOCAB,
-              "torch_dtype": "float16"}
+    config = {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        **llama_fields(),
+        "draft_vocab_size": DRAFT_VOCAB,
+        "torch_dtype": "float16",
+    }
     src = write(tmp_path / "release", config, {**weights, "d2t": d2t, "t2d": t2d}, bin_file=True)
     draft, layout, notes = load_published(src, target=str(target))
     assert layout == "eagle3"
@@ -187,10 +213,16 @@ def test_specforge_eagle_config_ids_and_own_embedding(tmp_path, target):
     weights = layer_weights(1)
     d2t, t2d = random_vocab_map(1)
     embed = target_embed(target)
-    config = {"architectures": ["LlamaForCausalLMEagle3"], **llama_fields(theta=500000.0),
-              "draft_vocab_size": DRAFT_VOCAB, "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 3, 5]}}
+    config = {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        **llama_fields(theta=500000.0),
+        "draft_vocab_size": DRAFT_VOCAB,
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 3, 5]},
+    }
     tensors = {"model." + k if k.startswith("midlayer.") else k: v for k, v in weights.items()}
-    src = write(tmp_path / "specforge", config, {**tensors, "d2t": d2t, "t2d": t2d, "embed_tokens.weight": embed})
+    src = write(
+        tmp_path / "specforge", config, {**tensors, "d2t": d2t, "t2d": t2d, "embed_tokens.weight": embed}
+    )
     draft, layout, _ = load_published(src)
     assert layout == "eagle3" and draft.config.aux_layer_ids == [2, 4, 6]
     assert draft.config.rope_parameters["rope_theta"] == 500000.0
@@ -201,13 +233,26 @@ def test_modelopt_export(tmp_path, target):
     """ModelOpt: `layers.0.*`, eagle_config template, d2t without t2d, no embedding."""
     weights = layer_weights(2)
     d2t, t2d = random_vocab_map(2)
-    eagle_config = {"eagle_aux_hidden_state_layer_ids": [1, 4, 6], "use_aux_hidden_state": True,
-                    "use_input_layernorm_in_first_layer": True, "use_last_layernorm": True,
-                    "use_mtp_layernorm": False, "next_layer_regular": True, "parallel_draft_step": 1,
-                    "parallel_draft_heads_num_layers": None}
-    config = {"architectures": ["LlamaForCausalLMEagle3"], **llama_fields(theta=10000.0), "head_dim": HEAD_DIM,
-              "draft_vocab_size": DRAFT_VOCAB, "eagle_config": eagle_config, "attention_bias": False,
-              "mlp_bias": False, "rope_scaling": None}
+    eagle_config = {
+        "eagle_aux_hidden_state_layer_ids": [1, 4, 6],
+        "use_aux_hidden_state": True,
+        "use_input_layernorm_in_first_layer": True,
+        "use_last_layernorm": True,
+        "use_mtp_layernorm": False,
+        "next_layer_regular": True,
+        "parallel_draft_step": 1,
+        "parallel_draft_heads_num_layers": None,
+    }
+    config = {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        **llama_fields(theta=10000.0),
+        "head_dim": HEAD_DIM,
+        "draft_vocab_size": DRAFT_VOCAB,
+        "eagle_config": eagle_config,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "rope_scaling": None,
+    }
     src = write(tmp_path / "modelopt", config, {**renamed(weights, "layers.0."), "d2t": d2t})
     draft, layout, _ = load_published(src, target=str(target))
     assert layout == "modelopt" and draft.config.aux_layer_ids == [2, 5, 7]
@@ -219,15 +264,31 @@ def test_speculators(tmp_path, target):
     """speculators eagle3: nested transformer_layer_config, verifier names the target (embedding)."""
     weights = layer_weights(3)
     d2t, t2d = random_vocab_map(3)
-    config = {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
-              "transformer_layer_config": llama_fields(theta=20000.0), "draft_vocab_size": DRAFT_VOCAB,
-              "norm_before_residual": False, "target_hidden_size": None,
-              "eagle_aux_hidden_state_layer_ids": [2, 4, 6],
-              "speculators_config": {"algorithm": "eagle3", "default_proposal_method": "greedy",
-                                     "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3}],
-                                     "verifier": {"name_or_path": str(target), "architectures": ["LlamaForCausalLM"]}}}
-    src = write(tmp_path / "spec", config, {**renamed(weights, "layers.0."), "d2t": d2t, "t2d": t2d,
-                                            "verifier_lm_head.weight": torch.zeros(DRAFT_VOCAB, HIDDEN)})
+    config = {
+        "architectures": ["Eagle3Speculator"],
+        "speculators_model_type": "eagle3",
+        "transformer_layer_config": llama_fields(theta=20000.0),
+        "draft_vocab_size": DRAFT_VOCAB,
+        "norm_before_residual": False,
+        "target_hidden_size": None,
+        "eagle_aux_hidden_state_layer_ids": [2, 4, 6],
+        "speculators_config": {
+            "algorithm": "eagle3",
+            "default_proposal_method": "greedy",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3}],
+            "verifier": {"name_or_path": str(target), "architectures": ["LlamaForCausalLM"]},
+        },
+    }
+    src = write(
+        tmp_path / "spec",
+        config,
+        {
+            **renamed(weights, "layers.0."),
+            "d2t": d2t,
+            "t2d": t2d,
+            "verifier_lm_head.weight": torch.zeros(DRAFT_VOCAB, HIDDEN),
+        },
+    )
     draft, layout, _ = load_published(src)
     assert layout == "speculators" and draft.config.target_model == str(target)
     check_against_reference(draft, weights, target_embed(target), 20000.0)
@@ -239,8 +300,11 @@ def test_full_vocab_identity_map_and_target_lm_head(tmp_path, target):
 
     weights = layer_weights(4, draft_vocab=VOCAB)
     del weights["lm_head.weight"]
-    config = {"architectures": ["LlamaForCausalLMEagle3"], **llama_fields(),
-              "eagle_aux_hidden_state_layer_ids": [2, 4, 6]}
+    config = {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        **llama_fields(),
+        "eagle_aux_hidden_state_layer_ids": [2, 4, 6],
+    }
     src = write(tmp_path / "full", config, renamed(weights, "layers.0."))
     out = import_draft(src, tmp_path / "imported", target=str(target))
     draft = load_draft(out)
@@ -258,11 +322,23 @@ def test_nvidia_v3_shaped(tmp_path, target):
     ids = [TARGET_LAYERS - 4, TARGET_LAYERS - 2, TARGET_LAYERS]
     weights = layer_weights(11, norm_before_fc=True)
     d2t, t2d = random_vocab_map(11)
-    eagle_config = {"eagle_aux_hidden_state_layer_ids": ids, "norm_before_fc": True, "use_aux_hidden_state": True,
-                    "use_input_layernorm_in_first_layer": True, "use_last_layernorm": True,
-                    "use_mtp_layernorm": False, "next_layer_regular": True, "parallel_draft_step": 1}
-    config = {"architectures": ["LlamaForCausalLMEagle3"], **llama_fields(theta=10000.0), "head_dim": HEAD_DIM,
-              "draft_vocab_size": DRAFT_VOCAB, "eagle_config": eagle_config}
+    eagle_config = {
+        "eagle_aux_hidden_state_layer_ids": ids,
+        "norm_before_fc": True,
+        "use_aux_hidden_state": True,
+        "use_input_layernorm_in_first_layer": True,
+        "use_last_layernorm": True,
+        "use_mtp_layernorm": False,
+        "next_layer_regular": True,
+        "parallel_draft_step": 1,
+    }
+    config = {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        **llama_fields(theta=10000.0),
+        "head_dim": HEAD_DIM,
+        "draft_vocab_size": DRAFT_VOCAB,
+        "eagle_config": eagle_config,
+    }
     src = write(tmp_path / "v3", config, {**renamed(weights, "layers.0."), "d2t": d2t})
     draft, layout, _ = load_published(src, target=str(target))
     assert layout == "modelopt" and draft.config.aux_layer_ids == ids and draft.config.norm_before_fc
@@ -279,17 +355,34 @@ def test_redhat_v2_shaped(tmp_path, target):
     weights = layer_weights(12, norm_before_fc=True)
     d2t, t2d = random_vocab_map(12)
     embed = target_embed(target)
-    config = {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
-              "transformer_layer_config": llama_fields(theta=150000.0), "draft_vocab_size": DRAFT_VOCAB,
-              "norm_before_residual": True, "norm_before_fc": True, "target_hidden_size": HIDDEN,
-              "eagle_aux_hidden_state_layer_ids": [2, 4, 5],
-              "speculators_config": {"algorithm": "eagle3", "default_proposal_method": "greedy",
-                                     "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3}],
-                                     "verifier": {"name_or_path": str(target), "architectures": ["LlamaForCausalLM"]}}}
-    src = write(tmp_path / "redhat", config, {**renamed(weights, "layers.0."), "d2t": d2t, "t2d": t2d,
-                                              "embed_tokens.weight": embed,
-                                              "verifier_lm_head.weight": torch.zeros(DRAFT_VOCAB, HIDDEN),
-                                              "verifier_norm.weight": torch.ones(HIDDEN)})
+    config = {
+        "architectures": ["Eagle3Speculator"],
+        "speculators_model_type": "eagle3",
+        "transformer_layer_config": llama_fields(theta=150000.0),
+        "draft_vocab_size": DRAFT_VOCAB,
+        "norm_before_residual": True,
+        "norm_before_fc": True,
+        "target_hidden_size": HIDDEN,
+        "eagle_aux_hidden_state_layer_ids": [2, 4, 5],
+        "speculators_config": {
+            "algorithm": "eagle3",
+            "default_proposal_method": "greedy",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3}],
+            "verifier": {"name_or_path": str(target), "architectures": ["LlamaForCausalLM"]},
+        },
+    }
+    src = write(
+        tmp_path / "redhat",
+        config,
+        {
+            **renamed(weights, "layers.0."),
+            "d2t": d2t,
+            "t2d": t2d,
+            "embed_tokens.weight": embed,
+            "verifier_lm_head.weight": torch.zeros(DRAFT_VOCAB, HIDDEN),
+            "verifier_norm.weight": torch.ones(HIDDEN),
+        },
+    )
     draft, layout, _ = load_published(src)
     assert layout == "speculators" and draft.config.norm_before_fc and draft.config.norm_before_residual
     check_against_reference(draft, weights, embed, 150000.0, norm_before_fc=True, norm_before_residual=True)
@@ -305,13 +398,21 @@ def test_several_layers_and_four_aux_states(tmp_path, target, layout):
     d2t, t2d = random_vocab_map(13)
     fields = {**llama_fields(), "num_hidden_layers": 3}
     if layout == "eagle3":
-        config = {"architectures": ["LlamaForCausalLMEagle3"], **fields, "draft_vocab_size": DRAFT_VOCAB,
-                  "eagle_aux_hidden_state_layer_ids": [2, 4, 6, 8]}
+        config = {
+            "architectures": ["LlamaForCausalLMEagle3"],
+            **fields,
+            "draft_vocab_size": DRAFT_VOCAB,
+            "eagle_aux_hidden_state_layer_ids": [2, 4, 6, 8],
+        }
         tensors = weights
     else:
-        config = {"speculators_model_type": "eagle3", "transformer_layer_config": fields,
-                  "draft_vocab_size": DRAFT_VOCAB, "norm_before_residual": False,
-                  "eagle_aux_hidden_state_layer_ids": [2, 4, 6, 8]}
+        config = {
+            "speculators_model_type": "eagle3",
+            "transformer_layer_config": fields,
+            "draft_vocab_size": DRAFT_VOCAB,
+            "norm_before_residual": False,
+            "eagle_aux_hidden_state_layer_ids": [2, 4, 6, 8],
+        }
         tensors = renamed(weights, "layers.0.")
     src = write(tmp_path / layout, config, {**tensors, "d2t": d2t, "t2d": t2d})
     draft, _, _ = load_published(src, target=str(target))
@@ -322,30 +423,52 @@ def test_several_layers_and_four_aux_states(tmp_path, target, layout):
 def test_release_layout_with_norm_before_residual(tmp_path, target):
     weights = layer_weights(14)
     d2t, t2d = random_vocab_map(14)
-    config = {"architectures": ["LlamaForCausalLMEagle3"], **llama_fields(), "draft_vocab_size": DRAFT_VOCAB,
-              "eagle_aux_hidden_state_layer_ids": [2, 4, 6], "norm_before_residual": True}
-    draft, _, _ = load_published(write(tmp_path / "nbr", config, {**weights, "d2t": d2t, "t2d": t2d}),
-                                 target=str(target))
+    config = {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        **llama_fields(),
+        "draft_vocab_size": DRAFT_VOCAB,
+        "eagle_aux_hidden_state_layer_ids": [2, 4, 6],
+        "norm_before_residual": True,
+    }
+    draft, _, _ = load_published(
+        write(tmp_path / "nbr", config, {**weights, "d2t": d2t, "t2d": t2d}), target=str(target)
+    )
     check_against_reference(draft, weights, target_embed(target), 10000.0, norm_before_residual=True)
 
 
-@pytest.mark.parametrize("change,message", [
-    (lambda c, t: c.update(fc_norm=True), "fc_norm"),
-    (lambda c, t: c.update(norm_output=True), "norm_output"),
-    (lambda c, t: c.update(num_hidden_layers=2), r"missing tensors \['layers.1"),
-    (lambda c, t: c.update(model_type="qwen3"), "model_type 'qwen3'"),
-    (lambda c, t: c["eagle_config"].update(use_input_layernorm_in_first_layer=False),
-     "use_input_layernorm_in_first_layer"),
-    (lambda c, t: t.update({"layers.1.norm.weight": torch.ones(HIDDEN)}), "does not have: \\['layers.1.norm"),
-    (lambda c, t: t.update({"input_norm.weight": torch.ones(3 * HIDDEN)}), "does not have: \\['input_norm"),
-    (lambda c, t: c.update(norm_before_fc=True), r"missing tensors \['input_norm.weight'\]"),
-    (lambda c, t: t.pop("d2t"), "no d2t"),
-])
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        (lambda c, t: c.update(fc_norm=True), "fc_norm"),
+        (lambda c, t: c.update(norm_output=True), "norm_output"),
+        (lambda c, t: c.update(num_hidden_layers=2), r"missing tensors \['layers.1"),
+        (lambda c, t: c.update(model_type="qwen3"), "model_type 'qwen3'"),
+        (
+            lambda c, t: c["eagle_config"].update(use_input_layernorm_in_first_layer=False),
+            "use_input_layernorm_in_first_layer",
+        ),
+        (
+            lambda c, t: t.update({"layers.1.norm.weight": torch.ones(HIDDEN)}),
+            "does not have: \\['layers.1.norm",
+        ),
+        (
+            lambda c, t: t.update({"input_norm.weight": torch.ones(3 * HIDDEN)}),
+            "does not have: \\['input_norm",
+        ),
+        (lambda c, t: c.update(norm_before_fc=True), r"missing tensors \['input_norm.weight'\]"),
+        (lambda c, t: t.pop("d2t"), "no d2t"),
+    ],
+)
 def test_unsupported_features_refused_by_name(tmp_path, target, change, message):
     weights = layer_weights(5)
     d2t, t2d = random_vocab_map(5)
-    config = {"architectures": ["LlamaForCausalLMEagle3"], **llama_fields(), "draft_vocab_size": DRAFT_VOCAB,
-              "eagle_aux_hidden_state_layer_ids": [2, 4, 6], "eagle_config": {}}
+    config = {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        **llama_fields(),
+        "draft_vocab_size": DRAFT_VOCAB,
+        "eagle_aux_hidden_state_layer_ids": [2, 4, 6],
+        "eagle_config": {},
+    }
     tensors = {**renamed(weights, "layers.0."), "d2t": d2t, "t2d": t2d}
     change(config, tensors)
     src = write(tmp_path / "bad", config, tensors)
@@ -354,8 +477,12 @@ def test_unsupported_features_refused_by_name(tmp_path, target, change, message)
 
 
 def test_speculators_without_norm_before_residual_is_ambiguous(tmp_path, target):
-    config = {"speculators_model_type": "eagle3", "transformer_layer_config": llama_fields(),
-              "draft_vocab_size": DRAFT_VOCAB, "eagle_aux_hidden_state_layer_ids": [2, 4, 6]}
+    config = {
+        "speculators_model_type": "eagle3",
+        "transformer_layer_config": llama_fields(),
+        "draft_vocab_size": DRAFT_VOCAB,
+        "eagle_aux_hidden_state_layer_ids": [2, 4, 6],
+    }
     d2t, t2d = random_vocab_map(6)
     src = write(tmp_path / "spec", config, {**renamed(layer_weights(6), "layers.0."), "d2t": d2t, "t2d": t2d})
     with pytest.raises(DraftFormatError, match="vLLM assumes true"):
@@ -364,8 +491,12 @@ def test_speculators_without_norm_before_residual_is_ambiguous(tmp_path, target)
 
 def test_cli(tmp_path, target, capsys):
     d2t, t2d = random_vocab_map(8)
-    config = {"architectures": ["LlamaForCausalLMEagle3"], **llama_fields(), "draft_vocab_size": DRAFT_VOCAB,
-              "eagle_aux_hidden_state_layer_ids": [2, 4, 6]}
+    config = {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        **llama_fields(),
+        "draft_vocab_size": DRAFT_VOCAB,
+        "eagle_aux_hidden_state_layer_ids": [2, 4, 6],
+    }
     src = write(tmp_path / "src", config, {**layer_weights(8), "d2t": d2t, "t2d": t2d})
     assert main_import([str(src), "--out", str(tmp_path / "out"), "--target", str(target)]) == 0
     assert capsys.readouterr().out.strip() == str(tmp_path / "out")

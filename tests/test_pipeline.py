@@ -6,14 +6,13 @@ import time
 import pytest
 import torch
 import yaml
+from data_fixtures import make_tiny_target, tiny_recipe, write_prompts
 from safetensors.torch import load_file
 
 from eyas import io, layout
 from eyas.pipeline import STAGE_ORDER, prepare_run, run_all
 from eyas.recipes.load import load_recipe
 from eyas.recipes.schema import RecipeError
-
-from data_fixtures import make_tiny_target, tiny_recipe, write_prompts
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +38,16 @@ def full_run(setup):
 def test_full_run_report(full_run):
     run = full_run
     report = json.loads((run / "report.json").read_text())
-    for key in ("acceptance_length", "k", "per_position_acceptance", "lossless", "num_prompts",
-                "tokens_per_second", "target_entropy", "stage_times"):
+    for key in (
+        "acceptance_length",
+        "k",
+        "per_position_acceptance",
+        "lossless",
+        "num_prompts",
+        "tokens_per_second",
+        "target_entropy",
+        "stage_times",
+    ):
         assert key in report, key
     assert report["k"] == 3 and len(report["per_position_acceptance"]) == 3
     assert report["num_prompts"] == 4
@@ -50,7 +57,9 @@ def test_full_run_report(full_run):
     # max_tokens before their bonus token (they emitted only accepted drafts)
     main = report["results"][0]
     assert report["acceptance_length"] == pytest.approx(
-        1 + sum(report["per_position_acceptance"]) - main["cut_verifications"] / main["target_forwards"], abs=1e-9)
+        1 + sum(report["per_position_acceptance"]) - main["cut_verifications"] / main["target_forwards"],
+        abs=1e-9,
+    )
     assert set(report["tokens_per_second"]) == {"speculative", "baseline"}
     assert report["target_entropy"] > 0
     assert set(report["stage_times"]) == set(STAGE_ORDER)
@@ -122,7 +131,9 @@ def test_changed_recipe_refused_for_finished_stage(setup):
     root, target, prompts = setup
     run = root / "run-change"
     run_all(recipe_for(target, prompts), run, stages=("prompts",), progress=False)
-    with pytest.raises(RecipeError, match=r"stage 'prompts' is finished with a different recipe \(data.num_eval_prompts"):
+    with pytest.raises(
+        RecipeError, match=r"stage 'prompts' is finished with a different recipe \(data.num_eval_prompts"
+    ):
         prepare_run(recipe_for(target, prompts, data={"num_eval_prompts": 5}), run)
     prepare_run(recipe_for(target, prompts, eval={"k": 2}), run)  # eval is not finished: fine
     # a run made before a key existed (its saved recipe lacks it) goes on when the key is at its default
@@ -149,8 +160,21 @@ def test_eval_compares_imported_published_draft(setup, full_run, capsys):
     # the tiny target's ids [1, 2, 3] start at 1, which SGLang cannot be told (engines.py): vLLM and TRT-LLM
     export(ours, "eagle3", root / "published", dtype="float32", engines=("vllm", "trtllm"))
     import_draft(root / "published", root / "imported", target=str(target))  # embedding from the target
-    rc = main(["eval", str(full_run), "--draft", f"eyas={ours}", "--draft", f"published={root / 'imported'}",
-               "--k", "1", "--k", "3", "--no-progress"])
+    rc = main(
+        [
+            "eval",
+            str(full_run),
+            "--draft",
+            f"eyas={ours}",
+            "--draft",
+            f"published={root / 'imported'}",
+            "--k",
+            "1",
+            "--k",
+            "3",
+            "--no-progress",
+        ]
+    )
     assert rc == 0
     report = json.loads((full_run / "report.json").read_text())
     got = {(r["draft"], r["k"]): r for r in report["results"]}
@@ -178,19 +202,40 @@ def test_eval_runs_an_imported_v3_shaped_draft_beside_ours(setup, full_run, tmp_
     mine = load_draft(ours)
     n = json.loads((target / "config.json").read_text())["num_hidden_layers"]
     cfg = mine.config
-    v3 = Eagle3Draft(type(cfg)(**{**cfg.to_dict(), "aux_layer_ids": [n - 2, n - 1, n], "norm_before_fc": True}))
-    tensors = {("layers.0." + k[len("midlayer."):] if k.startswith("midlayer.") else k): t.contiguous()
-               for k, t in v3.state_dict().items() if k not in ("embed_tokens.weight", "t2d")}
+    v3 = Eagle3Draft(
+        type(cfg)(**{**cfg.to_dict(), "aux_layer_ids": [n - 2, n - 1, n], "norm_before_fc": True})
+    )
+    tensors = {
+        ("layers.0." + k[len("midlayer.") :] if k.startswith("midlayer.") else k): t.contiguous()
+        for k, t in v3.state_dict().items()
+        if k not in ("embed_tokens.weight", "t2d")
+    }
     tensors["d2t"] = mine.d2t.clone()
-    config = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": cfg.hidden_size,
-              "intermediate_size": cfg.intermediate_size, "num_attention_heads": cfg.num_attention_heads,
-              "num_key_value_heads": cfg.num_key_value_heads, "head_dim": cfg.head_dim, "num_hidden_layers": 1,
-              "hidden_act": "silu", "rms_norm_eps": cfg.rms_norm_eps, "vocab_size": cfg.vocab_size,
-              "max_position_embeddings": cfg.max_position_embeddings, "rope_parameters": cfg.rope_parameters,
-              "draft_vocab_size": cfg.draft_vocab_size, "tie_word_embeddings": False,
-              "eagle_config": {"eagle_aux_hidden_state_layer_ids": [n - 2, n - 1, n], "norm_before_fc": True,
-                               "use_aux_hidden_state": True, "use_input_layernorm_in_first_layer": True,
-                               "use_last_layernorm": True, "parallel_draft_step": 1}}
+    config = {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "model_type": "llama",
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_attention_heads": cfg.num_attention_heads,
+        "num_key_value_heads": cfg.num_key_value_heads,
+        "head_dim": cfg.head_dim,
+        "num_hidden_layers": 1,
+        "hidden_act": "silu",
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "vocab_size": cfg.vocab_size,
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "rope_parameters": cfg.rope_parameters,
+        "draft_vocab_size": cfg.draft_vocab_size,
+        "tie_word_embeddings": False,
+        "eagle_config": {
+            "eagle_aux_hidden_state_layer_ids": [n - 2, n - 1, n],
+            "norm_before_fc": True,
+            "use_aux_hidden_state": True,
+            "use_input_layernorm_in_first_layer": True,
+            "use_last_layernorm": True,
+            "parallel_draft_step": 1,
+        },
+    }
     src = tmp_path / "v3-shaped"
     src.mkdir()
     (src / "config.json").write_text(json.dumps(config))
@@ -199,8 +244,19 @@ def test_eval_runs_an_imported_v3_shaped_draft_beside_ours(setup, full_run, tmp_
     imported = load_draft(tmp_path / "v3")
     assert imported.config.aux_layer_ids == [n - 2, n - 1, n] and imported.config.norm_before_fc
     capsys.readouterr()
-    rc = main(["eval", str(full_run), "--draft", f"eyas={ours}", "--draft", f"v3={tmp_path / 'v3'}",
-               "--k", "3", "--no-progress"])
+    rc = main(
+        [
+            "eval",
+            str(full_run),
+            "--draft",
+            f"eyas={ours}",
+            "--draft",
+            f"v3={tmp_path / 'v3'}",
+            "--k",
+            "3",
+            "--no-progress",
+        ]
+    )
     assert rc == 0
     report = json.loads((full_run / "report.json").read_text())
     got = {r["draft"]: r for r in report["results"] if "draft" in r}
@@ -217,29 +273,82 @@ def test_eval_operating_points(setup, full_run, tmp_path, capsys):
 
     bench = tmp_path / "mt.jsonl"
     cats = ["writing", "math", "coding"]
-    bench.write_text("".join(json.dumps({"question_id": i, "category": cats[i % 3],
-                                         "turns": [f"tell me story about cat {i}", "and a dog"]}) + "\n"
-                             for i in range(9)))
-    rc = main(["eval", str(full_run), "--concurrency", "1", "--concurrency", "4", "--temperature", "0",
-               "--temperature", "1", "--k", "1", "--k", "3", "--tree", "2,2,4", "--prompts", f"mt={bench}",
-               "--no-progress"])
+    bench.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "question_id": i,
+                    "category": cats[i % 3],
+                    "turns": [f"tell me story about cat {i}", "and a dog"],
+                }
+            )
+            + "\n"
+            for i in range(9)
+        )
+    )
+    rc = main(
+        [
+            "eval",
+            str(full_run),
+            "--concurrency",
+            "1",
+            "--concurrency",
+            "4",
+            "--temperature",
+            "0",
+            "--temperature",
+            "1",
+            "--k",
+            "1",
+            "--k",
+            "3",
+            "--tree",
+            "2,2,4",
+            "--prompts",
+            f"mt={bench}",
+            "--no-progress",
+        ]
+    )
     assert rc == 0
     report = json.loads((full_run / "report.json").read_text())
     rows = report["results"]
     assert len(rows) == 2 * 2 * 3
-    fields = ("concurrency", "temperature", "k", "tree", "acceptance_length", "per_position_acceptance",
-              "output_tokens_per_s", "baseline_output_tokens_per_s", "speedup", "ttft_ms_p50", "itl_ms_p50",
-              "itl_ms_p95", "lossless")
+    fields = (
+        "concurrency",
+        "temperature",
+        "k",
+        "tree",
+        "acceptance_length",
+        "per_position_acceptance",
+        "output_tokens_per_s",
+        "baseline_output_tokens_per_s",
+        "speedup",
+        "ttft_ms_p50",
+        "itl_ms_p50",
+        "itl_ms_p95",
+        "lossless",
+    )
     for r in rows:
         assert all(f in r for f in fields), [f for f in fields if f not in r]
         assert r["lossless"] is (True if r["temperature"] == 0 else None)
         assert r["output_tokens_per_s"] > 0 and r["speedup"] > 0 and r["ttft_ms_p50"] > 0
-        assert set(r["by_category"]) == set(cats) and sum(c["num_prompts"] for c in r["by_category"].values()) == 9
+        assert (
+            set(r["by_category"]) == set(cats)
+            and sum(c["num_prompts"] for c in r["by_category"].values()) == 9
+        )
         depth = r["k"] if r["tree"] is None else r["tree"][0]
         assert len(r["per_position_acceptance"]) == depth
-    assert {(r["k"], r["tree"] and tuple(r["tree"])) for r in rows} == {(1, None), (3, None), (None, (2, 2, 4))}
+    assert {(r["k"], r["tree"] and tuple(r["tree"])) for r in rows} == {
+        (1, None),
+        (3, None),
+        (None, (2, 2, 4)),
+    }
     # the same prompts at the same temperature: acceptance does not depend on concurrency (greedy)
-    g = {(r["k"], r["concurrency"]): r["acceptance_length"] for r in rows if r["temperature"] == 0 and r["tree"] is None}
+    g = {
+        (r["k"], r["concurrency"]): r["acceptance_length"]
+        for r in rows
+        if r["temperature"] == 0 and r["tree"] is None
+    }
     assert g[(3, 1)] == g[(3, 4)] and g[(1, 1)] == g[(1, 4)]
     rec = {(x["temperature"], x["concurrency"]) for x in report["recommendation"]}
     assert rec == {(0.0, 1), (0.0, 4), (1.0, 1), (1.0, 4)}
@@ -264,10 +373,20 @@ def test_eval_prompts_carry_the_reasoning_effort_mix(setup, full_run, tmp_path, 
     run = shutil.copytree(full_run, tmp_path / "run")
     weights = {"low": 1.0, "high": 1.0}
     seen, real = [], chat.render_prompt
-    monkeypatch.setattr(chat, "render_prompt",
-                        lambda tok, m, **kw: seen.append(kw.get("reasoning_effort")) or real(tok, m, **kw))
-    report = run_eval(recipe_for(target, prompts, data={"reasoning_effort": weights}), run, ks=[1], concurrency=[1],
-                      temperatures=[0.0], progress=False, force=True)
+    monkeypatch.setattr(
+        chat,
+        "render_prompt",
+        lambda tok, m, **kw: seen.append(kw.get("reasoning_effort")) or real(tok, m, **kw),
+    )
+    report = run_eval(
+        recipe_for(target, prompts, data={"reasoning_effort": weights}),
+        run,
+        ks=[1],
+        concurrency=[1],
+        temperatures=[0.0],
+        progress=False,
+        force=True,
+    )
     bench = report["eval_settings"]["benchmark"]
     expected = [chat.reasoning_effort(weights, 0, f"eval:{bench}:{i}") for i in range(report["num_prompts"])]
     assert seen == expected and set(expected) == {"low", "high"}
@@ -342,8 +461,15 @@ def test_wandb_offline_tracking(setup, tmp_path, monkeypatch):
     deadline = time.time() + 30
     while b"val/simulated_tau_k3" not in (data := records[0].read_bytes()) and time.time() < deadline:
         time.sleep(0.2)  # teardown flushes; allow a slow machine a moment more
-    for key in (b"train/loss", b"train/cond_acc_2", b"train/simulated_tau", b"val/simulated_tau_k3", b"lr",
-                b"train.report_to", b"capture.aux_layer_ids"):
+    for key in (
+        b"train/loss",
+        b"train/cond_acc_2",
+        b"train/simulated_tau",
+        b"val/simulated_tau_k3",
+        b"lr",
+        b"train.report_to",
+        b"capture.aux_layer_ids",
+    ):
         assert key in data, key
 
 
@@ -359,9 +485,13 @@ def test_plan_from_a_finished_run_uses_its_measured_rates(setup, full_run):
     assert p.measured == ["capture_tok_s", "regen_tok_s", "train_tok_s"]
     assert p.mean_tokens == pytest.approx(cap["num_tokens"] / cap["num_sequences"])
     assert p.tokens == pytest.approx(10_000 * cap["num_tokens"] / cap["num_sequences"])
-    assert p.sequences == round(10_000 * regen["num_sequences"] / regen["num_prompts"])  # turns per prompt asked
+    assert p.sequences == round(
+        10_000 * regen["num_sequences"] / regen["num_prompts"]
+    )  # turns per prompt asked
     assert p.replicas == 2  # the tiny target fits one GPU: a regeneration and a capture shard on each
-    assert p.regen_s == pytest.approx(10_000 * regen["mean_generated_tokens"] / (2 * regen["generation_tokens_per_s"]))
+    assert p.regen_s == pytest.approx(
+        10_000 * regen["mean_generated_tokens"] / (2 * regen["generation_tokens_per_s"])
+    )
     assert p.capture_s == pytest.approx(p.tokens / (2 * cap["tokens_per_s"]))
     train_rate = tr["tokens_seen"] / tr["wall_s"] / tr["num_processes"]
     assert p.train_s == pytest.approx(r.train.epochs * p.tokens / (2 * train_rate))
@@ -378,16 +508,37 @@ def test_eval_on_a_split_target_measures_what_one_device_does(setup, full_run, t
     from eyas.eval.evaluate import run_eval
 
     _, target, prompts = setup
-    placed = {"device_map": split_map(4, embed="disk", lm_head="cpu"), "offload_folder": str(tmp_path / "off")}
+    placed = {
+        "device_map": split_map(4, embed="disk", lm_head="cpu"),
+        "offload_folder": str(tmp_path / "off"),
+    }
     reports = []
     for name, where in (("one", {}), ("split", placed)):
         raw = tiny_recipe(target, prompts)
         raw["target"].update(where)
         run = shutil.copytree(full_run, tmp_path / name)
-        reports.append(run_eval(load_recipe(raw), run, ks=[3], trees=["2,2,4"], concurrency=[1, 4],
-                                temperatures=[0.0, 1.0], progress=False, force=True))
+        reports.append(
+            run_eval(
+                load_recipe(raw),
+                run,
+                ks=[3],
+                trees=["2,2,4"],
+                concurrency=[1, 4],
+                temperatures=[0.0, 1.0],
+                progress=False,
+                force=True,
+            )
+        )
     one, split = reports
     assert "layer 1 on disk" in split["device"] and one["device"] == "cpu"
-    keys = ("k", "tree", "concurrency", "temperature", "acceptance_length", "per_position_acceptance", "lossless")
+    keys = (
+        "k",
+        "tree",
+        "concurrency",
+        "temperature",
+        "acceptance_length",
+        "per_position_acceptance",
+        "lossless",
+    )
     assert [[r[k] for k in keys] for r in split["results"]] == [[r[k] for k in keys] for r in one["results"]]
     assert split["lossless"] is True and len(split["results"]) == 8

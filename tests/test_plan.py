@@ -29,23 +29,31 @@ def test_gpt_oss_120b_plan_on_8xh100_matches_hand_computation():
     assert p.target.bytes_mxfp4 == experts * 4.25 / 8 + (total - experts) * 2  # 65.25 GB
     assert p.target.bytes_bf16 == 2 * total
     assert p.target_gb_per_gpu["bf16"] == pytest.approx(2 * total / 8 / 1e9)
-    draft = (3 * H * H + 2 * H * 4096 + 2 * (2 * H * 512) + 4096 * H + 3 * H * I_DRAFT + 3 * H + H + H * VD
-             + 3 * H)  # input_norm (norm_before_fc) over the three aux states
+    draft = (
+        3 * H * H + 2 * H * 4096 + 2 * (2 * H * 512) + 4096 * H + 3 * H * I_DRAFT + 3 * H + H + H * VD + 3 * H
+    )  # input_norm (norm_before_fc) over the three aux states
     assert p.draft_trainable == draft == 307_650_240 and p.draft_frozen == V * H
     a = Assumptions()
     tokens = 100_000 * (400 + 0.75 * 2048)  # num_prompts x (assumed prompt + generated)
     assert p.tokens == tokens
     assert p.capture_bytes_per_token == 4 * H * 2 + 5  # 3 aux + final, bf16, + token id and loss mask
     assert p.capture_bytes == tokens * 23_045
-    static = 16 * draft + 4 * V * H + 4 * V * H  # fp32 weights+grads+AdamW; fp32 embedding; fp32 teacher lm_head
+    static = (
+        16 * draft + 4 * V * H + 4 * V * H
+    )  # fp32 weights+grads+AdamW; fp32 embedding; fp32 teacher lm_head
     assert p.train_gb_per_gpu * 1e9 == pytest.approx(static + a.act_bytes_per_token_step * 4096 * 1 * 7)
     # MXFP4 65.25 GB fits one H100 (72 GB with 10% headroom): 8 replicas, one shard each
     assert (p.replicas, p.gpus_per_replica) == (8, 1)
     assert p.regen_s == pytest.approx(100_000 * 0.75 * 2048 / (8 * a.regen_tok_s_hf_h100))
     active = (total - experts) + experts * 4 / 128  # 4 of 128 experts per token
     assert p.capture_tok_s == pytest.approx(8 * 0.30 * 989e12 / (2 * active))
-    bf16 = plan(load_recipe("gpt-oss-120b", ["target.weights=dequantized", "data.backend=server",
-                                             "data.server_urls=[http://127.0.0.1:8000]"]), "8xH100")
+    bf16 = plan(
+        load_recipe(
+            "gpt-oss-120b",
+            ["target.weights=dequantized", "data.backend=server", "data.server_urls=[http://127.0.0.1:8000]"],
+        ),
+        "8xH100",
+    )
     assert (bf16.replicas, bf16.gpus_per_replica) == (2, 4)  # 233.7 GB over 4 x 72 GB
     assert bf16.regen_tok_s == pytest.approx(2 * a.regen_tok_s_server_h100)
     assert p.train_s == pytest.approx(2 * tokens / (8 * 22.3e3))  # 2 epochs at T = 4K, TTT 7
@@ -66,14 +74,18 @@ def test_long_context_plan_scales_activations_and_training_rate():
     assert p.train_tok_s == pytest.approx(8 * 15.8e3 * 7 / r.train.ttt_steps)  # held at the 32K rate
 
 
-@pytest.mark.parametrize("text,expected", [("8xH100", (8, "H100")), ("4xA100 80GB", (4, "A100")),
-                                           ("H200", (1, "H200")), ("2xB200", (2, "B200"))])
+@pytest.mark.parametrize(
+    "text,expected",
+    [("8xH100", (8, "H100")), ("4xA100 80GB", (4, "A100")), ("H200", (1, "H200")), ("2xB200", (2, "B200"))],
+)
 def test_gpu_spec(text, expected):
     assert parse_gpus(text) == expected
 
 
 def test_unknown_gpu_names_the_choices():
-    with pytest.raises(ValueError, match=r"--gpus '8xV100': expected NxGPU with GPU one of H100, H200, B200, A100"):
+    with pytest.raises(
+        ValueError, match=r"--gpus '8xV100': expected NxGPU with GPU one of H100, H200, B200, A100"
+    ):
         parse_gpus("8xV100")
 
 
@@ -91,18 +103,36 @@ def test_gpt_oss_120b_plan_from_a_prompts_stage_run_offline(tmp_path):
     over = [f"data.prompts={convs}", "data.num_prompts=null", "data.num_eval_prompts=2"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}  # an empty cache
     eyas = [sys.executable, "-m", "eyas"]
-    out = subprocess.run([*eyas, "prompts", "gpt-oss-120b", "--out", str(tmp_path / "run"), *over],
-                         capture_output=True, text=True, env=env)
+    out = subprocess.run(
+        [*eyas, "prompts", "gpt-oss-120b", "--out", str(tmp_path / "run"), *over],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert out.returncode == 0, out.stderr
     assert "prompts: 6 train (18 user turns, at most 3 per prompt)" in out.stdout
-    out = subprocess.run([*eyas, "plan", "gpt-oss-120b", "--gpus", "8xH100", "--run", str(tmp_path / "run"), *over],
-                         capture_output=True, text=True, env=env)
+    out = subprocess.run(
+        [*eyas, "plan", "gpt-oss-120b", "--gpus", "8xH100", "--run", str(tmp_path / "run"), *over],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert out.returncode == 0, out.stderr
     a = Assumptions()
     kept = a.kept_answer_fraction_harmony * a.new_token_fraction * 2048
-    mean = a.mean_prompt_tokens + kept + a.new_token_fraction * 2048  # turns 0, 1, 2 hold 0, 1, 2 kept answers
-    assert f"data: 6 conversations x 3.00 answered turns = {6 * TURNS} sequences x {mean:,.0f} tokens" in out.stdout
+    mean = (
+        a.mean_prompt_tokens + kept + a.new_token_fraction * 2048
+    )  # turns 0, 1, 2 hold 0, 1, 2 kept answers
+    assert (
+        f"data: 6 conversations x 3.00 answered turns = {6 * TURNS} sequences x {mean:,.0f} tokens"
+        in out.stdout
+    )
     assert "the tokenizer of openai/gpt-oss-120b could not be used" in out.stdout
-    assert ("`hf download openai/gpt-oss-120b tokenizer.json tokenizer_config.json special_tokens_map.json "
-            "chat_template.jinja`" in out.stdout)
-    assert "target openai/gpt-oss-120b (eyas's built-in copy of its hub config): 116.83B parameters" in out.stdout
+    assert (
+        "`hf download openai/gpt-oss-120b tokenizer.json tokenizer_config.json special_tokens_map.json "
+        "chat_template.jinja`" in out.stdout
+    )
+    assert (
+        "target openai/gpt-oss-120b (eyas's built-in copy of its hub config): 116.83B parameters"
+        in out.stdout
+    )

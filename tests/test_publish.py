@@ -6,11 +6,11 @@ from pathlib import Path
 import huggingface_hub
 import pytest
 import yaml
+from test_export_support import fabricate_run, make_draft, tiny_target
 
 from eyas.cli import main
 from eyas.serve.interchange.model_card import front_matter
 from eyas.serve.interchange.publish import PublishError, main_publish, publish
-from test_export_support import fabricate_run, make_draft, tiny_target
 
 
 @pytest.fixture(scope="module")
@@ -27,16 +27,29 @@ def card_of(folder):
 
 def test_dry_run_builds_the_folder(run, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(huggingface_hub, "get_token", lambda: None)  # a dry run needs no token
-    assert main_publish([str(run), "--repo", "acme/tiny-eagle3", "--dry-run", "--out", str(tmp_path / "f")]) == 0
+    assert (
+        main_publish([str(run), "--repo", "acme/tiny-eagle3", "--dry-run", "--out", str(tmp_path / "f")]) == 0
+    )
     folder = tmp_path / "f"
     assert capsys.readouterr().out.strip() == str(folder)
-    assert {p.name for p in folder.iterdir()} == {"README.md", "config.json", "model.safetensors",
-                                                  "eyas_report.json", "recipe.yaml"}
+    assert {p.name for p in folder.iterdir()} == {
+        "README.md",
+        "config.json",
+        "model.safetensors",
+        "eyas_report.json",
+        "recipe.yaml",
+    }
     meta, body = card_of(folder)
     assert meta["tags"][:3] == ["speculative-decoding", "eagle3", "eyas"] and meta["license"] == "apache-2.0"
     assert "library_name" in meta and "base_model" not in meta  # the tiny target is a local path
-    assert "| eyas | held-out | 0 | 1 | k=4 | 3.14 | 0.91 / 0.74 / 0.55 / 0.38 | 32 | yes | 88.5 | 41.2 | 2.15× |" in body
-    assert "| eyas | mt-bench | 0 | 1 | k=4 | 2.72 | 0.85 / 0.62 / 0.41 / 0.25 | 80 | yes | 70.1 | 41.2 | 1.70× |" in body
+    assert (
+        "| eyas | held-out | 0 | 1 | k=4 | 3.14 | 0.91 / 0.74 / 0.55 / 0.38 | 32 | yes | 88.5 | 41.2 "
+        "| 2.15× |" in body
+    )
+    assert (
+        "| eyas | mt-bench | 0 | 1 | k=4 | 2.72 | 0.85 / 0.62 / 0.41 / 0.25 | 80 | yes | 70.1 | 41.2 "
+        "| 1.70× |" in body
+    )
     # the eval's recommendation per concurrency level
     assert "## Which k at which concurrency" in body
     assert "| eyas | held-out | 0 | 1 | k=3 | 1.80× | 1.75× | 3.20 |" in body
@@ -69,12 +82,23 @@ def test_upload_calls(run, tmp_path, monkeypatch):
     monkeypatch.setattr(huggingface_hub.HfApi, "create_branch", create_branch)
     monkeypatch.setattr(huggingface_hub.HfApi, "upload_folder", upload_folder)
     published = publish(run, "acme/tiny-eagle3", private=True, revision="exp-1", out=tmp_path / "f")
-    assert calls["create_repo"] == ("acme/tiny-eagle3", {"private": True, "exist_ok": True, "repo_type": "model"})
-    assert calls["create_branch"] == ("acme/tiny-eagle3", {"branch": "exp-1", "exist_ok": True,
-                                                            "repo_type": "model"})
+    assert calls["create_repo"] == (
+        "acme/tiny-eagle3",
+        {"private": True, "exist_ok": True, "repo_type": "model"},
+    )
+    assert calls["create_branch"] == (
+        "acme/tiny-eagle3",
+        {"branch": "exp-1", "exist_ok": True, "repo_type": "model"},
+    )
     assert calls["upload_folder"]["repo_id"] == "acme/tiny-eagle3"
     assert calls["upload_folder"]["revision"] == "exp-1"
-    assert calls["files"] == ["README.md", "config.json", "eyas_report.json", "model.safetensors", "recipe.yaml"]
+    assert calls["files"] == [
+        "README.md",
+        "config.json",
+        "eyas_report.json",
+        "model.safetensors",
+        "recipe.yaml",
+    ]
     assert published.url == "https://huggingface.co/acme/tiny-eagle3/tree/exp-1"
 
 
@@ -83,7 +107,9 @@ def test_no_branch_without_revision(run, tmp_path, monkeypatch):
     monkeypatch.setattr(huggingface_hub, "get_token", lambda: "hf_test")
     monkeypatch.setattr(huggingface_hub.HfApi, "create_repo", lambda self, repo_id, **kw: "u")
     monkeypatch.setattr(huggingface_hub.HfApi, "create_branch", lambda self, *a, **kw: calls.append("branch"))
-    monkeypatch.setattr(huggingface_hub.HfApi, "upload_folder", lambda self, **kw: calls.append(kw["revision"]))
+    monkeypatch.setattr(
+        huggingface_hub.HfApi, "upload_folder", lambda self, **kw: calls.append(kw["revision"])
+    )
     publish(run, "acme/tiny-eagle3", out=tmp_path / "f")
     assert calls == [None]
 
@@ -112,5 +138,10 @@ def test_front_matter_names_a_hub_base_model():
 def test_card_names_the_data_temperature_and_effort_weights():
     from eyas.serve.interchange.model_card import _recipe_facts
 
-    facts = _recipe_facts({"data": {"temperature": 1.0, "reasoning_effort": {"low": 4, "medium": 4, "high": 2}}})
-    assert facts == ["- `data.temperature`: 1.0", "- `data.reasoning_effort`: {'low': 4, 'medium': 4, 'high': 2}"]
+    facts = _recipe_facts(
+        {"data": {"temperature": 1.0, "reasoning_effort": {"low": 4, "medium": 4, "high": 2}}}
+    )
+    assert facts == [
+        "- `data.temperature`: 1.0",
+        "- `data.reasoning_effort`: {'low': 4, 'medium': 4, 'high': 2}",
+    ]

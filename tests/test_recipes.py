@@ -3,7 +3,13 @@
 import pytest
 import yaml
 
-from eyas.recipes.load import check_against_target, default_aux_layer_ids, dump_recipe, load_recipe, parse_overrides
+from eyas.recipes.load import (
+    check_against_target,
+    default_aux_layer_ids,
+    dump_recipe,
+    load_recipe,
+    parse_overrides,
+)
 from eyas.recipes.schema import PromptSource, Recipe, RecipeError
 
 
@@ -13,48 +19,57 @@ def test_demo_recipe_loads():
     assert r.eval.k == 4
 
 
-@pytest.mark.parametrize("raw,key", [
-    ({"trian": {}}, "trian"),
-    ({"train": {"learning_rate": 1e-3}}, "train.learning_rate"),
-    ({"capture": {"aux_layer_ids": [1, 2], "layer": 3}}, "capture.layer"),
-])
+@pytest.mark.parametrize(
+    "raw,key",
+    [
+        ({"trian": {}}, "trian"),
+        ({"train": {"learning_rate": 1e-3}}, "train.learning_rate"),
+        ({"capture": {"aux_layer_ids": [1, 2], "layer": 3}}, "capture.layer"),
+    ],
+)
 def test_unknown_key_is_named(raw, key):
     with pytest.raises(RecipeError, match=rf"^{key}: unknown key"):
         load_recipe(raw)
 
 
-@pytest.mark.parametrize("raw,key", [
-    ({"train": {"lr": "fast"}}, "train.lr"),
-    ({"train": {"ttt_steps": 2.5}}, "train.ttt_steps"),
-    ({"capture": {"aux_layer_ids": [1, "x"]}}, r"capture.aux_layer_ids\[1\]"),
-    ({"eval": {"check_lossless": "yes"}}, "eval.check_lossless"),
-    ({"data": "prompts.jsonl"}, "data"),
-])
+@pytest.mark.parametrize(
+    "raw,key",
+    [
+        ({"train": {"lr": "fast"}}, "train.lr"),
+        ({"train": {"ttt_steps": 2.5}}, "train.ttt_steps"),
+        ({"capture": {"aux_layer_ids": [1, "x"]}}, r"capture.aux_layer_ids\[1\]"),
+        ({"eval": {"check_lossless": "yes"}}, "eval.check_lossless"),
+        ({"data": "prompts.jsonl"}, "data"),
+    ],
+)
 def test_wrong_type_is_named(raw, key):
     with pytest.raises(RecipeError, match=rf"^{key}: expected"):
         load_recipe(raw)
 
 
-@pytest.mark.parametrize("raw,key", [
-    ({"eval": {"k": 0}}, "eval.k"),
-    ({"train": {"loss": "mse"}}, "train.loss"),
-    ({"draft": {"num_layers": 0}}, "draft.num_layers"),
-    ({"draft": {"norm_before_fc": "yes"}}, "draft.norm_before_fc"),
-    ({"eval": {"concurrency": [1, 0]}}, "eval.concurrency"),
-    ({"eval": {"concurrency": []}}, "eval.concurrency"),
-    ({"eval": {"temperature": [-0.5]}}, "eval.temperature"),
-    ({"eval": {"top_p": 0}}, "eval.top_p"),
-    ({"eval": {"tree": ["3,2"]}}, r"eval.tree\[0\]"),
-    ({"eval": {"tree": ["3,1,5"]}}, r"eval.tree\[0\]"),  # a chain of 3 verifies 4 tokens
-    ({"eval": {"tree": ["2,2,4", "9,2,8"]}, "train": {"ttt_steps": 7}}, r"eval.tree\[1\]"),
-    ({"eval": {"k": 8}, "train": {"ttt_steps": 7}}, "eval.k"),
-    ({"train": {"ttt_steps": 0}}, "train.ttt_steps"),
-    ({"train": {"decay": 1.5}}, "train.decay"),
-    ({"capture": {"aux_layer_ids": [2, 2]}}, "capture.aux_layer_ids"),
-    ({"capture": {"aux_layer_ids": [-1, 2]}}, "capture.aux_layer_ids"),
-    ({"vocab": {"draft_vocab_size": 0}}, "vocab.draft_vocab_size"),
-    ({"target": {"dtype": "fp8"}}, "target.dtype"),
-])
+@pytest.mark.parametrize(
+    "raw,key",
+    [
+        ({"eval": {"k": 0}}, "eval.k"),
+        ({"train": {"loss": "mse"}}, "train.loss"),
+        ({"draft": {"num_layers": 0}}, "draft.num_layers"),
+        ({"draft": {"norm_before_fc": "yes"}}, "draft.norm_before_fc"),
+        ({"eval": {"concurrency": [1, 0]}}, "eval.concurrency"),
+        ({"eval": {"concurrency": []}}, "eval.concurrency"),
+        ({"eval": {"temperature": [-0.5]}}, "eval.temperature"),
+        ({"eval": {"top_p": 0}}, "eval.top_p"),
+        ({"eval": {"tree": ["3,2"]}}, r"eval.tree\[0\]"),
+        ({"eval": {"tree": ["3,1,5"]}}, r"eval.tree\[0\]"),  # a chain of 3 verifies 4 tokens
+        ({"eval": {"tree": ["2,2,4", "9,2,8"]}, "train": {"ttt_steps": 7}}, r"eval.tree\[1\]"),
+        ({"eval": {"k": 8}, "train": {"ttt_steps": 7}}, "eval.k"),
+        ({"train": {"ttt_steps": 0}}, "train.ttt_steps"),
+        ({"train": {"decay": 1.5}}, "train.decay"),
+        ({"capture": {"aux_layer_ids": [2, 2]}}, "capture.aux_layer_ids"),
+        ({"capture": {"aux_layer_ids": [-1, 2]}}, "capture.aux_layer_ids"),
+        ({"vocab": {"draft_vocab_size": 0}}, "vocab.draft_vocab_size"),
+        ({"target": {"dtype": "fp8"}}, "target.dtype"),
+    ],
+)
 def test_impossible_value_is_named(raw, key):
     with pytest.raises(RecipeError, match=rf"^{key}: "):
         load_recipe(raw)
@@ -62,13 +77,18 @@ def test_impossible_value_is_named(raw, key):
 
 def test_checks_against_target():
     r = load_recipe({"capture": {"aux_layer_ids": [2, 18, 37]}})
-    with pytest.raises(RecipeError, match=r"^capture.aux_layer_ids: layer id 37 > the target's 36 layers .*"
-                                          r"id 36 the output of the last layer before the final norm"):
+    with pytest.raises(
+        RecipeError,
+        match=r"^capture.aux_layer_ids: layer id 37 > the target's 36 layers .*"
+        r"id 36 the output of the last layer before the final norm",
+    ):
         check_against_target(r, num_layers=36, vocab_size=201088)
     v3 = load_recipe({"capture": {"aux_layer_ids": [24, 30, 36]}})  # nvidia/gpt-oss-120b-Eagle3-v3's ids
     assert check_against_target(v3, num_layers=36, vocab_size=201088) == [24, 30, 36]
     r = load_recipe({"vocab": {"draft_vocab_size": 300000}})
-    with pytest.raises(RecipeError, match=r"^vocab.draft_vocab_size: 300000 > the target's vocab size 201088"):
+    with pytest.raises(
+        RecipeError, match=r"^vocab.draft_vocab_size: 300000 > the target's vocab size 201088"
+    ):
         check_against_target(r, num_layers=36, vocab_size=201088)
     assert check_against_target(load_recipe({}), 36, 201088) == [2, 18, 33]  # gpt-oss-120b
 
@@ -81,7 +101,10 @@ def test_default_layer_ids_follow_vllm():
 
 def test_dotted_overrides():
     assert parse_overrides(["train.lr=0.0003", "capture.aux_layer_ids=[1,2,3]", "draft.init_from="]) == {
-        "train": {"lr": 3e-4}, "capture": {"aux_layer_ids": [1, 2, 3]}, "draft": {"init_from": None}}
+        "train": {"lr": 3e-4},
+        "capture": {"aux_layer_ids": [1, 2, 3]},
+        "draft": {"init_from": None},
+    }
     r = load_recipe("demo", ["eval.k=3", "train.lr=0.002"])
     assert r.eval.k == 3 and r.train.lr == 0.002
     with pytest.raises(RecipeError, match=r"^eval.kk: unknown key"):
@@ -100,7 +123,10 @@ def test_shipped_gpt_oss_recipe():
 @pytest.mark.parametrize("model,layers,ids", [("120b", 36, [2, 18, 33]), ("20b", 24, [2, 12, 21])])
 def test_shipped_gpt_oss_variants(model, layers, ids):
     """The three variants per target: each parses, fits the target, and differs where its comment says."""
-    v = {name: load_recipe(f"gpt-oss-{model}-{name}") for name in ("short-context", "long-context", "throughput")}
+    v = {
+        name: load_recipe(f"gpt-oss-{model}-{name}")
+        for name in ("short-context", "long-context", "throughput")
+    }
     for name, r in v.items():
         assert r.name == f"gpt-oss-{model}-{name}" and r.target.model == f"openai/gpt-oss-{model}"
         assert check_against_target(r, num_layers=layers, vocab_size=201088) == ids
@@ -124,19 +150,31 @@ def test_cli_overrides_after_options(tmp_path, capsys):
     assert not any(tmp_path.iterdir())  # nothing was written
 
 
-MIXED = {"prompts": [{"source": "HuggingFaceH4/ultrachat_200k", "split": "train_sft", "weight": 3},
-                     {"source": "../shared/data/sharegpt.jsonl", "weight": 1, "name": "sharegpt"}]}
+MIXED = {
+    "prompts": [
+        {"source": "HuggingFaceH4/ultrachat_200k", "split": "train_sft", "weight": 3},
+        {"source": "../shared/data/sharegpt.jsonl", "weight": 1, "name": "sharegpt"},
+    ]
+}
 
 
 def test_prompt_sources_list_form():
     r = load_recipe({"data": MIXED})
     a, b = r.data.prompts
     assert (a.source, a.split, a.hub_config, a.weight, a.name, a.label()) == (
-        "HuggingFaceH4/ultrachat_200k", "train_sft", None, 3.0, None, "ultrachat_200k")
+        "HuggingFaceH4/ultrachat_200k",
+        "train_sft",
+        None,
+        3.0,
+        None,
+        "ultrachat_200k",
+    )
     assert (b.split, b.weight, b.label()) == ("train", 1.0, "sharegpt")
     assert PromptSource("data/x.jsonl").label() == "x"
     assert load_recipe({}).data.prompts == "eyas-demo/prompts.jsonl"  # the single-string form is unchanged
-    assert load_recipe({"data": {"prompts": "d.jsonl", "split": "test", "hub_config": "c"}}).data.split == "test"
+    assert (
+        load_recipe({"data": {"prompts": "d.jsonl", "split": "test", "hub_config": "c"}}).data.split == "test"
+    )
     r = load_recipe("demo", ["data.prompts=[{source: a.jsonl, weight: 2}, {source: b.jsonl}]"])
     assert [(s.source, s.weight) for s in r.data.prompts] == [("a.jsonl", 2.0), ("b.jsonl", 1.0)]
 
@@ -145,28 +183,64 @@ def test_prompt_sources_round_trip_through_dump():
     r = load_recipe({"data": {**MIXED, "max_turns": 2}})
     again = load_recipe(yaml.safe_load(dump_recipe(r)))
     assert again == r and isinstance(again.data.prompts[0], PromptSource)
-    assert again.to_dict()["data"]["prompts"][1] == {"source": "../shared/data/sharegpt.jsonl", "split": "train",
-                                                     "hub_config": None, "weight": 1.0, "name": "sharegpt"}
+    assert again.to_dict()["data"]["prompts"][1] == {
+        "source": "../shared/data/sharegpt.jsonl",
+        "split": "train",
+        "hub_config": None,
+        "weight": 1.0,
+        "name": "sharegpt",
+    }
     assert load_recipe(yaml.safe_load(dump_recipe(load_recipe({})))) == load_recipe({})
 
 
-@pytest.mark.parametrize("prompts,data,match", [
-    ([{"source": "a.jsonl", "xyz": 1}], {}, r"^data.prompts\[0\].xyz: unknown key \(known: hub_config, name, "
-                                            r"source, split, weight\)"),
-    ([{"source": "a.jsonl"}, {"source": "b.jsonl", "wieght": 2}], {}, r"^data.prompts\[1\].wieght: unknown key"),
-    ([{"source": "a.jsonl"}, {"source": "b.jsonl", "weight": 0}], {}, r"^data.prompts\[1\].weight: must be > 0"),
-    ([{"source": "a.jsonl", "weight": "heavy"}], {}, r"^data.prompts\[0\].weight: expected a number"),
-    ([{"weight": 2}], {}, r"^data.prompts\[0\].source: required"),
-    (["a.jsonl"], {}, r"^data.prompts\[0\]: expected a mapping"),
-    ([], {}, r"^data.prompts: list at least one source"),
-    ({"source": "a.jsonl"}, {}, r"^data.prompts: expected str or list"),
-    ([{"source": "x/a.jsonl"}, {"source": "y/a.jsonl"}], {},
-     r"^data.prompts\[1\].name: data.prompts\[0\] \(x/a.jsonl\) and data.prompts\[1\] \(y/a.jsonl\) are both "
-     r"named 'a'; give one a distinct name"),
-    ([{"source": "a.jsonl", "name": "a:b"}], {}, r"^data.prompts\[0\].name: must be non-empty and without ':'"),
-    ([{"source": "org/ds"}], {"split": "test"}, r"^data.split: with a list of data.prompts, put split in each source"),
-    ([{"source": "org/ds"}], {"hub_config": "c"}, r"^data.hub_config: with a list of data.prompts, put hub_config"),
-])
+@pytest.mark.parametrize(
+    "prompts,data,match",
+    [
+        (
+            [{"source": "a.jsonl", "xyz": 1}],
+            {},
+            r"^data.prompts\[0\].xyz: unknown key \(known: hub_config, name, "
+            r"source, split, weight\)",
+        ),
+        (
+            [{"source": "a.jsonl"}, {"source": "b.jsonl", "wieght": 2}],
+            {},
+            r"^data.prompts\[1\].wieght: unknown key",
+        ),
+        (
+            [{"source": "a.jsonl"}, {"source": "b.jsonl", "weight": 0}],
+            {},
+            r"^data.prompts\[1\].weight: must be > 0",
+        ),
+        ([{"source": "a.jsonl", "weight": "heavy"}], {}, r"^data.prompts\[0\].weight: expected a number"),
+        ([{"weight": 2}], {}, r"^data.prompts\[0\].source: required"),
+        (["a.jsonl"], {}, r"^data.prompts\[0\]: expected a mapping"),
+        ([], {}, r"^data.prompts: list at least one source"),
+        ({"source": "a.jsonl"}, {}, r"^data.prompts: expected str or list"),
+        (
+            [{"source": "x/a.jsonl"}, {"source": "y/a.jsonl"}],
+            {},
+            r"^data.prompts\[1\].name: data.prompts\[0\] \(x/a.jsonl\) and data.prompts\[1\] \(y/a.jsonl\) "
+            r"are both "
+            r"named 'a'; give one a distinct name",
+        ),
+        (
+            [{"source": "a.jsonl", "name": "a:b"}],
+            {},
+            r"^data.prompts\[0\].name: must be non-empty and without ':'",
+        ),
+        (
+            [{"source": "org/ds"}],
+            {"split": "test"},
+            r"^data.split: with a list of data.prompts, put split in each source",
+        ),
+        (
+            [{"source": "org/ds"}],
+            {"hub_config": "c"},
+            r"^data.hub_config: with a list of data.prompts, put hub_config",
+        ),
+    ],
+)
 def test_prompt_sources_errors_name_the_key(prompts, data, match):
     with pytest.raises(RecipeError, match=match):
         load_recipe({"data": {"prompts": prompts, **data}})

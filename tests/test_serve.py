@@ -10,14 +10,13 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 import torch
+from serve_process import eyas_serve, free_port
+from tiny_targets import draft_for
 
 from eyas.data.chat import eos_token_ids, render_prompt
 from eyas.data.target import load_target
 from eyas.serve.decoding.reference import greedy_generate
 from eyas.train.checkpoint import save_draft
-
-from serve_process import eyas_serve, free_port
-from tiny_targets import draft_for
 
 MAX = 32
 K = 3
@@ -37,8 +36,21 @@ def demo(tmp_path_factory):
 def server(demo):
     _, _, _, root = demo
     port = free_port()
-    with eyas_serve(["demo", "--draft", str(root / "draft"), "--k", str(K), "--max-num-seqs", "8",
-                     "target.dtype=float32", "target.device=cpu"], port, root / "server.log"):
+    with eyas_serve(
+        [
+            "demo",
+            "--draft",
+            str(root / "draft"),
+            "--k",
+            str(K),
+            "--max-num-seqs",
+            "8",
+            "target.dtype=float32",
+            "target.device=cpu",
+        ],
+        port,
+        root / "server.log",
+    ):
         yield f"http://127.0.0.1:{port}"
 
 
@@ -53,8 +65,15 @@ def extra(obj, key):
     return obj.model_dump()[key]
 
 
-MESSAGES = [[{"role": "user", "content": q}] for q in (
-    "What is 7 plus 5?", "Name three colors.", "Why is the sky blue?", "Spell the word cat backwards.")]
+MESSAGES = [
+    [{"role": "user", "content": q}]
+    for q in (
+        "What is 7 plus 5?",
+        "Name three colors.",
+        "Why is the sky blue?",
+        "Spell the word cat backwards.",
+    )
+]
 
 
 def test_concurrent_completions_equal_plain_greedy(demo, client):
@@ -64,8 +83,14 @@ def test_concurrent_completions_equal_plain_greedy(demo, client):
     ids = [render_prompt(tok, m) for m in MESSAGES]
     prompts = texts + ids  # text prompts and token-id prompts
     with ThreadPoolExecutor(len(prompts)) as pool:
-        outs = list(pool.map(lambda p: client.completions.create(
-            model=name, prompt=p, max_tokens=MAX, temperature=0, extra_body={"return_token_ids": True}), prompts))
+        outs = list(
+            pool.map(
+                lambda p: client.completions.create(
+                    model=name, prompt=p, max_tokens=MAX, temperature=0, extra_body={"return_token_ids": True}
+                ),
+                prompts,
+            )
+        )
     for p, out in zip(prompts, outs):
         choice = out.choices[0]
         p_ids = tok.encode(p) if isinstance(p, str) else p
@@ -82,9 +107,21 @@ def test_concurrent_chats_through_the_chat_template(demo, client):
     model, tok, eos, _ = demo
     name = client.models.list().data[0].id
     with ThreadPoolExecutor(len(MESSAGES)) as pool:
-        outs = list(pool.map(lambda m: client.chat.completions.create(
-            model=name, messages=m, max_tokens=96, temperature=0, extra_body={"return_token_ids": True}), MESSAGES))
-    special = {tok.convert_tokens_to_ids(t): t for t in ("<|channel|>", "<|message|>", "<|end|>", "<|return|>")}
+        outs = list(
+            pool.map(
+                lambda m: client.chat.completions.create(
+                    model=name,
+                    messages=m,
+                    max_tokens=96,
+                    temperature=0,
+                    extra_body={"return_token_ids": True},
+                ),
+                MESSAGES,
+            )
+        )
+    special = {
+        tok.convert_tokens_to_ids(t): t for t in ("<|channel|>", "<|message|>", "<|end|>", "<|return|>")
+    }
     for m, out in zip(MESSAGES, outs):
         p_ids = render_prompt(tok, m)
         ref, _, _ = greedy_generate(model, p_ids, 96, eos)
@@ -93,7 +130,7 @@ def test_concurrent_chats_through_the_chat_template(demo, client):
         # harmony: the analysis channel is reasoning_content, the final channel is content
         msg = out.choices[0].message
         i_final = max(i for i, t in enumerate(ids) if special.get(t) == "<|message|>")
-        body = [t for t in ids[i_final + 1:] if t not in special]
+        body = [t for t in ids[i_final + 1 :] if t not in special]
         assert msg.content == tok.decode(body, skip_special_tokens=True)
         assert extra(msg, "reasoning_content")  # the demo target reasons before answering
         assert out.object == "chat.completion" and msg.role == "assistant"
@@ -102,11 +139,20 @@ def test_concurrent_chats_through_the_chat_template(demo, client):
 def test_streaming_carries_the_same_tokens(demo, client):
     name = client.models.list().data[0].id
     prompt = "Tell me a story about a cat"
-    full = client.completions.create(model=name, prompt=prompt, max_tokens=MAX, temperature=0,
-                                     extra_body={"return_token_ids": True})
-    chunks = list(client.completions.create(model=name, prompt=prompt, max_tokens=MAX, temperature=0, stream=True,
-                                            stream_options={"include_usage": True},
-                                            extra_body={"return_token_ids": True}))
+    full = client.completions.create(
+        model=name, prompt=prompt, max_tokens=MAX, temperature=0, extra_body={"return_token_ids": True}
+    )
+    chunks = list(
+        client.completions.create(
+            model=name,
+            prompt=prompt,
+            max_tokens=MAX,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"return_token_ids": True},
+        )
+    )
     body = [c for c in chunks if c.choices]
     assert len(body) > 1
     assert sum((extra(c.choices[0], "token_ids") for c in body), []) == extra(full.choices[0], "token_ids")
@@ -117,20 +163,36 @@ def test_streaming_carries_the_same_tokens(demo, client):
     # chat streaming: the content deltas add up to the non-streamed content
     msgs = MESSAGES[0]
     whole = client.chat.completions.create(model=name, messages=msgs, max_tokens=96, temperature=0)
-    parts = list(client.chat.completions.create(model=name, messages=msgs, max_tokens=96, temperature=0, stream=True))
+    parts = list(
+        client.chat.completions.create(model=name, messages=msgs, max_tokens=96, temperature=0, stream=True)
+    )
     assert parts[0].choices[0].delta.role == "assistant"
-    assert "".join(p.choices[0].delta.content or "" for p in parts if p.choices) == whole.choices[0].message.content
+    assert (
+        "".join(p.choices[0].delta.content or "" for p in parts if p.choices)
+        == whole.choices[0].message.content
+    )
 
 
 def test_sampling_is_seeded_and_speculation_can_be_off(demo, client):
     model, tok, eos, _ = demo
     name = client.models.list().data[0].id
-    kw = dict(model=name, prompt="Once upon a time", max_tokens=24, temperature=1.0, seed=1234,
-              extra_body={"return_token_ids": True})
+    kw = dict(
+        model=name,
+        prompt="Once upon a time",
+        max_tokens=24,
+        temperature=1.0,
+        seed=1234,
+        extra_body={"return_token_ids": True},
+    )
     a, b = client.completions.create(**kw), client.completions.create(**kw)
     assert extra(a.choices[0], "token_ids") == extra(b.choices[0], "token_ids")
-    plain = client.completions.create(model=name, prompt="Once upon a time", max_tokens=MAX, temperature=0,
-                                      extra_body={"return_token_ids": True, "speculative": False})
+    plain = client.completions.create(
+        model=name,
+        prompt="Once upon a time",
+        max_tokens=MAX,
+        temperature=0,
+        extra_body={"return_token_ids": True, "speculative": False},
+    )
     ref, _, _ = greedy_generate(model, tok.encode("Once upon a time"), MAX, eos)
     assert extra(plain.choices[0], "token_ids") == ref
 
@@ -141,7 +203,7 @@ def test_malformed_requests_get_4xx_and_the_server_keeps_serving(server, client)
         ({"prompt": "hi", "temperature": -1}, 400),
         ({"prompt": "hi", "max_tokens": 0}, 400),
         ({"prompt": [999999], "max_tokens": 4}, 400),  # token id outside the vocabulary
-        ({"prompt": "hi", "max_tokens": 10 ** 7}, 400),  # beyond the context length
+        ({"prompt": "hi", "max_tokens": 10**7}, 400),  # beyond the context length
         ({"prompt": "hi", "n": 2}, 400),
         ({"prompt": "hi", "model": "no-such-model"}, 404),
     ]
@@ -150,11 +212,15 @@ def test_malformed_requests_get_4xx_and_the_server_keeps_serving(server, client)
         assert r.status_code == code, (body, r.text)
         err = r.json()["error"]
         assert err["code"] == code and err["message"] and err["type"]
-    r = httpx.post(f"{server}/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
+    r = httpx.post(
+        f"{server}/v1/completions", content=b"{not json", headers={"content-type": "application/json"}
+    )
     assert r.status_code == 400 and "error" in r.json()
     r = httpx.post(f"{server}/v1/chat/completions", json={"messages": []})
     assert r.status_code == 400
-    ok = client.completions.create(model=client.models.list().data[0].id, prompt="hello", max_tokens=4, temperature=0)
+    ok = client.completions.create(
+        model=client.models.list().data[0].id, prompt="hello", max_tokens=4, temperature=0
+    )
     assert ok.choices[0].finish_reason in ("length", "stop")
 
 
@@ -164,15 +230,26 @@ def test_models_health_and_metrics(server):
     assert models["object"] == "list" and models["data"][0]["object"] == "model"
     assert models["data"][0]["max_model_len"] > 0
     text = httpx.get(f"{server}/metrics").text
-    for name in ("vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",
-                 "vllm:spec_decode_num_accepted_tokens_total", "vllm:spec_decode_num_accepted_tokens_per_pos_total",
-                 "vllm:generation_tokens_total", "vllm:time_to_first_token_seconds_bucket",
-                 "vllm:num_requests_running"):
+    for name in (
+        "vllm:spec_decode_num_drafts_total",
+        "vllm:spec_decode_num_draft_tokens_total",
+        "vllm:spec_decode_num_accepted_tokens_total",
+        "vllm:spec_decode_num_accepted_tokens_per_pos_total",
+        "vllm:generation_tokens_total",
+        "vllm:time_to_first_token_seconds_bucket",
+        "vllm:num_requests_running",
+    ):
         assert name in text, name
-    drafts = next(float(line.split()[-1]) for line in text.splitlines()
-                  if line.startswith("vllm:spec_decode_num_drafts_total"))
-    tokens = next(float(line.split()[-1]) for line in text.splitlines()
-                  if line.startswith("vllm:spec_decode_num_draft_tokens_total"))
+    drafts = next(
+        float(line.split()[-1])
+        for line in text.splitlines()
+        if line.startswith("vllm:spec_decode_num_drafts_total")
+    )
+    tokens = next(
+        float(line.split()[-1])
+        for line in text.splitlines()
+        if line.startswith("vllm:spec_decode_num_draft_tokens_total")
+    )
     assert drafts > 0 and tokens == K * drafts
 
 
@@ -185,15 +262,29 @@ def test_eval_reads_acceptance_from_the_server(demo, server, tmp_path, capsys):
     _, _, _, root = demo
     run = tmp_path / "run"
     (run / "prompts").mkdir(parents=True)
-    (run / "prompts" / "eval.jsonl").write_text("".join(json.dumps({"id": str(i), "messages": m}) + "\n"
-                                                        for i, m in enumerate(MESSAGES)))
+    (run / "prompts" / "eval.jsonl").write_text(
+        "".join(json.dumps({"id": str(i), "messages": m}) + "\n" for i, m in enumerate(MESSAGES))
+    )
     import shutil
 
     shutil.copytree(root / "draft", run / "train" / "checkpoint-final")
     recipe = load_recipe("demo", ["target.dtype=float32", "target.device=cpu", "eval.max_new_tokens=48"])
     (run / "recipe.yaml").write_text(dump_recipe(recipe))
-    rc = main(["eval", str(run), "--server", f"eyas-serve={server}/v1", "--k", str(K), "--concurrency", "2",
-               "--temperature", "0", "--no-progress"])
+    rc = main(
+        [
+            "eval",
+            str(run),
+            "--server",
+            f"eyas-serve={server}/v1",
+            "--k",
+            str(K),
+            "--concurrency",
+            "2",
+            "--temperature",
+            "0",
+            "--no-progress",
+        ]
+    )
     assert rc == 0
     report = json.loads((run / "report.json").read_text())
     ours = next(r for r in report["results"] if r["engine"] == "eyas")
@@ -227,5 +318,6 @@ def test_sglang_verify_counts_give_the_loops_tau(demo, server, monkeypatch):
     draft = load_draft(root / "draft", device="cpu", dtype=torch.float32).eval()
     ours = run_engine(Engine(model, draft, TreeShape.chain(K), max_batch=2, eos_ids=eos), prompts, params, 2)
     assert res.outputs == ours.outputs
-    assert acc["acceptance_length"] == pytest.approx(acceptance(ours.emitted, ours.accepted, K)["acceptance_length"],
-                                                     abs=1e-12)
+    assert acc["acceptance_length"] == pytest.approx(
+        acceptance(ours.emitted, ours.accepted, K)["acceptance_length"], abs=1e-12
+    )

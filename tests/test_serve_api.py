@@ -12,6 +12,7 @@ import json
 import httpx
 import pytest
 import torch
+from tiny_targets import draft_for
 
 from eyas.data.chat import render_prompt
 from eyas.data.target import load_target
@@ -21,8 +22,6 @@ from eyas.serve.api.serving import Served
 from eyas.serve.decoding.reference import greedy_generate
 from eyas.serve.decoding.tree import TreeShape
 from eyas.train.checkpoint import save_draft
-
-from tiny_targets import draft_for
 
 K = 3
 PROMPT = "The capital of France is"
@@ -45,6 +44,7 @@ class Stack:
             transport = httpx.ASGITransport(app=self.app)
             async with httpx.AsyncClient(transport=transport, base_url="http://test") as c:
                 return await asyncio.wait_for(c.request(method, path, json=body), TIMEOUT)
+
         return self.loop.run_until_complete(go())
 
     def post(self, path: str, body: dict) -> httpx.Response:
@@ -93,8 +93,8 @@ def stop_case(text: str, case: str) -> tuple[str | list[str], str, str | None]:
     """For a greedy `text`: the request's `stop` for `case`, the text cut at it, and the stop_reason.
     early: a string a quarter in; pair: [a string near the end, the early one] (the later-listed one
     occurs first); absent: a string not in the text (it runs to its end)."""
-    early = text[len(text) // 4:len(text) // 4 + 3]
-    cut = text[:text.find(early)]
+    early = text[len(text) // 4 : len(text) // 4 + 3]
+    cut = text[: text.find(early)]
     assert cut, text
     if case == "early":
         return early, cut, early
@@ -153,14 +153,23 @@ def test_length_and_usage(stack, greedy_completion):
     choice = whole["choices"][0]
     assert choice["text"] == stack.tok.decode(greedy["token_ids"][:5], skip_special_tokens=True)
     assert choice["finish_reason"] == "length" and choice["stop_reason"] is None
-    assert whole["usage"] == {"prompt_tokens": len(prompt_ids), "completion_tokens": 5,
-                              "total_tokens": len(prompt_ids) + 5, "prompt_tokens_details": None}
+    assert whole["usage"] == {
+        "prompt_tokens": len(prompt_ids),
+        "completion_tokens": 5,
+        "total_tokens": len(prompt_ids) + 5,
+        "prompt_tokens_details": None,
+    }
 
 
 def assert_spec_details(details: dict, completion_tokens: int) -> None:
     """SGLang's verify counts of one choice, as serving.spec_details defines them over the engine's."""
-    assert list(details) == ["spec_verify_ct", "spec_accept_length", "spec_num_correct_drafts",
-                             "spec_num_proposed_drafts", "spec_accept_rate"]
+    assert list(details) == [
+        "spec_verify_ct",
+        "spec_accept_length",
+        "spec_num_correct_drafts",
+        "spec_num_proposed_drafts",
+        "spec_accept_rate",
+    ]
     ct, correct = details["spec_verify_ct"], details["spec_num_correct_drafts"]
     proposed = details["spec_num_proposed_drafts"]
     assert ct >= 1 and proposed == K * ct and 0 <= correct <= proposed
@@ -171,13 +180,35 @@ def assert_spec_details(details: dict, completion_tokens: int) -> None:
 
 
 def test_completion_keys(stack):
-    body = {"prompt": [PROMPT, "Once upon a time"], "max_tokens": 3, "temperature": 0,
-            "return_spec_tokens_details": True}
+    body = {
+        "prompt": [PROMPT, "Once upon a time"],
+        "max_tokens": 3,
+        "temperature": 0,
+        "return_spec_tokens_details": True,
+    }
     whole = stack.post("/v1/completions", body).json()
-    assert list(whole) == ["id", "object", "created", "model", "choices", "usage", "system_fingerprint",
-                           "service_tier", "kv_transfer_params", "sglext"]
-    assert list(whole["choices"][0]) == ["index", "text", "logprobs", "finish_reason", "stop_reason",
-                                         "prompt_logprobs", "token_ids", "prompt_token_ids"]
+    assert list(whole) == [
+        "id",
+        "object",
+        "created",
+        "model",
+        "choices",
+        "usage",
+        "system_fingerprint",
+        "service_tier",
+        "kv_transfer_params",
+        "sglext",
+    ]
+    assert list(whole["choices"][0]) == [
+        "index",
+        "text",
+        "logprobs",
+        "finish_reason",
+        "stop_reason",
+        "prompt_logprobs",
+        "token_ids",
+        "prompt_token_ids",
+    ]
     assert [c["finish_reason"] for c in whole["choices"]] == ["length"] * 2
     assert whole["usage"]["completion_tokens"] == 6
     details = whole["sglext"]["spec_tokens_details"]
@@ -188,8 +219,15 @@ def test_completion_keys(stack):
     stream = {**body, "stream": True, "stream_options": {"include_usage": True}}
     chunks = events(stack.post("/v1/completions", stream))
     assert list(chunks[0]) == ["id", "object", "created", "model", "choices", "usage"]
-    assert list(chunks[0]["choices"][0]) == ["index", "text", "logprobs", "finish_reason", "stop_reason",
-                                             "token_ids", "prompt_token_ids"]
+    assert list(chunks[0]["choices"][0]) == [
+        "index",
+        "text",
+        "logprobs",
+        "finish_reason",
+        "stop_reason",
+        "token_ids",
+        "prompt_token_ids",
+    ]
     assert list(chunks[-2]) == ["id", "object", "created", "model", "choices", "usage"]  # the usage
     assert list(chunks[-1]) == ["id", "object", "created", "model", "choices", "usage", "sglext"]
     assert chunks[-2]["usage"]["completion_tokens"] == 6 and chunks[-1]["usage"] is None
@@ -202,35 +240,71 @@ def harmony_split(tok, ids: list[int]) -> tuple[str, str]:
     <|message|>C<|return|>` -> (R, C) decoded."""
     message, end = tok.convert_tokens_to_ids("<|message|>"), tok.convert_tokens_to_ids("<|end|>")
     opened = [i for i, t in enumerate(ids) if t == message]
-    assert len(opened) == 2 and tok.decode(ids[1:opened[0]]) == "analysis", tok.decode(ids)
-    return (tok.decode(ids[opened[0] + 1:ids.index(end)], skip_special_tokens=True),
-            tok.decode(ids[opened[1] + 1:], skip_special_tokens=True))
+    assert len(opened) == 2 and tok.decode(ids[1 : opened[0]]) == "analysis", tok.decode(ids)
+    return (
+        tok.decode(ids[opened[0] + 1 : ids.index(end)], skip_special_tokens=True),
+        tok.decode(ids[opened[1] + 1 :], skip_special_tokens=True),
+    )
 
 
 def test_chat_keys(stack, greedy_chat):
-    assert list(greedy_chat) == ["id", "object", "created", "model", "choices", "usage", "prompt_logprobs",
-                                 "prompt_token_ids", "system_fingerprint", "service_tier",
-                                 "kv_transfer_params"]
+    assert list(greedy_chat) == [
+        "id",
+        "object",
+        "created",
+        "model",
+        "choices",
+        "usage",
+        "prompt_logprobs",
+        "prompt_token_ids",
+        "system_fingerprint",
+        "service_tier",
+        "kv_transfer_params",
+    ]
     prompt_ids = render_prompt(stack.tok, MESSAGES)
     engine = stack.served.runner.engines["plain"]
     ref, _, _ = greedy_generate(engine.model, prompt_ids, CHAT_MAX, engine.eos_ids)
     reasoning, content = harmony_split(stack.tok, ref)
     assert greedy_chat["prompt_token_ids"] == prompt_ids
     assert greedy_chat["choices"][0] == {
-        "index": 0, "message": {"role": "assistant", "content": content, "reasoning_content": reasoning,
-                                "tool_calls": []},
-        "logprobs": None, "finish_reason": "stop", "stop_reason": None, "token_ids": ref}
-    body = {"messages": MESSAGES, "max_tokens": 3, "temperature": 0, "return_token_ids": True,
-            "stream": True, "stream_options": {"include_usage": True}, "return_spec_tokens_details": True}
+        "index": 0,
+        "message": {
+            "role": "assistant",
+            "content": content,
+            "reasoning_content": reasoning,
+            "tool_calls": [],
+        },
+        "logprobs": None,
+        "finish_reason": "stop",
+        "stop_reason": None,
+        "token_ids": ref,
+    }
+    body = {
+        "messages": MESSAGES,
+        "max_tokens": 3,
+        "temperature": 0,
+        "return_token_ids": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "return_spec_tokens_details": True,
+    }
     chunks = events(stack.post("/v1/chat/completions", body))
     first, body_chunks, last = chunks[0], chunks[1:-2], chunks[-1]
     assert list(first) == ["id", "object", "created", "model", "choices", "prompt_token_ids"]
-    assert first["choices"] == [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                                 "finish_reason": None}]
+    assert first["choices"] == [
+        {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+    ]
     assert [list(c["choices"][0]) for c in body_chunks[:-1]] == [
-        ["index", "delta", "logprobs", "finish_reason", "token_ids"]] * (len(body_chunks) - 1)
-    assert list(body_chunks[-1]["choices"][0]) == ["index", "delta", "logprobs", "finish_reason",
-                                                   "stop_reason", "token_ids"]
+        ["index", "delta", "logprobs", "finish_reason", "token_ids"]
+    ] * (len(body_chunks) - 1)
+    assert list(body_chunks[-1]["choices"][0]) == [
+        "index",
+        "delta",
+        "logprobs",
+        "finish_reason",
+        "stop_reason",
+        "token_ids",
+    ]
     assert sum((c["choices"][0]["token_ids"] for c in body_chunks), []) == ref[:3]
     assert list(chunks[-2]) == ["id", "object", "created", "model", "choices", "usage"]
     assert chunks[-2]["usage"]["completion_tokens"] == 3
@@ -257,7 +331,10 @@ def test_overrides_before_and_after_the_options():
     a = parse_args(["demo", "eval.k=3", "--port", "9", "target.device=cpu", "--k", "2", "x.y=1"])
     assert a.source == "demo" and a.overrides == ["eval.k=3", "target.device=cpu", "x.y=1"]
     assert a.port == 9 and a.k == 2
-    for bad in (["demo", "--port", "9", "stray"], ["demo", "--no-such-option"],
-                ["demo", "--k", "2", "--tree", "1,1,1"]):
+    for bad in (
+        ["demo", "--port", "9", "stray"],
+        ["demo", "--no-such-option"],
+        ["demo", "--k", "2", "--tree", "1,1,1"],
+    ):
         with pytest.raises(SystemExit):
             parse_args(bad)

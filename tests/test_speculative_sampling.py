@@ -18,14 +18,13 @@ that it is rejected. The runs are seeded, so each test is deterministic.
 
 import pytest
 import torch
+from data_fixtures import one_thread  # noqa: F401
+from tiny_targets import draft_for, tiny_gpt_oss
 
 from eyas.serve.decoding import sampling as S
 from eyas.serve.decoding.engine import Engine, Request
 from eyas.serve.decoding.sampling import RowSampling, SamplingParams, target_probs, verify
 from eyas.serve.decoding.tree import Tree, TreeShape, ancestor_sets, children_of
-
-from data_fixtures import one_thread  # noqa: F401
-from tiny_targets import draft_for, tiny_gpt_oss
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 ALPHA = 1e-3
@@ -48,13 +47,17 @@ def chi_square_p(counts: dict, probs: dict, n: int) -> float:
     if pool_e > 0:
         stat += (pool_o - pool_e) ** 2 / pool_e
         df += 1
-    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64),
-                                         torch.tensor(stat / 2, dtype=torch.float64)))
+    return float(
+        torch.special.gammaincc(
+            torch.tensor(df / 2, dtype=torch.float64), torch.tensor(stat / 2, dtype=torch.float64)
+        )
+    )
 
 
 @pytest.fixture
 def wrong_correction(monkeypatch):
     """The classic mistake: after a rejection, draw the correction from p instead of the residual."""
+
     def install():
         real = S.verify
 
@@ -66,9 +69,12 @@ def wrong_correction(monkeypatch):
             p = target_probs(logits[ar, last], rows)
             v.next_token = S.exponential_race(p, rows.generators)
             return v
+
         monkeypatch.setattr(S, "verify", broken)
         import eyas.serve.decoding.engine as E
+
         monkeypatch.setattr(E, "verify", broken)
+
     return install
 
 
@@ -80,7 +86,7 @@ def small_tree():
     tokens = torch.tensor([[7, 1, 2, 3, 4, 0, 5]])
     parents = torch.tensor([[-1, 0, 0, 0, 1, 1, 4]])
     depth = torch.tensor([[0, 1, 1, 1, 2, 2, 3]])
-    scores = torch.tensor([[2.0, .5, .3, .2, .3, .1, .2]])
+    scores = torch.tensor([[2.0, 0.5, 0.3, 0.2, 0.3, 0.1, 0.2]])
     return tokens, parents, depth, scores
 
 
@@ -100,6 +106,7 @@ def expected_sequences(tokens, parents, probs):
                 walk(kids[node][x], prefix + (x,), pr * px)
             else:
                 out[prefix + (x,)] = out.get(prefix + (x,), 0) + pr * px
+
     walk(0, (), 1.0)
     return out
 
@@ -110,8 +117,13 @@ def test_verify_kernel_distribution(wrong_correction):
     g = torch.Generator().manual_seed(0)
     logits1 = torch.randn(1, 7, V, generator=g) * 1.5
     params = [SamplingParams(temperature=0.9, top_k=6, top_p=0.95, seed=i) for i in range(n)]
-    tree = Tree(tokens=tokens.expand(n, -1), parents=parents.expand(n, -1), depth=depth.expand(n, -1),
-                ancestors=ancestor_sets(parents, 3).expand(n, -1, -1), children=children_of(parents, scores, 3).expand(n, -1, -1))
+    tree = Tree(
+        tokens=tokens.expand(n, -1),
+        parents=parents.expand(n, -1),
+        depth=depth.expand(n, -1),
+        ancestors=ancestor_sets(parents, 3).expand(n, -1, -1),
+        children=children_of(parents, scores, 3).expand(n, -1, -1),
+    )
 
     def run():
         gens = [torch.Generator().manual_seed(i) for i in range(n)]
@@ -174,11 +186,13 @@ class RankedEngine(Engine):
         tree = super()._draft_tree(n, n_max, B)
         tokens, kids = tree.tokens.tolist(), tree.children.tolist()
         for b in range(B):
+
             def fill(node, prefix):
                 ranked = sorted(range(self.vocab), key=lambda x: -self.dist(prefix)[x])
                 for rank, child in enumerate(c for c in kids[b][node] if c >= 0):
                     tokens[b][child] = ranked[rank]
                     fill(child, prefix + (ranked[rank],))
+
             fill(0, tuple(self.rows[b].prompt + self.rows[b].tokens))
         tree.tokens = torch.tensor(tokens)
         return tree
@@ -193,8 +207,11 @@ def target_dist(target, params):
         if prefix not in memo:
             with torch.no_grad():
                 logits = target(torch.tensor([list(prefix)])).logits[0, -1:]
-            memo[prefix] = target_probs(logits, RowSampling.of([params], [None], V, torch.device("cpu")))[0].tolist()
+            memo[prefix] = target_probs(logits, RowSampling.of([params], [None], V, torch.device("cpu")))[
+                0
+            ].tolist()
         return memo[prefix]
+
     return dist
 
 
@@ -209,16 +226,20 @@ def sequence_distribution(dist, prompt, m):
         for x, px in enumerate(dist(tuple(prompt) + prefix)):
             if px > 0:
                 walk(prefix + (x,), pr * px, depth + 1)
+
     walk((), 1.0, 0)
     return out
 
 
-@pytest.mark.parametrize("shape,params", [
-    (TreeShape.chain(2), SamplingParams(temperature=1.0, max_tokens=2)),
-    (TreeShape.chain(3), SamplingParams(temperature=0.8, top_k=4, max_tokens=3)),
-    (TreeShape(2, 3, 6), SamplingParams(temperature=1.0, top_k=4, max_tokens=3)),
-    (TreeShape(2, 3, 6), SamplingParams(temperature=0.8, top_k=5, top_p=0.9, max_tokens=3)),
-])
+@pytest.mark.parametrize(
+    "shape,params",
+    [
+        (TreeShape.chain(2), SamplingParams(temperature=1.0, max_tokens=2)),
+        (TreeShape.chain(3), SamplingParams(temperature=0.8, top_k=4, max_tokens=3)),
+        (TreeShape(2, 3, 6), SamplingParams(temperature=1.0, top_k=4, max_tokens=3)),
+        (TreeShape(2, 3, 6), SamplingParams(temperature=0.8, top_k=5, top_p=0.9, max_tokens=3)),
+    ],
+)
 def test_engine_output_distribution(shape, params, wrong_correction):
     target = tiny_gpt_oss(seed=7, layers=3, hidden=32, vocab=12, window=4, experts=2, heads=2, kv=1)
     draft = draft_for(target, 7)

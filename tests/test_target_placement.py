@@ -24,17 +24,24 @@ def split_map() -> dict[str, str]:
 def test_split_placement_captures_hidden_states_exactly(regen_run, tmp_path, capsys):
     target, run = regen_run
     ref_model, _ = load_target(str(target), "float32", "cpu")
-    model, _ = load_target(str(target), "float32", device_map=split_map(), offload_folder=str(tmp_path / "off"))
+    model, _ = load_target(
+        str(target), "float32", device_map=split_map(), offload_folder=str(tmp_path / "off")
+    )
     said = capsys.readouterr().out
-    assert ("target: device_map=explicit: layer 0 on cpu, layer 1 on disk, layer 2 on cpu, layer 3 on disk, "
-            "layer 4 on cpu, layer 5 on disk; lm_head on disk") in said
+    assert (
+        "target: device_map=explicit: layer 0 on cpu, layer 1 on disk, layer 2 on cpu, layer 3 on disk, "
+        "layer 4 on cpu, layer 5 on disk; lm_head on disk"
+    ) in said
     assert model.model.layers[1].mlp.router.weight.device.type == "meta"  # really offloaded
-    assert_capture_exact(model, ref_model, [s["input_ids"] for s in read_sequences(run)[:3]], IDS, 64, "split")
+    assert_capture_exact(
+        model, ref_model, [s["input_ids"] for s in read_sequences(run)[:3]], IDS, 64, "split"
+    )
 
 
 @pytest.mark.parametrize("teacher", ["final", "topk"])
 def test_capture_stage_with_offloaded_layers_equals_one_device(regen_run, tmp_path, teacher):
-    """The whole stage, the top-k teacher included (its lm_head weight is on disk, read from the checkpoint)."""
+    """The whole stage, the top-k teacher included (its lm_head weight is on disk, read from the
+    checkpoint)."""
     target = regen_run[0]
     one, split = fresh_run(regen_run, tmp_path, "one"), fresh_run(regen_run, tmp_path, "split")
     keys = {"teacher": teacher, "teacher_topk": 8} if teacher == "topk" else {}
@@ -54,8 +61,17 @@ def test_planned_placement_offloads_and_regenerates_the_same_tokens(regen_run, t
     target, run = regen_run
     base = {"model": str(target), "dtype": "float32"}
     data = {"prompts": str(run.parent / "prompts.jsonl"), "num_eval_prompts": 2, "max_new_tokens": 12}
-    planned = load_recipe({"target": {**base, "device_map": "sequential", "max_memory": {"cpu": "800KB"},
-                                      "offload_folder": str(tmp_path / "off")}, "data": data})
+    planned = load_recipe(
+        {
+            "target": {
+                **base,
+                "device_map": "sequential",
+                "max_memory": {"cpu": "800KB"},
+                "offload_folder": str(tmp_path / "off"),
+            },
+            "data": data,
+        }
+    )
     split = fresh_run(regen_run, tmp_path, "split")
     (split / "regenerate").rename(split / "regenerate.one")  # regenerate again, with the planned placement
     run_regenerate(planned, split, progress=False)
@@ -82,14 +98,25 @@ def make_mxfp4_target(path):
         for k, v in load_file(f).items():
             if k.endswith(("experts.gate_up_proj", "experts.down_proj")):
                 rows, cols = (2 * I, H) if k.endswith("gate_up_proj") else (H, I)
-                stored[k + "_blocks"] = torch.randint(0, 256, (E, rows, cols // 32, 16), generator=g, dtype=torch.uint8)
-                stored[k + "_scales"] = torch.randint(120, 125, (E, rows, cols // 32), generator=g, dtype=torch.uint8)
+                stored[k + "_blocks"] = torch.randint(
+                    0, 256, (E, rows, cols // 32, 16), generator=g, dtype=torch.uint8
+                )
+                stored[k + "_scales"] = torch.randint(
+                    120, 125, (E, rows, cols // 32), generator=g, dtype=torch.uint8
+                )
             else:
                 stored[k] = v
         f.unlink()
     save_file(stored, path / "model.safetensors", metadata={"format": "pt"})
-    cfg["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
-        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+    cfg["quantization_config"] = {
+        "quant_method": "mxfp4",
+        "modules_to_not_convert": [
+            "model.layers.*.self_attn",
+            "model.layers.*.mlp.router",
+            "model.embed_tokens",
+            "lm_head",
+        ],
+    }
     (path / "config.json").write_text(json.dumps(cfg))
     return path
 
@@ -97,7 +124,10 @@ def make_mxfp4_target(path):
 def test_mxfp4_checkpoint_is_dequantized_where_its_kernels_cannot_run_and_says_so(tmp_path, capsys):
     path = make_mxfp4_target(tmp_path / "mxfp4")
     auto, _ = load_target(str(path), "float32", "cpu")
-    assert "target: MXFP4 weights dequantized to float32 (MXFP4 kernels unavailable here)" in capsys.readouterr().out
+    assert (
+        "target: MXFP4 weights dequantized to float32 (MXFP4 kernels unavailable here)"
+        in capsys.readouterr().out
+    )
     asked, _ = load_target(str(path), "float32", "cpu", weights="dequantized")
     assert "target: MXFP4 weights dequantized to float32 (as target.weights asks)" in capsys.readouterr().out
     experts = auto.model.layers[0].mlp.experts
@@ -105,14 +135,20 @@ def test_mxfp4_checkpoint_is_dequantized_where_its_kernels_cannot_run_and_says_s
     ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
     with torch.no_grad():
         assert torch.equal(auto(input_ids=ids).logits, asked(input_ids=ids).logits)
-    with pytest.raises(RuntimeError, match=r"target.weights=mxfp4: transformers dequantized the MXFP4 weights, "
-                                           r"because its MXFP4 kernels cannot run here"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"target.weights=mxfp4: transformers dequantized the MXFP4 weights, "
+        r"because its MXFP4 kernels cannot run here",
+    ):
         load_target(str(path), "float32", "cpu", weights="mxfp4")
 
 
 def test_weights_key_on_a_checkpoint_without_mxfp4_names_the_key(regen_run):
-    with pytest.raises(ValueError, match=r"target.weights=dequantized: .* does not store MXFP4 weights; leave "
-                                         r"target.weights at auto"):
+    with pytest.raises(
+        ValueError,
+        match=r"target.weights=dequantized: .* does not store MXFP4 weights; leave "
+        r"target.weights at auto",
+    ):
         load_target(str(regen_run[0]), "float32", "cpu", weights="dequantized")
 
 
@@ -135,18 +171,29 @@ def test_serving_loop_on_a_split_target_equals_one_device(regen_run, tmp_path, e
 
     target, new = regen_run[0], 16
     one, _ = load_target(str(target), "float32", "cpu")
-    split, _ = load_target(str(target), "float32", device_map=data_fixtures.split_map(N_LAYERS, embed, lm_head),
-                           offload_folder=str(tmp_path / "off"))
+    split, _ = load_target(
+        str(target),
+        "float32",
+        device_map=data_fixtures.split_map(N_LAYERS, embed, lm_head),
+        offload_folder=str(tmp_path / "off"),
+    )
     offloaded = split.get_input_embeddings() if embed == "disk" else split.get_output_embeddings()
     assert offloaded.weight.device.type == "meta" and input_device(split) == torch.device("cpu")
     draft = draft_for(one, seed=0, aux_ids=IDS)
     g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(3, one.config.vocab_size, (int(n),), generator=g).tolist() for n in (5, 17, 9, 30, 2, 12)]
-    assert [greedy_generate(split, p, new)[0] for p in prompts] == [greedy_generate(one, p, new)[0] for p in prompts]
+    prompts = [
+        torch.randint(3, one.config.vocab_size, (int(n),), generator=g).tolist()
+        for n in (5, 17, 9, 30, 2, 12)
+    ]
+    assert [greedy_generate(split, p, new)[0] for p in prompts] == [
+        greedy_generate(one, p, new)[0] for p in prompts
+    ]
 
     def decode(model, engine_cls=Engine, shape=None, temperature=0.0, **kw):
-        reqs = [Request(p, SamplingParams(temperature=temperature, max_tokens=new, seed=i), id=f"r{i}")
-                for i, p in enumerate(prompts)]
+        reqs = [
+            Request(p, SamplingParams(temperature=temperature, max_tokens=new, seed=i), id=f"r{i}")
+            for i, p in enumerate(prompts)
+        ]
         eng = engine_cls(model, *((draft, shape) if shape else ()), max_batch=4, **kw)  # 2 join as others end
         eng.run(reqs)
         eng.close()
@@ -157,8 +204,9 @@ def test_serving_loop_on_a_split_target_equals_one_device(regen_run, tmp_path, e
     truth = {f"r{i}": p + t for i, (p, (t, _)) in enumerate(zip(prompts, plain))}
     for shape in (TreeShape.chain(3), TreeShape(2, 2, 4)):
         for temperature in (0.0, 1.0):
-            assert decode(split, Engine, shape, temperature) == decode(one, Engine, shape, temperature), \
+            assert decode(split, Engine, shape, temperature) == decode(one, Engine, shape, temperature), (
                 f"{shape.label} T={temperature}: the split target decodes differently"
+            )
         oracle = dict(truth=truth, p_wrong=0.4, seed=1)
         got = decode(split, OracleEngine, shape, **oracle)
         assert got == decode(one, OracleEngine, shape, **oracle), f"{shape.label}: the split target differs"

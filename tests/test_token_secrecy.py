@@ -22,7 +22,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from hub_standin import hub_standin
 from test_export_support import fabricate_run, make_draft, tiny_target
 
@@ -37,7 +36,7 @@ def token_forms(token: str = TOKEN) -> dict[str, bytes]:
     raw = token.encode()
     forms = {"token": raw}
     for k in range(3):
-        part = raw[k:len(raw) - (len(raw) - k) % 3]
+        part = raw[k : len(raw) - (len(raw) - k) % 3]
         forms[f"base64@{k}"] = base64.b64encode(part)
         forms[f"urlsafe-base64@{k}"] = base64.urlsafe_b64encode(part)
     return forms
@@ -70,8 +69,10 @@ def assert_nothing_leaked(tmp_path: Path, proc: subprocess.CompletedProcess, hub
     assert not found, f"token in files under {tmp_path}: {found}"
     # what went over the wire: the token in the Authorization header and nowhere else
     for r in hub.requests:
-        where = [f"{r.method} {r.path}?{r.query}" if leaks(f"{r.path}?{r.query}".encode()) else None,
-                 "body" if leaks(r.body) else None]
+        where = [
+            f"{r.method} {r.path}?{r.query}" if leaks(f"{r.path}?{r.query}".encode()) else None,
+            "body" if leaks(r.body) else None,
+        ]
         where += [f"header {k}" for k, v in r.headers if k != "authorization" and leaks(v.encode())]
         assert not any(where), f"token in {r.endpoint} request: {[w for w in where if w]}"
 
@@ -86,19 +87,40 @@ def publish_cli(tmp_path: Path, run: Path, hub, *args: str, xet: bool = True) ->
     """`eyas publish RUN --repo REPO --out tmp/folder ARGS` in a subprocess writing only under tmp_path."""
     # no inherited hub settings (a real token, HF_HUB_OFFLINE, ...), cache dirs or EYAS_DEBUG (--debug)
     dropped = ("MPLCONFIGDIR", "EYAS_DEBUG")
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("HF_", "HUGGING_FACE", "HUGGINGFACE", "XDG_")) and k not in dropped}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("HF_", "HUGGING_FACE", "HUGGINGFACE", "XDG_")) and k not in dropped
+    }
     dirs = {name: tmp_path / name for name in ("home", "hf-home", "tmp", "eyas-cache", "cwd")}
     for d in dirs.values():
         d.mkdir(exist_ok=True)
     no_proxy = ",".join(filter(None, [os.environ.get("NO_PROXY"), "127.0.0.1,localhost"]))
-    env.update(HF_TOKEN=TOKEN, HF_ENDPOINT=hub.url, HF_HOME=str(dirs["hf-home"]), HF_HUB_DISABLE_TELEMETRY="1",
-               HOME=str(dirs["home"]), TMPDIR=str(dirs["tmp"]), EYAS_CACHE=str(dirs["eyas-cache"]),
-               NO_PROXY=no_proxy, no_proxy=no_proxy)
+    env.update(
+        HF_TOKEN=TOKEN,
+        HF_ENDPOINT=hub.url,
+        HF_HOME=str(dirs["hf-home"]),
+        HF_HUB_DISABLE_TELEMETRY="1",
+        HOME=str(dirs["home"]),
+        TMPDIR=str(dirs["tmp"]),
+        EYAS_CACHE=str(dirs["eyas-cache"]),
+        NO_PROXY=no_proxy,
+        no_proxy=no_proxy,
+    )
     if not xet:
         env["HF_HUB_DISABLE_XET"] = "1"
-    cmd = [sys.executable, "-m", "eyas.cli", "publish", str(run), "--repo", REPO, "--out", str(tmp_path / "folder"),
-           *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "eyas.cli",
+        "publish",
+        str(run),
+        "--repo",
+        REPO,
+        "--out",
+        str(tmp_path / "folder"),
+        *args,
+    ]
     return subprocess.run(cmd, env=env, cwd=dirs["cwd"], capture_output=True, timeout=300)
 
 
@@ -108,7 +130,9 @@ def assert_token_was_sent(hub) -> None:
     for r in hub.requests:
         expected = None if r.endpoint == "lfs_upload" else f"Bearer {TOKEN}"
         assert r.header("authorization") == expected, f"{r.endpoint} {r.method} {r.path}"
-    assert not hub.calls("unhandled"), [(r.method, r.path) for r in hub.calls("unhandled")]  # no xet endpoints
+    assert not hub.calls("unhandled"), [
+        (r.method, r.path) for r in hub.calls("unhandled")
+    ]  # no xet endpoints
 
 
 @pytest.mark.parametrize("xet", [True, False], ids=["hf_xet-regular", "no-xet-lfs-basic"])
@@ -132,9 +156,11 @@ def test_publish_uses_the_token_and_writes_it_nowhere(run, tmp_path, xet):
     assert_nothing_leaked(tmp_path, proc, hub)
 
 
-@pytest.mark.parametrize("endpoint,status,echo,debug,exit_status", [
-    ("commit", 403, True, False, 2), ("commit", 403, True, True, 2), ("create_repo", 500, False, False, 1)],
-    ids=["commit-403-naming-the-token", "commit-403-naming-the-token-debug", "create_repo-500"])
+@pytest.mark.parametrize(
+    "endpoint,status,echo,debug,exit_status",
+    [("commit", 403, True, False, 2), ("commit", 403, True, True, 2), ("create_repo", 500, False, False, 1)],
+    ids=["commit-403-naming-the-token", "commit-403-naming-the-token-debug", "create_repo-500"],
+)
 def test_failed_publish_prints_no_token(run, tmp_path, endpoint, status, echo, debug, exit_status):
     # echo: the 403 names the token it refused (a mirror or proxy may): the one-line error must mask it, and
     # so must the traceback --debug adds. A refusal is the token's rights (exit 2), a 500 the hub's (exit 1).

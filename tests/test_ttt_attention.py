@@ -11,12 +11,11 @@ The flex (GPU) path is held to the same equalities in tests/test_gpu.py.
 
 import pytest
 import torch
+from test_train_serve_consistency import make_draft
 
 from eyas.train import attention as A
 from eyas.train.packing import collate_rows, doc_ids_from_lengths, plan_rows, positions_in_doc
 from eyas.train.ttt import TargetView, ttt_forward
-
-from test_train_serve_consistency import make_draft
 
 
 def packed_docs(B, T, g):
@@ -26,12 +25,13 @@ def packed_docs(B, T, g):
         cuts = sorted(torch.randperm(T - 2, generator=g)[:3].add(1).tolist())
         for c in cuts:
             doc[b, c:] += 1
-    doc[1, T - 5:] = doc[1, T - 6] + 1
+    doc[1, T - 5 :] = doc[1, T - 6] + 1
     return doc
 
 
-@pytest.mark.parametrize("impl,tile", [("chunked", 4), ("chunked", 7), ("chunked", 64), ("sdpa", None),
-                                       ("sdpa-unpacked", None)])
+@pytest.mark.parametrize(
+    "impl,tile", [("chunked", 4), ("chunked", 7), ("chunked", 64), ("sdpa", None), ("sdpa-unpacked", None)]
+)
 def test_o_t_attention_equals_dense(impl, tile, monkeypatch):
     monkeypatch.setattr(A, "tile_size", lambda *a: tile)
     g = torch.Generator().manual_seed(tile or 3)
@@ -58,7 +58,8 @@ def test_o_t_attention_equals_dense(impl, tile, monkeypatch):
 
 
 def test_o_t_bf16_as_accurate_as_dense_bf16(monkeypatch):
-    """In bf16 the chunked and sdpa paths' output and gradients are as close to the fp32 reference as the dense
+    """In bf16 the chunked and sdpa paths' output and gradients are as close to the fp32 reference as the
+    dense
     path's own bf16 run (at most 1.3x its error): forward and recomputing backward agree on precision.
     Short rows and peaked scores give the chain diagonals weight (a bf16 diagonal score in the forward
     against an fp32 one in the backward doubled the error of those steps' value gradients)."""
@@ -76,8 +77,10 @@ def test_o_t_bf16_as_accurate_as_dense_bf16(monkeypatch):
         return [o.float()] + [x.grad.float() for x in t]
 
     exact = run("dense", torch.float32)
-    err = {impl: [((a - e).norm() / e.norm()).item() for a, e in zip(run(impl, torch.bfloat16), exact)]
-           for impl in ("dense", "chunked", "sdpa")}
+    err = {
+        impl: [((a - e).norm() / e.norm()).item() for a, e in zip(run(impl, torch.bfloat16), exact)]
+        for impl in ("dense", "chunked", "sdpa")
+    }
     for impl in ("chunked", "sdpa"):
         for i, (c, dn) in enumerate(zip(err[impl], err["dense"])):
             assert c <= 1.3 * dn, (impl, i, c, dn)
@@ -90,7 +93,8 @@ def random_target(d, B, T, g):
 
 
 def test_chunked_ttt_same_loss_and_grads(monkeypatch):
-    """dense, chunked, sdpa, and chunked with each step's layer recomputed in backward: one loss, one gradient."""
+    """dense, chunked, sdpa, and chunked with each step's layer recomputed in backward: one loss, one
+    gradient."""
     monkeypatch.setattr(A, "tile_size", lambda *a: 5)
     d = make_draft(5)
     d.train()
@@ -103,7 +107,12 @@ def test_chunked_ttt_same_loss_and_grads(monkeypatch):
     mask[doc == doc.max(dim=1, keepdim=True).values] = 0  # padding never counts
     target = random_target(d, B, T, g)
     runs = []
-    for impl, ckpt in (("dense", False), ("chunked", False), ("sdpa", False), ("chunked", True)):  # ckpt: recompute the layer
+    for impl, ckpt in (
+        ("dense", False),
+        ("chunked", False),
+        ("sdpa", False),
+        ("chunked", True),
+    ):  # ckpt: recompute the layer
         d.zero_grad()
         out = ttt_forward(d, aux, ids, mask, doc, target, ttt_steps=4, attention=impl, checkpoint_layer=ckpt)
         out.loss.backward()
@@ -124,38 +133,84 @@ def test_packed_row_equals_sequences_alone(attention):
     d = make_draft(7)
     g = torch.Generator().manual_seed(7)
     lens = [9, 6, 11]
-    seqs = [{"aux": torch.randn(n, 96, generator=g), "final": torch.zeros(n, 32),
-             "input_ids": torch.randint(0, 97, (n,), generator=g), "loss_mask": (torch.rand(n, generator=g) > 0.2).float()}
-            for n in lens]
+    seqs = [
+        {
+            "aux": torch.randn(n, 96, generator=g),
+            "final": torch.zeros(n, 32),
+            "input_ids": torch.randint(0, 97, (n,), generator=g),
+            "loss_mask": (torch.rand(n, generator=g) > 0.2).float(),
+        }
+        for n in lens
+    ]
     targets = [random_target(d, 1, n, g) for n in lens]
     row = collate_rows([seqs], max_length=32)
     assert row["doc_ids"][0].tolist() == [0] * 9 + [1] * 6 + [2] * 11
     assert positions_in_doc(row["doc_ids"])[0].tolist() == list(range(9)) + list(range(6)) + list(range(11))
-    packed_target = TargetView(*(torch.cat([getattr(t, f) for t in targets], dim=1) for f in ("probs", "argmax", "in_draft")))
+    packed_target = TargetView(
+        *(torch.cat([getattr(t, f) for t in targets], dim=1) for f in ("probs", "argmax", "in_draft"))
+    )
     with torch.no_grad():
-        packed = ttt_forward(d, row["aux"], row["input_ids"], row["loss_mask"], row["doc_ids"], packed_target, 4,
-                             attention=attention, keep_logits=True)
-        alone = [ttt_forward(d, s["aux"][None], s["input_ids"][None], s["loss_mask"][None],
-                             torch.zeros(1, n, dtype=torch.long), t, 4, attention=attention, keep_logits=True)
-                 for s, t, n in zip(seqs, targets, lens)]
+        packed = ttt_forward(
+            d,
+            row["aux"],
+            row["input_ids"],
+            row["loss_mask"],
+            row["doc_ids"],
+            packed_target,
+            4,
+            attention=attention,
+            keep_logits=True,
+        )
+        alone = [
+            ttt_forward(
+                d,
+                s["aux"][None],
+                s["input_ids"][None],
+                s["loss_mask"][None],
+                torch.zeros(1, n, dtype=torch.long),
+                t,
+                4,
+                attention=attention,
+                keep_logits=True,
+            )
+            for s, t, n in zip(seqs, targets, lens)
+        ]
     for j in range(4):
         assert packed.step_count[j] == sum(a.step_count[j] for a in alone) > 0
         start = 0
         for a, n in zip(alone, lens):
             keep = n - 1 - j  # later indices read a token past the sequence's end: never counted
-            torch.testing.assert_close(packed.logits[j][0, start:start + keep], a.logits[j][0, :keep], atol=1e-5, rtol=0)
+            torch.testing.assert_close(
+                packed.logits[j][0, start : start + keep], a.logits[j][0, :keep], atol=1e-5, rtol=0
+            )
             start += n
     # the loss is the mean over trained positions of all sequences: the count-weighted mean of their losses
     # (step 0, where decay**0 = 1 and every sequence counts positions)
-    n_tr = [(s["loss_mask"][2:].bool() & t.in_draft[0, 1:n - 1]).sum().item() for s, t, n in zip(seqs, targets, lens)]
+    n_tr = [
+        (s["loss_mask"][2:].bool() & t.in_draft[0, 1 : n - 1]).sum().item()
+        for s, t, n in zip(seqs, targets, lens)
+    ]
     want = sum(a.step_loss[0] * k for a, k in zip(alone, n_tr)) / sum(n_tr)
     assert abs(packed.step_loss[0] - want) <= 1e-5
 
 
 def test_padding_rows_and_doc_ids():
     assert doc_ids_from_lengths(torch.tensor([3, 5]), 5).tolist() == [[0, 0, 0, 1, 1], [0, 0, 0, 0, 0]]
-    rows = collate_rows([[{"aux": torch.ones(4, 2), "final": torch.ones(4, 1), "input_ids": torch.arange(4),
-                           "loss_mask": torch.ones(4)}]] * 2 + [[]][:0], max_length=3)
+    rows = collate_rows(
+        [
+            [
+                {
+                    "aux": torch.ones(4, 2),
+                    "final": torch.ones(4, 1),
+                    "input_ids": torch.arange(4),
+                    "loss_mask": torch.ones(4),
+                }
+            ]
+        ]
+        * 2
+        + [[]][:0],
+        max_length=3,
+    )
     assert rows["lengths"].tolist() == [3, 3] and rows["doc_ids"].tolist() == [[0, 0, 0]] * 2
 
 
@@ -195,14 +250,26 @@ def test_ttt_loss_is_the_chosen_loss_over_the_trained_positions(kind):
     aux = torch.randn(B, T, 96, generator=g)
     mask = (torch.rand(B, T, generator=g) > 0.2).float()
     target = random_target(d, B, T, g)
-    out = ttt_forward(d, aux, ids, mask, doc_ids_from_lengths(torch.tensor([T, T]), T), target, ttt_steps=steps,
-                      decay=decay, keep_logits=True, loss=kind)
+    out = ttt_forward(
+        d,
+        aux,
+        ids,
+        mask,
+        doc_ids_from_lengths(torch.tensor([T, T]), T),
+        target,
+        ttt_steps=steps,
+        decay=decay,
+        keep_logits=True,
+        loss=kind,
+    )
     expected = 0.0
     for j in range(steps):
         L = T - 2 - j
-        trained = mask[:, 2 + j:].bool() & target.in_draft[:, 1 + j:T - 1]
-        per = position_loss(kind, out.logits[j][:, :L], target.probs[:, 1 + j:T - 1])
-        expected = expected + decay ** j * per[trained].mean()
+        trained = mask[:, 2 + j :].bool() & target.in_draft[:, 1 + j : T - 1]
+        per = position_loss(kind, out.logits[j][:, :L], target.probs[:, 1 + j : T - 1])
+        expected = expected + decay**j * per[trained].mean()
     torch.testing.assert_close(out.loss, expected, rtol=1e-5, atol=1e-6)
     out.loss.backward()
-    assert all(p.grad is not None and p.grad.abs().sum() > 0 for n, p in d.named_parameters() if p.requires_grad)
+    assert all(
+        p.grad is not None and p.grad.abs().sum() > 0 for n, p in d.named_parameters() if p.requires_grad
+    )

@@ -61,7 +61,11 @@ def test_loss_definitions_on_a_worked_example():
     argmax), lk = -log sum min(p, q) = -log(0.2 + 0.2 + 0.2)."""
     p = torch.tensor([[[0.5, 0.3, 0.2]]])
     z = torch.tensor([[[0.2, 0.2, 0.6]]]).log()
-    expect = {"kl": -(p * z).sum().item(), "ce": -z[0, 0, 0].item(), "lk": -torch.log(torch.tensor(0.6)).item()}
+    expect = {
+        "kl": -(p * z).sum().item(),
+        "ce": -z[0, 0, 0].item(),
+        "lk": -torch.log(torch.tensor(0.6)).item(),
+    }
     for kind in LOSSES:
         assert position_loss(kind, z, p).item() == pytest.approx(expect[kind], rel=1e-6), kind
 

@@ -4,15 +4,27 @@ import torch
 from transformers import GptOssConfig, GptOssForCausalLM
 
 
-def tiny_gpt_oss(seed=0, layers=4, hidden=64, vocab=128, window=8, experts=4, heads=4, kv=2, head_dim=16,
-                 rope=None):
+def tiny_gpt_oss(
+    seed=0, layers=4, hidden=64, vocab=128, window=8, experts=4, heads=4, kv=2, head_dim=16, rope=None
+):
     torch.manual_seed(seed)
     cfg = GptOssConfig(
-        num_hidden_layers=layers, num_local_experts=experts, num_experts_per_tok=2, vocab_size=vocab,
-        hidden_size=hidden, intermediate_size=hidden, head_dim=head_dim, num_attention_heads=heads,
-        num_key_value_heads=kv, sliding_window=window, max_position_embeddings=1024,
+        num_hidden_layers=layers,
+        num_local_experts=experts,
+        num_experts_per_tok=2,
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=hidden,
+        head_dim=head_dim,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        sliding_window=window,
+        max_position_embeddings=1024,
         rope_parameters=rope or {"rope_type": "default", "rope_theta": 10000.0},
-        pad_token_id=0, eos_token_id=1, bos_token_id=None)
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=None,
+    )
     model = GptOssForCausalLM(cfg).float().eval()
     # larger-than-default weights: sharper, more varied distributions than N(0, 0.02)
     with torch.no_grad():

@@ -63,8 +63,14 @@ def flex_available() -> bool:
     return True
 
 
-def ttt_attention(impl: str, q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],
-                  doc: torch.Tensor, scale: float) -> torch.Tensor:
+def ttt_attention(
+    impl: str,
+    q: torch.Tensor,
+    keys: list[torch.Tensor],
+    values: list[torch.Tensor],
+    doc: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
     if impl == "dense":
         return dense(q, keys, values, doc, scale)
     if impl == "chunked":
@@ -99,7 +105,7 @@ def dense(q, keys, values, doc, scale):
     p = torch.softmax(torch.cat([s0, *diag], dim=-1).float(), dim=-1).to(q.dtype)
     o = p[..., :T] @ values[0]
     for m, v in enumerate(values[1:], start=1):
-        o = o + p[..., T + m - 1:T + m] * v
+        o = o + p[..., T + m - 1 : T + m] * v
     return o
 
 
@@ -161,7 +167,9 @@ class _ChunkedTTTAttention(torch.autograd.Function):
                 acc = acc * alpha[..., None] + p.to(v0.dtype) @ v0[:, :, None, a:b]
                 m = m_new
             for kk, vv in zip(kd, vd):  # own chain: one score per query
-                s = (qb.float() * kk[:, :, None, q0:q1].float()).sum(-1) * scale  # (B, nkv, r, c), fp32 as in backward
+                s = (qb.float() * kk[:, :, None, q0:q1].float()).sum(
+                    -1
+                ) * scale  # (B, nkv, r, c), fp32 as in backward
                 m_new = torch.maximum(m, s)
                 p = torch.exp(s - m_new)
                 alpha = torch.exp(m - m_new)
@@ -218,7 +226,9 @@ class _ChunkedTTTAttention(torch.autograd.Function):
 
 
 def chunked(q, keys, values, doc, scale):
-    return _ChunkedTTTAttention.apply(q, doc, scale, len(keys) - 1, keys[0], values[0], *keys[1:], *values[1:])
+    return _ChunkedTTTAttention.apply(
+        q, doc, scale, len(keys) - 1, keys[0], values[0], *keys[1:], *values[1:]
+    )
 
 
 # --------------------------------------------------------------------------- sdpa (O(T), CPU)
@@ -228,8 +238,10 @@ def _flash_cpu():
     """torch's flash-attention CPU kernel and its backward: (q, k, v, dropout, causal, scale=) ->
     (o, lse (B, h, T) fp32); None where this torch has no such kernel."""
     try:
-        return (torch.ops.aten._scaled_dot_product_flash_attention_for_cpu,
-                torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward)
+        return (
+            torch.ops.aten._scaled_dot_product_flash_attention_for_cpu,
+            torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward,
+        )
     except (AttributeError, RuntimeError):
         return None
 
@@ -271,11 +283,14 @@ class _SdpaTTTAttention(torch.autograd.Function):
         o0 = torch.empty_like(q)
         lse0 = torch.empty(B, nh, T, dtype=torch.float32, device=q.device)
         for rows, a, b in runs:
-            o0[rows, :, a:b], lse0[rows, :, a:b] = attend(q[rows, :, a:b], k0r[rows, :, a:b], v0r[rows, :, a:b],
-                                                         0.0, True, scale=scale)
+            o0[rows, :, a:b], lse0[rows, :, a:b] = attend(
+                q[rows, :, a:b], k0r[rows, :, a:b], v0r[rows, :, a:b], 0.0, True, scale=scale
+            )
         qg = q.view(B, nkv, r, T, d).float()
         kd, vd = diag[:n_diag], diag[n_diag:]
-        s = [(qg * k.float()[:, :, None]).sum(-1).view(B, nh, T) * scale for k in kd]  # own chain, (B, nh, T) each
+        s = [
+            (qg * k.float()[:, :, None]).sum(-1).view(B, nh, T) * scale for k in kd
+        ]  # own chain, (B, nh, T) each
         lse = torch.logsumexp(torch.stack([lse0, *s]), dim=0)  # (B, nh, T)
         o = o0.float() * torch.exp(lse0 - lse)[..., None]
         for sm, v in zip(s, vd):
@@ -299,7 +314,8 @@ class _SdpaTTTAttention(torch.autograd.Function):
         for rows, a, b in ctx.runs:
             part = (t[rows, :, a:b].contiguous() for t in (do, q, k0r, v0r, o))
             dq[rows, :, a:b], dk0r[rows, :, a:b], dv0r[rows, :, a:b] = attend_backward(
-                *part, lse[rows, :, a:b].contiguous(), 0.0, True, scale=scale)
+                *part, lse[rows, :, a:b].contiguous(), 0.0, True, scale=scale
+            )
         dq = dq.float().view(B, nkv, r, T, d)
         qg, dog = q.view(B, nkv, r, T, d).float(), do.view(B, nkv, r, T, d).float()
         D = (dog * o.view(B, nkv, r, T, d).float()).sum(-1)  # (B, nkv, r, T): rowsum(dO * O)
@@ -318,8 +334,9 @@ class _SdpaTTTAttention(torch.autograd.Function):
 
 
 def sdpa(q, keys, values, doc, scale):
-    return _SdpaTTTAttention.apply(q.contiguous(), doc, scale, len(keys) - 1, keys[0], values[0],
-                                   *keys[1:], *values[1:])
+    return _SdpaTTTAttention.apply(
+        q.contiguous(), doc, scale, len(keys) - 1, keys[0], values[0], *keys[1:], *values[1:]
+    )
 
 
 # --------------------------------------------------------------------------- flex (O(T), GPU)

@@ -23,9 +23,13 @@ from eyas.errors import InputError
 from .model import DraftConfig, Eagle3Draft
 
 
-
-def save_draft(draft: Eagle3Draft, out_dir: str | Path, dtype: torch.dtype | None = None,
-               include_embeddings: bool = True, extra: dict | None = None) -> Path:
+def save_draft(
+    draft: Eagle3Draft,
+    out_dir: str | Path,
+    dtype: torch.dtype | None = None,
+    include_embeddings: bool = True,
+    extra: dict | None = None,
+) -> Path:
     """Write `out_dir` atomically. `extra` goes into config.json's "eyas" block (run metadata)."""
     out_dir = Path(out_dir)
     dtype = dtype or next(draft.fc.parameters()).dtype
@@ -35,14 +39,22 @@ def save_draft(draft: Eagle3Draft, out_dir: str | Path, dtype: torch.dtype | Non
             continue
         t = t.detach().cpu()
         tensors[name] = t.to(dtype) if t.is_floating_point() else t
-    from eyas.serve.interchange.formats import eagle3_config  # the one definition of the EAGLE-3 config fields
+    from eyas.serve.interchange.formats import (
+        eagle3_config,
+    )  # the one definition of the EAGLE-3 config fields
 
     config = eagle3_config(draft.config, dtype)
-    config["eyas"] = {"draft_config": draft.config.to_dict(), "layer_id_convention": LAYER_ID_CONVENTION,
-                      **(extra or {})}
+    config["eyas"] = {
+        "draft_config": draft.config.to_dict(),
+        "layer_id_convention": LAYER_ID_CONVENTION,
+        **(extra or {}),
+    }
     with io.atomic_dir(out_dir) as tmp:
-        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / "model.safetensors"),
-                  metadata={"format": "pt"})
+        save_file(
+            {k: v.contiguous() for k, v in tensors.items()},
+            str(tmp / "model.safetensors"),
+            metadata={"format": "pt"},
+        )
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return out_dir
 
@@ -50,17 +62,25 @@ def save_draft(draft: Eagle3Draft, out_dir: str | Path, dtype: torch.dtype | Non
 def read_config(path: str | Path) -> DraftConfig:
     config = Path(path) / "config.json"
     if not config.is_file():
-        raise InputError(f"{path}: no config.json, so not a draft checkpoint; give the directory of one "
-                         "(RUN/train/checkpoint-final, or an `eyas import` of a published draft)")
+        raise InputError(
+            f"{path}: no config.json, so not a draft checkpoint; give the directory of one "
+            "(RUN/train/checkpoint-final, or an `eyas import` of a published draft)"
+        )
     raw = json.loads(config.read_text())
     if "eyas" not in raw:
-        raise InputError(f"{path}: not an eyas checkpoint (no 'eyas' block in config.json); "
-                         "use `eyas import` to convert a published draft")
+        raise InputError(
+            f"{path}: not an eyas checkpoint (no 'eyas' block in config.json); "
+            "use `eyas import` to convert a published draft"
+        )
     return DraftConfig(**raw["eyas"]["draft_config"])
 
 
-def load_draft(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-               embed: torch.Tensor | None = None) -> Eagle3Draft:
+def load_draft(
+    path: str | Path,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+    embed: torch.Tensor | None = None,
+) -> Eagle3Draft:
     """Load an eyas checkpoint. Without embed_tokens in the file, pass the target's as `embed`
     (or it is read from the target named in the config)."""
     path = Path(path)
@@ -77,5 +97,7 @@ def load_draft(path: str | Path, device: str | torch.device = "cpu", dtype: torc
     draft = Eagle3Draft(cfg)
     missing, unexpected = draft.load_state_dict(state, strict=False)
     if missing or unexpected:
-        raise ValueError(f"{path}: checkpoint does not match the draft (missing {missing}, unexpected {unexpected})")
+        raise ValueError(
+            f"{path}: checkpoint does not match the draft (missing {missing}, unexpected {unexpected})"
+        )
     return draft.to(device=device, dtype=dtype)

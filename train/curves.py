@@ -26,12 +26,19 @@ def plot_curves(log_path: Path, png: Path) -> Path | None:
         ax_loss.plot(steps, [e["loss"] for e in train], label="train (batch)")
         for j in range(len(train[-1]["acc"])):
             ax_acc.plot(steps, [e["acc"][j] if j < len(e["acc"]) else None for e in train], label=f"step {j}")
-        ax_tau.plot(steps, [e["simulated_acceptance"] for e in train], "k--", label=f"train, k={len(train[-1]['acc'])}")
+        ax_tau.plot(
+            steps,
+            [e["simulated_acceptance"] for e in train],
+            "k--",
+            label=f"train, k={len(train[-1]['acc'])}",
+        )
     if val:
         vsteps = [e["step"] for e in val]
         ax_loss.plot(vsteps, [e["val"]["loss"] for e in val], "o-", label="validation")
         for k in range(1, len(val[-1]["val"]["simulated_tau"]) + 1):
-            ax_tau.plot(vsteps, [e["val"]["simulated_tau"][k - 1] for e in val], "o-", label=f"validation, k={k}")
+            ax_tau.plot(
+                vsteps, [e["val"]["simulated_tau"][k - 1] for e in val], "o-", label=f"validation, k={k}"
+            )
     ax_loss.set(title="TTT loss", xlabel="optimizer step")
     ax_acc.set(title="top-1 accuracy per TTT step (train)", xlabel="optimizer step", ylim=(0, 1))
     ax_tau.set(title="simulated τ (greedy chain of k drafts)", xlabel="optimizer step")

@@ -42,8 +42,10 @@ def state_kwargs() -> dict:
         return {"cpu": False}
     if launcher_kind() == "deepspeed":
         if _flag("ACCELERATE_USE_CPU"):
-            raise ValueError("a DeepSpeed accelerate config with ACCELERATE_USE_CPU=true: accelerate ignores "
-                             "DeepSpeed on `cpu` processes; unset ACCELERATE_USE_CPU (eyas runs DeepSpeed over gloo)")
+            raise ValueError(
+                "a DeepSpeed accelerate config with ACCELERATE_USE_CPU=true: accelerate ignores "
+                "DeepSpeed on `cpu` processes; unset ACCELERATE_USE_CPU (eyas runs DeepSpeed over gloo)"
+            )
         return {"cpu": False, "backend": "gloo"}
     return {"cpu": True}
 
@@ -55,8 +57,11 @@ def process_state():
 
     kwargs = state_kwargs()
     state = PartialState(**kwargs)
-    if (not torch.cuda.is_available() and launcher_kind() == "fsdp"
-            and state.distributed_type == DistributedType.MULTI_CPU):
+    if (
+        not torch.cuda.is_available()
+        and launcher_kind() == "fsdp"
+        and state.distributed_type == DistributedType.MULTI_CPU
+    ):
         # accelerate turns a MULTI_GPU state into FSDP when ACCELERATE_USE_FSDP is set; on CPU it leaves
         # MULTI_CPU (DDP). The gloo group serves FSDP2 as well: hand it over.
         PartialState._shared_state["distributed_type"] = DistributedType.MULTI_GPU
@@ -77,8 +82,9 @@ def accelerator_kwargs(grad_accum: int, grad_clip: float) -> dict:
         out["kwargs_handlers"].append(InitProcessGroupKwargs(backend=kwargs["backend"]))
     if launcher_kind() == "deepspeed":
         # the rest (ZeRO stage, offload, 16-bit gathering) from the accelerate config
-        out["deepspeed_plugin"] = DeepSpeedPlugin(gradient_accumulation_steps=grad_accum,
-                                                  gradient_clipping=float(grad_clip))
+        out["deepspeed_plugin"] = DeepSpeedPlugin(
+            gradient_accumulation_steps=grad_accum, gradient_clipping=float(grad_clip)
+        )
     return out
 
 
@@ -91,8 +97,11 @@ def configure_fsdp2(acc, draft) -> None:
 
     plugin = acc.state.fsdp_plugin
     plugin.mixed_precision_policy = MixedPrecisionPolicy(
-        param_dtype=torch.bfloat16 if acc.mixed_precision == "bf16" else None, reduce_dtype=torch.float32,
-        output_dtype=None, cast_forward_inputs=False)
+        param_dtype=torch.bfloat16 if acc.mixed_precision == "bf16" else None,
+        reduce_dtype=torch.float32,
+        output_dtype=None,
+        cast_forward_inputs=False,
+    )
     draft.embed_tokens.to(acc.device)  # FSDP2 places only the parameters it manages
     plugin.ignored_modules = [draft.embed_tokens]
 
@@ -104,12 +113,16 @@ def check_deepspeed(acc, grad_accum: int) -> None:
     if plugin is None:
         return
     if plugin.zero_stage == 3 and not plugin.zero3_save_16bit_model:
-        raise ValueError("DeepSpeed ZeRO-3 without zero3_save_16bit_model: true in the accelerate config; the "
-                         "final weights could not be gathered (recipes/accelerate/zero3.yaml sets it)")
+        raise ValueError(
+            "DeepSpeed ZeRO-3 without zero3_save_16bit_model: true in the accelerate config; the "
+            "final weights could not be gathered (recipes/accelerate/zero3.yaml sets it)"
+        )
     ds_accum = plugin.deepspeed_config.get("gradient_accumulation_steps")
     if ds_accum not in (None, "auto", grad_accum):
-        raise ValueError(f"the DeepSpeed config sets gradient_accumulation_steps={ds_accum}, the recipe "
-                         f"train.grad_accum={grad_accum}: remove it from the DeepSpeed config (eyas sets it)")
+        raise ValueError(
+            f"the DeepSpeed config sets gradient_accumulation_steps={ds_accum}, the recipe "
+            f"train.grad_accum={grad_accum}: remove it from the DeepSpeed config (eyas sets it)"
+        )
 
 
 def full_state_dict(acc, module) -> dict:

@@ -33,14 +33,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-
 BUDGET = 1 << 26  # logits per chunk: 256 MiB in fp32; 2,097 positions at gpt-oss-120b's 32000 draft ids
 LOSSES = ("kl", "lk", "ce")
 LK_MIN_ALPHA = 1e-5
 
 
-def loss_and_grad(kind: str, z: torch.Tensor, p: torch.Tensor, with_grad: bool
-                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
+def loss_and_grad(
+    kind: str, z: torch.Tensor, p: torch.Tensor, with_grad: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-position loss l(p, softmax(z)) and dl/dz: z, p (..., V) fp32 -> ((...), (..., V) or None)."""
     logq = F.log_softmax(z, dim=-1)
     if kind == "ce":
@@ -75,22 +75,24 @@ class _LinearLoss(torch.autograd.Function):
         total = torch.zeros((), dtype=acc, device=x.device)
         pred = torch.empty(B, L, dtype=torch.int64, device=x.device)
         dev = x.device.type
-        mm = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype  # the matmuls' dtype
+        mm = (
+            torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+        )  # the matmuls' dtype
         # the gradients are kept until backward in the matmuls' dtype (bf16 under autocast: 0.4 GB per TTT
         # step at gpt-oss size and T = 32K), dW summed over chunks in fp32 first
         dx = torch.empty(x.shape, dtype=mm, device=x.device) if with_grad else None
         dw = torch.zeros(weight.shape, dtype=acc, device=x.device) if with_grad else None
         W = weight.to(mm)  # cast once (V_d, H)
         for s in range(0, L, c):
-            xc = x[:, s:s + c].to(mm)  # (B, c, H)
-            pc, wc = probs[:, s:s + c].to(acc), w[:, s:s + c, None].to(acc)  # (B, c, V_d), (B, c, 1)
+            xc = x[:, s : s + c].to(mm)  # (B, c, H)
+            pc, wc = probs[:, s : s + c].to(acc), w[:, s : s + c, None].to(acc)  # (B, c, V_d), (B, c, 1)
             z = (xc @ W.T).to(acc)  # (B, c, V_d)
             loss, dz = loss_and_grad(kind, z, pc, with_grad)  # (B, c), (B, c, V_d)
             total += (loss[..., None] * wc).sum()
-            pred[:, s:s + c] = z.argmax(-1)
+            pred[:, s : s + c] = z.argmax(-1)
             if with_grad:
                 dz = (dz * wc).to(mm)
-                dx[:, s:s + c] = dz @ W  # (B, c, H)
+                dx[:, s : s + c] = dz @ W  # (B, c, H)
                 dw += dz.flatten(0, 1).T @ xc.flatten(0, 1)  # (V_d, H), in place: no fp32 copy of the product
         ctx.save_for_backward(dx, dw.to(mm) if with_grad else None)
         ctx.dtypes = x.dtype, weight.dtype
@@ -106,8 +108,14 @@ class _LinearLoss(torch.autograd.Function):
         return gx, gw, None, None, None, None, None
 
 
-def linear_loss(x: torch.Tensor, weight: torch.Tensor, probs: torch.Tensor, w: torch.Tensor, kind: str = "kl",
-                budget: int = BUDGET) -> tuple[torch.Tensor, torch.Tensor]:
+def linear_loss(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    probs: torch.Tensor,
+    w: torch.Tensor,
+    kind: str = "kl",
+    budget: int = BUDGET,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """x (B, L, H) normed hidden states, weight (V_d, H), probs (B, L, V_d), w (B, L) ->
     (sum of the w-weighted loss `kind`, fp32 scalar; the draft's argmax (B, L) draft ids)."""
     with_grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
@@ -126,8 +134,14 @@ def position_loss(kind: str, logits: torch.Tensor, probs: torch.Tensor) -> torch
     raise ValueError(f"unknown loss {kind!r}; choose one of {', '.join(LOSSES)}")
 
 
-def reference_loss(logits_fn, hidden: torch.Tensor, probs: torch.Tensor, w: torch.Tensor, kind: str = "kl",
-                   budget: int = BUDGET) -> tuple[torch.Tensor, torch.Tensor]:
+def reference_loss(
+    logits_fn,
+    hidden: torch.Tensor,
+    probs: torch.Tensor,
+    w: torch.Tensor,
+    kind: str = "kl",
+    budget: int = BUDGET,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The same sum through autograd: logits_fn (B, c, H) -> (B, c, V_d) (the draft's norm and lm_head
     modules, so module hooks run). Chunks of positions are recomputed in backward; the hidden states
     are split once, so their gradient is assembled once, not once per chunk."""

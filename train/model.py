@@ -89,12 +89,15 @@ class DraftConfig:
         if not rope:
             rope = {"rope_type": "default", "rope_theta": float(getattr(tcfg, "rope_theta", 10000.0))}
         n_heads = overrides.pop("num_attention_heads", None) or tcfg.num_attention_heads
-        head_dim = overrides.pop("head_dim", None) or getattr(tcfg, "head_dim", None) or tcfg.hidden_size // n_heads
+        head_dim = (
+            overrides.pop("head_dim", None) or getattr(tcfg, "head_dim", None) or tcfg.hidden_size // n_heads
+        )
         kw = dict(
             hidden_size=tcfg.hidden_size,
             num_attention_heads=n_heads,
             num_key_value_heads=overrides.pop("num_key_value_heads", None)
-            or getattr(tcfg, "num_key_value_heads", None) or n_heads,
+            or getattr(tcfg, "num_key_value_heads", None)
+            or n_heads,
             head_dim=head_dim,
             intermediate_size=overrides.pop("intermediate_size", None) or tcfg.intermediate_size,
             vocab_size=tcfg.vocab_size,
@@ -137,8 +140,11 @@ class Rotary(nn.Module):
         from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
         lcfg = LlamaConfig(
-            hidden_size=cfg.hidden_size, num_attention_heads=cfg.num_attention_heads, head_dim=cfg.head_dim,
-            max_position_embeddings=cfg.max_position_embeddings, rope_parameters=dict(cfg.rope_parameters),
+            hidden_size=cfg.hidden_size,
+            num_attention_heads=cfg.num_attention_heads,
+            head_dim=cfg.head_dim,
+            max_position_embeddings=cfg.max_position_embeddings,
+            rope_parameters=dict(cfg.rope_parameters),
         )
         rope_type = lcfg.rope_parameters.get("rope_type", "default")
         with torch.device("cpu"):  # real frequencies even when the draft is built on the meta device
@@ -174,7 +180,11 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 class Attention(nn.Module):
     def __init__(self, cfg: DraftConfig, first: bool = True):
         super().__init__()
-        self.n_heads, self.n_kv, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.n_heads, self.n_kv, self.head_dim = (
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+        )
         # first layer: [input_layernorm(embed) ‖ hidden_norm(h)]; later layers: input_layernorm(h)
         in_dim = 2 * cfg.hidden_size if first else cfg.hidden_size
         self.q_proj = nn.Linear(in_dim, self.n_heads * self.head_dim, bias=False)
@@ -231,8 +241,15 @@ class MidLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, embeds: torch.Tensor, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                attend, repeat_kv: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def forward(
+        self,
+        embeds: torch.Tensor,
+        hidden: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        attend,
+        repeat_kv: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """embeds, hidden (B, T, H) (a later layer ignores embeds); cos, sin the RoPE tables of these
         positions; attend(q, k, v) -> o (B, n_heads, T, d), given this step's q (B, n_heads, T, d) and
         k, v (B, n_heads or, with repeat_kv=False, n_kv, T, d).
@@ -247,7 +264,9 @@ class MidLayer(nn.Module):
             return self.input_layernorm(hidden), hidden
         h = self.hidden_norm(hidden)
         # vLLM llama_eagle3 LlamaDecoderLayer: norm_before_residual keeps the normed h as the residual
-        return torch.cat([self.input_layernorm(embeds), h], dim=-1), (h if self.norm_before_residual else hidden)
+        return torch.cat([self.input_layernorm(embeds), h], dim=-1), (
+            h if self.norm_before_residual else hidden
+        )
 
     def finish(self, residual: torch.Tensor, attn_o: torch.Tensor) -> torch.Tensor:
         # residual + attn, then + MLP -> prenorm output (B, T, H)
@@ -307,8 +326,12 @@ class Eagle3Draft(nn.Module):
         for lin in (self.fc, self.lm_head):
             nn.init.normal_(lin.weight, std=std)
         for layer in self.decoder_layers:
-            for lin in (layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj,
-                        *[getattr(layer.self_attn, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")]):
+            for lin in (
+                layer.mlp.gate_proj,
+                layer.mlp.up_proj,
+                layer.mlp.down_proj,
+                *[getattr(layer.self_attn, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")],
+            ):
                 nn.init.normal_(lin.weight, std=std)
 
     # ---- pieces shared by inference and TTT
@@ -333,9 +356,15 @@ class Eagle3Draft(nn.Module):
 
     # ---- inference
 
-    def step(self, input_ids: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
-             cache, attn_mask: torch.Tensor | None = None, logits_to_keep: int = 0
-             ) -> tuple[torch.Tensor, torch.Tensor]:
+    def step(
+        self,
+        input_ids: torch.Tensor,
+        hidden: torch.Tensor,
+        position_ids: torch.Tensor,
+        cache,
+        attn_mask: torch.Tensor | None = None,
+        logits_to_keep: int = 0,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Run new positions against the cache.
 
         input_ids (B, T): the token AFTER each position whose state is `hidden`;
@@ -347,6 +376,7 @@ class Eagle3Draft(nn.Module):
         logits_to_keep: logits for the last that many positions only (0: all).
         Returns (prenorm (B, T, H), logits (B, T or logits_to_keep, V_d)); appends T entries to `cache`.
         """
+
         def attend_layer(layer: int):
             def attend(q, k, v):  # (B, n_heads, T, d) each -> (B, n_heads, T, d)
                 k_all, v_all = cache.update(k, v, layer)
@@ -358,6 +388,7 @@ class Eagle3Draft(nn.Module):
                 else:
                     mask = mask[:, None]  # (B, 1, T, L): the same for every head
                 return F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask)
+
             return attend
 
         cos, sin = self.rotary(position_ids, hidden.dtype)
@@ -375,7 +406,12 @@ class Eagle3Draft(nn.Module):
         (`train/attention.py`). Shapes become dynamic after the first recompile."""
         modules = [self.norm, *([self.input_norm] if self.config.norm_before_fc else [])]
         for m in self.decoder_layers:
-            modules += [m.input_layernorm, m.post_attention_layernorm, m.mlp, *([m.hidden_norm] if m.first else [])]
+            modules += [
+                m.input_layernorm,
+                m.post_attention_layernorm,
+                m.mlp,
+                *([m.hidden_norm] if m.first else []),
+            ]
         for module in modules:
             module.forward = torch.compile(module.forward)
 

@@ -28,7 +28,9 @@ def plan_rows(lengths: list[int], max_length: int, pack: bool, seed: int = 0) ->
     order = torch.randperm(len(lengths), generator=g).tolist()
     order.sort(key=lambda i: -min(lengths[i], max_length))  # stable sort
     rows: list[list[int]] = []
-    free: list[tuple[int, int]] = []  # (room left, row), sorted: the tightest row that fits is found by bisect
+    free: list[
+        tuple[int, int]
+    ] = []  # (room left, row), sorted: the tightest row that fits is found by bisect
     for i in order:
         n = min(lengths[i], max_length)
         at = bisect.bisect_left(free, (n, -1))
@@ -83,9 +85,9 @@ def collate_rows(rows: list[list[dict[str, torch.Tensor]]], max_length: int) -> 
         first = joined[0][key]
         padded = first.new_zeros((len(joined), T) + tuple(first.shape[1:]))
         for b, x in enumerate(joined):
-            padded[b, :lengths[b]] = x[key]
+            padded[b, : lengths[b]] = x[key]
             if key == "doc_ids":
-                padded[b, lengths[b]:] = int(x[key][-1]) + 1  # padding: a document of its own, last
+                padded[b, lengths[b] :] = int(x[key][-1]) + 1  # padding: a document of its own, last
         out[key] = padded
     out["lengths"] = lengths
     return out

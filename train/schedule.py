@@ -25,21 +25,30 @@ def updates_per_epoch(num_rows: int, batch_size: int, grad_accum: int, world: in
     return max(1, math.ceil(math.ceil(num_rows / batch_size) / (world * grad_accum)))
 
 
-def epoch_micro_batches(num_rows: int, batch_size: int, grad_accum: int, world: int, rank: int, seed: int,
-                        epoch: int) -> list[list[int]]:
+def epoch_micro_batches(
+    num_rows: int, batch_size: int, grad_accum: int, world: int, rank: int, seed: int, epoch: int
+) -> list[list[int]]:
     """This rank's micro-batches for `epoch`: lists of row indices ([] = an empty filler)."""
     order = torch.randperm(num_rows, generator=torch.Generator().manual_seed(seed * 100003 + epoch)).tolist()
-    return deal(order, batch_size, world, rank, updates_per_epoch(num_rows, batch_size, grad_accum, world) * grad_accum)
+    return deal(
+        order,
+        batch_size,
+        world,
+        rank,
+        updates_per_epoch(num_rows, batch_size, grad_accum, world) * grad_accum,
+    )
 
 
 def evaluation_micro_batches(num_rows: int, batch_size: int, world: int, rank: int) -> list[list[int]]:
     """This rank's share of rows 0..num_rows-1 in order, one pass (validation), padded like training's."""
-    return deal(list(range(num_rows)), batch_size, world, rank, math.ceil(math.ceil(num_rows / batch_size) / world))
+    return deal(
+        list(range(num_rows)), batch_size, world, rank, math.ceil(math.ceil(num_rows / batch_size) / world)
+    )
 
 
 def deal(order: list[int], batch_size: int, world: int, rank: int, per_rank: int) -> list[list[int]]:
     """Global micro-batch g = order[g*b:(g+1)*b] goes to rank g mod world; `per_rank` of them each."""
-    return [order[g * batch_size:(g + 1) * batch_size] for g in range(rank, per_rank * world, world)]
+    return [order[g * batch_size : (g + 1) * batch_size] for g in range(rank, per_rank * world, world)]
 
 
 class MicroBatches(torch.utils.data.Dataset):

@@ -60,7 +60,9 @@ def save_state(acc: Accelerator, state_dir: Path, step: int, tokens: int) -> Non
         if acc.is_main_process:
             (tmp / STEP).write_text(json.dumps({"step": step, "tokens": seen}))
     if acc.is_main_process:
-        shutil.rmtree(io.previous_dir(state_dir), ignore_errors=True)  # (left by a kill mid-swap, now superseded)
+        shutil.rmtree(
+            io.previous_dir(state_dir), ignore_errors=True
+        )  # (left by a kill mid-swap, now superseded)
     acc.wait_for_everyone()
 
 

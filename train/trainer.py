@@ -55,10 +55,19 @@ def draft_config(recipe: Recipe, tcfg, aux_layer_ids: list[int], draft_vocab_siz
     """The draft's shape: the target's text config with the recipe's `draft` overrides."""
     d = recipe.draft
     return DraftConfig.from_target_config(
-        tcfg, aux_layer_ids, draft_vocab_size, target_model=recipe.target.model,
-        intermediate_size=d.intermediate_size, num_attention_heads=d.num_attention_heads,
-        num_key_value_heads=d.num_key_value_heads, head_dim=d.head_dim, rms_norm_eps=d.rms_norm_eps,
-        norm_before_fc=d.norm_before_fc, norm_before_residual=d.norm_before_residual, num_layers=d.num_layers)
+        tcfg,
+        aux_layer_ids,
+        draft_vocab_size,
+        target_model=recipe.target.model,
+        intermediate_size=d.intermediate_size,
+        num_attention_heads=d.num_attention_heads,
+        num_key_value_heads=d.num_key_value_heads,
+        head_dim=d.head_dim,
+        rms_norm_eps=d.rms_norm_eps,
+        norm_before_fc=d.norm_before_fc,
+        norm_before_residual=d.norm_before_residual,
+        num_layers=d.num_layers,
+    )
 
 
 def build_draft(recipe: Recipe, run_dir: Path, embed: torch.Tensor) -> Eagle3Draft:
@@ -77,8 +86,12 @@ def build_draft(recipe: Recipe, run_dir: Path, embed: torch.Tensor) -> Eagle3Dra
         keys = ("aux_layer_ids", "draft_vocab_size", "norm_before_fc", "norm_before_residual", "num_layers")
         differ = [k for k in keys if getattr(draft.config, k) != getattr(cfg, k)]
         if differ:
-            raise ValueError(f"draft.init_from={d.init_from}: " + ", ".join(
-                f"its {k} {getattr(draft.config, k)!r} != this run's {getattr(cfg, k)!r}" for k in differ))
+            raise ValueError(
+                f"draft.init_from={d.init_from}: "
+                + ", ".join(
+                    f"its {k} {getattr(draft.config, k)!r} != this run's {getattr(cfg, k)!r}" for k in differ
+                )
+            )
         return draft
     torch.manual_seed(recipe.train.seed)
     draft = Eagle3Draft(cfg)
@@ -93,6 +106,7 @@ def lr_lambda(total: int, warmup: int, min_ratio: float):
             return (step + 1) / warmup
         progress = (step - warmup) / max(1, total - warmup)
         return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+
     return f
 
 
@@ -134,10 +148,13 @@ def step_metrics(outs: list) -> dict:
 
     n, right, base, cond = tot("step_count"), tot("step_right"), tot("step_cond_base"), tot("step_cond_right")
     cond_acc = [c / max(b, 1) for c, b in zip(cond, base)]
-    return {"loss": sum(float(o.loss.detach()) for o in outs) / len(outs),
-            "acc": [r / max(c, 1) for r, c in zip(right, n)], "cond_acc": cond_acc,
-            "step_loss": [x / len(outs) for x in tot("step_loss")],
-            "simulated_acceptance": simulated_tau(cond_acc)[-1] if cond_acc else 1.0}
+    return {
+        "loss": sum(float(o.loss.detach()) for o in outs) / len(outs),
+        "acc": [r / max(c, 1) for r, c in zip(right, n)],
+        "cond_acc": cond_acc,
+        "step_loss": [x / len(outs) for x in tot("step_loss")],
+        "simulated_acceptance": simulated_tau(cond_acc)[-1] if cond_acc else 1.0,
+    }
 
 
 def compile_math(setting: str, acc: Accelerator) -> bool:
@@ -146,9 +163,11 @@ def compile_math(setting: str, acc: Accelerator) -> bool:
     plugin = acc.state.deepspeed_plugin
     zero3 = plugin is not None and plugin.zero_stage == 3
     if setting == "on" and zero3:
-        raise ValueError("train.compile: on does not work under DeepSpeed ZeRO-3 (it gathers each "
-                         "submodule's weights in hooks a compiled graph skips); use auto or off, or FSDP2 "
-                         "(fsdp2.yaml)")
+        raise ValueError(
+            "train.compile: on does not work under DeepSpeed ZeRO-3 (it gathers each "
+            "submodule's weights in hooks a compiled graph skips); use auto or off, or FSDP2 "
+            "(fsdp2.yaml)"
+        )
     return setting == "on" or (setting == "auto" and acc.device.type == "cuda" and not zero3)
 
 
@@ -215,6 +234,7 @@ def run_train(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> dic
 
 # ---------------------------------------------------------------- setup
 
+
 def setup(recipe: Recipe, run_dir: Path) -> Training:
     """Everything training needs, in the order it must be made: the target's heads and (online) the target
     before the Accelerator, the seeded draft, the data, then the prepared module and optimizer."""
@@ -272,8 +292,12 @@ def make_accelerator(tr: TrainSection, out_dir: Path) -> Accelerator:
     # the buffers (the target's lm_head, 2.3 GB at gpt-oss size; the vocab maps) never change: DDP must
     # not re-send them from rank 0 before every forward
     kwargs["kwargs_handlers"].append(DistributedDataParallelKwargs(broadcast_buffers=False))
-    acc = Accelerator(mixed_precision=mixed_precision(tr.mixed_precision), project_dir=str(out_dir),
-                      log_with=None if tr.report_to == "none" else tr.report_to, **kwargs)
+    acc = Accelerator(
+        mixed_precision=mixed_precision(tr.mixed_precision),
+        project_dir=str(out_dir),
+        log_with=None if tr.report_to == "none" else tr.report_to,
+        **kwargs,
+    )
     if acc.state.deepspeed_plugin is not None:  # rows per micro-batch: the loader is ours, not prepared
         check_deepspeed(acc, tr.grad_accum)
         acc.state.deepspeed_plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = tr.batch_size
@@ -285,8 +309,9 @@ def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str,
     return {k: v.to(device) for k, v in batch.items()}
 
 
-def training_data(tr: TrainSection, run_dir: Path, online: OnlineTarget | None,
-                  acc: Accelerator) -> TrainData:
+def training_data(
+    tr: TrainSection, run_dir: Path, online: OnlineTarget | None, acc: Accelerator
+) -> TrainData:
     """The stored sequences (or, `online`, the regenerated ones the target runs over), split into training
     rows (packed) and held-out validation sequences, dealt to this process."""
     from eyas.data.shards import ShardDataset
@@ -313,23 +338,28 @@ def training_data(tr: TrainSection, run_dir: Path, online: OnlineTarget | None,
     return TrainData(dataset, collate, on_device, val_ids, val_batches, per_epoch)
 
 
-def prepare(tr: TrainSection, acc: Accelerator, module: TTTModule, total: int
-            ) -> tuple[torch.nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR, list]:
+def prepare(
+    tr: TrainSection, acc: Accelerator, module: TTTModule, total: int
+) -> tuple[torch.nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR, list]:
     """AdamW and the warmup + cosine schedule over `total` optimizer steps; the module and the optimizer
     prepared by accelerate, the schedule registered with it for the saved state -> (module, opt, sched,
     the prepared trainable parameters)."""
     params = [p for p in module.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=tr.lr, weight_decay=tr.weight_decay, betas=(0.9, 0.95),
-                            fused=acc.device.type == "cuda")  # one kernel per step on GPUs
+    opt = torch.optim.AdamW(
+        params, lr=tr.lr, weight_decay=tr.weight_decay, betas=(0.9, 0.95), fused=acc.device.type == "cuda"
+    )  # one kernel per step on GPUs
     # stepped once per optimizer step by us: accelerate's prepared scheduler would step it once per process
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(total, int(tr.warmup_ratio * total),
-                                                             tr.min_lr_ratio))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lr_lambda(total, int(tr.warmup_ratio * total), tr.min_lr_ratio)
+    )
     module, opt = acc.prepare(module, opt)
     params = [p for p in module.parameters() if p.requires_grad]  # FSDP2 replaced them (sharded DTensors)
     if acc.gradient_accumulation_steps != tr.grad_accum:
-        raise ValueError(f"accelerate accumulates {acc.gradient_accumulation_steps} micro-batches per step, "
-                         f"the recipe train.grad_accum={tr.grad_accum}: the launcher's config must not set "
-                         "its own")
+        raise ValueError(
+            f"accelerate accumulates {acc.gradient_accumulation_steps} micro-batches per step, "
+            f"the recipe train.grad_accum={tr.grad_accum}: the launcher's config must not set "
+            "its own"
+        )
     acc.register_for_checkpointing(sched)
     return module, opt, sched, params
 
@@ -350,13 +380,15 @@ def resume(t: Training) -> None:
 
 # ---------------------------------------------------------------- the step loop
 
+
 def train_steps(t: Training, progress: bool) -> None:
     """Optimizer steps from `t.step` to `t.total`, epoch after epoch (a resumed epoch skips the micro-batches
     it trained on). SIGINT / SIGTERM: the step is finished, the state saved, Interrupted raised
     (eyas/interrupts.py)."""
     tr, acc = t.recipe.train, t.acc
-    bar = tqdm(total=t.total, initial=t.step, desc="train (TTT)",
-               disable=not (progress and acc.is_main_process))
+    bar = tqdm(
+        total=t.total, initial=t.step, desc="train (TTT)", disable=not (progress and acc.is_main_process)
+    )
     epoch = t.step // t.data.per_epoch
     outs: list[TTTOutput] = []  # this optimizer step's TTT outputs (of its micro-batches but empty fillers)
     skip = (t.step % t.data.per_epoch) * tr.grad_accum  # this rank's micro-batches of a resumed epoch, done
@@ -388,10 +420,15 @@ def epoch_loader(t: Training, epoch: int, skip: int) -> DataLoader:
     from torch.utils.data import DataLoader
 
     tr, acc, d = t.recipe.train, t.acc, t.data
-    batches = epoch_micro_batches(len(d.dataset), tr.batch_size, tr.grad_accum, acc.num_processes,
-                                  acc.process_index, tr.seed, epoch)[skip:]
-    return DataLoader(MicroBatches(d.dataset, batches, d.collate), batch_size=None,
-                      num_workers=tr.num_workers, worker_init_fn=ignore_in_worker if tr.num_workers else None)
+    batches = epoch_micro_batches(
+        len(d.dataset), tr.batch_size, tr.grad_accum, acc.num_processes, acc.process_index, tr.seed, epoch
+    )[skip:]
+    return DataLoader(
+        MicroBatches(d.dataset, batches, d.collate),
+        batch_size=None,
+        num_workers=tr.num_workers,
+        worker_init_fn=ignore_in_worker if tr.num_workers else None,
+    )
 
 
 def micro_batch(t: Training, batch: dict[str, torch.Tensor]) -> TTTOutput:
@@ -428,8 +465,9 @@ def end_step(t: Training, epoch: int, outs: list[TTTOutput], bar: tqdm, stop: St
     if stopping:
         bar.close()
         acc.end_training()
-        raise Interrupted(stop.signum, f"the training state at step {t.step}/{t.total} is saved in "
-                                       f"{t.state_dir}")
+        raise Interrupted(
+            stop.signum, f"the training state at step {t.step}/{t.total} is saved in {t.state_dir}"
+        )
 
 
 def any_process(acc: Accelerator, flag: bool) -> bool:
@@ -440,8 +478,11 @@ def any_process(acc: Accelerator, flag: bool) -> bool:
 def log_step(t: Training, bar: tqdm) -> None:
     """The last step's metrics to the progress bar, log.jsonl (the main process) and the trackers."""
     last = t.last
-    bar.set_postfix(loss=f"{last['loss']:.3f}", acc0=f"{(last['acc'] or [0.0])[0]:.2f}",
-                    tau_sim=f"{last['simulated_acceptance']:.2f}")
+    bar.set_postfix(
+        loss=f"{last['loss']:.3f}",
+        acc0=f"{(last['acc'] or [0.0])[0]:.2f}",
+        tau_sim=f"{last['simulated_acceptance']:.2f}",
+    )
     if t.acc.is_main_process:
         append_log(t.log_path, last)
     t.acc.log({"lr": last["lr"], **tracker_metrics(last, "train")}, step=t.step)
@@ -466,6 +507,7 @@ def append_log(log_path: Path, entry: dict) -> None:
 
 # ---------------------------------------------------------------- the end
 
+
 def finish(t: Training, run_dir: Path, t_start: float) -> dict:
     """The last validation, the full weights gathered and the state saved (every process); checkpoint-final
     and curves.png (the main process); the trackers ended; DONE.json last -> the stage's info."""
@@ -475,22 +517,30 @@ def finish(t: Training, run_dir: Path, t_start: float) -> dict:
     weights = full_state_dict(acc, t.module)
     info = {
         "wall_s": round(time.perf_counter() - t_start, 2),
-        "steps": t.total, "epochs_seen": round(t.step / t.data.per_epoch, 3),
+        "steps": t.total,
+        "epochs_seen": round(t.step / t.data.per_epoch, 3),
         "tokens_seen": sum_over_processes(acc, t.tokens),
         "trainable_parameters": t.trainable,
-        "last": t.last, "mixed_precision": acc.mixed_precision, "num_processes": acc.num_processes,
+        "last": t.last,
+        "mixed_precision": acc.mixed_precision,
+        "num_processes": acc.num_processes,
         "global_batch_rows": acc.num_processes * tr.grad_accum * tr.batch_size,
-        "validation": val, "val_sequences": len(t.data.val_ids),
+        "validation": val,
+        "val_sequences": len(t.data.val_ids),
     }
     save_state(acc, t.state_dir, t.step, t.tokens)
     if acc.is_main_process:
         from .curves import plot_curves
 
         final = Eagle3Draft(t.draft_config)
-        final.load_state_dict({k[len("draft."):]: v for k, v in weights.items() if k.startswith("draft.")})
+        final.load_state_dict({k[len("draft.") :]: v for k, v in weights.items() if k.startswith("draft.")})
         plot_curves(t.log_path, t.out_dir / "curves.png")
-        save_draft(final, run_dir / layout.FINAL_CHECKPOINT, dtype=torch.float32,
-                   extra={"recipe": t.recipe.name, "train": info})
+        save_draft(
+            final,
+            run_dir / layout.FINAL_CHECKPOINT,
+            dtype=torch.float32,
+            extra={"recipe": t.recipe.name, "train": info},
+        )
     acc.wait_for_everyone()
     acc.end_training()  # finishes the trackers, and ends the process group
     if acc.is_main_process:  # last: the trackers' files are complete, so the checksums hold

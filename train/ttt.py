@@ -3,8 +3,8 @@
 Indexing. A sequence has tokens x_0..x_{T-1}; the target's state after x_t gives aux_t,
 final_t and logits z_t = lm_head(final_t), which predict x_{t+1}.
 
-    step 0, index i: hidden g_i = fc(aux_i),       token x_{i+1},     position i,     predicts x_{i+2} ~ z_{i+1}
-    step j, index i: hidden = step j-1's output_i, token x_{i+1+j},   position i+j,   predicts x_{i+2+j} ~ z_{i+1+j}
+    step 0, index i: hidden g_i = fc(aux_i),       token x_{i+1},   pos i,   predicts x_{i+2} ~ z_{i+1}
+    step j, index i: hidden = step j-1's output_i, token x_{i+1+j}, pos i+j, predicts x_{i+2+j} ~ z_{i+1+j}
 
 which is exactly what inference does when it drafts a chain after the verified prefix
 x_0..x_{i+1}: step 0 runs on real target states, step j on the draft's own output
@@ -55,8 +55,9 @@ class TargetView:
 
 
 @torch.no_grad()
-def target_view(final: torch.Tensor, lm_head_weight: torch.Tensor, draft: Eagle3Draft,
-                chunk: int = 1024) -> TargetView:
+def target_view(
+    final: torch.Tensor, lm_head_weight: torch.Tensor, draft: Eagle3Draft, chunk: int = 1024
+) -> TargetView:
     """final (B, T, H_t) post-norm states the target's lm_head consumes; lm_head_weight (V, H_t)."""
     B, T, _ = final.shape
     draft_ids = torch.arange(draft.config.draft_vocab_size, device=final.device)
@@ -67,7 +68,7 @@ def target_view(final: torch.Tensor, lm_head_weight: torch.Tensor, draft: Eagle3
     dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else lm_head_weight.dtype
     w = lm_head_weight.to(device=final.device, dtype=dtype)  # cast once, not once per chunk
     for s in range(0, B * T, chunk):  # full-vocab logits in chunks: V is 201088 for gpt-oss
-        z = (flat[s:s + chunk].to(dtype) @ w.T).float()  # (c, V)
+        z = (flat[s : s + chunk].to(dtype) @ w.T).float()  # (c, V)
         argmax.append(z.argmax(-1))
         probs.append(torch.softmax(z[:, draft_to_target], dim=-1))
     argmax = torch.cat(argmax).view(B, T)
@@ -133,10 +134,20 @@ def simulated_tau(cond_acc: list[float]) -> list[float]:
     return taus
 
 
-def ttt_forward(draft: Eagle3Draft, aux: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor,
-                doc_ids: torch.Tensor, target: TargetView | None, ttt_steps: int, decay: float = 0.8,
-                attention: str = "auto", keep_logits: bool = False, checkpoint_layer: bool = False,
-                loss: str = "kl") -> TTTOutput:
+def ttt_forward(
+    draft: Eagle3Draft,
+    aux: torch.Tensor,
+    input_ids: torch.Tensor,
+    loss_mask: torch.Tensor,
+    doc_ids: torch.Tensor,
+    target: TargetView | None,
+    ttt_steps: int,
+    decay: float = 0.8,
+    attention: str = "auto",
+    keep_logits: bool = False,
+    checkpoint_layer: bool = False,
+    loss: str = "kl",
+) -> TTTOutput:
     """Unroll `ttt_steps` steps over a right-padded (optionally packed) batch.
 
     aux (B, T, n_aux*H_t); input_ids, loss_mask (B, T); doc_ids (B, T) the sequence each position
@@ -147,53 +158,31 @@ def ttt_forward(draft: Eagle3Draft, aux: torch.Tensor, input_ids: torch.Tensor, 
     token at gpt-oss size, are never held for all steps). `loss`: kl | lk | ce (train/loss.py).
     """
     B, T = input_ids.shape
-    layers = draft.decoder_layers
     scale = attention_scale(draft.midlayer.self_attn.head_dim)
     impl = resolve(attention, input_ids.device)
     pos = positions_in_doc(doc_ids)  # (B, T) RoPE positions, restarting per packed sequence
 
     hidden = draft.fuse(aux)  # (B, T, H) step-0 input
-    keys, values = [[] for _ in layers], [[] for _ in layers]  # per layer, per step (B, n_kv, T, d)
+    kv = [([], []) for _ in draft.decoder_layers]  # per layer: keys, values per step (B, n_kv, T, d)
     total = hidden.new_zeros((), dtype=torch.float32)
     prev_right = torch.ones(B, T, dtype=torch.bool, device=input_ids.device)
     stats = []  # per step: loss, counted, right, cond_base, cond_right (tensors: one sync at the end)
     out = TTTOutput(total, [], [], [], [], [])
+    batch = (input_ids, loss_mask, doc_ids)
     for j in range(ttt_steps):
         embeds = draft.embed_tokens(shift(input_ids, 1 + j)).to(hidden.dtype)  # of x_{i+1+j}
         cos, sin = draft.rotary(pos + j, hidden.dtype)
-        for i, layer in enumerate(layers):  # each layer attends over its own keys of every step
-            run = (hidden, embeds, cos, sin, *keys[i], *values[i])
-            if checkpoint_layer and torch.is_grad_enabled():
-                hidden, k, v = torch.utils.checkpoint.checkpoint(layer_step, layer, impl, scale, doc_ids, *run,
-                                                                 use_reentrant=False)
-            else:
-                hidden, k, v = layer_step(layer, impl, scale, doc_ids, *run)  # (B, T, H) prenorm: the next input
-            keys[i].append(k)
-            values[i].append(v)
+        run = (impl, scale, doc_ids, embeds, cos, sin)
+        hidden = draft_step(draft, hidden, kv, run, checkpoint_layer)  # (B, T, H) prenorm: the next input
         if target is None or keep_logits:
             out.logits.append(draft.logits(hidden))  # (B, T, V_d)
         if target is None:
             continue
-
-        # prediction (j, i) is of x_{i+2+j}, with target distribution z_{i+1+j}: indices i < L only
-        L = max(T - 2 - j, 0)
-        same_doc = doc_ids[:, 2 + j:] == doc_ids[:, :L]  # the predicted token is in i's own sequence
-        counted = loss_mask[:, 2 + j:].bool() & same_doc  # (B, L)
-        trained = counted & target.in_draft[:, 1 + j:T - 1]
-        loss_sum, pred = step_loss(draft, hidden[:, :L], target.probs[:, 1 + j:T - 1], trained, loss)
-        n_trained = trained.sum()
-        loss_j = loss_sum / n_trained.clamp(min=1)
-        total = total + (decay ** j) * loss_j
-
-        right = draft.to_target_ids(pred) == target.argmax[:, 1 + j:T - 1]  # (B, L)
-        cond_base = counted & prev_right[:, :L]
-        stats.append(torch.stack([loss_j.detach().float(), counted.sum().float(), (right & counted).sum().float(),
-                                  cond_base.sum().float(), (right & cond_base).sum().float()]))
-        # the chain goes on only if the draft was right AND the token fed to step j+1 (x_{i+2+j}) is the one
-        # a greedy chain would feed (the target's argmax): with sampled data they differ
-        prev_right = prev_right[:, :L] & right & (input_ids[:, 2 + j:] == target.argmax[:, 1 + j:T - 1])
+        loss_j, step, prev_right = score_step(draft, hidden, j, batch, target, prev_right, loss)
+        total = total + (decay**j) * loss_j
+        stats.append(step)
     out.loss = total
-    for loss_j, n, n_right, n_base, n_cond in (torch.stack(stats).tolist() if stats else []):
+    for loss_j, n, n_right, n_base, n_cond in torch.stack(stats).tolist() if stats else []:
         out.step_loss.append(loss_j)
         out.step_count.append(int(n))
         out.step_acc.append(n_right / max(n, 1))
@@ -202,6 +191,56 @@ def ttt_forward(draft: Eagle3Draft, aux: torch.Tensor, input_ids: torch.Tensor, 
         out.step_cond_base.append(int(n_base))
         out.step_cond_right.append(int(n_cond))
     return out
+
+
+def draft_step(
+    draft: Eagle3Draft, hidden: torch.Tensor, kv: list, run: tuple, checkpoint_layer: bool
+) -> torch.Tensor:
+    """Step j through every decoder layer; each layer attends over its own keys of every step so far and
+    appends this step's. hidden (B, T, H); kv: per layer ([keys], [values]) (B, n_kv, T, d) per step;
+    run: (impl, scale, doc_ids, embeds, cos, sin). -> (B, T, H) the step's prenorm output."""
+    impl, scale, doc_ids, embeds, cos, sin = run
+    for layer, (keys, values) in zip(draft.decoder_layers, kv, strict=True):
+        args = (layer, impl, scale, doc_ids, hidden, embeds, cos, sin, *keys, *values)
+        if checkpoint_layer and torch.is_grad_enabled():
+            hidden, k, v = torch.utils.checkpoint.checkpoint(layer_step, *args, use_reentrant=False)
+        else:
+            hidden, k, v = layer_step(*args)
+        keys.append(k)
+        values.append(v)
+    return hidden
+
+
+def score_step(
+    draft: Eagle3Draft,
+    hidden: torch.Tensor,
+    j: int,
+    batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    target: TargetView,
+    prev_right: torch.Tensor,
+    loss: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Step j's loss and counts. Prediction (j, i) is of x_{i+2+j}, with target distribution z_{i+1+j}:
+    indices i < L = T-2-j only. hidden (B, T, H); batch: input_ids, loss_mask, doc_ids (B, T);
+    prev_right (B, >=L): every earlier step was right at i. -> (loss_j, stats (5,): loss, counted, right,
+    cond_base, cond_right; prev_right (B, L) for step j+1)."""
+    input_ids, loss_mask, doc_ids = batch
+    T = input_ids.shape[1]
+    L = max(T - 2 - j, 0)
+    same_doc = doc_ids[:, 2 + j :] == doc_ids[:, :L]  # the predicted token is in i's own sequence
+    counted = loss_mask[:, 2 + j :].bool() & same_doc  # (B, L)
+    trained = counted & target.in_draft[:, 1 + j : T - 1]
+    loss_sum, pred = step_loss(draft, hidden[:, :L], target.probs[:, 1 + j : T - 1], trained, loss)
+    loss_j = loss_sum / trained.sum().clamp(min=1)
+
+    right = draft.to_target_ids(pred) == target.argmax[:, 1 + j : T - 1]  # (B, L)
+    cond_base = counted & prev_right[:, :L]
+    counts = [counted.sum(), (right & counted).sum(), cond_base.sum(), (right & cond_base).sum()]
+    stats = torch.stack([loss_j.detach().float(), *(c.float() for c in counts)])
+    # the chain goes on only if the draft was right AND the token fed to step j+1 (x_{i+2+j}) is the one
+    # a greedy chain would feed (the target's argmax): with sampled data they differ
+    greedy_fed = input_ids[:, 2 + j :] == target.argmax[:, 1 + j : T - 1]
+    return loss_j, stats, prev_right[:, :L] & right & greedy_fed
 
 
 def layer_step(layer, impl: str, scale: float, doc_ids, hidden, embeds, cos, sin, *kv):
@@ -213,8 +252,9 @@ def layer_step(layer, impl: str, scale: float, doc_ids, hidden, embeds, cos, sin
     return layer(embeds, hidden, cos, sin, attend, repeat_kv=False)  # through forward: FSDP / ZeRO-3 hooks
 
 
-def step_loss(draft: Eagle3Draft, hidden: torch.Tensor, probs: torch.Tensor, weight: torch.Tensor,
-              kind: str = "kl") -> tuple[torch.Tensor, torch.Tensor]:
+def step_loss(
+    draft: Eagle3Draft, hidden: torch.Tensor, probs: torch.Tensor, weight: torch.Tensor, kind: str = "kl"
+) -> tuple[torch.Tensor, torch.Tensor]:
     """sum over weighted positions of the loss `kind` (train/loss.py: kl, lk, ce) of the draft's
     distribution against the target's, and the draft's argmax.
     hidden (B, L, H) prenorm, probs (B, L, V_d), weight (B, L) bool -> (scalar, (B, L) draft ids).
@@ -229,23 +269,43 @@ class TTTModule(torch.nn.Module):
     """The draft plus the target's frozen lm_head, with `forward` = one TTT unroll, so that
     `accelerator.prepare` (DDP, FSDP, DeepSpeed) wraps a module whose forward does all the work."""
 
-    def __init__(self, draft: Eagle3Draft, lm_head_weight: torch.Tensor, ttt_steps: int, decay: float,
-                 attention: str = "auto", checkpoint_layer: bool = False, loss: str = "kl"):
+    def __init__(
+        self,
+        draft: Eagle3Draft,
+        lm_head_weight: torch.Tensor,
+        ttt_steps: int,
+        decay: float,
+        attention: str = "auto",
+        checkpoint_layer: bool = False,
+        loss: str = "kl",
+    ):
         super().__init__()
         self.draft = draft
         self.register_buffer("lm_head_weight", lm_head_weight.detach(), persistent=False)  # (V, H_t)
         self.ttt_steps, self.decay = ttt_steps, decay
         self.attention, self.checkpoint_layer, self.loss = attention, checkpoint_layer, loss
 
-    def forward(self, aux, input_ids, loss_mask, doc_ids, final=None, teacher_ids=None,
-                teacher_logprobs=None) -> TTTOutput:
+    def forward(
+        self, aux, input_ids, loss_mask, doc_ids, final=None, teacher_ids=None, teacher_logprobs=None
+    ) -> TTTOutput:
         """A collated batch (`train/packing.collate_rows`): the teacher is the final state or the top-k."""
         if final is not None:
             target = target_view(final, self.lm_head_weight, self.draft)
         else:
             target = topk_view(teacher_ids, teacher_logprobs, self.draft)
-        return ttt_forward(self.draft, aux, input_ids, loss_mask, doc_ids, target, self.ttt_steps, self.decay,
-                           self.attention, checkpoint_layer=self.checkpoint_layer, loss=self.loss)
+        return ttt_forward(
+            self.draft,
+            aux,
+            input_ids,
+            loss_mask,
+            doc_ids,
+            target,
+            self.ttt_steps,
+            self.decay,
+            self.attention,
+            checkpoint_layer=self.checkpoint_layer,
+            loss=self.loss,
+        )
 
 
 def model_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -41,16 +41,26 @@ def validate(module, batches, accelerator, ttt_steps: int) -> dict:
         out = module(**model_inputs(batch))
         if int(batch["lengths"].sum()) == 0:
             continue  # an empty filler batch (train/schedule.py): it ran only to keep processes in step
-        counts += torch.tensor([out.step_count, out.step_right, out.step_cond_base, out.step_cond_right],
-                               dtype=torch.float64, device=counts.device)
+        counts += torch.tensor(
+            [out.step_count, out.step_right, out.step_cond_base, out.step_cond_right],
+            dtype=torch.float64,
+            device=counts.device,
+        )
         loss_sum += float(out.loss)
         n_batches += 1
     module.train(was_training)
     counts = accelerator.reduce(counts, reduction="sum")
-    totals = accelerator.reduce(torch.stack([loss_sum, torch.tensor(float(n_batches), dtype=torch.float64,
-                                                                    device=counts.device)]), reduction="sum")
+    totals = accelerator.reduce(
+        torch.stack([loss_sum, torch.tensor(float(n_batches), dtype=torch.float64, device=counts.device)]),
+        reduction="sum",
+    )
     n, right, base, cond = counts.tolist()
     acc = [r / max(c, 1) for r, c in zip(right, n)]
     cond_acc = [c / max(b, 1) for c, b in zip(cond, base)]
-    return {"loss": totals[0].item() / max(totals[1].item(), 1), "positions": int(n[0]), "acc": acc,
-            "cond_acc": cond_acc, "simulated_tau": simulated_tau(cond_acc)}
+    return {
+        "loss": totals[0].item() / max(totals[1].item(), 1),
+        "positions": int(n[0]),
+        "acc": acc,
+        "cond_acc": cond_acc,
+        "simulated_tau": simulated_tau(cond_acc),
+    }

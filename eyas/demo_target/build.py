@@ -50,8 +50,14 @@ def default_cache_dir() -> Path:
 
 
 def _build_params(seed: int, steps: int) -> dict:
-    return {"version": VERSION, "seed": seed, "steps": steps, "batch_size": BATCH_SIZE, "lr": LR,
-            "architecture": ARCHITECTURE}
+    return {
+        "version": VERSION,
+        "seed": seed,
+        "steps": steps,
+        "batch_size": BATCH_SIZE,
+        "lr": LR,
+        "architecture": ARCHITECTURE,
+    }
 
 
 def _complete_build(path: Path, params: dict) -> bool:
@@ -62,7 +68,9 @@ def _complete_build(path: Path, params: dict) -> bool:
         return False
 
 
-def build_demo_target(out_dir: str | Path, seed: int = 0, steps: int = TRAIN_STEPS, progress: bool = True) -> dict:
+def build_demo_target(
+    out_dir: str | Path, seed: int = 0, steps: int = TRAIN_STEPS, progress: bool = True
+) -> dict:
     """Build the demo target into `out_dir` (created; the marker file written last). -> the marker's contents.
 
     The training conversations come from corpus seed 2*seed, the held-out prompts (and the
@@ -76,24 +84,39 @@ def build_demo_target(out_dir: str | Path, seed: int = 0, steps: int = TRAIN_STE
     records = generate_conversations(max(TOKENIZER_CONVERSATIONS, steps * BATCH_SIZE), train_seed)
     tokenizer = build_tokenizer(corpus_texts(records[:TOKENIZER_CONVERSATIONS]))
 
-    examples = encode(tokenizer, records[:steps * BATCH_SIZE])
+    examples = encode(tokenizer, records[: steps * BATCH_SIZE])
     model = init_model(tokenizer, seed)
-    model.set_experts_implementation("eager")  # trains several times faster on CPU than the default grouped_mm
-    training = train(model, make_batches(examples, BATCH_SIZE, tokenizer.pad_token_id, seed), LR,
-                     warmup=max(1, steps // 20), progress=progress)
+    model.set_experts_implementation(
+        "eager"
+    )  # trains several times faster on CPU than the default grouped_mm
+    training = train(
+        model,
+        make_batches(examples, BATCH_SIZE, tokenizer.pad_token_id, seed),
+        LR,
+        warmup=max(1, steps // 20),
+        progress=progress,
+    )
 
-    model.generation_config = GenerationConfig(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                                               pad_token_id=tokenizer.pad_token_id, do_sample=False)
+    model.generation_config = GenerationConfig(
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        do_sample=False,
+    )
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
     write_prompts(out_dir / "prompts.jsonl", NUM_PROMPTS, prompt_seed)
-    quality = measure(model, tokenizer, generate_conversations(EVAL_PROMPTS, prompt_seed), EVAL_MAX_NEW_TOKENS)
+    quality = measure(
+        model, tokenizer, generate_conversations(EVAL_PROMPTS, prompt_seed), EVAL_MAX_NEW_TOKENS
+    )
 
     info = {
         "build": _build_params(seed, steps),
         "model": {"vocab_size": len(tokenizer), "num_parameters": sum(p.numel() for p in model.parameters())},
-        "tokens": {"mean_prompt": sum(p for _, p in examples) / len(examples),
-                   "mean_answer": sum(len(ids) - p for ids, p in examples) / len(examples)},
+        "tokens": {
+            "mean_prompt": sum(p for _, p in examples) / len(examples),
+            "mean_answer": sum(len(ids) - p for ids, p in examples) / len(examples),
+        },
         "training": training,
         "quality": quality,
         "build_s": round(time.time() - t0, 1),
@@ -115,8 +138,13 @@ def _remove_stale_builds(cache_dir: Path) -> None:
             pass
 
 
-def ensure_demo_target(cache_dir: str | Path | None = None, force: bool = False, seed: int = 0,
-                       progress: bool = True, steps: int | None = None) -> Path:
+def ensure_demo_target(
+    cache_dir: str | Path | None = None,
+    force: bool = False,
+    seed: int = 0,
+    progress: bool = True,
+    steps: int | None = None,
+) -> Path:
     """The demo target's directory (see the module docstring), built on first use.
 
     A complete build made with the same `seed` and `steps` is returned at once unless `force`.
@@ -150,11 +178,13 @@ def ensure_demo_target(cache_dir: str | Path | None = None, force: bool = False,
 
 def _report(path: Path, info: dict) -> None:
     q, t = info["quality"], info["training"]
-    print(f"demo target built in {info['build_s']:.0f} s at {path}\n"
-          f"  training: {t['steps']} steps x {t['batch_size']} conversations, loss {t['first_loss']:.3f} -> "
-          f"{t['final_loss']:.3f}\n"
-          f"  greedy answers to {q['num_prompts']} held-out prompts: well-formed {q['well_formed']:.0%}, "
-          f"correct {q['correct']:.0%}, mean next-token entropy {q['mean_entropy']:.3f} nats")
+    print(
+        f"demo target built in {info['build_s']:.0f} s at {path}\n"
+        f"  training: {t['steps']} steps x {t['batch_size']} conversations, loss {t['first_loss']:.3f} -> "
+        f"{t['final_loss']:.3f}\n"
+        f"  greedy answers to {q['num_prompts']} held-out prompts: well-formed {q['well_formed']:.0%}, "
+        f"correct {q['correct']:.0%}, mean next-token entropy {q['mean_entropy']:.3f} nats"
+    )
     if q["well_formed"] < 0.9:
         print("  warning: fewer than 90% well-formed answers; the target is undertrained")
 
@@ -162,8 +192,9 @@ def _report(path: Path, info: dict) -> None:
 def main_demo_target(argv: list[str] | None = None) -> int:
     """`eyas demo-target`: build (or find) the demo target and print its directory."""
     ap = argparse.ArgumentParser(prog="eyas demo-target", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--cache-dir", default=None,
-                    help=f"default: $EYAS_CACHE/{CACHE_NAME} or ~/.cache/eyas/{CACHE_NAME}")
+    ap.add_argument(
+        "--cache-dir", default=None, help=f"default: $EYAS_CACHE/{CACHE_NAME} or ~/.cache/eyas/{CACHE_NAME}"
+    )
     ap.add_argument("--force", action="store_true", help="rebuild even if a complete build is there")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--steps", type=int, default=None, help=f"training steps (default {TRAIN_STEPS})")

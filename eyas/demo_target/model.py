@@ -29,8 +29,13 @@ ARCHITECTURE = dict(
 
 def demo_config(tokenizer) -> GptOssConfig:
     """The demo architecture sized to `tokenizer`, with its bos/eos/pad ids (eos = `<|return|>`)."""
-    return GptOssConfig(vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id,
-                        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, **ARCHITECTURE)
+    return GptOssConfig(
+        vocab_size=len(tokenizer),
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        **ARCHITECTURE,
+    )
 
 
 def init_model(tokenizer, seed: int) -> GptOssForCausalLM:

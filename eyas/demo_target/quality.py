@@ -18,8 +18,11 @@ import torch
 from eyas.data.chat import left_pad, render_prompt
 
 _TEXT = r"(?:(?!<\|).)*"  # text without special tokens
-ANSWER = re.compile(rf"<\|channel\|>analysis<\|message\|>(?P<analysis>{_TEXT})<\|end\|>"
-                    rf"<\|start\|>assistant<\|channel\|>final<\|message\|>(?P<final>{_TEXT})<\|return\|>", re.DOTALL)
+ANSWER = re.compile(
+    rf"<\|channel\|>analysis<\|message\|>(?P<analysis>{_TEXT})<\|end\|>"
+    rf"<\|start\|>assistant<\|channel\|>final<\|message\|>(?P<final>{_TEXT})<\|return\|>",
+    re.DOTALL,
+)
 
 
 def parse_answer(text: str) -> tuple[str, str] | None:
@@ -29,14 +32,23 @@ def parse_answer(text: str) -> tuple[str, str] | None:
 
 
 @torch.no_grad()
-def greedy_generate(model, tokenizer, prompts: list[list[dict]], max_new_tokens: int) -> tuple[list[list[int]], float]:
+def greedy_generate(
+    model, tokenizer, prompts: list[list[dict]], max_new_tokens: int
+) -> tuple[list[list[int]], float]:
     """Greedy answers to chat `prompts` (one left-padded batch). -> (per prompt the generated ids,
     cut after the first eos; mean next-token entropy in nats over all those positions)."""
     ids, mask = left_pad([render_prompt(tokenizer, p) for p in prompts], tokenizer.pad_token_id)  # (B, L)
     B, L = ids.shape
-    out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
-                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-                         output_logits=True, return_dict_in_generate=True)
+    out = model.generate(
+        input_ids=ids,
+        attention_mask=mask,
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        output_logits=True,
+        return_dict_in_generate=True,
+    )
     new = out.sequences[:, L:]  # (B, n_new)
     logp = torch.stack(out.logits, dim=1).float().log_softmax(-1)  # (B, n_new, V)
     entropy = -(logp.exp() * logp).sum(-1)  # (B, n_new)
@@ -58,7 +70,12 @@ def measure(model, tokenizer, records: list[dict], max_new_tokens: int = 160) ->
     parsed = [parse_answer(tokenizer.decode(g, skip_special_tokens=False)) for g in gens]
     correct = [p is not None and p[1] == r["messages"][-1]["content"] for p, r in zip(parsed, records)]
     n = len(records)
-    return {"num_prompts": n, "well_formed": sum(p is not None for p in parsed) / n, "correct": sum(correct) / n,
-            "mean_entropy": round(mean_entropy, 4), "mean_generated_tokens": sum(map(len, gens)) / n,
-            "max_new_tokens": max_new_tokens,
-            "examples": [tokenizer.decode(g, skip_special_tokens=False) for g in gens[:3]]}
+    return {
+        "num_prompts": n,
+        "well_formed": sum(p is not None for p in parsed) / n,
+        "correct": sum(correct) / n,
+        "mean_entropy": round(mean_entropy, 4),
+        "mean_generated_tokens": sum(map(len, gens)) / n,
+        "max_new_tokens": max_new_tokens,
+        "examples": [tokenizer.decode(g, skip_special_tokens=False) for g in gens[:3]],
+    }

@@ -18,7 +18,7 @@ as in gpt-oss) and `<|pad|>`. A conversation renders as
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
@@ -32,7 +32,8 @@ DEFAULT_SYSTEM = "You are a helpful assistant."
 # the conversation has none); only the LAST assistant turn, when it ends the conversation, shows
 # its reasoning (`thinking`, analysis channel) and ends in <|return|>; earlier assistant turns keep
 # just their final channel, ended by <|end|>. Content may be a string or a list of text parts.
-CHAT_TEMPLATE = """\
+CHAT_TEMPLATE = (
+    """\
 {%- macro text(content) -%}
 {%- if content is string -%}{{ content }}
 {%- elif content is iterable -%}
@@ -43,7 +44,9 @@ CHAT_TEMPLATE = """\
 {{- '<|start|>system<|message|>' + text(messages[0].content) + '<|end|>' -}}
 {%- set turns = messages[1:] -%}
 {%- else -%}
-{{- '<|start|>system<|message|>""" + DEFAULT_SYSTEM + """<|end|>' -}}
+{{- '<|start|>system<|message|>"""
+    + DEFAULT_SYSTEM
+    + """<|end|>' -}}
 {%- set turns = messages -%}
 {%- endif -%}
 {%- for message in turns -%}
@@ -63,6 +66,7 @@ CHAT_TEMPLATE = """\
 {%- if add_generation_prompt -%}
 {{- '<|start|>assistant' -}}
 {%- endif -%}"""
+)
 
 # Template words, which never occur in message texts; repeated so that the BPE makes them whole tokens.
 _TEMPLATE_WORDS = ("system", "user", "assistant", "analysis", "final", DEFAULT_SYSTEM) * 64
@@ -72,19 +76,33 @@ def build_tokenizer(texts: Iterable[str], vocab_size: int = 1024) -> PreTrainedT
     """Train a byte-level BPE of (at most) `vocab_size` tokens on `texts` and wrap it, with the
     harmony special tokens and chat template, as a `PreTrainedTokenizerFast` (left padding)."""
     bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(r" ?[0-9]"), behavior="isolated"),  # one token per digit
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-    ])
+    bpe.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(r" ?[0-9]"), behavior="isolated"),  # one token per digit
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ]
+    )
     bpe.decoder = decoders.ByteLevel()
     bpe.post_processor = processors.ByteLevel(trim_offsets=False)
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2, special_tokens=list(SPECIAL_TOKENS),
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=2,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     bpe.train_from_iterator([*_TEMPLATE_WORDS, *texts], trainer=trainer)
     return PreTrainedTokenizerFast(
-        tokenizer_object=bpe, bos_token=BOS, eos_token=EOS, pad_token=PAD,
-        additional_special_tokens=list(HARMONY_TOKENS[:-1]), padding_side="left", model_max_length=2048,
-        chat_template=CHAT_TEMPLATE, clean_up_tokenization_spaces=False)
+        tokenizer_object=bpe,
+        bos_token=BOS,
+        eos_token=EOS,
+        pad_token=PAD,
+        additional_special_tokens=list(HARMONY_TOKENS[:-1]),
+        padding_side="left",
+        model_max_length=2048,
+        chat_template=CHAT_TEMPLATE,
+        clean_up_tokenization_spaces=False,
+    )
 
 
 def corpus_texts(records: Iterable[dict]) -> list[str]:

@@ -43,6 +43,7 @@ RUN_STAGES = ("prompts", "regenerate", "capture", "train")  # those of --run the
 @dataclass
 class Workload:
     """The data a plan is for, and the rates a finished run measured."""
+
     conversations: int | None  # None: every prompt of the sources, not known before the prompts stage
     sequences: float  # answered turns, one training sequence each
     prompt: float  # mean prompt tokens
@@ -59,15 +60,20 @@ def workload(recipe: Recipe, run_dir: str | Path | None, cfg: PretrainedConfig, 
     from eyas.layout import is_done, read_done
 
     d = recipe.data
-    w = Workload(conversations=d.num_prompts, sequences=d.num_prompts or 0,
-                 prompt=min(a.mean_prompt_tokens, d.max_prompt_tokens),
-                 new=a.new_token_fraction * d.max_new_tokens)
+    w = Workload(
+        conversations=d.num_prompts,
+        sequences=d.num_prompts or 0,
+        prompt=min(a.mean_prompt_tokens, d.max_prompt_tokens),
+        new=a.new_token_fraction * d.max_new_tokens,
+    )
     if run_dir is None:
         return w
     w.stages_measured = done = [s for s in RUN_STAGES if is_done(run_dir, s)]
     if not done:
-        raise ValueError(f"--run {run_dir}: no finished stage there to count or measure from; run "
-                         f"`eyas prompts RECIPE --out {run_dir}` first (CPU only), or give a finished run")
+        raise ValueError(
+            f"--run {run_dir}: no finished stage there to count or measure from; run "
+            f"`eyas prompts RECIPE --out {run_dir}` first (CPU only), or give a finished run"
+        )
     if "regenerate" in done:
         regen = read_done(run_dir, "regenerate")
         w.new = regen["mean_generated_tokens"]
@@ -80,8 +86,9 @@ def workload(recipe: Recipe, run_dir: str | Path | None, cfg: PretrainedConfig, 
         w.measured["regen_tok_s"] = (regen.get("generation_tokens_per_s") or 0) / replicas_then
     elif "prompts" in done:  # turns counted, prompts rendered; answers still assumed
         gpt_oss = getattr(cfg, "model_type", "") == "gpt_oss"
-        w.turns = conversation_tokens(recipe, run_dir, w.new, a.mean_prompt_tokens,
-                                      a.kept_answer_fraction_harmony, gpt_oss)
+        w.turns = conversation_tokens(
+            recipe, run_dir, w.new, a.mean_prompt_tokens, a.kept_answer_fraction_harmony, gpt_oss
+        )
         w.conversations = w.conversations if w.conversations is not None else w.turns.conversations
         w.sequences = w.conversations * w.turns.turns_per_conversation
         w.prompt = w.turns.mean_prompt
@@ -108,21 +115,40 @@ def plan(recipe: Recipe, gpus: str, run_dir: str | Path | None = None, a: Assump
     bpt = capture_bytes_per_token(recipe, cfg, len(draft.config.aux_layer_ids))
     static, act = training_memory(recipe, cfg, draft, a)
     replicas, per_replica = target_replicas(recipe, target, n_gpu, mem_gb)
-    regen_tok_s, capture_tok_s, train_tok_s = throughputs(recipe, cfg, target, w.measured, a, kind, n_gpu,
-                                                          replicas)
+    regen_tok_s, capture_tok_s, train_tok_s = throughputs(
+        recipe, cfg, target, w.measured, a, kind, n_gpu, replicas
+    )
     return Plan(
-        gpus=f"{n_gpu}x{kind}", gpu_memory_gb=mem_gb, config_source=cfg_source,
-        target=target, draft_trainable=draft.trainable, draft_frozen=draft.frozen,
-        target_gb_per_gpu={"mxfp4": target.bytes_mxfp4 / n_gpu / 1e9,
-                           "bf16": target.bytes_bf16 / n_gpu / 1e9},
-        conversations=w.conversations, sequences=round(w.sequences), mean_tokens=w.prompt + w.new,
-        tokens=tokens, capture_bytes_per_token=bpt, capture_bytes=bpt * tokens,
-        train_static_gb=static / 1e9, train_activation_gb=act / 1e9, train_gb_per_gpu=(static + act) / 1e9,
-        regen_s=w.sequences * w.new / regen_tok_s if regen_tok_s else None, regen_tok_s=regen_tok_s,
-        capture_s=tokens / capture_tok_s, capture_tok_s=capture_tok_s,
-        replicas=replicas, gpus_per_replica=per_replica,
-        train_s=recipe.train.epochs * tokens / train_tok_s, train_tok_s=train_tok_s,
-        measured=sorted(k for k, v in w.measured.items() if v), assumptions=a, turns=w.turns,
+        gpus=f"{n_gpu}x{kind}",
+        gpu_memory_gb=mem_gb,
+        config_source=cfg_source,
+        target=target,
+        draft_trainable=draft.trainable,
+        draft_frozen=draft.frozen,
+        target_gb_per_gpu={
+            "mxfp4": target.bytes_mxfp4 / n_gpu / 1e9,
+            "bf16": target.bytes_bf16 / n_gpu / 1e9,
+        },
+        conversations=w.conversations,
+        sequences=round(w.sequences),
+        mean_tokens=w.prompt + w.new,
+        tokens=tokens,
+        capture_bytes_per_token=bpt,
+        capture_bytes=bpt * tokens,
+        train_static_gb=static / 1e9,
+        train_activation_gb=act / 1e9,
+        train_gb_per_gpu=(static + act) / 1e9,
+        regen_s=w.sequences * w.new / regen_tok_s if regen_tok_s else None,
+        regen_tok_s=regen_tok_s,
+        capture_s=tokens / capture_tok_s,
+        capture_tok_s=capture_tok_s,
+        replicas=replicas,
+        gpus_per_replica=per_replica,
+        train_s=recipe.train.epochs * tokens / train_tok_s,
+        train_tok_s=train_tok_s,
+        measured=sorted(k for k, v in w.measured.items() if v),
+        assumptions=a,
+        turns=w.turns,
         stages_measured=w.stages_measured,
     )
 
@@ -131,12 +157,14 @@ def main_plan(argv: list[str] | None = None) -> int:
     """`eyas plan RECIPE --gpus NxGPU [--run DIR] [overrides]`: prints the plan."""
     from eyas.pipeline import recipe_and_run
 
-    p = argparse.ArgumentParser(prog="eyas plan", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="eyas plan", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("recipe", help="recipe YAML or a shipped name (gpt-oss-120b, ...)")
     p.add_argument("--gpus", required=True, help="NxGPU: H100, H200, B200 or A100 (80GB), e.g. 8xH100")
-    p.add_argument("--run", help="a finished run directory whose measured rates replace the throughput "
-                                 "assumptions")
+    p.add_argument(
+        "--run", help="a finished run directory whose measured rates replace the throughput assumptions"
+    )
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.max_length=32768")
     args = p.parse_intermixed_args(sys.argv[1:] if argv is None else argv)  # overrides before or after --gpus
     try:

@@ -31,12 +31,27 @@ KNOWN_TARGETS = {
     "openai/gpt-oss-120b": {"num_hidden_layers": 36, "num_local_experts": 128},
     "openai/gpt-oss-20b": {"num_hidden_layers": 24, "num_local_experts": 32},
 }
-GPT_OSS_SHARED = dict(vocab_size=201088, hidden_size=2880, intermediate_size=2880, head_dim=64,
-                      num_attention_heads=64, num_key_value_heads=8, num_experts_per_tok=4,
-                      sliding_window=128, max_position_embeddings=131072, tie_word_embeddings=False,
-                      rope_parameters={"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0,
-                                       "beta_slow": 1.0, "truncate": False,
-                                       "original_max_position_embeddings": 4096, "rope_theta": 150000.0})
+GPT_OSS_SHARED = dict(
+    vocab_size=201088,
+    hidden_size=2880,
+    intermediate_size=2880,
+    head_dim=64,
+    num_attention_heads=64,
+    num_key_value_heads=8,
+    num_experts_per_tok=4,
+    sliding_window=128,
+    max_position_embeddings=131072,
+    tie_word_embeddings=False,
+    rope_parameters={
+        "rope_type": "yarn",
+        "factor": 32.0,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "truncate": False,
+        "original_max_position_embeddings": 4096,
+        "rope_theta": 150000.0,
+    },
+)
 
 MXFP4_BYTES = 4.25 / 8  # e2m1 values (4 bits) + one e8m0 scale byte per 32
 
@@ -44,6 +59,7 @@ MXFP4_BYTES = 4.25 / 8  # e2m1 values (4 bits) + one e8m0 scale byte per 32
 @dataclass
 class Assumptions:
     """Every number the estimates rest on that is not counted from the recipe."""
+
     mean_prompt_tokens: float = 400.0  # rendered prompt, chat template included
     new_token_fraction: float = 0.75  # mean generated tokens / data.max_new_tokens (reasoning runs long)
     # multi-turn: the share of an earlier answer a later turn's prompt holds (gpt-oss's template keeps the
@@ -69,6 +85,7 @@ class Assumptions:
 @dataclass
 class TargetCount:
     """The target's parameters, and the bytes its weights take."""
+
     params: int
     expert_params: int  # the MoE experts' weight matrices (what gpt-oss stores in MXFP4)
     bytes_mxfp4: float  # the experts in MXFP4, the rest in bf16
@@ -78,6 +95,7 @@ class TargetCount:
 @dataclass
 class DraftCount:
     """The draft's parameters: trainable, and frozen (the target's embedding)."""
+
     trainable: int
     frozen: int
     config: DraftConfig
@@ -87,6 +105,7 @@ class DraftCount:
 class Plan:
     """The figures `eyas plan` prints (tests check them). Bytes, tokens and seconds unless named otherwise;
     rates are over all the GPUs."""
+
     gpus: str  # "8xH100"
     gpu_memory_gb: int  # each
     config_source: str  # where the target's config came from
@@ -118,7 +137,7 @@ class Plan:
 
 
 def parse_gpus(text: str) -> tuple[int, str]:
-    """"8xH100" -> (8, "H100"); "A100 80GB" / "A100-80GB" count as A100."""
+    """ "8xH100" -> (8, "H100"); "A100 80GB" / "A100-80GB" count as A100."""
     t = text.replace(" ", "").upper().replace("-80GB", "").replace("80GB", "")
     n, _, kind = t.partition("X") if "X" in t else ("1", "", t)
     if not n.isdigit() or int(n) < 1 or kind not in GPUS:
@@ -169,8 +188,11 @@ def count_draft(recipe: Recipe, cfg: PretrainedConfig) -> DraftCount:
     dcfg = draft_config(recipe, tcfg, ids, min(recipe.vocab.draft_vocab_size, tcfg.vocab_size))
     with torch.device("meta"):
         draft = Eagle3Draft(dcfg)
-    return DraftCount(trainable=draft.num_parameters(),
-                      frozen=draft.num_parameters(False) - draft.num_parameters(), config=dcfg)
+    return DraftCount(
+        trainable=draft.num_parameters(),
+        frozen=draft.num_parameters(False) - draft.num_parameters(),
+        config=dcfg,
+    )
 
 
 def capture_bytes_per_token(recipe: Recipe, cfg: PretrainedConfig, n_aux: int) -> int:
@@ -179,18 +201,25 @@ def capture_bytes_per_token(recipe: Recipe, cfg: PretrainedConfig, n_aux: int) -
 
     c = recipe.capture
     dtype_bytes = 4 if c.dtype == "float32" else 2
-    return 0 if c.mode == "online" else bytes_per_token(n_aux, cfg.hidden_size, c.aux_format, c.teacher,
-                                                        c.teacher_topk, dtype_bytes)
+    return (
+        0
+        if c.mode == "online"
+        else bytes_per_token(n_aux, cfg.hidden_size, c.aux_format, c.teacher, c.teacher_topk, dtype_bytes)
+    )
 
 
-def training_memory(recipe: Recipe, cfg: PretrainedConfig, draft: DraftCount, a: Assumptions
-                    ) -> tuple[float, float]:
+def training_memory(
+    recipe: Recipe, cfg: PretrainedConfig, draft: DraftCount, a: Assumptions
+) -> tuple[float, float]:
     """Draft training bytes per GPU (DDP: everything replicated) -> (static, activations). Static: fp32
     weights, gradients and AdamW state, the fp32 embedding, the teacher lm_head (teacher final).
     Activations: the measured bytes per token per TTT step, scaled by the draft's layer width."""
     tr = recipe.train
-    static = 16 * draft.trainable + 4 * draft.frozen + (4 * cfg.vocab_size * cfg.hidden_size
-                                                        if recipe.capture.teacher == "final" else 0)
+    static = (
+        16 * draft.trainable
+        + 4 * draft.frozen
+        + (4 * cfg.vocab_size * cfg.hidden_size if recipe.capture.teacher == "final" else 0)
+    )
     per_ts = a.act_bytes_per_token_step_checkpointed if tr.checkpoint_layer else a.act_bytes_per_token_step
     # measured at gpt-oss-120b draft dims: hidden 2880, intermediate 17280
     scale = (2 * draft.config.hidden_size + draft.config.intermediate_size) / (2 * 2880 + 17280)
@@ -212,20 +241,34 @@ def train_tok_s_h100(T: int, a: Assumptions) -> float:
     return r0 + (r1 - r0) * (x - math.log(t0)) / (math.log(t1) - math.log(t0))
 
 
-def throughputs(recipe: Recipe, cfg: PretrainedConfig, target: TargetCount, measured: dict[str, float],
-                a: Assumptions, kind: str, n_gpu: int, replicas: int) -> tuple[float, float, float]:
+def throughputs(
+    recipe: Recipe,
+    cfg: PretrainedConfig,
+    target: TargetCount,
+    measured: dict[str, float],
+    a: Assumptions,
+    kind: str,
+    n_gpu: int,
+    replicas: int,
+) -> tuple[float, float, float]:
     """Tokens/s over every GPU -> (regeneration's generated, capture's, training's): the rates `measured`
     in a run (per target replica; training per GPU) where there are some, else the assumptions, scaled
     from an H100 by bf16 FLOP/s."""
     tr, tflops = recipe.train, GPUS[kind][1]
-    flops_per_token = 2 * (target.params - target.expert_params
-                           + target.expert_params * getattr(cfg, "num_experts_per_tok", 1)
-                           / max(getattr(cfg, "num_local_experts", 1), 1))
-    capture_tok_s = (measured.get("capture_tok_s")
-                     or a.capture_mfu * tflops * 1e12 / flops_per_token) * replicas
+    flops_per_token = 2 * (
+        target.params
+        - target.expert_params
+        + target.expert_params
+        * getattr(cfg, "num_experts_per_tok", 1)
+        / max(getattr(cfg, "num_local_experts", 1), 1)
+    )
+    capture_tok_s = (
+        measured.get("capture_tok_s") or a.capture_mfu * tflops * 1e12 / flops_per_token
+    ) * replicas
     gpu_scale = tflops / GPUS["H100"][1]
     regen_rate = a.regen_tok_s_server_h100 if recipe.data.backend == "server" else a.regen_tok_s_hf_h100
     regen_tok_s = (measured.get("regen_tok_s") or gpu_scale * regen_rate) * replicas
-    train_tok_s = (measured.get("train_tok_s") or gpu_scale * train_tok_s_h100(tr.max_length, a)
-                   * 7 / tr.ttt_steps) * n_gpu
+    train_tok_s = (
+        measured.get("train_tok_s") or gpu_scale * train_tok_s_h100(tr.max_length, a) * 7 / tr.ttt_steps
+    ) * n_gpu
     return regen_tok_s, capture_tok_s, train_tok_s

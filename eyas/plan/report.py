@@ -43,16 +43,23 @@ def data_line(recipe: Recipe, p: Plan) -> str:
     """Sequences and tokens, and where they were counted."""
     t, total = p.turns, f"{p.tokens / 1e9:,.3f}B tokens"
     if p.conversations is None:
-        return ("data: data.num_prompts is not set (every prompt of the sources), so the number of sequences "
-                "is not known before the prompts stage: run `eyas prompts RECIPE --out RUN` (CPU, minutes) "
-                "and pass --run RUN (the token, storage and time figures below are for 0 sequences)")
+        return (
+            "data: data.num_prompts is not set (every prompt of the sources), so the number of sequences "
+            "is not known before the prompts stage: run `eyas prompts RECIPE --out RUN` (CPU, minutes) "
+            "and pass --run RUN (the token, storage and time figures below are for 0 sequences)"
+        )
     if t is not None:
-        rendered = (f"prompts rendered for {t.rendered:,} of {t.conversations:,} conversations" if t.rendered
-                    else "prompt lengths assumed: " + t.no_tokenizer)
-        return (f"data: {p.conversations:,} conversations x {t.turns_per_conversation:.2f} answered turns "
-                f"= {p.sequences:,} sequences x {p.mean_tokens:,.0f} tokens = {total} (--run's prompts "
-                f"stage: {t.user_turns:,} user turns counted in {t.conversations:,} conversations, "
-                f"{rendered}; answers assumed)")
+        rendered = (
+            f"prompts rendered for {t.rendered:,} of {t.conversations:,} conversations"
+            if t.rendered
+            else "prompt lengths assumed: " + t.no_tokenizer
+        )
+        return (
+            f"data: {p.conversations:,} conversations x {t.turns_per_conversation:.2f} answered turns "
+            f"= {p.sequences:,} sequences x {p.mean_tokens:,.0f} tokens = {total} (--run's prompts "
+            f"stage: {t.user_turns:,} user turns counted in {t.conversations:,} conversations, "
+            f"{rendered}; answers assumed)"
+        )
     how = "measured in --run" if "regenerate" in p.stages_measured else "assumed"
     return f"data: {p.sequences:,} sequences x {p.mean_tokens:,.0f} tokens ({how} mean) = {total}"
 
@@ -85,23 +92,30 @@ def turns_assumption(recipe: Recipe, p: Plan) -> str:
         return "answered turns per prompt as --run's regeneration answered them"
     if p.turns is not None:
         share = p.assumptions.kept_answer_fraction_harmony
-        return (f"later turns' prompts hold each earlier answer as {p.turns.kept_answer_tokens:,.0f} tokens "
-                f"(harmony templates keep the final channel: {share:.0%} of an answer; others all of it); "
-                "every turn whose prompt fits data.max_prompt_tokens is counted as answered, though an "
-                "answer cut at data.max_new_tokens ends its conversation (an upper bound)")
+        return (
+            f"later turns' prompts hold each earlier answer as {p.turns.kept_answer_tokens:,.0f} tokens "
+            f"(harmony templates keep the final channel: {share:.0%} of an answer; others all of it); "
+            "every turn whose prompt fits data.max_prompt_tokens is counted as answered, though an "
+            "answer cut at data.max_new_tokens ends its conversation (an upper bound)"
+        )
     if recipe.data.max_turns == 1:
         return "one answered turn per prompt (data.max_turns: 1)"
-    return ("one answered turn per prompt (multi-turn data adds a sequence per later turn, holding the "
-            "conversation so far: run `eyas prompts RECIPE --out RUN` (CPU, minutes) and pass --run RUN to "
-            "count them)")
+    return (
+        "one answered turn per prompt (multi-turn data adds a sequence per later turn, holding the "
+        "conversation so far: run `eyas prompts RECIPE --out RUN` (CPU, minutes) and pass --run RUN to "
+        "count them)"
+    )
 
 
 def assumption_lines(recipe: Recipe, p: Plan) -> list[str]:
     """The assumptions the figures rest on, each with its source."""
     a, turns = p.assumptions, p.turns
     rendered = (turns is not None and turns.rendered) or "capture" in p.stages_measured
-    prompt = "" if rendered else (f"mean {'first-turn ' if turns is not None else ''}prompt "
-                                  f"{a.mean_prompt_tokens:.0f} tokens; ")
+    prompt = (
+        ""
+        if rendered
+        else (f"mean {'first-turn ' if turns is not None else ''}prompt {a.mean_prompt_tokens:.0f} tokens; ")
+    )
     return [
         "assumptions (change them in eyas/plan/cost.py Assumptions, or pass --run DIR: a run's prompts stage "
         "counts the turns, its later stages give measured rates):",
@@ -119,5 +133,11 @@ def assumption_lines(recipe: Recipe, p: Plan) -> list[str]:
 
 def render(recipe: Recipe, p: Plan) -> str:
     """The report, one figure a line."""
-    return "\n".join([*target_lines(recipe, p), data_line(recipe, p), *resource_lines(recipe, p),
-                      *assumption_lines(recipe, p)])
+    return "\n".join(
+        [
+            *target_lines(recipe, p),
+            data_line(recipe, p),
+            *resource_lines(recipe, p),
+            *assumption_lines(recipe, p),
+        ]
+    )

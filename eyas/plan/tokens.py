@@ -15,7 +15,10 @@ if TYPE_CHECKING:
     from eyas.recipes.schema import Recipe
 
 TOKENIZER_FILES = (
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
 )
 SAMPLED_CONVERSATIONS = 2000  # conversations of the prompts stage rendered to measure prompt lengths
 
@@ -44,8 +47,9 @@ def plan_tokenizer(recipe: Recipe) -> tuple[PreTrainedTokenizerBase | None, str]
     errors = []
     for local in (True, False):
         try:
-            tok = AutoTokenizer.from_pretrained(name, trust_remote_code=recipe.target.trust_remote_code,
-                                                local_files_only=local)
+            tok = AutoTokenizer.from_pretrained(
+                name, trust_remote_code=recipe.target.trust_remote_code, local_files_only=local
+            )
         except (OSError, ValueError) as e:
             errors.append(str(e).splitlines()[0] if str(e) else type(e).__name__)
             continue
@@ -53,16 +57,27 @@ def plan_tokenizer(recipe: Recipe) -> tuple[PreTrainedTokenizerBase | None, str]
             return tok, ""
         errors.append("it has no chat template")
         break
-    fix = ("put the model's tokenizer files (tokenizer.json, tokenizer_config.json, its chat template) "
-           f"in {name}" if Path(name).is_dir() else
-           f"fetch only its tokenizer files where there is network: `hf download {recipe.target.model} "
-           f"{' '.join(TOKENIZER_FILES)}`")
-    return None, (f"the tokenizer of {recipe.target.model} could not be used ({errors[-1]}); to render the "
-                  f"prompts, {fix}")
+    fix = (
+        "put the model's tokenizer files (tokenizer.json, tokenizer_config.json, its chat template) "
+        f"in {name}"
+        if Path(name).is_dir()
+        else f"fetch only its tokenizer files where there is network: `hf download {recipe.target.model} "
+        f"{' '.join(TOKENIZER_FILES)}`"
+    )
+    return None, (
+        f"the tokenizer of {recipe.target.model} could not be used ({errors[-1]}); to render the "
+        f"prompts, {fix}"
+    )
 
 
-def turn_prompt_lengths(tok: PreTrainedTokenizerBase, system: list[dict], users: list[dict],
-                        kept: list[float], limit: int, **template_kwargs) -> list[float]:
+def turn_prompt_lengths(
+    tok: PreTrainedTokenizerBase,
+    system: list[dict],
+    users: list[dict],
+    kept: list[float],
+    limit: int,
+    **template_kwargs,
+) -> list[float]:
     """The prompt length of each turn of one conversation as regeneration renders it, before any answer
     exists: the chat template around the conversation so far with every earlier answer empty, plus
     `kept[i]` tokens for earlier answer i (the part of it the template keeps). Stops before the first
@@ -91,8 +106,14 @@ def assumed_prompt_lengths(first: float, turns: int, kept: float, limit: int) ->
     return lengths
 
 
-def conversation_tokens(recipe: Recipe, run_dir: Path, new: float, mean_prompt_tokens: float,
-                        kept_fraction_harmony: float, is_gpt_oss: bool) -> TurnCount:
+def conversation_tokens(
+    recipe: Recipe,
+    run_dir: Path,
+    new: float,
+    mean_prompt_tokens: float,
+    kept_fraction_harmony: float,
+    is_gpt_oss: bool,
+) -> TurnCount:
     """Answered turns and prompt lengths from a run whose prompts stage is done (CPU only, before any GPU).
 
     Every training conversation's user turns are counted (at most data.max_turns); a seeded sample of
@@ -113,7 +134,7 @@ def conversation_tokens(recipe: Recipe, run_dir: Path, new: float, mean_prompt_t
         raise ValueError(f"--run {run_dir}: its prompts stage holds no training conversations")
     turns = [split_turns(r["messages"]) for r in rows]
     if d.max_turns is not None:  # a recipe that asks fewer turns than the run's prompts stage kept
-        turns = [(system, users[:d.max_turns]) for system, users in turns]
+        turns = [(system, users[: d.max_turns]) for system, users in turns]
     user_turns = sum(len(users) for _, users in turns)
     tok, why = plan_tokenizer(recipe)
     harmony = is_harmony(tok) if tok is not None else is_gpt_oss
@@ -127,15 +148,26 @@ def conversation_tokens(recipe: Recipe, run_dir: Path, new: float, mean_prompt_t
             lengths = assumed_prompt_lengths(first, len(users), kept, d.max_prompt_tokens)
         else:
             effort = effort_kwargs(reasoning_effort(d.reasoning_effort, d.seed, rows[i]["id"]))
-            lengths = turn_prompt_lengths(tok, system, users, [kept] * len(users), d.max_prompt_tokens,
-                                          **effort)
-        asked, sampled_turns, prompt_tokens = (asked + len(lengths), sampled_turns + len(users),
-                                               prompt_tokens + sum(lengths))
+            lengths = turn_prompt_lengths(
+                tok, system, users, [kept] * len(users), d.max_prompt_tokens, **effort
+            )
+        asked, sampled_turns, prompt_tokens = (
+            asked + len(lengths),
+            sampled_turns + len(users),
+            prompt_tokens + sum(lengths),
+        )
     if not asked:
-        raise ValueError(f"data.max_prompt_tokens={d.max_prompt_tokens}: no first prompt of the "
-                         f"{len(picked):,} conversations rendered fits under it, so regeneration would "
-                         "answer none; raise it")
-    return TurnCount(turns_per_conversation=user_turns / len(rows) * asked / sampled_turns,
-                     mean_prompt=prompt_tokens / asked, rendered=0 if tok is None else len(picked),
-                     conversations=len(rows), user_turns=user_turns, kept_answer_tokens=kept,
-                     no_tokenizer=why)
+        raise ValueError(
+            f"data.max_prompt_tokens={d.max_prompt_tokens}: no first prompt of the "
+            f"{len(picked):,} conversations rendered fits under it, so regeneration would "
+            "answer none; raise it"
+        )
+    return TurnCount(
+        turns_per_conversation=user_turns / len(rows) * asked / sampled_turns,
+        mean_prompt=prompt_tokens / asked,
+        rendered=0 if tok is None else len(picked),
+        conversations=len(rows),
+        user_turns=user_turns,
+        kept_answer_tokens=kept,
+        no_tokenizer=why,
+    )

@@ -19,8 +19,27 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-                   20.0, 40.0, 80.0)
+LATENCY_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
 
 
 class ServerMetrics:
@@ -37,30 +56,43 @@ class ServerMetrics:
             return Histogram(name, doc, names, buckets=LATENCY_BUCKETS, registry=r).labels(**lab)
 
         self.drafts = counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.").labels(**lab)
-        self.draft_tokens = counter("vllm:spec_decode_num_draft_tokens",
-                                    "Number of draft tokens.").labels(**lab)
-        self.accepted = counter("vllm:spec_decode_num_accepted_tokens",
-                                "Number of accepted tokens.").labels(**lab)
-        per_pos = counter("vllm:spec_decode_num_accepted_tokens_per_pos",
-                          "Accepted tokens per draft position.", ["position"])
+        self.draft_tokens = counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.").labels(
+            **lab
+        )
+        self.accepted = counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.").labels(
+            **lab
+        )
+        per_pos = counter(
+            "vllm:spec_decode_num_accepted_tokens_per_pos",
+            "Accepted tokens per draft position.",
+            ["position"],
+        )
         self.per_pos = [per_pos.labels(**lab, position=str(i)) for i in range(num_positions)]
-        self.prompt_tokens = counter("vllm:prompt_tokens",
-                                     "Number of prefill tokens processed.").labels(**lab)
-        self.generation_tokens = counter("vllm:generation_tokens",
-                                         "Number of generation tokens processed.").labels(**lab)
-        self._success = counter("vllm:request_success", "Count of successfully processed requests.",
-                                ["finished_reason"])
+        self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.").labels(
+            **lab
+        )
+        self.generation_tokens = counter(
+            "vllm:generation_tokens", "Number of generation tokens processed."
+        ).labels(**lab)
+        self._success = counter(
+            "vllm:request_success", "Count of successfully processed requests.", ["finished_reason"]
+        )
         self._lab = lab
-        self.running = Gauge("vllm:num_requests_running", "Number of requests in model execution batches.",
-                             names, registry=r).labels(**lab)
-        self.waiting = Gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
-                             names, registry=r).labels(**lab)
-        self.ttft = histogram("vllm:time_to_first_token_seconds",
-                              "Histogram of time to first token in seconds.")
-        self.itl = histogram("vllm:inter_token_latency_seconds",
-                             "Histogram of inter-token latency in seconds.")
-        self.e2e = histogram("vllm:e2e_request_latency_seconds",
-                             "Histogram of e2e request latency in seconds.")
+        self.running = Gauge(
+            "vllm:num_requests_running", "Number of requests in model execution batches.", names, registry=r
+        ).labels(**lab)
+        self.waiting = Gauge(
+            "vllm:num_requests_waiting", "Number of requests waiting to be processed.", names, registry=r
+        ).labels(**lab)
+        self.ttft = histogram(
+            "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds."
+        )
+        self.itl = histogram(
+            "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds."
+        )
+        self.e2e = histogram(
+            "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds."
+        )
 
     def verification(self, proposed: int, accepted: int) -> None:
         self.drafts.inc()

@@ -159,7 +159,8 @@ class ErrorResponse(OpenAIBaseModel):
     error: ErrorInfo
 
 
-def error_body(message: str, err_type: str = "BadRequestError", code: int = 400,
-               param: str | None = None) -> dict:
+def error_body(
+    message: str, err_type: str = "BadRequestError", code: int = 400, param: str | None = None
+) -> dict:
     """vLLM's error envelope as a dict: {"error": {"message", "type", "param", "code"}}."""
     return ErrorResponse(error=ErrorInfo(message=message, type=err_type, param=param, code=code)).model_dump()

@@ -67,8 +67,15 @@ def build_app(served: Served) -> FastAPI:
     return app
 
 
-def build_served(recipe: Recipe, draft_dir: str | None, shape: TreeShape | None, name: str | None = None,
-                 max_num_seqs: int = 64, max_model_len: int | None = None, speculate: bool = True) -> Served:
+def build_served(
+    recipe: Recipe,
+    draft_dir: str | None,
+    shape: TreeShape | None,
+    name: str | None = None,
+    max_num_seqs: int = 64,
+    max_model_len: int | None = None,
+    speculate: bool = True,
+) -> Served:
     """Load the target (as every stage does) and the draft; start the engine thread."""
     import torch
 
@@ -82,36 +89,48 @@ def build_served(recipe: Recipe, draft_dir: str | None, shape: TreeShape | None,
     draft = None
     if draft_dir is not None and speculate:
         dtype = next(model.parameters()).dtype
-        draft = load_draft(draft_dir, device=input_device(model),
-                           dtype=dtype if dtype != torch.float16 else torch.float32).eval()
-        engines["spec"] = Engine(model, draft, shape, max_batch=max_num_seqs, eos_ids=eos,
-                                 max_model_len=max_model_len)
+        draft = load_draft(
+            draft_dir, device=input_device(model), dtype=dtype if dtype != torch.float16 else torch.float32
+        ).eval()
+        engines["spec"] = Engine(
+            model, draft, shape, max_batch=max_num_seqs, eos_ids=eos, max_model_len=max_model_len
+        )
     served_name = name or recipe.target.model
     metrics = ServerMetrics(served_name, shape.steps if draft is not None else 0)
     limit = engines["plain"].max_model_len
-    return Served(name=served_name, root=resolve_path(recipe.target.model), tokenizer=tok,
-                  runner=EngineRunner(engines, metrics), metrics=metrics, max_model_len=limit,
-                  shape=shape if draft is not None else None, spec_default=draft is not None)
+    return Served(
+        name=served_name,
+        root=resolve_path(recipe.target.model),
+        tokenizer=tok,
+        runner=EngineRunner(engines, metrics),
+        metrics=metrics,
+        max_model_len=limit,
+        shape=shape if draft is not None else None,
+        spec_default=draft is not None,
+    )
 
 
 # ---------------------------------------------------------------- the command line
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="eyas serve", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="eyas serve", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("source", help="a run directory (its target and trained draft) or a recipe (its target)")
     p.add_argument("overrides", nargs="*", help="dotted recipe overrides, e.g. target.device=cuda:1")
     p.add_argument("--draft", help="an eyas draft checkpoint (default: RUN/train/checkpoint-final)")
     shape = p.add_mutually_exclusive_group()
     shape.add_argument("--k", type=int, help="chain length (default: the recipe's eval.k)")
-    shape.add_argument("--tree",
-                       help="STEPS,TOPK,NUM_DRAFT_TOKENS: an EAGLE-2 dynamic tree (SGLang's parameters)")
+    shape.add_argument(
+        "--tree", help="STEPS,TOPK,NUM_DRAFT_TOKENS: an EAGLE-2 dynamic tree (SGLang's parameters)"
+    )
     p.add_argument("--no-speculation", action="store_true", help="serve the target alone")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--served-model-name",
-                   help="the model name clients use (default: the recipe's target.model)")
+    p.add_argument(
+        "--served-model-name", help="the model name clients use (default: the recipe's target.model)"
+    )
     p.add_argument("--max-num-seqs", type=int, default=64, help="requests decoded at once (default 64)")
     p.add_argument("--max-model-len", type=int, help="context limit (default: the target's max positions)")
     p.add_argument("--log-level", default="info")
@@ -151,8 +170,15 @@ def main_serve(argv: list[str]) -> int:
         tree = TreeShape.parse(args.tree) if args.tree else TreeShape.chain(args.k or recipe.eval.k)
     except ValueError as e:
         raise RecipeError(f"--tree {args.tree}: {e}") from None
-    served = build_served(recipe, draft, tree, args.served_model_name, args.max_num_seqs, args.max_model_len,
-                          speculate=not args.no_speculation)
+    served = build_served(
+        recipe,
+        draft,
+        tree,
+        args.served_model_name,
+        args.max_num_seqs,
+        args.max_model_len,
+        speculate=not args.no_speculation,
+    )
     import uvicorn
 
     what = f"draft {draft}, {tree.label}" if served.shape else "no speculation"

@@ -20,8 +20,16 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from eyas.serve.api.metrics import ServerMetrics
-from eyas.serve.api.protocol import (ErrorInfo, ErrorResponse, SamplingRequest, SGLangExtension,
-                                     SpecTokensDetails, UsageInfo, error_body, random_id)
+from eyas.serve.api.protocol import (
+    ErrorInfo,
+    ErrorResponse,
+    SamplingRequest,
+    SGLangExtension,
+    SpecTokensDetails,
+    UsageInfo,
+    error_body,
+    random_id,
+)
 from eyas.serve.api.runner import EngineRunner
 from eyas.serve.api.text import ChatText, PlainText
 from eyas.serve.decoding.engine import Request
@@ -73,8 +81,10 @@ async def serving_error(_: HttpRequest, exc: ServingError) -> JSONResponse:
 async def invalid_request(_: HttpRequest, exc: RequestValidationError) -> JSONResponse:
     """A body that does not parse or validate: a 400 naming each field (vLLM answers 400, not 422)."""
     errors = exc.errors()
-    msg = "; ".join(f"{'.'.join(str(x) for x in e.get('loc', ()) if x != 'body') or 'body'}: {e.get('msg')}"
-                    for e in errors) or str(exc)
+    msg = "; ".join(
+        f"{'.'.join(str(x) for x in e.get('loc', ()) if x != 'body') or 'body'}: {e.get('msg')}"
+        for e in errors
+    ) or str(exc)
     return JSONResponse(error_body(msg, "Bad Request", 400), status_code=400)
 
 
@@ -93,23 +103,30 @@ def raise_engine_error(calls: list[Call]) -> None:
 # ---------------------------------------------------------------- a request in the engine
 
 
-def sampling_params(body: SamplingRequest, prompt_len: int, max_tokens: int | None,
-                    served: Served) -> SamplingParams:
+def sampling_params(
+    body: SamplingRequest, prompt_len: int, max_tokens: int | None, served: Served
+) -> SamplingParams:
     """The request's sampling; max_tokens defaults to the room left in the context."""
     room = served.max_model_len - prompt_len
     if max_tokens is None:
         max_tokens = room
     if max_tokens > room:
-        raise BadRequest(f"This model's maximum context length is {served.max_model_len} tokens. "
-                         f"However, you requested {prompt_len + max_tokens} tokens ({prompt_len} in the "
-                         f"messages, {max_tokens} in the completion). Please reduce the length of the "
-                         "messages or completion.")
+        raise BadRequest(
+            f"This model's maximum context length is {served.max_model_len} tokens. "
+            f"However, you requested {prompt_len + max_tokens} tokens ({prompt_len} in the "
+            f"messages, {max_tokens} in the completion). Please reduce the length of the "
+            "messages or completion."
+        )
     try:
-        return SamplingParams(temperature=1.0 if body.temperature is None else body.temperature,
-                              top_p=1.0 if body.top_p is None else body.top_p,
-                              top_k=0 if body.top_k is None else body.top_k, seed=body.seed,
-                              max_tokens=max_tokens, ignore_eos=body.ignore_eos,
-                              stop_token_ids=list(body.stop_token_ids or []))
+        return SamplingParams(
+            temperature=1.0 if body.temperature is None else body.temperature,
+            top_p=1.0 if body.top_p is None else body.top_p,
+            top_k=0 if body.top_k is None else body.top_k,
+            seed=body.seed,
+            max_tokens=max_tokens,
+            ignore_eos=body.ignore_eos,
+            stop_token_ids=list(body.stop_token_ids or []),
+        )
     except ValueError as e:
         raise BadRequest(str(e)) from None
 
@@ -117,8 +134,9 @@ def sampling_params(body: SamplingRequest, prompt_len: int, max_tokens: int | No
 class Call:
     """One request's tokens arriving from the engine thread, as an asyncio queue."""
 
-    def __init__(self, served: Served, prompt: list[int], params: SamplingParams, index: int,
-                 speculative: bool):
+    def __init__(
+        self, served: Served, prompt: list[int], params: SamplingParams, index: int, speculative: bool
+    ):
         self.served, self.index = served, index
         self.loop = asyncio.get_running_loop()
         self.queue: asyncio.Queue[tuple[list[int], str | None]] = asyncio.Queue()
@@ -134,7 +152,7 @@ class Call:
                 m.ttft.observe(now - req.arrival)
             else:
                 m.itl.observe(now - req.token_times[-len(tokens) - 1])
-        for a in req.accepted[self.seen_verifications:]:
+        for a in req.accepted[self.seen_verifications :]:
             m.verification(self.served.shape.num_draft_tokens - 1, a)
         self.seen_verifications = len(req.accepted)
         if req.finished:
@@ -172,11 +190,13 @@ class Call:
         return None
 
 
-def open_calls(served: Served, prompts: list[list[int]], body: SamplingRequest,
-               max_tokens: int | None) -> list[Call]:
+def open_calls(
+    served: Served, prompts: list[list[int]], body: SamplingRequest, max_tokens: int | None
+) -> list[Call]:
     """Check every prompt and its sampling (BadRequest before anything starts), then start them all."""
     speculative = served.shape is not None and (
-        served.spec_default if body.speculative is None else body.speculative)
+        served.spec_default if body.speculative is None else body.speculative
+    )
     engine = served.runner.engines["spec" if speculative else "plain"]
     calls = []
     for i, p in enumerate(prompts):
@@ -232,7 +252,7 @@ class Generation:
                     r_rest, c_rest = self.detok.flush()
                     r, c = r + r_rest, c + c_rest
                 full, hit = cut_at_stop(self.text + c, self.stops)
-                c, self.text = full[len(self.text):], full
+                c, self.text = full[len(self.text) :], full
                 self.reasoning += r
                 if hit is not None:
                     call.stop_at(hit)
@@ -287,10 +307,15 @@ def spec_details(calls: list[Call], served: Served) -> SGLangExtension:
         ct = len(c.req.emitted)
         drafts = sum(c.req.accepted)
         proposed = ct * (served.shape.num_draft_tokens - 1) if served.shape else 0
-        out.append(SpecTokensDetails(
-            spec_verify_ct=ct, spec_accept_length=len(c.req.tokens) / ct if ct else None,
-            spec_num_correct_drafts=drafts, spec_num_proposed_drafts=proposed,
-            spec_accept_rate=drafts / proposed if proposed else None))
+        out.append(
+            SpecTokensDetails(
+                spec_verify_ct=ct,
+                spec_accept_length=len(c.req.tokens) / ct if ct else None,
+                spec_num_correct_drafts=drafts,
+                spec_num_proposed_drafts=proposed,
+                spec_accept_rate=drafts / proposed if proposed else None,
+            )
+        )
     return SGLangExtension(spec_tokens_details=out[0] if len(out) == 1 else out)
 
 

@@ -25,19 +25,19 @@ class TextStream:
 
     def push(self, ids: list[int]) -> str:
         self.ids += ids
-        before = self._decode(self.ids[self.prefix:self.read])
-        after = self._decode(self.ids[self.prefix:])
+        before = self._decode(self.ids[self.prefix : self.read])
+        after = self._decode(self.ids[self.prefix :])
         if len(after) > len(before) and not after.endswith("\ufffd"):
             self.prefix, self.read = self.read, len(self.ids)
-            return after[len(before):]
+            return after[len(before) :]
         return ""
 
     def flush(self) -> str:
         """What is still held back at the end."""
-        before = self._decode(self.ids[self.prefix:self.read])
-        after = self._decode(self.ids[self.prefix:])
+        before = self._decode(self.ids[self.prefix : self.read])
+        after = self._decode(self.ids[self.prefix :])
         self.prefix = self.read = len(self.ids)
-        return after[len(before):]
+        return after[len(before) :]
 
 
 class PlainText:
@@ -67,8 +67,10 @@ class ChatText:
     def __init__(self, tokenizer, skip_special_tokens: bool = True):
         self.tok = tokenizer
         self.harmony = is_harmony(tokenizer)
-        self.streams = {"reasoning": TextStream(tokenizer, True),
-                        "content": TextStream(tokenizer, skip_special_tokens)}
+        self.streams = {
+            "reasoning": TextStream(tokenizer, True),
+            "content": TextStream(tokenizer, skip_special_tokens),
+        }
         if self.harmony:
             vocab = tokenizer.get_vocab()
             self.special = {vocab[t]: t for t in HARMONY if t in vocab}
@@ -97,8 +99,10 @@ class ChatText:
             elif self.state == "body":
                 routed[self.channel].append(t)
                 self.routed_any = True
-        return (self.streams["reasoning"].push(routed["reasoning"]) if routed["reasoning"] else "",
-                self.streams["content"].push(routed["content"]) if routed["content"] else "")
+        return (
+            self.streams["reasoning"].push(routed["reasoning"]) if routed["reasoning"] else "",
+            self.streams["content"].push(routed["content"]) if routed["content"] else "",
+        )
 
     def flush(self) -> tuple[str, str]:
         """The held-back rest. Output that never opened a harmony message comes out whole as content."""

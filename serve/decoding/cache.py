@@ -75,7 +75,7 @@ class RowKVCache:
         kb, vb = self.keys[layer_idx][rows], self.values[layer_idx][rows]
         kb.scatter_(2, idx, key.to(kb.dtype))
         vb.scatter_(2, idx, value.to(vb.dtype))
-        return kb[:, :, :self._kv_len], vb[:, :, :self._kv_len]
+        return kb[:, :, : self._kv_len], vb[:, :, : self._kv_len]
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self._kv_len
@@ -85,9 +85,10 @@ class RowKVCache:
         if self.updates != num_layers:
             raise RuntimeError(
                 f"the target's attention layers called past_key_values.update {self.updates} times for "
-                f"{num_layers} layers in one forward; this transformers release does not route keys and values "
-                "through the cache the way the speculative loop needs (attention must call "
-                "`past_key_values.update(key, value, layer_idx)`)")
+                f"{num_layers} layers in one forward; this transformers release does not route keys and "
+                "values through the cache the way the speculative loop needs (attention must call "
+                "`past_key_values.update(key, value, layer_idx)`)"
+            )
 
     # ------------------------------------------------------------------ storage
 
@@ -98,8 +99,10 @@ class RowKVCache:
         new = max(slots, 2 * self.slots, self.min_slots)
         for store in (self.keys, self.values):
             for layer, buf in store.items():
-                grown = torch.zeros(buf.shape[0], buf.shape[1], new, buf.shape[3], device=buf.device, dtype=buf.dtype)
-                grown[:, :, :self.slots] = buf
+                grown = torch.zeros(
+                    buf.shape[0], buf.shape[1], new, buf.shape[3], device=buf.device, dtype=buf.dtype
+                )
+                grown[:, :, : self.slots] = buf
                 store[layer] = grown
         self.slots = new
 
@@ -109,12 +112,17 @@ class RowKVCache:
         its destination's row end, and values are read before any is written."""
         n, m = src.shape
         rows = slice(row0, row0 + n)
-        on: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}  # the indices, once per device (split targets)
+        on: dict[
+            torch.device, tuple[torch.Tensor, torch.Tensor]
+        ] = {}  # the indices, once per device (split targets)
         for store in (self.keys, self.values):
             for buf in store.values():
                 b = buf[rows]
                 if buf.device not in on:
-                    on[buf.device] = (src.to(buf.device)[:, None, :, None], dst.to(buf.device)[:, None, :, None])
+                    on[buf.device] = (
+                        src.to(buf.device)[:, None, :, None],
+                        dst.to(buf.device)[:, None, :, None],
+                    )
                 s, d = (x.expand(n, b.shape[1], m, b.shape[3]) for x in on[buf.device])
                 b.scatter_(2, d, b.gather(2, s))
 

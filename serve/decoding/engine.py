@@ -34,8 +34,8 @@ from __future__ import annotations
 import itertools
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 
@@ -70,6 +70,7 @@ class Request:
 @dataclass
 class StepStats:
     """One engine forward group, for the cost model of k advice (eval/advice.py)."""
+
     kind: str  # "prefill" | "decode"
     rows: int
     tokens_per_row: int  # N verified per row (1 without speculation)
@@ -82,13 +83,25 @@ class StepStats:
 class Engine:
     """Speculative (draft given) or plain decoding of many concurrent requests on one target."""
 
-    def __init__(self, target, draft=None, shape: TreeShape | None = None, *, max_batch: int = 64,
-                 eos_ids=(), prefill_tokens: int = 8192, seed: int = 0, max_model_len: int | None = None,
-                 profile: bool = False):
+    def __init__(
+        self,
+        target,
+        draft=None,
+        shape: TreeShape | None = None,
+        *,
+        max_batch: int = 64,
+        eos_ids=(),
+        prefill_tokens: int = 8192,
+        seed: int = 0,
+        max_model_len: int | None = None,
+        profile: bool = False,
+    ):
         if (draft is None) != (shape is None):
             raise ValueError("give both a draft and a chain/tree shape, or neither (plain decoding)")
         self.model, self.draft, self.shape = target, draft, shape
-        self.config = target.config.get_text_config() if hasattr(target.config, "get_text_config") else target.config
+        self.config = (
+            target.config.get_text_config() if hasattr(target.config, "get_text_config") else target.config
+        )
         impl = self.config._attn_implementation
         if impl not in ("eager", "sdpa"):
             # the loop passes explicit ragged / tree masks, which only these two take as-is
@@ -102,8 +115,10 @@ class Engine:
         # (cache.py), and the logits come back to the input device; the aux states are gathered here.
         self.device = input_device(target)
         if draft is not None and draft.fc.weight.device != self.device:
-            raise ValueError(f"the draft is on {draft.fc.weight.device}; the serving loop runs it on the target's "
-                             f"input device, {self.device} (data.target.input_device(target)): load it there")
+            raise ValueError(
+                f"the draft is on {draft.fc.weight.device}; the serving loop runs it on the target's "
+                f"input device, {self.device} (data.target.input_device(target)): load it there"
+            )
         self.dtype = next(p for p in target.parameters() if p.is_floating_point()).dtype
         self.max_batch = max_batch
         self.eos_ids = set(int(e) for e in eos_ids)
@@ -136,8 +151,10 @@ class Engine:
         if not prompt:
             raise ValueError("the prompt is empty")
         if len(prompt) + 1 > self.max_model_len:
-            raise ValueError(f"the prompt has {len(prompt)} tokens; this model's maximum context length is "
-                             f"{self.max_model_len} tokens, which leaves no room to generate")
+            raise ValueError(
+                f"the prompt has {len(prompt)} tokens; this model's maximum context length is "
+                f"{self.max_model_len} tokens, which leaves no room to generate"
+            )
         bad = [t for t in prompt if not (isinstance(t, int) and 0 <= t < self.vocab)]
         if bad:
             raise ValueError(f"prompt token id {bad[0]!r} is outside the vocabulary [0, {self.vocab})")
@@ -186,25 +203,42 @@ class Engine:
 
     # ------------------------------------------------------------------ forwards
 
-    def _target(self, row0: int, ids: torch.Tensor, pos: torch.Tensor, committed: torch.Tensor,
-                write: torch.Tensor, vis: torch.Tensor, kv_len: int, last_only: bool):
+    def _target(
+        self,
+        row0: int,
+        ids: torch.Tensor,
+        pos: torch.Tensor,
+        committed: torch.Tensor,
+        write: torch.Tensor,
+        vis: torch.Tensor,
+        kv_len: int,
+        last_only: bool,
+    ):
         """One target forward appending ids (n, q) to rows row0..; -> logits (n, q or 1, V) fp32, aux."""
         full = M.attention_allowed(committed, write, pos, vis, kv_len)
         win = M.attention_allowed(committed, write, pos, vis, kv_len, self.window) if self.window else None
         self.tcache.plan(row0, write, kv_len)
-        out = self.model(input_ids=ids, position_ids=pos, past_key_values=self.tcache, use_cache=True,
-                         attention_mask=M.target_masks(self.config, full, win, self.dtype),
-                         logits_to_keep=1 if last_only else 0)
+        out = self.model(
+            input_ids=ids,
+            position_ids=pos,
+            past_key_values=self.tcache,
+            use_cache=True,
+            attention_mask=M.target_masks(self.config, full, win, self.dtype),
+            logits_to_keep=1 if last_only else 0,
+        )
         self.tcache.check_routed(self.num_layers)
         aux = self.tap.aux.to(self.device) if self.tap is not None else None
         return out.logits.to(self.device).float(), aux
 
-    def _draft_step(self, row0: int, ids, hidden, pos, committed, spec_slots, spec_pos, vis, kv_len,
-                    last_only: bool):
+    def _draft_step(
+        self, row0: int, ids, hidden, pos, committed, spec_slots, spec_pos, vis, kv_len, last_only: bool
+    ):
         q = ids.shape[1]
         allowed = M.attention_allowed(committed, spec_slots, spec_pos, vis, kv_len)
         self.dcache.plan(row0, spec_slots[:, -q:], kv_len)
-        return self.draft.step(ids, hidden, pos, self.dcache, attn_mask=allowed, logits_to_keep=1 if last_only else 0)
+        return self.draft.step(
+            ids, hidden, pos, self.dcache, attn_mask=allowed, logits_to_keep=1 if last_only else 0
+        )
 
     # ------------------------------------------------------------------ 1. admit
 
@@ -230,7 +264,7 @@ class Engine:
         q = max(len(r.prompt) for r in group)
         ids = torch.zeros(n, q, dtype=torch.long, device=dev)
         for b, r in enumerate(group):
-            ids[b, q - len(r.prompt):] = torch.tensor(r.prompt, device=dev)
+            ids[b, q - len(r.prompt) :] = torch.tensor(r.prompt, device=dev)
         i = torch.arange(q, device=dev)[None]
         pos = (i - (q - lens)[:, None]).clamp(min=0)  # left padding: real token j at position j
         zero = torch.zeros(n, dtype=torch.long, device=dev)
@@ -238,8 +272,11 @@ class Engine:
         vis = M.causal_vis(lens, q)
         for r in group:
             g = torch.Generator(device=dev)
-            g.manual_seed(r.params.seed if r.params.seed is not None
-                          else int(torch.randint(0, 2**62, (1,), generator=self._seeds)))
+            g.manual_seed(
+                r.params.seed
+                if r.params.seed is not None
+                else int(torch.randint(0, 2**62, (1,), generator=self._seeds))
+            )
             self.gens.append(g)
         self.rows.extend(group)
         self.n.extend(len(r.prompt) for r in group)
@@ -247,14 +284,14 @@ class Engine:
         t0 = time.perf_counter()
         logits, aux = self._target(row0, ids, pos, zero, write, vis, q, last_only=True)
         first = sample(logits[:, -1], rows)
-        self.pending[row0:row0 + n] = first
+        self.pending[row0 : row0 + n] = first
         if self.draft is not None:
             # step 0 over the prompt: the entry at position j pairs x_j's aux state with x_{j+1}
             dids = torch.cat([ids[:, 1:], first[:, None]], 1)
             hidden = self.draft.fuse(aux)
             h, dl = self._draft_step(row0, dids, hidden, pos, zero, write, pos, vis, q, last_only=True)
-            self.head_logits[row0:row0 + n] = dl[:, -1].float()
-            self.head_state[row0:row0 + n] = h[:, -1]
+            self.head_logits[row0 : row0 + n] = dl[:, -1].float()
+            self.head_state[row0 : row0 + n] = h[:, -1]
         now = time.perf_counter()
         for b, t in enumerate(first.tolist()):
             self._emit(row0 + b, [t], now)
@@ -271,8 +308,16 @@ class Engine:
         n_max, n_mean = max(self.n), sum(self.n) // B  # from the host copy: no device sync
         rows = self._sampling(0, B)
         if self.draft is None:
-            logits, _ = self._target(0, self.pending[:B, None], n[:, None], n, n[:, None],
-                                     torch.ones(B, 1, 1, dtype=torch.bool, device=dev), n_max + 1, False)
+            logits, _ = self._target(
+                0,
+                self.pending[:B, None],
+                n[:, None],
+                n,
+                n[:, None],
+                torch.ones(B, 1, 1, dtype=torch.bool, device=dev),
+                n_max + 1,
+                False,
+            )
             self._sync()
             t1 = time.perf_counter()
             nxt = sample(logits[:, 0], rows).tolist()
@@ -307,7 +352,7 @@ class Engine:
         for b in range(B):
             a = host_acc[b]
             before = len(self.rows[b].tokens)
-            self._emit(b, host_toks[b][1:a + 1] + [host_nxt[b]], t2, accepted=a)
+            self._emit(b, host_toks[b][1 : a + 1] + [host_nxt[b]], t2, accepted=a)
             emitted += len(self.rows[b].tokens) - before
         # 5. the draft's step 0 on each row's accepted path, left padded to the longest
         lens = acc + 1
@@ -319,8 +364,9 @@ class Engine:
         hidden = self.draft.fuse(aux.gather(1, node[:, :, None].expand(-1, -1, aux.shape[-1])))
         dpos = n[:, None] + jc
         write = M.left_padded_slots(n, lens, q)
-        h, dl = self._draft_step(0, nxt_tok, hidden, dpos, n, write, dpos, M.causal_vis(lens, q),
-                                 n_max + q, last_only=True)
+        h, dl = self._draft_step(
+            0, nxt_tok, hidden, dpos, n, write, dpos, M.causal_vis(lens, q), n_max + q, last_only=True
+        )
         self.head_logits[:B] = dl[:, -1].float()
         self.head_state[:B] = h[:, -1]
         self.pending[:B] = nxt
@@ -354,8 +400,9 @@ class Engine:
             spec_slots = torch.cat([spec_slots, n[:, None] + (s - 1) * K + torch.arange(K, device=dev)], 1)
             spec_pos = torch.cat([spec_pos, pos], 1)
             vis = torch.cat([fed_vis, eye], 2)
-            h, logits = self._draft_step(0, f_tok, f_hidden, pos, n, spec_slots, spec_pos, vis,
-                                         n_max + s * K, last_only=False)
+            h, logits = self._draft_step(
+                0, f_tok, f_hidden, pos, n, spec_slots, spec_pos, vis, n_max + s * K, last_only=False
+            )
             cp, ci = logits.float().softmax(-1).topk(K, dim=-1)  # (B, K, K)
             c_score = (f_score[:, :, None] * cp).reshape(B, K * K)
             c_tok = d.to_target_ids(ci).reshape(B, K * K)
@@ -370,8 +417,14 @@ class Engine:
             f_hidden = h.gather(1, parent[:, :, None].expand(B, K, h.shape[-1]))
             fed_vis = vis.gather(1, parent[:, :, None].expand(B, K, vis.shape[-1]))
             base += K * K
-        return select_tree(self.pending[:B], torch.cat(cand_tok, 1), torch.cat(cand_score, 1),
-                           torch.cat(cand_par, 1), torch.cat(cand_depth, 1), self.shape)
+        return select_tree(
+            self.pending[:B],
+            torch.cat(cand_tok, 1),
+            torch.cat(cand_score, 1),
+            torch.cat(cand_par, 1),
+            torch.cat(cand_depth, 1),
+            self.shape,
+        )
 
     # ------------------------------------------------------------------ bookkeeping
 
@@ -395,8 +448,10 @@ class Engine:
             if (t in self.eos_ids and not p.ignore_eos) or t in p.stop_token_ids:
                 r.finish_reason = "stop"
                 break
-            if len(r.tokens) + len(out) >= p.max_tokens or \
-                    len(r.prompt) + len(r.tokens) + len(out) >= self.max_model_len:
+            if (
+                len(r.tokens) + len(out) >= p.max_tokens
+                or len(r.prompt) + len(r.tokens) + len(out) >= self.max_model_len
+            ):
                 r.finish_reason = "length"
                 break
         r.tokens.extend(out)

@@ -43,8 +43,14 @@ def causal_vis(lengths: torch.Tensor, q: int) -> torch.Tensor:
     return (real_q & real_k & causal) | torch.eye(q, dtype=torch.bool, device=lengths.device)[None]
 
 
-def attention_allowed(committed: torch.Tensor, spec_slots: torch.Tensor, spec_pos: torch.Tensor,
-                      vis: torch.Tensor, kv_len: int, window: int | None = None) -> torch.Tensor:
+def attention_allowed(
+    committed: torch.Tensor,
+    spec_slots: torch.Tensor,
+    spec_pos: torch.Tensor,
+    vis: torch.Tensor,
+    kv_len: int,
+    window: int | None = None,
+) -> torch.Tensor:
     """committed (n,); spec_slots, spec_pos (n, P+q); vis (n, q, P+q) -> allowed (n, q, kv_len) bool."""
     n, q, e = vis.shape
     dev = vis.device
@@ -53,7 +59,7 @@ def attention_allowed(committed: torch.Tensor, spec_slots: torch.Tensor, spec_po
     allowed.scatter_(2, spec_slots[:, None, :].expand(n, q, e), vis)
     if window is not None:
         key_pos = slots[None, :].expand(n, kv_len).clone().scatter_(1, spec_slots, spec_pos)
-        query_pos = spec_pos[:, e - q:]
+        query_pos = spec_pos[:, e - q :]
         allowed &= key_pos[:, None, :] > query_pos[:, :, None] - window
     return allowed
 
@@ -74,8 +80,10 @@ def target_masks(config, allowed_full: torch.Tensor, allowed_window: torch.Tenso
     types = set(getattr(config, "layer_types", None) or [])
     if "sliding_attention" in types and len(types) > 1:
         allowed_window = allowed_full if allowed_window is None else allowed_window
-        return {"full_attention": as_attention_mask(allowed_full, impl, dtype),
-                "sliding_attention": as_attention_mask(allowed_window, impl, dtype)}
+        return {
+            "full_attention": as_attention_mask(allowed_full, impl, dtype),
+            "sliding_attention": as_attention_mask(allowed_window, impl, dtype),
+        }
     return as_attention_mask(allowed_window if allowed_window is not None else allowed_full, impl, dtype)
 
 
@@ -86,7 +94,9 @@ def model_window(config) -> int | None:
     if types:
         unknown = types - {"full_attention", "sliding_attention"}
         if unknown:
-            raise ValueError(f"the speculative loop supports full and sliding-window attention layers, "
-                             f"not {sorted(unknown)}")
+            raise ValueError(
+                f"the speculative loop supports full and sliding-window attention layers, "
+                f"not {sorted(unknown)}"
+            )
         return window if "sliding_attention" in types else None
     return window

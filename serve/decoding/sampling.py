@@ -72,20 +72,22 @@ class RowSampling:
     generators: list[torch.Generator]
 
     @classmethod
-    def of(cls, params: list[SamplingParams], generators: list[torch.Generator], vocab: int,
-           device: torch.device) -> "RowSampling":
+    def of(
+        cls, params: list[SamplingParams], generators: list[torch.Generator], vocab: int, device: torch.device
+    ) -> RowSampling:
         return cls(
             greedy=torch.tensor([p.greedy for p in params], device=device),
             temperature=torch.tensor([1.0 if p.greedy else p.temperature for p in params], device=device),
             top_k=torch.tensor([p.top_k if 0 < p.top_k < vocab else vocab for p in params], device=device),
             top_p=torch.tensor([p.top_p for p in params], device=device),
-            generators=generators)
+            generators=generators,
+        )
 
     @property
     def all_greedy(self) -> bool:
         return bool(self.greedy.all())
 
-    def repeat(self, times: int) -> "RowSampling":
+    def repeat(self, times: int) -> RowSampling:
         """Each row's parameters for `times` consecutive rows (the nodes of its tree)."""
         r = lambda t: t.repeat_interleave(times)  # noqa: E731
         return RowSampling(r(self.greedy), r(self.temperature), r(self.top_k), r(self.top_p), self.generators)

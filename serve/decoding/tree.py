@@ -36,20 +36,24 @@ class TreeShape:
     def __post_init__(self):
         if self.steps < 1 or self.topk < 1:
             raise ValueError(f"tree steps and topk must be >= 1, got {self}")
-        most = 1 + self.topk + (self.steps - 1) * self.topk ** 2  # the root and every proposed node
+        most = 1 + self.topk + (self.steps - 1) * self.topk**2  # the root and every proposed node
         if not 2 <= self.num_draft_tokens <= most:
-            raise ValueError(f"num_draft_tokens={self.num_draft_tokens} for steps={self.steps}, topk={self.topk}: "
-                             f"must be in [2, {most}] (the root plus at most the {most - 1} proposed nodes)")
+            raise ValueError(
+                f"num_draft_tokens={self.num_draft_tokens} for steps={self.steps}, topk={self.topk}: "
+                f"must be in [2, {most}] (the root plus at most the {most - 1} proposed nodes)"
+            )
         if self.topk == 1 and self.num_draft_tokens != self.steps + 1:
-            raise ValueError(f"a chain (topk=1) of {self.steps} steps verifies steps+1 = {self.steps + 1} tokens, "
-                             f"not num_draft_tokens={self.num_draft_tokens}")
+            raise ValueError(
+                f"a chain (topk=1) of {self.steps} steps verifies steps+1 = {self.steps + 1} tokens, "
+                f"not num_draft_tokens={self.num_draft_tokens}"
+            )
 
     @classmethod
-    def chain(cls, k: int) -> "TreeShape":
+    def chain(cls, k: int) -> TreeShape:
         return cls(steps=k, topk=1, num_draft_tokens=k + 1)
 
     @classmethod
-    def parse(cls, text: str) -> "TreeShape":
+    def parse(cls, text: str) -> TreeShape:
         """'S,K,N' (as `--tree 5,8,32`)."""
         try:
             s, k, n = (int(x) for x in text.split(","))
@@ -63,7 +67,9 @@ class TreeShape:
 
     @property
     def label(self) -> str:
-        return f"k={self.steps}" if self.is_chain else f"tree {self.steps},{self.topk},{self.num_draft_tokens}"
+        return (
+            f"k={self.steps}" if self.is_chain else f"tree {self.steps},{self.topk},{self.num_draft_tokens}"
+        )
 
     def to_json(self):
         return None if self.is_chain else [self.steps, self.topk, self.num_draft_tokens]
@@ -91,8 +97,14 @@ def ancestor_sets(parents: torch.Tensor, max_depth: int) -> torch.Tensor:
     return anc
 
 
-def select_tree(root: torch.Tensor, cand_tokens: torch.Tensor, cand_scores: torch.Tensor,
-                cand_parents: torch.Tensor, cand_depth: torch.Tensor, shape: TreeShape) -> Tree:
+def select_tree(
+    root: torch.Tensor,
+    cand_tokens: torch.Tensor,
+    cand_scores: torch.Tensor,
+    cand_parents: torch.Tensor,
+    cand_depth: torch.Tensor,
+    shape: TreeShape,
+) -> Tree:
     """Keep the N-1 best proposed nodes per row.
 
     root (n,); cand_* (n, M): every proposed node in proposal order (depth by depth), parents as
@@ -113,10 +125,17 @@ def select_tree(root: torch.Tensor, cand_tokens: torch.Tensor, cand_scores: torc
         raise AssertionError("tree selection dropped a chosen node's parent")
     tokens = torch.cat([root[:, None], cand_tokens.gather(1, chosen)], 1)
     parents = torch.cat([torch.full((n, 1), -1, device=root.device, dtype=torch.long), parent_nodes], 1)
-    depth = torch.cat([torch.zeros(n, 1, dtype=torch.long, device=root.device), cand_depth.gather(1, chosen)], 1)
+    depth = torch.cat(
+        [torch.zeros(n, 1, dtype=torch.long, device=root.device), cand_depth.gather(1, chosen)], 1
+    )
     scores = torch.cat([torch.full((n, 1), 2.0, device=root.device), cand_scores.gather(1, chosen)], 1)
-    return Tree(tokens=tokens, parents=parents, depth=depth, ancestors=ancestor_sets(parents, shape.steps),
-                children=children_of(parents, scores, shape.topk))
+    return Tree(
+        tokens=tokens,
+        parents=parents,
+        depth=depth,
+        ancestors=ancestor_sets(parents, shape.steps),
+        children=children_of(parents, scores, shape.topk),
+    )
 
 
 def children_of(parents: torch.Tensor, scores: torch.Tensor, topk: int) -> torch.Tensor:
@@ -129,7 +148,9 @@ def children_of(parents: torch.Tensor, scores: torch.Tensor, topk: int) -> torch
     par = parents.gather(1, order)
     first = torch.ones_like(par, dtype=torch.bool)
     first[:, 1:] = par[:, 1:] != par[:, :-1]
-    start = torch.cummax(torch.where(first, torch.arange(N, device=dev).expand(n, N), torch.zeros_like(par)), 1).values
+    start = torch.cummax(
+        torch.where(first, torch.arange(N, device=dev).expand(n, N), torch.zeros_like(par)), 1
+    ).values
     rank = torch.arange(N, device=dev)[None] - start  # position among its siblings
     out = torch.full((n, N + 1, topk), -1, dtype=torch.long, device=dev)
     ok = (par >= 0) & (rank < topk)

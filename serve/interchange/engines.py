@@ -74,30 +74,40 @@ def _common_problems(cfg: DraftConfig) -> list[str]:
     if rope_type not in SERVABLE_ROPE_TYPES:
         problems.append(
             f"rope_type {rope_type!r}: eyas computes RoPE once at load, the engines compute "
-            f"{rope_type!r} from the running sequence length (servable: {', '.join(SERVABLE_ROPE_TYPES)})")
+            f"{rope_type!r} from the running sequence length (servable: {', '.join(SERVABLE_ROPE_TYPES)})"
+        )
     ids = list(cfg.aux_layer_ids)
     if any(b <= a for a, b in zip(ids, ids[1:])):
         problems.append(
             f"aux_layer_ids {ids} are not strictly increasing: engines concatenate captured states "
-            "in layer order, so fc's input blocks would be permuted")
+            "in layer order, so fc's input blocks would be permuted"
+        )
     if ids and min(ids) < 1:
         problems.append(
             f"aux_layer_ids {ids} contain {min(ids)}: id 0 (the embedding output) cannot be captured "
             "(llama-family models add a None residual there; SGLang/TRT-LLM number aux states by the "
-            "layer whose output they are)")
+            "layer whose output they are)"
+        )
     return problems
 
 
 def _own_embedding(cfg: DraftConfig, engine: str, include_embeddings: bool, source: str) -> list[str]:
     if cfg.hidden_size == cfg.target_hidden_size or include_embeddings:
         return []
-    return [f"hidden_size {cfg.hidden_size} != target_hidden_size {cfg.target_hidden_size}: "
-            f"{ENGINE_LABELS[engine]} then loads embed_tokens from the draft checkpoint ({source}); "
-            "export with --include-embeddings"]
+    return [
+        f"hidden_size {cfg.hidden_size} != target_hidden_size {cfg.target_hidden_size}: "
+        f"{ENGINE_LABELS[engine]} then loads embed_tokens from the draft checkpoint ({source}); "
+        "export with --include-embeddings"
+    ]
 
 
-def problems(cfg: DraftConfig, engine: str, include_embeddings: bool, target_type: str | None = None,
-             target_layers: int | None = None) -> list[str]:
+def problems(
+    cfg: DraftConfig,
+    engine: str,
+    include_embeddings: bool,
+    target_type: str | None = None,
+    target_layers: int | None = None,
+) -> list[str]:
     """Reasons `engine` cannot serve this draft as eyas trained it (empty: it can). `target_type`,
     `target_layers`: the target's model_type and layer count, when its config is readable."""
     if engine not in ENGINES:
@@ -105,32 +115,45 @@ def problems(cfg: DraftConfig, engine: str, include_embeddings: bool, target_typ
     found = _common_problems(cfg)
     label = ENGINE_LABELS[engine]
     if cfg.norm_before_residual and engine in ("sglang", "trtllm"):
-        found.append(f"norm_before_residual: {label}'s first draft layer always keeps the raw hidden state as "
-                     "its residual (SGLang llama_eagle3.py / TRT-LLM Eagle3DecoderLayer); serve it with vLLM")
+        found.append(
+            f"norm_before_residual: {label}'s first draft layer always keeps the raw hidden state as "
+            "its residual (SGLang llama_eagle3.py / TRT-LLM Eagle3DecoderLayer); serve it with vLLM"
+        )
     if engine == "vllm":
         found += _own_embedding(cfg, engine, include_embeddings, "vllm/v1/spec_decode/eagle.py")
     elif engine == "sglang":
         if cfg.hidden_size != cfg.target_hidden_size:
-            found.append(f"hidden_size {cfg.hidden_size} != target_hidden_size {cfg.target_hidden_size}: "
-                         "SGLang always uses the target's embedding for an EAGLE-3 draft "
-                         "(python/sglang/srt/speculative/eagle_worker.py set_embed)")
+            found.append(
+                f"hidden_size {cfg.hidden_size} != target_hidden_size {cfg.target_hidden_size}: "
+                "SGLang always uses the target's embedding for an EAGLE-3 draft "
+                "(python/sglang/srt/speculative/eagle_worker.py set_embed)"
+            )
         elif len(cfg.aux_layer_ids) * cfg.target_hidden_size == cfg.hidden_size:
-            found.append("n_aux * target_hidden_size == hidden_size: SGLang applies fc only when the "
-                         "incoming width differs from the embedding width")
+            found.append(
+                "n_aux * target_hidden_size == hidden_size: SGLang applies fc only when the "
+                "incoming width differs from the embedding width"
+            )
         if cfg.aux_layer_ids and cfg.aux_layer_ids[0] == 1:
-            found.append(f"aux_layer_ids {cfg.aux_layer_ids} start at 1 (the output of layer 0): SGLang reads "
-                         "eagle_config ids starting at 1 as output-of-layer numbering and adds 1 (PR #25454), "
-                         "so this id cannot be written for it")
+            found.append(
+                f"aux_layer_ids {cfg.aux_layer_ids} start at 1 (the output of layer 0): SGLang reads "
+                "eagle_config ids starting at 1 as output-of-layer numbering and adds 1 (PR #25454), "
+                "so this id cannot be written for it"
+            )
         if target_layers is not None and target_layers in cfg.aux_layer_ids and target_type != "gpt_oss":
-            found.append(f"aux layer id {target_layers} (the last layer's output): SGLang captures it only for "
-                         f"gpt-oss targets (PR #32334), this target is {target_type!r}")
+            found.append(
+                f"aux layer id {target_layers} (the last layer's output): SGLang captures it only for "
+                f"gpt-oss targets (PR #32334), this target is {target_type!r}"
+            )
     else:
-        found += _own_embedding(cfg, engine, include_embeddings,
-                                "tensorrt_llm/_torch/models/modeling_speculative.py")
+        found += _own_embedding(
+            cfg, engine, include_embeddings, "tensorrt_llm/_torch/models/modeling_speculative.py"
+        )
         if cfg.num_layers > 1:
-            found.append(f"num_layers {cfg.num_layers}: TRT-LLM's later draft layers (Eagle3DecoderLayer with "
-                         "is_first_layer=False) were not verified to run vLLM's plain Llama layer; serve it with "
-                         "vLLM (PR #26164) or SGLang (PR #24663)")
+            found.append(
+                f"num_layers {cfg.num_layers}: TRT-LLM's later draft layers (Eagle3DecoderLayer with "
+                "is_first_layer=False) were not verified to run vLLM's plain Llama layer; serve it with "
+                "vLLM (PR #26164) or SGLang (PR #24663)"
+            )
     return found
 
 
@@ -141,28 +164,38 @@ def notes(cfg: DraftConfig, engine: str, target_layers: int | None = None) -> li
     last = target_layers is not None and target_layers in ids
     if engine == "vllm":
         if n_aux != 3:
-            out.append(f"{n_aux} aux states: needs a vLLM whose llama_eagle3.py sizes fc from num_aux_hidden_states "
-                       "(older releases build fc for 3)")
+            out.append(
+                f"{n_aux} aux states: needs a vLLM whose llama_eagle3.py sizes fc from num_aux_hidden_states "
+                "(older releases build fc for 3)"
+            )
         if last:
             out.append(f"aux layer id {target_layers} (the last layer's output): needs vLLM with PR #36063")
         if cfg.norm_before_fc:
-            out.append("norm_before_fc: needs vLLM with PR #36545 (eagle3 config) / #38111 (speculators config)")
+            out.append(
+                "norm_before_fc: needs vLLM with PR #36545 (eagle3 config) / #38111 (speculators config)"
+            )
         if cfg.num_layers > 1:
             out.append(f"num_layers {cfg.num_layers}: needs vLLM with PR #26164")
     elif engine == "sglang":
         if ids and ids[0] >= 3:
-            out.append(f"aux_layer_ids {ids}: needs SGLang with PR #25454 (older releases add 1 to every "
-                       "eagle_config id)")
+            out.append(
+                f"aux_layer_ids {ids}: needs SGLang with PR #25454 (older releases add 1 to every "
+                "eagle_config id)"
+            )
         if cfg.norm_before_fc or last:
             out.append("norm_before_fc / the last layer's output: needs SGLang with PR #32334")
         if cfg.num_layers > 1 or n_aux != 3:
             out.append("num_layers > 1 or a number of aux states other than 3: needs SGLang with PR #24663")
     else:
-        out.append(f"set eagle3_layers_to_capture: {output_numbering(ids)} in the TRT-LLM serving config "
-                   "(output-of-layer numbering)")
+        out.append(
+            f"set eagle3_layers_to_capture: {output_numbering(ids)} in the TRT-LLM serving config "
+            "(output-of-layer numbering)"
+        )
     rope = cfg.rope_parameters
     if engine in ("sglang", "trtllm") and rope.get("rope_type") == "yarn" and rope.get("truncate") is False:
-        out.append(f"{label}'s YaRN has no `truncate` option and truncates the correction "
-                   "range; this draft's RoPE uses truncate=false, so draft RoPE frequencies differ slightly "
-                   "(acceptance may drop a little; outputs stay lossless)")
+        out.append(
+            f"{label}'s YaRN has no `truncate` option and truncates the correction "
+            "range; this draft's RoPE uses truncate=false, so draft RoPE frequencies differ slightly "
+            "(acceptance may drop a little; outputs stay lossless)"
+        )
     return out

@@ -30,6 +30,7 @@ from safetensors.torch import save_file
 
 from eyas import io
 from eyas.errors import InputError, as_input
+from eyas.layout import resolve_checkpoint
 from eyas.train.checkpoint import load_draft
 from eyas.train.model import DraftConfig, Eagle3Draft, KVCache
 
@@ -43,7 +44,6 @@ from .formats import (
     speculators_config,
 )
 from .importer import load_published
-from eyas.layout import resolve_checkpoint
 
 # Files an export directory may hold; anything else under --out is never replaced.
 EXPORT_FILES = {"config.json", "model.safetensors", "README.md", "eyas_report.json", "recipe.yaml"}
@@ -100,8 +100,10 @@ def read_target_config(target: str | None, notes: list[str]):
     try:
         return text_config(load_target_config(target))
     except OSError as e:
-        notes.append(f"config of target {target} not readable ({e.__class__.__name__}); aux layer ids and "
-                     "sizes not checked against it")
+        notes.append(
+            f"config of target {target} not readable ({e.__class__.__name__}); aux layer ids and "
+            "sizes not checked against it"
+        )
         return None
 
 
@@ -109,12 +111,16 @@ def check_against_target(cfg: DraftConfig, tcfg) -> None:
     n_layers = tcfg.num_hidden_layers
     bad = [k for k in cfg.aux_layer_ids if not 0 <= k <= n_layers]
     if bad:
-        raise ExportError(f"aux_layer_ids {cfg.aux_layer_ids}: {bad} out of range for a target with {n_layers} "
-                          "layers (vLLM convention: id k = input of decoder layer k, id N = output of the last "
-                          "layer before the final norm: 0 <= k <= N)")
+        raise ExportError(
+            f"aux_layer_ids {cfg.aux_layer_ids}: {bad} out of range for a target with {n_layers} "
+            "layers (vLLM convention: id k = input of decoder layer k, id N = output of the last "
+            "layer before the final norm: 0 <= k <= N)"
+        )
     if cfg.target_hidden_size != tcfg.hidden_size:
-        raise ExportError(f"target_hidden_size {cfg.target_hidden_size} != the target's hidden_size "
-                          f"{tcfg.hidden_size} (fc takes {len(cfg.aux_layer_ids)} target states)")
+        raise ExportError(
+            f"target_hidden_size {cfg.target_hidden_size} != the target's hidden_size "
+            f"{tcfg.hidden_size} (fc takes {len(cfg.aux_layer_ids)} target states)"
+        )
     if cfg.vocab_size != tcfg.vocab_size:
         raise ExportError(f"vocab_size {cfg.vocab_size} != the target's vocab_size {tcfg.vocab_size}")
 
@@ -133,21 +139,30 @@ def check_embedding(draft: Eagle3Draft, target: str | None, dtype: torch.dtype, 
         raise ExportError(f"embed_tokens shape {tuple(mine.shape)} != the target's {tuple(embed.shape)}")
     if not torch.equal(mine.to(dtype), embed.to(dtype)):
         diff = (mine.float() - embed.float()).abs().max().item()
-        raise ExportError(f"embed_tokens differs from the embedding of target {target} (max |diff| {diff:.3g}); "
-                          "the draft must use the target's own embedding (engines substitute it)")
+        raise ExportError(
+            f"embed_tokens differs from the embedding of target {target} (max |diff| {diff:.3g}); "
+            "the draft must use the target's own embedding (engines substitute it)"
+        )
 
 
-def engine_check(cfg: DraftConfig, selected: tuple[str, ...], include_embeddings: bool, tcfg,
-                 notes: list[str]) -> None:
+def engine_check(
+    cfg: DraftConfig, selected: tuple[str, ...], include_embeddings: bool, tcfg, notes: list[str]
+) -> None:
     target_type = getattr(tcfg, "model_type", None) if tcfg is not None else None
     target_layers = tcfg.num_hidden_layers if tcfg is not None else None
-    refused = [f"{engine_rules.ENGINE_LABELS[e]}: {p}" for e in selected
-               for p in engine_rules.problems(cfg, e, include_embeddings, target_type, target_layers)]
+    refused = [
+        f"{engine_rules.ENGINE_LABELS[e]}: {p}"
+        for e in selected
+        for p in engine_rules.problems(cfg, e, include_embeddings, target_type, target_layers)
+    ]
     if refused:
-        raise ExportError("refused for " + "; ".join(refused)
-                          + " (narrow --engines to export for the other engines)")
+        raise ExportError(
+            "refused for " + "; ".join(refused) + " (narrow --engines to export for the other engines)"
+        )
     if tcfg is None and "sglang" in selected:
-        notes.append("target config unknown: whether SGLang can capture the last aux layer id was not checked")
+        notes.append(
+            "target config unknown: whether SGLang can capture the last aux layer id was not checked"
+        )
     for e in selected:
         notes.extend(engine_rules.notes(cfg, e, target_layers))
 
@@ -185,15 +200,19 @@ def verify_export(path: Path, draft: Eagle3Draft) -> None:
     mine, theirs = draft.config, imported.config
     for f in dataclasses.fields(DraftConfig):
         if f.name != "target_model" and getattr(mine, f.name) != getattr(theirs, f.name):
-            raise ExportError(f"export check failed: re-read {f.name} = {getattr(theirs, f.name)!r}, "
-                              f"the checkpoint has {getattr(mine, f.name)!r}")
+            raise ExportError(
+                f"export check failed: re-read {f.name} = {getattr(theirs, f.name)!r}, "
+                f"the checkpoint has {getattr(mine, f.name)!r}"
+            )
     for name in ("d2t", "t2d"):
         if not torch.equal(getattr(draft, name), getattr(imported, name)):
             raise ExportError(f"export check failed: re-read {name} differs from the checkpoint's")
     for step, (a, b) in enumerate(zip(fixed_batch_outputs(draft), fixed_batch_outputs(imported))):
         if not torch.equal(a, b):
-            raise ExportError(f"export check failed: step {step} logits of the re-read export differ from the "
-                              f"checkpoint's (max |diff| {(a - b).abs().max().item():.3g})")
+            raise ExportError(
+                f"export check failed: step {step} logits of the re-read export differ from the "
+                f"checkpoint's (max |diff| {(a - b).abs().max().item():.3g})"
+            )
 
 
 # ---------------------------------------------------------------------------- writing
@@ -201,22 +220,29 @@ def verify_export(path: Path, draft: Eagle3Draft) -> None:
 
 def _verifier(cfg: DraftConfig, target: str | None, tcfg, notes: list[str]) -> tuple[str, list[str]]:
     if not target:
-        raise ExportError("the speculators format names the verifier (target) model, and the checkpoint records "
-                          "none; pass --target")
+        raise ExportError(
+            "the speculators format names the verifier (target) model, and the checkpoint records "
+            "none; pass --target"
+        )
     if _local_target_dir(target) is not None:
-        notes.append(f"verifier recorded as {target}, a local path: `vllm serve` of this export only works "
-                     "where that path exists")
+        notes.append(
+            f"verifier recorded as {target}, a local path: `vllm serve` of this export only works "
+            "where that path exists"
+        )
     architectures = list(getattr(tcfg, "architectures", None) or []) if tcfg is not None else []
     if not architectures:
         notes.append("verifier architectures unknown (target config not readable); written as []")
     return target, architectures
 
 
-def _write(tmp: Path, draft: Eagle3Draft, fmt: str, dtype: torch.dtype, include_embeddings: bool,
-           config: dict) -> None:
+def _write(
+    tmp: Path, draft: Eagle3Draft, fmt: str, dtype: torch.dtype, include_embeddings: bool, config: dict
+) -> None:
     state = draft.state_dict()
-    tensors = {p.name: state[p.source].detach().to(p.dtype).contiguous()
-               for p in plan_tensors(draft.config, fmt, dtype, include_embeddings)}
+    tensors = {
+        p.name: state[p.source].detach().to(p.dtype).contiguous()
+        for p in plan_tensors(draft.config, fmt, dtype, include_embeddings)
+    }
     save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
     (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
@@ -226,12 +252,22 @@ def _check_replaceable(out_dir: Path) -> None:
     if out_dir.exists():
         other = sorted(p.name for p in out_dir.iterdir()) if out_dir.is_dir() else [out_dir.name]
         if not out_dir.is_dir() or set(other) - EXPORT_FILES:
-            raise ExportError(f"refusing to replace {out_dir}: it holds files an export does not write ({other})")
+            raise ExportError(
+                f"refusing to replace {out_dir}: it holds files an export does not write ({other})"
+            )
 
 
-def export(src: str | Path, fmt: str, out_dir: str | Path, *, dtype: str | torch.dtype = "bfloat16",
-           num_speculative_tokens: int = 3, include_embeddings: bool | None = None,
-           engines: tuple[str, ...] | list[str] | None = None, target: str | None = None) -> ExportResult:
+def export(
+    src: str | Path,
+    fmt: str,
+    out_dir: str | Path,
+    *,
+    dtype: str | torch.dtype = "bfloat16",
+    num_speculative_tokens: int = 3,
+    include_embeddings: bool | None = None,
+    engines: tuple[str, ...] | list[str] | None = None,
+    target: str | None = None,
+) -> ExportResult:
     """Export the checkpoint of a run (or a checkpoint directory) to `out_dir` in layout `fmt`.
 
     `engines` (default: every engine that loads `fmt`) are the engines the export is checked
@@ -248,8 +284,10 @@ def export(src: str | Path, fmt: str, out_dir: str | Path, *, dtype: str | torch
     selected = tuple(engines) if engines else engine_rules.FORMAT_ENGINES[fmt]
     unsupported = [e for e in selected if e not in engine_rules.FORMAT_ENGINES[fmt]]
     if unsupported:
-        raise ExportError(f"engines {unsupported} do not load the {fmt} format "
-                          f"(it is loaded by {', '.join(engine_rules.FORMAT_ENGINES[fmt])})")
+        raise ExportError(
+            f"engines {unsupported} do not load the {fmt} format "
+            f"(it is loaded by {', '.join(engine_rules.FORMAT_ENGINES[fmt])})"
+        )
 
     if include_embeddings is None:
         include_embeddings = fmt == "speculators"
@@ -277,35 +315,65 @@ def export(src: str | Path, fmt: str, out_dir: str | Path, *, dtype: str | torch
         _write(tmp, draft, fmt, dtype, include_embeddings, config)
         round_to(draft, dtype)
         verify_export(tmp, draft)
-    return ExportResult(path=out_dir, fmt=fmt, engines=selected, dtype=dtype,
-                        num_speculative_tokens=num_speculative_tokens, include_embeddings=include_embeddings,
-                        config=cfg, target=target, notes=notes)
+    return ExportResult(
+        path=out_dir,
+        fmt=fmt,
+        engines=selected,
+        dtype=dtype,
+        num_speculative_tokens=num_speculative_tokens,
+        include_embeddings=include_embeddings,
+        config=cfg,
+        target=target,
+        notes=notes,
+    )
 
 
 def main_export(argv: list[str] | None = None) -> int:
     """`eyas export RUN_OR_CKPT --format {eagle3,speculators} --out DIR [...]`."""
-    parser = argparse.ArgumentParser(prog="eyas export", description="Write an eyas draft in a published "
-                                     "EAGLE-3 layout, checked for the serving engines and re-read.")
+    parser = argparse.ArgumentParser(
+        prog="eyas export",
+        description="Write an eyas draft in a published "
+        "EAGLE-3 layout, checked for the serving engines and re-read.",
+    )
     parser.add_argument("src", help="run directory (uses RUN/train/checkpoint-final) or eyas checkpoint")
     parser.add_argument("--format", required=True, choices=FORMATS, dest="fmt")
     parser.add_argument("--out", required=True, help="directory to write")
-    parser.add_argument("--num-speculative-tokens", type=int, default=3,
-                        help="speculators format: proposal_methods[0].speculative_tokens (default 3)")
+    parser.add_argument(
+        "--num-speculative-tokens",
+        type=int,
+        default=3,
+        help="speculators format: proposal_methods[0].speculative_tokens (default 3)",
+    )
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
-    parser.add_argument("--include-embeddings", action=argparse.BooleanOptionalAction, default=None,
-                        help="write embed_tokens.weight, the target's (default: yes for speculators, whose "
-                             "library loader would leave it uninitialised; no for eagle3: engines share the "
-                             "target's embedding, so it is only needed when hidden sizes differ)")
-    parser.add_argument("--engines", help="comma-separated engines to check for (default: all that load the "
-                                          "format: eagle3 -> vllm,sglang,trtllm; speculators -> vllm)")
-    parser.add_argument("--target", help="target model (directory or hub id); default: the one the checkpoint "
-                                         "records")
+    parser.add_argument(
+        "--include-embeddings",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="write embed_tokens.weight, the target's (default: yes for speculators, whose "
+        "library loader would leave it uninitialised; no for eagle3: engines share the "
+        "target's embedding, so it is only needed when hidden sizes differ)",
+    )
+    parser.add_argument(
+        "--engines",
+        help="comma-separated engines to check for (default: all that load the "
+        "format: eagle3 -> vllm,sglang,trtllm; speculators -> vllm)",
+    )
+    parser.add_argument(
+        "--target", help="target model (directory or hub id); default: the one the checkpoint records"
+    )
     args = parser.parse_args(argv)
     engines = tuple(e.strip() for e in args.engines.split(",") if e.strip()) if args.engines else None
     try:
-        result = export(args.src, args.fmt, args.out, dtype=args.dtype,
-                        num_speculative_tokens=args.num_speculative_tokens,
-                        include_embeddings=args.include_embeddings, engines=engines, target=args.target)
+        result = export(
+            args.src,
+            args.fmt,
+            args.out,
+            dtype=args.dtype,
+            num_speculative_tokens=args.num_speculative_tokens,
+            include_embeddings=args.include_embeddings,
+            engines=engines,
+            target=args.target,
+        )
     except (ValueError, OSError) as e:
         raise as_input(e) from e
     for note in result.notes:

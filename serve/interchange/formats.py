@@ -152,7 +152,8 @@ def eagle3_config(cfg: DraftConfig, dtype: torch.dtype) -> dict:
         # vLLM gpu_model_runner reads this first; input-of-layer-k numbering (id N: the last layer's output)
         "eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids),
         "eagle_config": {
-            # SGLang reads only this (ids starting at 1: +1; else as is); TRT-LLM reads norm_before_fc only here
+            # SGLang reads only this (ids starting at 1: +1; else as is);
+            # TRT-LLM reads norm_before_fc only here
             "eagle_aux_hidden_state_layer_ids": sglang_layer_ids(cfg.aux_layer_ids),
             "norm_before_fc": cfg.norm_before_fc,
             # vLLM LlamaModel / SGLang eagle worker: false would drop fc (EAGLE-1 style input)
@@ -161,8 +162,13 @@ def eagle3_config(cfg: DraftConfig, dtype: torch.dtype) -> dict:
     }
 
 
-def speculators_config(cfg: DraftConfig, dtype: torch.dtype, num_speculative_tokens: int,
-                       verifier: str, verifier_architectures: list[str]) -> dict:
+def speculators_config(
+    cfg: DraftConfig,
+    dtype: torch.dtype,
+    num_speculative_tokens: int,
+    verifier: str,
+    verifier_architectures: list[str],
+) -> dict:
     """config.json of the speculators layout (vLLM SpeculatorsConfig + speculators Eagle3SpeculatorConfig)."""
     return {
         "architectures": [SPECULATORS_ARCHITECTURE],
@@ -184,12 +190,14 @@ def speculators_config(cfg: DraftConfig, dtype: torch.dtype, num_speculative_tok
             "default_proposal_method": "greedy",
             # vLLM SpeculatorsConfig: proposal_methods[0].speculative_tokens becomes
             # num_speculative_tokens (required by validate_speculators_config)
-            "proposal_methods": [{
-                "proposal_type": "greedy",
-                "speculative_tokens": num_speculative_tokens,
-                "verifier_accept_k": 1,
-                "accept_tolerance": 0.0,
-            }],
+            "proposal_methods": [
+                {
+                    "proposal_type": "greedy",
+                    "speculative_tokens": num_speculative_tokens,
+                    "verifier_accept_k": 1,
+                    "accept_tolerance": 0.0,
+                }
+            ],
             # vLLM requires verifier.name_or_path: `vllm serve DRAFT` loads this as the target
             "verifier": {"name_or_path": verifier, "architectures": list(verifier_architectures)},
         },
@@ -209,7 +217,7 @@ class TensorPlan:
 
 def published_name(eyas_name: str, fmt: str) -> str:
     if eyas_name.startswith(EYAS_LAYER_PREFIX):
-        return LAYER_PREFIX[fmt] + eyas_name[len(EYAS_LAYER_PREFIX):]
+        return LAYER_PREFIX[fmt] + eyas_name[len(EYAS_LAYER_PREFIX) :]
     return eyas_name
 
 
@@ -230,7 +238,9 @@ def meta_state_shapes(cfg: DraftConfig) -> dict[str, tuple[tuple[int, ...], torc
     return {n: (tuple(t.shape), t.dtype) for n, t in draft.state_dict().items()}
 
 
-def plan_tensors(cfg: DraftConfig, fmt: str, dtype: torch.dtype, include_embeddings: bool) -> list[TensorPlan]:
+def plan_tensors(
+    cfg: DraftConfig, fmt: str, dtype: torch.dtype, include_embeddings: bool
+) -> list[TensorPlan]:
     """Every tensor an export of `cfg` in `fmt` writes, in a fixed order."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown export format {fmt!r}; choose one of {', '.join(FORMATS)}")
@@ -248,8 +258,10 @@ def plan_tensors(cfg: DraftConfig, fmt: str, dtype: torch.dtype, include_embeddi
 def identity_vocab_map(draft_vocab_size: int, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """d2t/t2d of a draft vocab equal to the target's (draft id i = target id i)."""
     if draft_vocab_size != vocab_size:
-        raise ValueError(f"an identity vocab map needs draft_vocab_size == vocab_size, "
-                         f"got {draft_vocab_size} and {vocab_size}")
+        raise ValueError(
+            f"an identity vocab map needs draft_vocab_size == vocab_size, "
+            f"got {draft_vocab_size} and {vocab_size}"
+        )
     return torch.zeros(draft_vocab_size, dtype=torch.int64), torch.ones(vocab_size, dtype=torch.bool)
 
 
@@ -259,14 +271,17 @@ def t2d_from_d2t(d2t: torch.Tensor, vocab_size: int) -> torch.Tensor:
     return t2d
 
 
-def check_vocab_map(d2t: torch.Tensor, t2d: torch.Tensor, draft_vocab_size: int, vocab_size: int,
-                    where: str) -> None:
+def check_vocab_map(
+    d2t: torch.Tensor, t2d: torch.Tensor, draft_vocab_size: int, vocab_size: int, where: str
+) -> None:
     """d2t must map the draft ids one-to-one into the target vocab (target id = i + d2t[i]; engines
     use only d2t: vLLM draft_id_to_target_id, SGLang hot_token_id = d2t + arange) and t2d must mark
     exactly those target ids (eyas's loss uses t2d)."""
     if tuple(d2t.shape) != (draft_vocab_size,) or tuple(t2d.shape) != (vocab_size,):
-        raise ValueError(f"{where}: d2t shape {tuple(d2t.shape)} / t2d shape {tuple(t2d.shape)}, expected "
-                         f"({draft_vocab_size},) / ({vocab_size},)")
+        raise ValueError(
+            f"{where}: d2t shape {tuple(d2t.shape)} / t2d shape {tuple(t2d.shape)}, expected "
+            f"({draft_vocab_size},) / ({vocab_size},)"
+        )
     targets = torch.arange(draft_vocab_size) + d2t.to(torch.int64)
     if draft_vocab_size and (targets.min() < 0 or targets.max() >= vocab_size):
         raise ValueError(f"{where}: d2t maps draft ids outside the target vocab [0, {vocab_size})")
@@ -276,7 +291,11 @@ def check_vocab_map(d2t: torch.Tensor, t2d: torch.Tensor, draft_vocab_size: int,
         raise ValueError(f"{where}: t2d does not mark exactly the target ids that d2t maps to")
 
 
-def describe_export_keys(cfg: DraftConfig, fmt: str = "eagle3", dtype: torch.dtype = torch.bfloat16,
-                         include_embeddings: bool = False) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+def describe_export_keys(
+    cfg: DraftConfig,
+    fmt: str = "eagle3",
+    dtype: torch.dtype = torch.bfloat16,
+    include_embeddings: bool = False,
+) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
     """{published tensor name: (shape, dtype)} of an export, computed without allocating weights."""
     return {p.name: (p.shape, p.dtype) for p in plan_tensors(cfg, fmt, dtype, include_embeddings)}

@@ -46,9 +46,9 @@ from .formats import (
     EAGLE3_ARCHITECTURE,
     EYAS_LAYER_PREFIX,
     check_vocab_map,
+    eagle_config_ids_to_input_ids,
     identity_vocab_map,
     meta_state_shapes,
-    eagle_config_ids_to_input_ids,
     parse_dtype,
     t2d_from_d2t,
 )
@@ -92,8 +92,11 @@ def fetch(src: str | Path, revision: str | None = None) -> Path:
     from eyas.data.target import model_errors
 
     with model_errors(str(src), "SRC"):  # not on the hub, gated, or the hub unreachable: one line naming it
-        return Path(snapshot_download(str(src), revision=revision,
-                                      allow_patterns=["*.json", "*.safetensors", "*.bin", "*.md"]))
+        return Path(
+            snapshot_download(
+                str(src), revision=revision, allow_patterns=["*.json", "*.safetensors", "*.bin", "*.md"]
+            )
+        )
 
 
 def read_weights(path: Path) -> dict[str, torch.Tensor]:
@@ -118,13 +121,17 @@ def detect_layout(raw: dict, where: str) -> str:
         return "eyas"
     if "speculators_model_type" in raw:
         if raw["speculators_model_type"] != "eagle3":
-            raise DraftFormatError(f"{where}: speculators_model_type {raw['speculators_model_type']!r}; "
-                                   "only 'eagle3' drafts can be imported")
+            raise DraftFormatError(
+                f"{where}: speculators_model_type {raw['speculators_model_type']!r}; "
+                "only 'eagle3' drafts can be imported"
+            )
         return "speculators"
     architectures = raw.get("architectures") or []
     if EAGLE3_ARCHITECTURE not in architectures:
-        raise DraftFormatError(f"{where}: architectures {architectures}; expected {EAGLE3_ARCHITECTURE!r} "
-                               "(EAGLE-3 release / SpecForge / ModelOpt) or a speculators eagle3 config")
+        raise DraftFormatError(
+            f"{where}: architectures {architectures}; expected {EAGLE3_ARCHITECTURE!r} "
+            "(EAGLE-3 release / SpecForge / ModelOpt) or a speculators eagle3 config"
+        )
     eagle_config = raw.get("eagle_config") or {}
     marks = (set(MODELOPT_SWITCHES) - {"use_aux_hidden_state"}) | set(MODELOPT_KEYS)
     return "modelopt" if set(eagle_config) & marks else "eagle3"
@@ -135,20 +142,27 @@ def _check_switches(raw: dict, layout: str, where: str) -> None:
     for key, wanted in MODELOPT_SWITCHES.items():
         value = eagle_config.get(key)
         if value is not None and bool(value) != wanted:
-            raise DraftFormatError(f"{where}: eagle_config.{key} = {value!r}; the EAGLE-3 layer eyas "
-                                   f"implements has {key} = {wanted}")
+            raise DraftFormatError(
+                f"{where}: eagle_config.{key} = {value!r}; the EAGLE-3 layer eyas "
+                f"implements has {key} = {wanted}"
+            )
     parallel = eagle_config.get("parallel_draft_step")
     if parallel is not None and parallel > 1:
-        raise DraftFormatError(f"{where}: eagle_config.parallel_draft_step = {parallel} (parallel drafting "
-                               "heads are not part of the eyas draft)")
+        raise DraftFormatError(
+            f"{where}: eagle_config.parallel_draft_step = {parallel} (parallel drafting "
+            "heads are not part of the eyas draft)"
+        )
     if layout == "speculators" and "norm_before_residual" not in raw:
         raise DraftFormatError(
             f"{where}: no norm_before_residual; vLLM assumes true when it is absent, the speculators "
-            "library false, so the layer is ambiguous")
+            "library false, so the layer is ambiguous"
+        )
     for key in UNSUPPORTED_SWITCHES:
         if raw.get(key):
-            raise DraftFormatError(f"{where}: {key} = {raw[key]!r}; the eyas layer has no {key} "
-                                   "(fc on the aux states as one block, the prenorm output fed back)")
+            raise DraftFormatError(
+                f"{where}: {key} = {raw[key]!r}; the eyas layer has no {key} "
+                "(fc on the aux states as one block, the prenorm output fed back)"
+            )
 
 
 def _layer_config(raw: dict, layout: str, where: str):
@@ -160,12 +174,16 @@ def _layer_config(raw: dict, layout: str, where: str):
         raise DraftFormatError(f"{where}: transformer_layer_config must be a mapping")
     model_type = base.get("model_type", "llama")
     if model_type != "llama":
-        raise DraftFormatError(f"{where}: decoder layer model_type {model_type!r}; only the Llama layer "
-                               "(no q/k norms) is implemented by eyas")
+        raise DraftFormatError(
+            f"{where}: decoder layer model_type {model_type!r}; only the Llama layer "
+            "(no q/k norms) is implemented by eyas"
+        )
     # null fields (ModelOpt's template writes unset ones as null) take LlamaConfig's defaults
     lcfg = LlamaConfig(**{k: v for k, v in base.items() if k != "model_type" and v is not None})
     if lcfg.hidden_act != "silu":
-        raise DraftFormatError(f"{where}: hidden_act = {lcfg.hidden_act!r}; the eyas draft has hidden_act = 'silu'")
+        raise DraftFormatError(
+            f"{where}: hidden_act = {lcfg.hidden_act!r}; the eyas draft has hidden_act = 'silu'"
+        )
     for key in ("attention_bias", "mlp_bias", "tie_word_embeddings"):
         if getattr(lcfg, key, False):
             raise DraftFormatError(f"{where}: {key} = true; the eyas draft has {key} = false")
@@ -177,18 +195,23 @@ def _aux_layer_ids(raw: dict, target_layers: int | None, where: str, notes: list
     nested = (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
     if top:
         if nested and eagle_config_ids_to_input_ids(nested) != list(top):
-            notes.append(f"eagle_config ids {list(nested)} (as SGLang reads them: "
-                         f"{eagle_config_ids_to_input_ids(nested)}) disagree with top-level ids {list(top)}; "
-                         "using the top-level ids as vLLM does")
+            notes.append(
+                f"eagle_config ids {list(nested)} (as SGLang reads them: "
+                f"{eagle_config_ids_to_input_ids(nested)}) disagree with top-level ids {list(top)}; "
+                "using the top-level ids as vLLM does"
+            )
         return [int(i) for i in top]
     if nested:
         return eagle_config_ids_to_input_ids([int(i) for i in nested])
     if target_layers is None:
-        raise DraftFormatError(f"{where}: no eagle_aux_hidden_state_layer_ids; pass --target so the engines' "
-                               "default [2, N//2, N-3] can be taken from the target's layer count")
+        raise DraftFormatError(
+            f"{where}: no eagle_aux_hidden_state_layer_ids; pass --target so the engines' "
+            "default [2, N//2, N-3] can be taken from the target's layer count"
+        )
     ids = [2, target_layers // 2, target_layers - 3]
-    notes.append(f"no aux layer ids in the config; using the engines' default {ids} for a "
-                 f"{target_layers}-layer target")
+    notes.append(
+        f"no aux layer ids in the config; using the engines' default {ids} for a {target_layers}-layer target"
+    )
     return ids
 
 
@@ -205,8 +228,13 @@ def published_config(raw: dict, layout: str, target: str | None, where: str, not
     _check_switches(raw, layout, where)
     lcfg = _layer_config(raw, layout, where)
     target_layers = None
-    if not (raw.get("eagle_aux_hidden_state_layer_ids")
-            or (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")) and target:
+    if (
+        not (
+            raw.get("eagle_aux_hidden_state_layer_ids")
+            or (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+        )
+        and target
+    ):
         from eyas.data.target import load_target_config, text_config
 
         target_layers = text_config(load_target_config(target)).num_hidden_layers
@@ -244,7 +272,7 @@ def normalize_names(state: dict[str, torch.Tensor], where: str) -> dict[str, tor
     out = {}
     for name, tensor in state.items():
         if name.startswith("model."):
-            name = name[len("model."):]
+            name = name[len("model.") :]
         if name in IGNORED_TENSORS or name.endswith(IGNORED_SUFFIXES):
             continue
         m = re.match(r"^(?:layers|midlayer)\.(\d+)\.(.+)$", name)
@@ -258,14 +286,17 @@ def normalize_names(state: dict[str, torch.Tensor], where: str) -> dict[str, tor
 
 def _target_heads(target: str | None, what: str, where: str) -> dict[str, torch.Tensor]:
     if not target:
-        raise DraftFormatError(f"{where}: no {what} in the draft and no target to take it from; pass --target")
+        raise DraftFormatError(
+            f"{where}: no {what} in the draft and no target to take it from; pass --target"
+        )
     from eyas.data.target import load_head_weights
 
     return load_head_weights(target)
 
 
-def complete_state(state: dict[str, torch.Tensor], cfg: DraftConfig, where: str,
-                   embed: torch.Tensor | None, notes: list[str]) -> dict[str, torch.Tensor]:
+def complete_state(
+    state: dict[str, torch.Tensor], cfg: DraftConfig, where: str, embed: torch.Tensor | None, notes: list[str]
+) -> dict[str, torch.Tensor]:
     """Fill what engines take from the target or default, then check names and shapes."""
     heads: dict[str, torch.Tensor] = {}
     if "embed_tokens.weight" not in state:
@@ -275,15 +306,19 @@ def complete_state(state: dict[str, torch.Tensor], cfg: DraftConfig, where: str,
         state["embed_tokens.weight"] = embed
     if "lm_head.weight" not in state:
         if cfg.draft_vocab_size != cfg.vocab_size:
-            raise DraftFormatError(f"{where}: no lm_head.weight and draft_vocab_size {cfg.draft_vocab_size} "
-                                   f"!= vocab_size {cfg.vocab_size}")
+            raise DraftFormatError(
+                f"{where}: no lm_head.weight and draft_vocab_size {cfg.draft_vocab_size} "
+                f"!= vocab_size {cfg.vocab_size}"
+            )
         heads = heads or _target_heads(cfg.target_model, "lm_head.weight", where)
         state["lm_head.weight"] = heads["lm_head"]
         notes.append("no lm_head in the draft; using the target's (as SGLang and TRT-LLM do)")
     if "d2t" not in state:
         if cfg.draft_vocab_size != cfg.vocab_size:
-            raise DraftFormatError(f"{where}: no d2t although draft_vocab_size {cfg.draft_vocab_size} < "
-                                   f"vocab_size {cfg.vocab_size} (engines would map draft id i to target id i)")
+            raise DraftFormatError(
+                f"{where}: no d2t although draft_vocab_size {cfg.draft_vocab_size} < "
+                f"vocab_size {cfg.vocab_size} (engines would map draft id i to target id i)"
+            )
         state["d2t"], identity_t2d = identity_vocab_map(cfg.draft_vocab_size, cfg.vocab_size)
         state.setdefault("t2d", identity_t2d)
     if "t2d" not in state:
@@ -301,13 +336,15 @@ def complete_state(state: dict[str, torch.Tensor], cfg: DraftConfig, where: str,
         raise DraftFormatError(f"{where}: missing tensors {missing}")
     for name, (shape, _) in expected.items():
         if tuple(state[name].shape) != shape:
-            raise DraftFormatError(f"{where}: tensor {name} has shape {tuple(state[name].shape)}, the config "
-                                   f"implies {shape}")
+            raise DraftFormatError(
+                f"{where}: tensor {name} has shape {tuple(state[name].shape)}, the config implies {shape}"
+            )
     return state
 
 
-def read_published(path: str | Path, target: str | None = None, embed: torch.Tensor | None = None
-                   ) -> tuple[DraftConfig, dict[str, torch.Tensor], str, list[str]]:
+def read_published(
+    path: str | Path, target: str | None = None, embed: torch.Tensor | None = None
+) -> tuple[DraftConfig, dict[str, torch.Tensor], str, list[str]]:
     """(DraftConfig, eyas-named state dict, layout, notes) of a local draft directory.
 
     `target` names the target for missing pieces (default: the one the config names);
@@ -335,15 +372,24 @@ def build_draft(cfg: DraftConfig, state: dict[str, torch.Tensor], dtype: torch.d
     return draft.to(dtype=dtype).eval()
 
 
-def load_published(path: str | Path, target: str | None = None, embed: torch.Tensor | None = None,
-                   dtype: torch.dtype = torch.float32) -> tuple[Eagle3Draft, str, list[str]]:
+def load_published(
+    path: str | Path,
+    target: str | None = None,
+    embed: torch.Tensor | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> tuple[Eagle3Draft, str, list[str]]:
     """An Eagle3Draft (eval mode) built from a published draft directory, plus its layout and notes."""
     cfg, state, layout, notes = read_published(path, target, embed)
     return build_draft(cfg, state, dtype), layout, notes
 
 
-def import_draft(src: str | Path, out_dir: str | Path, target: str | None = None,
-                 revision: str | None = None, dtype: torch.dtype | None = None) -> Path:
+def import_draft(
+    src: str | Path,
+    out_dir: str | Path,
+    target: str | None = None,
+    revision: str | None = None,
+    dtype: torch.dtype | None = None,
+) -> Path:
     """Read a published draft (local directory or hub repo id) and save it as an eyas checkpoint,
     in `dtype` (default: the dtype the published fc weight is stored in)."""
     cfg, state, layout, notes = read_published(fetch(src, revision), target)
@@ -351,26 +397,45 @@ def import_draft(src: str | Path, out_dir: str | Path, target: str | None = None
         print(f"eyas import: note: {note}", file=sys.stderr)
     save_dtype = dtype or state["fc.weight"].dtype
     draft = build_draft(cfg, state, torch.float32)
-    return save_draft(draft, out_dir, dtype=save_dtype,
-                      extra={"imported_from": str(src), "source_layout": layout, "import_notes": notes})
+    return save_draft(
+        draft,
+        out_dir,
+        dtype=save_dtype,
+        extra={"imported_from": str(src), "source_layout": layout, "import_notes": notes},
+    )
 
 
 def main_import(argv: list[str] | None = None) -> int:
     """`eyas import SRC --out DIR [--target TARGET] [--revision REV] [--dtype DTYPE]`."""
-    parser = argparse.ArgumentParser(prog="eyas import", description="Read a published EAGLE-3 draft (local "
-                                     "directory or hub repo id) into an eyas checkpoint.")
-    parser.add_argument("src", help="draft directory or hub repo id (EAGLE-3 release, SpecForge, ModelOpt, "
-                                    "speculators)")
+    parser = argparse.ArgumentParser(
+        prog="eyas import",
+        description="Read a published EAGLE-3 draft (local "
+        "directory or hub repo id) into an eyas checkpoint.",
+    )
+    parser.add_argument(
+        "src", help="draft directory or hub repo id (EAGLE-3 release, SpecForge, ModelOpt, speculators)"
+    )
     parser.add_argument("--out", required=True, help="eyas checkpoint directory to write")
-    parser.add_argument("--target", help="target model (directory or hub id) for a missing embedding, "
-                                         "lm_head or aux layer ids; default: the verifier the config names")
+    parser.add_argument(
+        "--target",
+        help="target model (directory or hub id) for a missing embedding, "
+        "lm_head or aux layer ids; default: the verifier the config names",
+    )
     parser.add_argument("--revision", help="hub revision (branch, tag or commit) of SRC")
-    parser.add_argument("--dtype", choices=("bfloat16", "float16", "float32"),
-                        help="dtype to save (default: the published weights' dtype)")
+    parser.add_argument(
+        "--dtype",
+        choices=("bfloat16", "float16", "float32"),
+        help="dtype to save (default: the published weights' dtype)",
+    )
     args = parser.parse_args(argv)
     try:
-        out = import_draft(args.src, args.out, target=args.target, revision=args.revision,
-                           dtype=parse_dtype(args.dtype) if args.dtype else None)
+        out = import_draft(
+            args.src,
+            args.out,
+            target=args.target,
+            revision=args.revision,
+            dtype=parse_dtype(args.dtype) if args.dtype else None,
+        )
     except (ValueError, OSError) as e:
         raise as_input(e) from e
     print(out)

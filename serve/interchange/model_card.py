@@ -20,10 +20,11 @@ from pathlib import Path
 
 import yaml
 
+from eyas.layout import FinishedRun
+
 from . import engines as engine_rules
 from .export import ExportResult
 from .formats import output_numbering, sglang_layer_ids
-from eyas.layout import FinishedRun
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 ENGINE_TAGS = {"vllm": "vllm", "sglang": "sglang", "trtllm": "tensorrt-llm"}
@@ -58,23 +59,33 @@ def acceptance_table(report: dict) -> str:
 
     baseline = _baseline_tps(report)
     greedy = (report.get("eval_settings") or {}).get("greedy", True)
-    lines = ["| draft | benchmark | T | C | shape | τ (mean accepted length) | per-position acceptance | prompts "
-             "| lossless | tok/s speculative | tok/s no speculation | speedup |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| draft | benchmark | T | C | shape | τ (mean accepted length) | per-position acceptance | prompts "
+        "| lossless | tok/s speculative | tok/s no speculation | speedup |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for row in acceptance_rows(report):
         per_pos = " / ".join(_num(p) for p in row.get("per_position_acceptance") or []) or "—"
         tps = row.get("tokens_per_second")
         spec = row.get("output_tokens_per_s", tps.get("speculative") if isinstance(tps, dict) else tps)
-        base = row.get("baseline_output_tokens_per_s") or (tps.get("baseline") if isinstance(tps, dict) else None) \
+        base = (
+            row.get("baseline_output_tokens_per_s")
+            or (tps.get("baseline") if isinstance(tps, dict) else None)
             or baseline
-        speedup = f"{spec / base:.2f}×" if isinstance(spec, (int, float)) and isinstance(base, (int, float)) \
-            and base > 0 else "—"
+        )
+        speedup = (
+            f"{spec / base:.2f}×"
+            if isinstance(spec, (int, float)) and isinstance(base, (int, float)) and base > 0
+            else "—"
+        )
         lossless = {True: "yes", False: "**no**"}.get(row.get("lossless"), "—")
         temp = row.get("temperature", 0.0 if greedy else None)
-        lines.append(f"| {row.get('draft', '—')} | {row.get('benchmark', '—')} | "
-                     f"{'—' if temp is None else f'{temp:g}'} | {row.get('concurrency', 1)} | {shape_label(row)} "
-                     f"| {_num(row.get('acceptance_length'))} | {per_pos} | {row.get('num_prompts', '—')} "
-                     f"| {lossless} | {_num(spec, 1)} | {_num(base, 1)} | {speedup} |")
+        lines.append(
+            f"| {row.get('draft', '—')} | {row.get('benchmark', '—')} | "
+            f"{'—' if temp is None else f'{temp:g}'} | {row.get('concurrency', 1)} | {shape_label(row)} "
+            f"| {_num(row.get('acceptance_length'))} | {per_pos} | {row.get('num_prompts', '—')} "
+            f"| {lossless} | {_num(spec, 1)} | {_num(base, 1)} | {speedup} |"
+        )
     return "\n".join(lines)
 
 
@@ -85,11 +96,16 @@ def advice_section(report: dict) -> list[str]:
     rows = report.get("recommendation")
     if not rows:
         return []
-    return ["## Which k at which concurrency", "",
-            "Predicted from the measured acceptance and the measured cost of target and draft forwards by "
-            "batch size and tokens verified (eyas eval's cost model), next to the measured speedup where that "
-            "shape was run. `no speculation` means no shape was predicted to beat plain decoding.", "",
-            recommendation_table(rows), ""]
+    return [
+        "## Which k at which concurrency",
+        "",
+        "Predicted from the measured acceptance and the measured cost of target and draft forwards by "
+        "batch size and tokens verified (eyas eval's cost model), next to the measured speedup where that "
+        "shape was run. `no speculation` means no shape was predicted to beat plain decoding.",
+        "",
+        recommendation_table(rows),
+        "",
+    ]
 
 
 def _flat(stats: dict, prefix: str = "") -> list[str]:
@@ -110,24 +126,44 @@ def _flat(stats: dict, prefix: str = "") -> list[str]:
 
 def _recipe_facts(recipe: dict) -> list[str]:
     """Recipe settings that shape the draft, where the recipe has them."""
-    wanted = [("target", "model"), ("data", "prompts"), ("data", "num_prompts"), ("data", "max_new_tokens"),
-              ("data", "temperature"), ("data", "reasoning_effort"), ("capture", "aux_layer_ids"), ("vocab", "draft_vocab_size"),
-              ("train", "ttt_steps"), ("train", "epochs"), ("train", "max_steps"), ("train", "lr"),
-              ("train", "batch_size"), ("train", "grad_accum"), ("train", "max_length")]
+    wanted = [
+        ("target", "model"),
+        ("data", "prompts"),
+        ("data", "num_prompts"),
+        ("data", "max_new_tokens"),
+        ("data", "temperature"),
+        ("data", "reasoning_effort"),
+        ("capture", "aux_layer_ids"),
+        ("vocab", "draft_vocab_size"),
+        ("train", "ttt_steps"),
+        ("train", "epochs"),
+        ("train", "max_steps"),
+        ("train", "lr"),
+        ("train", "batch_size"),
+        ("train", "grad_accum"),
+        ("train", "max_length"),
+    ]
     facts = []
     for section, key in wanted:
         value = (recipe.get(section) or {}).get(key)
         if key == "prompts" and isinstance(value, list):  # several sources mixed by weight
-            value = ", ".join(f"{s['source']}" + (f" ({s['split']})" if s.get("split", "train") != "train" else "")
-                              + f" × {s.get('weight', 1.0):g}" for s in value)
+            value = ", ".join(
+                f"{s['source']}"
+                + (f" ({s['split']})" if s.get("split", "train") != "train" else "")
+                + f" × {s.get('weight', 1.0):g}"
+                for s in value
+            )
         if value is not None:
             facts.append(f"- `{section}.{key}`: {value}")
     return facts
 
 
 def front_matter(target: str | None, engines: tuple[str, ...], license: str) -> str:
-    meta = {"license": license, "library_name": "eyas",
-            "tags": ["speculative-decoding", "eagle3", "eyas", *(ENGINE_TAGS[e] for e in engines)]}
+    meta = {
+        "license": license,
+        "library_name": "eyas",
+        "tags": ["speculative-decoding", "eagle3", "eyas", *(ENGINE_TAGS[e] for e in engines)],
+    }
     if is_hub_id(target):
         meta["base_model"] = target
     return "---\n" + yaml.safe_dump(meta, sort_keys=False) + "---\n"
@@ -138,80 +174,130 @@ def serving_section(repo_id: str, target: str, k: int, result: ExportResult) -> 
     parts = ["## Serving", ""]
     if "vllm" in result.engines:
         spec = json.dumps({"method": "eagle3", "model": repo_id, "num_speculative_tokens": k})
-        parts += ["### vLLM", "", "```bash", f"vllm serve {target} \\", f"  --speculative-config '{spec}'", "```",
-                  "", "vLLM reads the aux layers from `eagle_aux_hidden_state_layer_ids` in this repo's "
-                  "config.json.", ""]
+        parts += [
+            "### vLLM",
+            "",
+            "```bash",
+            f"vllm serve {target} \\",
+            f"  --speculative-config '{spec}'",
+            "```",
+            "",
+            "vLLM reads the aux layers from `eagle_aux_hidden_state_layer_ids` in this repo's config.json.",
+            "",
+        ]
     if "sglang" in result.engines:
-        parts += ["### SGLang", "", "```bash", f"python -m sglang.launch_server --model {target} \\",
-                  "  --speculative-algorithm EAGLE3 \\", f"  --speculative-draft-model-path {repo_id} \\",
-                  f"  --speculative-num-steps {k} --speculative-eagle-topk 1 --speculative-num-draft-tokens {k + 1}",
-                  "```", "", "A chain of k drafted tokens (top-k 1), k + 1 tokens verified per step. SGLang reads "
-                  "the aux layers from `eagle_config.eagle_aux_hidden_state_layer_ids`.", ""]
+        parts += [
+            "### SGLang",
+            "",
+            "```bash",
+            f"python -m sglang.launch_server --model {target} \\",
+            "  --speculative-algorithm EAGLE3 \\",
+            f"  --speculative-draft-model-path {repo_id} \\",
+            f"  --speculative-num-steps {k} --speculative-eagle-topk 1 "
+            f"--speculative-num-draft-tokens {k + 1}",
+            "```",
+            "",
+            "A chain of k drafted tokens (top-k 1), k + 1 tokens verified per step. SGLang reads "
+            "the aux layers from `eagle_config.eagle_aux_hidden_state_layer_ids`.",
+            "",
+        ]
     if "trtllm" in result.engines:
         capture = output_numbering(cfg.aux_layer_ids)
-        parts += ["### TensorRT-LLM (PyTorch backend)", "", "`eagle3.yaml`:", "", "```yaml",
-                  "speculative_config:", "  decoding_type: Eagle3", f"  max_draft_len: {k}",
-                  f"  speculative_model: {repo_id}  # older releases: speculative_model_dir: <local copy>",
-                  f"  eagle3_layers_to_capture: {capture}", "kv_cache_config:", "  enable_block_reuse: false",
-                  "```", "", "```bash",
-                  f"trtllm-serve {target} --backend pytorch --extra_llm_api_options eagle3.yaml", "```", "",
-                  f"`eagle3_layers_to_capture` numbers the output of a decoder layer: {capture} are the eyas / "
-                  f"vLLM ids {list(cfg.aux_layer_ids)} minus one (TensorRT-LLM's default would be "
-                  "{1, N//2-1, N-4}).", ""]
+        parts += [
+            "### TensorRT-LLM (PyTorch backend)",
+            "",
+            "`eagle3.yaml`:",
+            "",
+            "```yaml",
+            "speculative_config:",
+            "  decoding_type: Eagle3",
+            f"  max_draft_len: {k}",
+            f"  speculative_model: {repo_id}  # older releases: speculative_model_dir: <local copy>",
+            f"  eagle3_layers_to_capture: {capture}",
+            "kv_cache_config:",
+            "  enable_block_reuse: false",
+            "```",
+            "",
+            "```bash",
+            f"trtllm-serve {target} --backend pytorch --extra_llm_api_options eagle3.yaml",
+            "```",
+            "",
+            f"`eagle3_layers_to_capture` numbers the output of a decoder layer: {capture} are the eyas / "
+            f"vLLM ids {list(cfg.aux_layer_ids)} minus one (TensorRT-LLM's default would be "
+            "{1, N//2-1, N-4}).",
+            "",
+        ]
     return "\n".join(parts)
 
 
 def convention_section(result: ExportResult) -> str:
     ids = list(result.config.aux_layer_ids)
-    return "\n".join([
-        "## Aux layer ids", "",
-        f"The draft reads the target's hidden states at layers {ids} (eyas / vLLM numbering: id k is the "
-        "*input* of decoder layer k, 0-based — Hugging Face `hidden_states[k]`; id N, the layer count, is the "
-        "output of the last layer before the final norm), concatenated in that order into `fc`.", "",
-        f"- `eagle_aux_hidden_state_layer_ids: {ids}` (top level) — read by vLLM.",
-        f"- `eagle_config.eagle_aux_hidden_state_layer_ids: {sglang_layer_ids(ids)}` — read by SGLang, which "
-        "takes a list starting at 1 as the *output* of decoder layer j (as ModelOpt, SpecForge and TensorRT-LLM's "
-        "`eagle3_layers_to_capture` number them) and any other list as these boundary ids (PR #25454).", ""])
+    return "\n".join(
+        [
+            "## Aux layer ids",
+            "",
+            f"The draft reads the target's hidden states at layers {ids} (eyas / vLLM numbering: id k is the "
+            "*input* of decoder layer k, 0-based — Hugging Face `hidden_states[k]`; id N, the layer count, "
+            "is the output of the last layer before the final norm), concatenated in that order into `fc`.",
+            "",
+            f"- `eagle_aux_hidden_state_layer_ids: {ids}` (top level) — read by vLLM.",
+            f"- `eagle_config.eagle_aux_hidden_state_layer_ids: {sglang_layer_ids(ids)}` — read by SGLang, "
+            "which takes a list starting at 1 as the *output* of decoder layer j (as ModelOpt, SpecForge and "
+            "TensorRT-LLM's `eagle3_layers_to_capture` number them) and any other list as these boundary ids "
+            "(PR #25454).",
+            "",
+        ]
+    )
 
 
-def render_model_card(run: FinishedRun, repo_id: str, result: ExportResult, k: int,
-                      license: str = "apache-2.0") -> str:
+def render_model_card(
+    run: FinishedRun, repo_id: str, result: ExportResult, k: int, license: str = "apache-2.0"
+) -> str:
     """README.md text for `repo_id`, published from `run` via the eagle3 export `result`."""
     cfg = result.config
     report = run.report
     target = result.target or report.get("target") or "TARGET"
     settings = report.get("eval_settings") or {}
     target_ref = f"[{target}](https://huggingface.co/{target})" if is_hub_id(target) else f"`{target}`"
-    lines = [front_matter(target, result.engines, license),
-             f"# {repo_id.split('/')[-1]}", "",
-             f"An EAGLE-3 speculative-decoding draft head for {target_ref}, trained with eyas. It proposes "
-             "tokens that the target verifies, so outputs are those of the target alone.", "",
-             "| | |", "|---|---|",
-             f"| target | {target} |",
-             f"| draft layers | {cfg.num_layers} Llama layer{'s' if cfg.num_layers > 1 else ''}, hidden "
-             f"{cfg.hidden_size}, {cfg.num_attention_heads} heads × {cfg.head_dim} ({cfg.num_key_value_heads} KV "
-             f"heads), MLP {cfg.intermediate_size} |",
-             f"| options | norm_before_fc {str(cfg.norm_before_fc).lower()}, norm_before_residual "
-             f"{str(cfg.norm_before_residual).lower()} (vLLM llama_eagle3.py) |",
-             f"| vocab | draft {cfg.draft_vocab_size} of the target's {cfg.vocab_size} (`d2t`/`t2d`) |",
-             f"| aux layers | {list(cfg.aux_layer_ids)} (see below) |",
-             f"| RoPE | `{json.dumps(cfg.rope_parameters)}`, max positions {cfg.max_position_embeddings} |",
-             f"| weights | {str(result.dtype).replace('torch.', '')}, EAGLE-3 release layout "
-             f"(`fc`, `midlayer.*`, `norm`, `lm_head`, `d2t`, `t2d`) |",
-             f"| checked for | {', '.join(engine_rules.ENGINE_LABELS[e] for e in result.engines)}; re-read by "
-             f"eyas, logits identical to the trained checkpoint's at {str(result.dtype).replace('torch.', '')} |",
-             "",
-             "## Measured acceptance", "",
-             acceptance_table(report), "",
-             f"Eval: greedy={settings.get('greedy', '—')}, max_new_tokens={settings.get('max_new_tokens', '—')}, "
-             f"benchmark={settings.get('benchmark', '—')}, target entropy {_num(report.get('target_entropy'))}. "
-             "τ is the mean number of tokens emitted per target forward pass (accepted draft tokens + 1); "
-             "per-position acceptance is the acceptance rate at draft position 1, 2, … ; T is the sampling "
-             "temperature, C the number of requests in flight.", "",
-             *advice_section(report),
-             serving_section(repo_id, target, k, result),
-             convention_section(result),
-             "## Training", ""]
+    lines = [
+        front_matter(target, result.engines, license),
+        f"# {repo_id.split('/')[-1]}",
+        "",
+        f"An EAGLE-3 speculative-decoding draft head for {target_ref}, trained with eyas. It proposes "
+        "tokens that the target verifies, so outputs are those of the target alone.",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| target | {target} |",
+        f"| draft layers | {cfg.num_layers} Llama layer{'s' if cfg.num_layers > 1 else ''}, hidden "
+        f"{cfg.hidden_size}, {cfg.num_attention_heads} heads × {cfg.head_dim} ({cfg.num_key_value_heads} KV "
+        f"heads), MLP {cfg.intermediate_size} |",
+        f"| options | norm_before_fc {str(cfg.norm_before_fc).lower()}, norm_before_residual "
+        f"{str(cfg.norm_before_residual).lower()} (vLLM llama_eagle3.py) |",
+        f"| vocab | draft {cfg.draft_vocab_size} of the target's {cfg.vocab_size} (`d2t`/`t2d`) |",
+        f"| aux layers | {list(cfg.aux_layer_ids)} (see below) |",
+        f"| RoPE | `{json.dumps(cfg.rope_parameters)}`, max positions {cfg.max_position_embeddings} |",
+        f"| weights | {str(result.dtype).replace('torch.', '')}, EAGLE-3 release layout "
+        f"(`fc`, `midlayer.*`, `norm`, `lm_head`, `d2t`, `t2d`) |",
+        f"| checked for | {', '.join(engine_rules.ENGINE_LABELS[e] for e in result.engines)}; re-read by "
+        f"eyas, logits identical to the trained checkpoint's at {str(result.dtype).replace('torch.', '')} |",
+        "",
+        "## Measured acceptance",
+        "",
+        acceptance_table(report),
+        "",
+        f"Eval: greedy={settings.get('greedy', '—')}, max_new_tokens={settings.get('max_new_tokens', '—')}, "
+        f"benchmark={settings.get('benchmark', '—')}, target entropy {_num(report.get('target_entropy'))}. "
+        "τ is the mean number of tokens emitted per target forward pass (accepted draft tokens + 1); "
+        "per-position acceptance is the acceptance rate at draft position 1, 2, … ; T is the sampling "
+        "temperature, C the number of requests in flight.",
+        "",
+        *advice_section(report),
+        serving_section(repo_id, target, k, result),
+        convention_section(result),
+        "## Training",
+        "",
+    ]
     lines += _recipe_facts(run.recipe) or ["(see recipe below)"]
     if run.stages:
         lines += ["", "Stage statistics (`RUN/<stage>/DONE.json`):", ""]
@@ -219,8 +305,17 @@ def render_model_card(run: FinishedRun, repo_id: str, result: ExportResult, k: i
     if report.get("stage_times"):
         times = ", ".join(f"{s} {_num(t, 0)} s" for s, t in report["stage_times"].items())
         lines += ["", f"Stage wall times: {times}."]
-    lines += ["", "<details><summary>recipe.yaml</summary>", "", "```yaml", run.recipe_text.rstrip(), "```",
-              "", "</details>", ""]
+    lines += [
+        "",
+        "<details><summary>recipe.yaml</summary>",
+        "",
+        "```yaml",
+        run.recipe_text.rstrip(),
+        "```",
+        "",
+        "</details>",
+        "",
+    ]
     if result.notes:
         lines += ["## Notes", ""] + [f"- {n}" for n in result.notes] + [""]
     return "\n".join(lines)

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from eyas.errors import InputError, RunError, as_input
+from eyas.layout import load_run
 
 from .export import export
 from .model_card import HUB_ID, render_model_card
-from eyas.layout import load_run
 
 
 class PublishError(InputError, ValueError):
@@ -41,15 +41,24 @@ def hub_token() -> str:
 
     token = get_token()
     if not token:
-        raise PublishError("no Hugging Face token: run `hf auth login` (formerly `huggingface-cli login`) "
-                           "or set HF_TOKEN, then publish again (or use --dry-run to only build the folder)")
+        raise PublishError(
+            "no Hugging Face token: run `hf auth login` (formerly `huggingface-cli login`) "
+            "or set HF_TOKEN, then publish again (or use --dry-run to only build the folder)"
+        )
     return token
 
 
-def publish(run: str | Path, repo: str, private: bool = False, revision: str | None = None,
-            dry_run: bool = False, out: str | Path | None = None, license: str = "apache-2.0",
-            num_speculative_tokens: int | None = None,
-            engines: tuple[str, ...] | list[str] | None = None) -> Published:
+def publish(
+    run: str | Path,
+    repo: str,
+    private: bool = False,
+    revision: str | None = None,
+    dry_run: bool = False,
+    out: str | Path | None = None,
+    license: str = "apache-2.0",
+    num_speculative_tokens: int | None = None,
+    engines: tuple[str, ...] | list[str] | None = None,
+) -> Published:
     """Build the folder for `repo` from `run` and upload it (unless `dry_run`).
 
     `num_speculative_tokens` (default: the report's k, else 3) goes into the serving commands."""
@@ -75,8 +84,13 @@ def publish(run: str | Path, repo: str, private: bool = False, revision: str | N
         repo_url = api.create_repo(repo, private=private, exist_ok=True, repo_type="model")
         if revision:
             api.create_branch(repo, branch=revision, exist_ok=True, repo_type="model")
-        api.upload_folder(repo_id=repo, folder_path=str(folder), revision=revision, repo_type="model",
-                          commit_message=f"eyas publish {finished.root.name}")
+        api.upload_folder(
+            repo_id=repo,
+            folder_path=str(folder),
+            revision=revision,
+            repo_type="model",
+            commit_message=f"eyas publish {finished.root.name}",
+        )
     url = str(repo_url) + (f"/tree/{revision}" if revision else "")
     return Published(folder=folder, url=url)
 
@@ -103,36 +117,59 @@ def hub_errors(repo: str, endpoint: str):
         code = e.response.status_code if e.response is not None else None
         first = (str(e).splitlines() or [type(e).__name__])[0]
         if code in (401, 403, 404):
-            raise InputError(f"--repo {repo}: the hub answered {first}; check the repo id and that the token may "
-                             "write there (`hf auth whoami`)") from e
+            raise InputError(
+                f"--repo {repo}: the hub answered {first}; check the repo id and that the token may "
+                "write there (`hf auth whoami`)"
+            ) from e
         raise RunError(f"--repo {repo}: {endpoint} failed ({first}); re-run `eyas publish` later") from e
-    except (transport_errors() + (OSError, RuntimeError)) as e:  # unreachable, reset, an upload that failed
-        raise RunError(f"--repo {repo}: uploading to {endpoint} failed ({type(e).__name__}: "
-                       f"{str(e).splitlines()[0] if str(e) else 'no message'}); check the network (HF_ENDPOINT, "
-                       "proxies) and re-run `eyas publish`") from e
+    except transport_errors() + (OSError, RuntimeError) as e:  # unreachable, reset, an upload that failed
+        raise RunError(
+            f"--repo {repo}: uploading to {endpoint} failed ({type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else 'no message'}); check the network (HF_ENDPOINT, "
+            "proxies) and re-run `eyas publish`"
+        ) from e
 
 
 def main_publish(argv: list[str] | None = None) -> int:
     """`eyas publish RUN --repo ORG/NAME [--private] [--revision BRANCH] [--dry-run] [--out DIR]`."""
-    parser = argparse.ArgumentParser(prog="eyas publish", description="Upload a run's EAGLE-3 draft to the "
-                                     "Hugging Face Hub with a model card of its measured acceptance.")
-    parser.add_argument("run", help="finished run directory (train/checkpoint-final, report.json, recipe.yaml)")
+    parser = argparse.ArgumentParser(
+        prog="eyas publish",
+        description="Upload a run's EAGLE-3 draft to the "
+        "Hugging Face Hub with a model card of its measured acceptance.",
+    )
+    parser.add_argument(
+        "run", help="finished run directory (train/checkpoint-final, report.json, recipe.yaml)"
+    )
     parser.add_argument("--repo", required=True, help="hub repo id ORG/NAME")
     parser.add_argument("--private", action="store_true", help="create the repo private")
     parser.add_argument("--revision", help="branch to upload to (created if missing)")
-    parser.add_argument("--dry-run", action="store_true", help="build the folder, upload nothing, print its path")
+    parser.add_argument(
+        "--dry-run", action="store_true", help="build the folder, upload nothing, print its path"
+    )
     parser.add_argument("--out", help="folder to build (default: a new temporary directory)")
-    parser.add_argument("--license", default="apache-2.0", help="license in the model card (default apache-2.0)")
-    parser.add_argument("--num-speculative-tokens", type=int,
-                        help="k in the serving commands (default: the report's k)")
-    parser.add_argument("--engines", help="comma-separated engines to check and document "
-                                          "(default vllm,sglang,trtllm)")
+    parser.add_argument(
+        "--license", default="apache-2.0", help="license in the model card (default apache-2.0)"
+    )
+    parser.add_argument(
+        "--num-speculative-tokens", type=int, help="k in the serving commands (default: the report's k)"
+    )
+    parser.add_argument(
+        "--engines", help="comma-separated engines to check and document (default vllm,sglang,trtllm)"
+    )
     args = parser.parse_args(argv)
     engines = tuple(e.strip() for e in args.engines.split(",") if e.strip()) if args.engines else None
     try:
-        published = publish(args.run, args.repo, private=args.private, revision=args.revision,
-                            dry_run=args.dry_run, out=args.out, license=args.license,
-                            num_speculative_tokens=args.num_speculative_tokens, engines=engines)
+        published = publish(
+            args.run,
+            args.repo,
+            private=args.private,
+            revision=args.revision,
+            dry_run=args.dry_run,
+            out=args.out,
+            license=args.license,
+            num_speculative_tokens=args.num_speculative_tokens,
+            engines=engines,
+        )
     except (ValueError, OSError) as e:
         raise as_input(e) from e
     print(published.folder if args.dry_run else published.url)

@@ -14,35 +14,55 @@ from fastapi import Request as HttpRequest
 from fastapi.responses import StreamingResponse
 
 from eyas.data.chat import render_prompt
-from eyas.serve.api.chat_completion.protocol import (ChatCompletionRequest, ChatCompletionResponse,
-                                                     ChatCompletionResponseChoice,
-                                                     ChatCompletionResponseStreamChoice,
-                                                     ChatCompletionStreamResponse, ChatMessage, DeltaMessage)
+from eyas.serve.api.chat_completion.protocol import (
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatCompletionResponseChoice,
+    ChatCompletionResponseStreamChoice,
+    ChatCompletionStreamResponse,
+    ChatMessage,
+    DeltaMessage,
+)
 from eyas.serve.api.protocol import random_id
-from eyas.serve.api.serving import (SSE_DONE, BadRequest, Delta, Generation, Served, check_model, open_calls,
-                                    raise_engine_error, sglext_field, sse, sse_engine_error, usage_info)
+from eyas.serve.api.serving import (
+    SSE_DONE,
+    BadRequest,
+    Delta,
+    Generation,
+    Served,
+    check_model,
+    open_calls,
+    raise_engine_error,
+    sglext_field,
+    sse,
+    sse_engine_error,
+    usage_info,
+)
 from eyas.serve.api.text import ChatText
 
 router = APIRouter()
 
 
 @router.post("/v1/chat/completions", response_model=None)
-async def chat_completions(body: ChatCompletionRequest,
-                           request: HttpRequest) -> ChatCompletionResponse | StreamingResponse:
+async def chat_completions(
+    body: ChatCompletionRequest, request: HttpRequest
+) -> ChatCompletionResponse | StreamingResponse:
     return await create_chat_completion(request.app.state.served, body)
 
 
 def render(served: Served, body: ChatCompletionRequest) -> list[int]:
     """The prompt's token ids: the messages through the chat template."""
     try:
-        return render_prompt(served.tokenizer, body.messages, body.add_generation_prompt,
-                             **body.template_kwargs())
+        return render_prompt(
+            served.tokenizer, body.messages, body.add_generation_prompt, **body.template_kwargs()
+        )
     except Exception as e:  # noqa: BLE001  (a template that cannot render these messages)
         raise BadRequest(f"messages: the chat template cannot render them: {e}") from None
 
 
-async def create_chat_completion(served: Served,
-                                 body: ChatCompletionRequest) -> ChatCompletionResponse | StreamingResponse:
+async def create_chat_completion(
+    served: Served, body: ChatCompletionRequest
+) -> ChatCompletionResponse | StreamingResponse:
     check_model(served, body.model)
     calls = open_calls(served, [render(served, body)], body, body.max_completion_tokens or body.max_tokens)
     call = calls[0]
@@ -54,12 +74,18 @@ async def create_chat_completion(served: Served,
     raise_engine_error(calls)
     message = ChatMessage(content=gen.text, reasoning_content=gen.reasoning or None)
     choice = ChatCompletionResponseChoice(
-        message=message, finish_reason=call.req.finish_reason, stop_reason=call.stop_reason(),
-        token_ids=list(call.req.tokens) if body.return_token_ids else None)
+        message=message,
+        finish_reason=call.req.finish_reason,
+        stop_reason=call.stop_reason(),
+        token_ids=list(call.req.tokens) if body.return_token_ids else None,
+    )
     return ChatCompletionResponse(
-        **head, choices=[choice], usage=usage_info(calls),
+        **head,
+        choices=[choice],
+        usage=usage_info(calls),
         prompt_token_ids=list(call.req.prompt) if body.return_token_ids else None,
-        **sglext_field(body, calls, served))
+        **sglext_field(body, calls, served),
+    )
 
 
 def _stream_choice(gen: Generation, d: Delta, return_token_ids: bool) -> ChatCompletionResponseStreamChoice:
@@ -74,12 +100,14 @@ def _stream_choice(gen: Generation, d: Delta, return_token_ids: bool) -> ChatCom
     if return_token_ids:
         extra["token_ids"] = d.token_ids
     finish_reason = gen.call.req.finish_reason if d.finished else None
-    return ChatCompletionResponseStreamChoice(delta=DeltaMessage(**delta), finish_reason=finish_reason,
-                                              **extra)
+    return ChatCompletionResponseStreamChoice(
+        delta=DeltaMessage(**delta), finish_reason=finish_reason, **extra
+    )
 
 
-async def _stream(served: Served, body: ChatCompletionRequest, gen: Generation,
-                  head: dict[str, str | int]) -> AsyncIterator[str]:
+async def _stream(
+    served: Served, body: ChatCompletionRequest, gen: Generation, head: dict[str, str | int]
+) -> AsyncIterator[str]:
     """The role chunk, one chunk per engine event, then the usage (include_usage), SGLang's verify
     counts (return_spec_tokens_details) and [DONE]."""
     call = gen.call
