@@ -26,8 +26,8 @@ from eyas.train.checkpoint import save_draft
 K = 3
 PROMPT = "The capital of France is"
 MESSAGES = [{"role": "user", "content": "What is 7 plus 5?"}]
-MAX = 40  # the greedy completion ends (eos) before this
-CHAT_MAX = 64  # the greedy chat reasons, answers and ends (eos) before this
+MAX = 160  # the greedy completion ends (eos) before this (the demo target answers within 160)
+CHAT_MAX = 160  # the greedy chat reasons, answers and ends (eos) before this
 TIMEOUT = 60  # seconds: a request still unanswered by then hangs
 ABSENT = "zebra crossing"
 

@@ -8,7 +8,7 @@ Token ids are what the server returns exactly (`token_ids`); the text is derived
 
 from __future__ import annotations
 
-HARMONY = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>")
+from eyas.data.chat import HARMONY_TOKENS, is_harmony
 
 
 class TextStream:
@@ -53,11 +53,6 @@ class PlainText:
         return "", self.stream.flush()
 
 
-def is_harmony(tokenizer) -> bool:
-    vocab = tokenizer.get_vocab()
-    return all(t in vocab for t in HARMONY[:4])
-
-
 class ChatText:
     """Assistant output -> (reasoning delta, content delta). Harmony targets: header tokens
     (`<|start|>`, role, `<|channel|>NAME<|message|>`) route the message body that follows to
@@ -73,7 +68,7 @@ class ChatText:
         }
         if self.harmony:
             vocab = tokenizer.get_vocab()
-            self.special = {vocab[t]: t for t in HARMONY if t in vocab}
+            self.special = {vocab[t]: t for t in HARMONY_TOKENS if t in vocab}
         self.state, self.channel, self.name = "header", "content", []
         self.all_ids: list[int] = []
         self.routed_any = False
