@@ -36,6 +36,7 @@ from eyas.data.target import (
     tapped,
     text_config,
 )
+from eyas.interrupts import held
 from eyas.io import read_json, write_json
 from eyas.layout import is_done, mark_done, read_done, require_done, stage_dir
 from eyas.recipes.load import check_against_target
@@ -201,7 +202,7 @@ def run_capture(
     new_tokens, fwd_s = _capture_batches(model, layer_ids, lm_head, c, t.model, mine, out, bar)
     bar.close()
     out.rate = new_tokens / fwd_s if fwd_s > 0 else out.rate
-    index = out.save()
+    index = out.commit()  # the last rows, and the index with this run's speed
     if out.label:
         print(f"capture: shard {shard}: {index['num_tokens']} tokens in {len(out.shards)} shards")
     return slices.finish(
@@ -294,10 +295,16 @@ class _Output:
         self.buffer.append(row)
         self.buffered += len(row["input_ids"])
         if self.buffered >= shard_tokens:
-            self.write_buffer()
-            self.save()
+            self.commit()
 
-    def write_buffer(self) -> None:
+    def commit(self) -> dict:
+        """The buffered rows as the next shard and the index listing it, as one step: a SIGINT / SIGTERM
+        that arrives in between is delivered after both, so the complete shard is kept. -> the index."""
+        with held():
+            self._write_buffer()
+            return self.save()
+
+    def _write_buffer(self) -> None:
         if self.buffer:
             path = self.out_dir / shard_name(len(self.shards), self.label)
             self.shards.append(write_shard(path, self.buffer))
@@ -341,7 +348,6 @@ def _capture_batches(
                 out.add(row, c.shard_tokens)
                 new_tokens += L
                 bar.update(L)
-    out.write_buffer()
     return new_tokens, fwd_s
 
 

@@ -18,6 +18,8 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
 
 class Interrupted(BaseException):
     """SIGINT / SIGTERM (a BaseException, like KeyboardInterrupt: `except Exception` does not swallow it)."""
@@ -48,6 +50,25 @@ def signals_raise() -> Iterator[None]:
             signal.signal(signal.SIGTERM, previous)
 
 
+@contextmanager
+def held() -> Iterator[None]:
+    """SIGINT / SIGTERM that arrive inside the block are delivered when it ends, so writes that belong
+    together (a capture shard and the index that lists it) are not cut between them. Main thread only
+    (elsewhere the block runs as it is)."""
+    if not _main_thread():
+        yield
+        return
+    arrived: list[int] = []
+    previous = {s: signal.signal(s, lambda signum, frame: arrived.append(signum)) for s in SIGNALS}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        for s in arrived[:1]:
+            signal.raise_signal(s)  # now, to the handlers that were there before
+
+
 class StopRequest:
     """SIGINT / SIGTERM during training: the first one is noted (`signum`) and the training loop saves its
     state at the end of the step and stops. A second Ctrl-C raises at once (Interrupted); more SIGTERMs are
@@ -73,7 +94,7 @@ class StopRequest:
 
     def __enter__(self) -> StopRequest:
         if _main_thread():
-            for s in (signal.SIGINT, signal.SIGTERM):
+            for s in SIGNALS:
                 self._previous[s] = signal.signal(s, self._handler)
         return self
 

@@ -394,6 +394,19 @@ def test_sigterm_mid_training_resumes_to_the_same_weights(base, tmp_path):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_a_signal_inside_held_is_delivered_when_the_block_ends():
+    """Capture writes a shard and the index that lists it inside `held()`: a SIGINT between the two (the
+    test below signals as soon as a shard file exists) is delivered after both, so the shard is kept."""
+    from eyas.interrupts import held
+
+    before, steps = signal.getsignal(signal.SIGINT), []
+    with pytest.raises(KeyboardInterrupt):
+        with held():
+            signal.raise_signal(signal.SIGINT)
+            steps.append("the rest of the block")
+    assert steps == ["the rest of the block"] and signal.getsignal(signal.SIGINT) is before
+
+
 def test_sigint_mid_capture_keeps_the_complete_shards(base, tmp_path, capsys):
     run = copy_run(base, tmp_path / "RUN", upto="regenerate")
     shards = lambda: sorted((run / "capture").glob("shard-*.safetensors"))  # noqa: E731
