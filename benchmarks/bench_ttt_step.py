@@ -190,15 +190,7 @@ def measure_length(
     try:
         for i in range(warmup + args.repeat):
             t0 = time.perf_counter()
-            with autocast:
-                out = module(*inputs, final=final)
-            out.loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            if dev.type == "cuda":
-                torch.cuda.synchronize()
-            loss = out.loss.item()
-            del out
+            loss = train_step(module, opt, autocast, inputs, final, dev)
             elapsed = time.perf_counter() - t0
             if i < warmup:
                 t_warm += elapsed
@@ -253,6 +245,18 @@ def main() -> None:
         )
 
 
+def train_step(module, opt, autocast, inputs: tuple, final, dev: torch.device) -> float:
+    """One TTT step: forward under `autocast`, backward, optimizer step; synchronized. -> its loss."""
+    with autocast:
+        out = module(*inputs, final=final)
+    out.loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+    return out.loss.item()
+
+
 def profile_step(
     module: TTTModule,
     opt: torch.optim.Optimizer,
@@ -267,13 +271,7 @@ def profile_step(
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
     with profile(activities=acts) as prof:
-        with autocast:
-            out = module(*inputs, final=final)
-        out.loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
+        train_step(module, opt, autocast, inputs, final, dev)
     key = "self_cuda_time_total" if dev.type == "cuda" else "self_cpu_time_total"
     print(prof.key_averages().table(sort_by=key, row_limit=top, max_name_column_width=60), flush=True)
 
