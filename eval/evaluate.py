@@ -118,6 +118,7 @@ def result_entry(
             if res.emitted is not None
             else {
                 "acceptance_length": None,
+                "tokens_per_forward": None,
                 "per_position_acceptance": [],
                 "target_forwards": None,
                 "cut_verifications": None,

@@ -54,13 +54,19 @@ def pct(values: list[float], q: float) -> float | None:
 def acceptance(
     emitted: list[list[int]], accepted: list[list[int]], depth: int, select: list[bool] | None = None
 ) -> dict:
-    """tau, per-position acceptance (positions 1..depth) and counts over the selected prompts."""
+    """tau, per-position acceptance (positions 1..depth) and counts over the selected prompts.
+
+    tau is vLLM's mean acceptance length, 1 + accepted drafts / verifications (the drafts a stop cut
+    off count as accepted, as vLLM's scheduler counts them), so a row of eyas's loop and a row
+    read from vLLM's /metrics mean the same thing; `tokens_per_forward` is what the loop emitted per
+    verification (SGLang's count: tau less the verifications that a stop cut short)."""
     rows = [i for i in range(len(emitted)) if select is None or select[i]]
     e = [x for i in rows for x in emitted[i]]
     a = [x for i in rows for x in accepted[i]]
     forwards = len(e)
     return {
-        "acceptance_length": sum(e) / forwards if forwards else None,
+        "acceptance_length": 1 + sum(a) / forwards if forwards else None,
+        "tokens_per_forward": sum(e) / forwards if forwards else None,
         "per_position_acceptance": [
             sum(x >= s for x in a) / forwards if forwards else 0.0 for s in range(1, depth + 1)
         ],

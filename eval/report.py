@@ -24,7 +24,7 @@ def report_markdown(r: dict) -> str:
         f"{s['temperatures']} (top-p {s['top_p']}, top-k {s['top_k'] or 'off'}); "
         f"concurrency {s['concurrency']}",
         f"- acceptance length τ = **{_f(r['acceptance_length'], 3)}** ({shape_label(r['results'][0])}, "
-        f"{r['num_prompts']} prompts): tokens emitted per target verification, the bonus token included",
+        f"{r['num_prompts']} prompts): vLLM's definition, 1 + accepted drafts / verifications",
         f"- lossless: {lossless} (at temperature 0, every speculative output == the target's plain greedy "
         "output, token for token)",
         f"- target mean next-token entropy on its greedy outputs: {_f(r['target_entropy'], 3)} nats",
@@ -54,18 +54,21 @@ def results_table(results: list[dict]) -> list[str]:
         "Output tokens/s over the whole run holding the concurrency level; TTFT from arrival (queueing "
         "included); ITL between consecutive emissions of a request (a speculative emission holds several "
         "tokens); the baseline is the same engine without a draft at the same concurrency and "
-        "temperature.",
+        "temperature. τ is vLLM's mean acceptance length, 1 + accepted drafts / verifications, for every "
+        "engine; tokens / forward is what was emitted per verification (τ less the verifications a stop "
+        "cut short; the only one SGLang reports).",
         "",
-        "| draft | engine | benchmark | T | C | shape | τ | per-position acceptance | tok/s | baseline tok/s "
-        "| speedup | TTFT p50 ms | ITL p50 / p95 ms | lossless |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| draft | engine | benchmark | T | C | shape | τ | tokens / forward | per-position acceptance "
+        "| tok/s | baseline tok/s | speedup | TTFT p50 ms | ITL p50 / p95 ms | lossless |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for x in results:
         pp = ", ".join(f"{a:.2f}" for a in x["per_position_acceptance"])
         ll = {True: "yes", False: "**no**", None: "—"}[x["lossless"]]
         lines.append(
             f"| {x['draft']} | {x['engine']} | {x['benchmark']} | {x['temperature']:g} | {x['concurrency']} "
-            f"| {shape_label(x)} | {_f(x['acceptance_length'], 3)} | {pp} "
+            f"| {shape_label(x)} | {_f(x['acceptance_length'], 3)} "
+            f"| {_f(x.get('tokens_per_forward'), 3)} | {pp} "
             f"| {_f(x['output_tokens_per_s'], 1)} | {_f(x['baseline_output_tokens_per_s'], 1)} "
             f"| {_f(x['speedup'])}× | {_f(x['ttft_ms_p50'], 1)} "
             f"| {_f(x['itl_ms_p50'], 1)} / {_f(x['itl_ms_p95'], 1)} | {ll} |"

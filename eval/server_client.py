@@ -7,14 +7,14 @@ chat template, as the loop gets them), `stream: true`, `return_token_ids: true` 
 SGLang >= 0.5.17) so the generated ids are compared token for token with the target's greedy
 output, and SGLang's `return_spec_tokens_details: true` (ignored by vLLM).
 
-Acceptance comes from the server's own counters:
+Acceptance comes from the server's own counters, in the two definitions eyas's loop reports:
     vLLM (and eyas serve)  /metrics before and after the run: the deltas of
                            vllm:spec_decode_num_drafts / _num_accepted_tokens / _per_pos; tau =
                            1 + accepted / drafts and position i's rate = per_pos[i] / drafts (vLLM's
-                           own formulas)
-    SGLang                 per request `sglext.spec_tokens_details.spec_verify_ct`: tau =
-                           (completion tokens - 1) / verify count (the first token comes from the
-                           prefill, not from a verification)
+                           own formulas); tokens per forward = (completion tokens - requests) / drafts
+    SGLang                 per request `sglext.spec_tokens_details.spec_verify_ct`: tokens per
+                           forward = (completion tokens - 1) / verify count (the first token comes
+                           from the prefill, not from a verification); tau (vLLM's) is not known
 Latencies are measured by the client from the streamed chunks (TTFT: first chunk with tokens;
 ITL: between chunks), as vLLM's benchmark_serving does.
 """
@@ -154,6 +154,7 @@ def run_server(
             pp = [(after["per_pos"][i] - before.get("per_pos", {}).get(i, 0)) / drafts for i in range(depth)]
             acc = {
                 "acceptance_length": 1 + accepted / drafts,
+                "tokens_per_forward": sum(len(r["tokens"]) - 1 for r in runs if r["tokens"]) / drafts,
                 "per_position_acceptance": pp,
                 "target_forwards": int(drafts),
                 "cut_verifications": None,
@@ -162,7 +163,8 @@ def run_server(
     elif all(r["verify_ct"] for r in runs):
         ct = sum(r["verify_ct"] for r in runs)
         acc = {
-            "acceptance_length": sum(len(r["tokens"]) - 1 for r in runs) / ct,
+            "acceptance_length": None,
+            "tokens_per_forward": sum(len(r["tokens"]) - 1 for r in runs) / ct,
             "per_position_acceptance": [],
             "target_forwards": ct,
             "cut_verifications": None,

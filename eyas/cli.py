@@ -10,6 +10,7 @@
     eyas verify RUN                                      every file of a run against its size and checksum
     eyas demo-target [--cache-dir DIR] [--force]
     eyas recipe-keys [SECTION]                           every recipe key with its default and description
+    eyas install-vllm [--venv DIR]                       vLLM (CPU build) in a venv of its own
     eyas export | import | publish ...                   see `eyas <cmd> --help`
 
 An expected failure prints one line `eyas: error: <what, which file or key, what to do>` and exits 2 (bad

@@ -45,6 +45,7 @@ COMMANDS = {
     "plan": "eyas.plan.command:main_plan",
     "verify": "eyas.integrity:main_verify",
     "recipe-keys": "eyas.recipes.keys:main_recipe_keys",
+    "install-vllm": "eyas.serve.external.vllm_env:main_install_vllm",
 }
 
 

@@ -26,6 +26,19 @@ CHAT_TEMPLATE = (
 )
 
 
+# gpt-oss-120b's RoPE in form (yarn: theta 150000, factor 32 over 4096 positions, beta 32 / 1,
+# truncate false), sized for a 512-position tiny target; vLLM's gpt_oss.py reads every key
+TINY_GPT_OSS_YARN = {
+    "rope_type": "yarn",
+    "rope_theta": 150000.0,
+    "factor": 4.0,
+    "original_max_position_embeddings": 128,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "truncate": False,
+}
+
+
 def make_tokenizer():
     """A word-level fast tokenizer: [UNK], the harmony special tokens, then WORDS."""
     from tokenizers import Tokenizer, models, pre_tokenizers
@@ -67,7 +80,7 @@ def make_tiny_target(path: str | Path, num_layers: int = 4, seed: int = 0) -> Pa
         num_key_value_heads=2,
         sliding_window=8,
         max_position_embeddings=512,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        rope_parameters=dict(TINY_GPT_OSS_YARN),
         initializer_range=0.2,
         tie_word_embeddings=False,
         pad_token_id=tok.pad_token_id,
@@ -77,9 +90,12 @@ def make_tiny_target(path: str | Path, num_layers: int = 4, seed: int = 0) -> Pa
     return save_target(GptOssForCausalLM(cfg).eval(), tok, path)
 
 
-def make_family_target(path: str | Path, family: str, num_layers: int = 4, seed: int = 0) -> Path:
+def make_family_target(
+    path: str | Path, family: str, num_layers: int = 4, seed: int = 0, head_dim: int = 16
+) -> Path:
     """A random tiny target of another family, saved like `make_tiny_target`: llama, mistral, or
-    qwen3 (its small models tie the lm_head to the embedding, as here)."""
+    qwen3 (its small models tie the lm_head to the embedding, as here). vLLM's CPU attention needs
+    head_dim >= 32."""
     from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen3Config
 
     path = Path(path)
@@ -91,7 +107,7 @@ def make_family_target(path: str | Path, family: str, num_layers: int = 4, seed:
         num_hidden_layers=num_layers,
         num_attention_heads=4,
         num_key_value_heads=2,
-        head_dim=16,
+        head_dim=head_dim,
         max_position_embeddings=512,
         initializer_range=0.2,
         pad_token_id=tok.pad_token_id,

@@ -9,11 +9,10 @@ import pytest
 pytestmark = pytest.mark.slow
 
 
-def test_demo_recipe_end_to_end(tmp_path):
+def test_demo_recipe_end_to_end(demo_run):
     from eyas.cli import main
 
-    run = tmp_path / "demo"
-    assert main(["run", "demo", "--out", str(run), "--no-progress"]) == 0
+    run = demo_run
     report = json.loads((run / "report.json").read_text())
     assert report["k"] == 4 and report["num_prompts"] >= 32
     assert report["lossless"] is True

@@ -1,6 +1,7 @@
 """Tiny random gpt-oss targets (transformers' own GptOssForCausalLM) for fast tests."""
 
 import torch
+from data_fixtures import TINY_GPT_OSS_YARN
 from transformers import GptOssConfig, GptOssForCausalLM
 
 
@@ -20,7 +21,7 @@ def tiny_gpt_oss(
         num_key_value_heads=kv,
         sliding_window=window,
         max_position_embeddings=1024,
-        rope_parameters=rope or {"rope_type": "default", "rope_theta": 10000.0},
+        rope_parameters=rope or {**TINY_GPT_OSS_YARN, "factor": 8.0},  # 8 * 128 = 1024 positions
         pad_token_id=0,
         eos_token_id=1,
         bos_token_id=None,

@@ -21,6 +21,7 @@ import shutil
 import time
 from pathlib import Path
 
+import torch
 from transformers import GenerationConfig
 
 from eyas.demo_target.corpus import generate_conversations, write_prompts
@@ -30,7 +31,7 @@ from eyas.demo_target.tokenizer import build_tokenizer, corpus_texts
 from eyas.demo_target.training import encode, make_batches, train
 from eyas.io import write_json
 
-VERSION = 1  # bump with any change that alters what a build produces (and the cache dir name)
+VERSION = 2  # bump with any change that alters what a build produces (and the cache dir name)
 CACHE_NAME = f"demo-target-v{VERSION}"
 MARKER = "eyas_demo_target.json"
 
@@ -41,10 +42,14 @@ TOKENIZER_CONVERSATIONS = 4000
 NUM_PROMPTS = 1500
 EVAL_PROMPTS = 64
 EVAL_MAX_NEW_TOKENS = 160
+# float sums depend on the thread count, so the build runs on a fixed number of threads: the same
+# target on every machine (with at least this many cores) and from any caller (a test that pins
+# torch to one thread included)
+BUILD_THREADS = 2
 
 
 def default_cache_dir() -> Path:
-    """`$EYAS_CACHE/demo-target-v1`, else `~/.cache/eyas/demo-target-v1`."""
+    """`$EYAS_CACHE/demo-target-vN`, else `~/.cache/eyas/demo-target-vN` (N = VERSION)."""
     root = os.environ.get("EYAS_CACHE")
     return (Path(root) if root else Path.home() / ".cache" / "eyas") / CACHE_NAME
 
@@ -57,6 +62,7 @@ def _build_params(seed: int, steps: int) -> dict:
         "batch_size": BATCH_SIZE,
         "lr": LR,
         "architecture": ARCHITECTURE,
+        "threads": BUILD_THREADS,
     }
 
 
@@ -71,14 +77,23 @@ def _complete_build(path: Path, params: dict) -> bool:
 def build_demo_target(
     out_dir: str | Path, seed: int = 0, steps: int = TRAIN_STEPS, progress: bool = True
 ) -> dict:
-    """Build the demo target into `out_dir` (created; the marker file written last). -> the marker's contents.
+    """Build the demo target into `out_dir` (created; the marker file written last), on
+    BUILD_THREADS threads. -> the marker's contents.
 
     The training conversations come from corpus seed 2*seed, the held-out prompts (and the
     quality measurement's references) from 2*seed + 1."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(BUILD_THREADS)
+    try:
+        return _build(Path(out_dir), seed, steps, progress)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _build(out_dir: Path, seed: int, steps: int, progress: bool) -> dict:
     if steps < 1:
         raise ValueError(f"steps={steps}: the demo target needs at least one training step")
     t0 = time.time()
-    out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     train_seed, prompt_seed = 2 * seed, 2 * seed + 1
     records = generate_conversations(max(TOKENIZER_CONVERSATIONS, steps * BATCH_SIZE), train_seed)

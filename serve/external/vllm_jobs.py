@@ -1,0 +1,59 @@
+"""Run vllm_offline.py under vLLM's own Python: one target, several speculative configurations,
+the same prompts, one process (see vllm_offline.py for the job and result layout)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+from eyas.errors import RunError
+
+from .vllm_env import require_vllm
+
+SCRIPT = Path(__file__).with_name("vllm_offline.py")
+
+
+def run_offline(
+    target: str | Path,
+    runs: list[dict],
+    prompts: list[list[int]],
+    sampling: dict,
+    dtype: str = "float32",
+    max_model_len: int | None = None,
+    log_path: str | Path | None = None,
+    timeout_s: float = 1800,
+) -> dict[str, dict]:
+    """`runs`: [{"name", "speculative_config": dict or None}]. -> {name: result} (vllm_offline.py),
+    a refused configuration as {"error": vLLM's message}."""
+    python = require_vllm("running vLLM offline")
+    job = {
+        "target": str(target),
+        "dtype": dtype,
+        "max_model_len": max_model_len,
+        "prompts": prompts,
+        "sampling": sampling,
+        "runs": runs,
+    }
+    with tempfile.TemporaryDirectory(prefix="eyas-vllm-") as tmp:
+        job_path, out_path = Path(tmp) / "job.json", Path(tmp) / "out.jsonl"
+        job_path.write_text(json.dumps(job))
+        log = Path(log_path) if log_path else Path(tmp) / "vllm.log"
+        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+        with open(log, "wb") as f:
+            proc = subprocess.run(
+                [python, str(SCRIPT), str(job_path), str(out_path)],
+                stdout=f,
+                stderr=subprocess.STDOUT,
+                env=env,
+                timeout=timeout_s,
+            )
+        results = (
+            [json.loads(line) for line in out_path.read_text().splitlines()] if out_path.exists() else []
+        )
+        if proc.returncode != 0 or len(results) != len(runs):
+            tail = log.read_text(errors="replace")[-3000:]
+            raise RunError(f"vLLM offline job on {target} failed (exit {proc.returncode}):\n{tail}")
+    return {r["name"]: r for r in results}

