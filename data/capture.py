@@ -31,8 +31,11 @@ from eyas.data.target import (
     LAYER_ID_CONVENTION,
     StopForward,
     input_device,
+    load_final_norm,
     load_head_weights,
     load_recipe_target,
+    load_target_config,
+    resolve_path,
     tapped,
     text_config,
 )
@@ -107,7 +110,13 @@ def verify_final(
 
 
 # header keys added after the first captures, with the value an index without them means
-LATER_KEYS = {"aux_format": "same", "teacher": "final", "teacher_topk": None, "mode": "offline"}
+LATER_KEYS = {
+    "aux_format": "same",
+    "teacher": "final",
+    "teacher_topk": None,
+    "mode": "offline",
+    "backend": "hf",
+}
 
 
 def _check_resumable(index: dict, expected: dict, out_dir: Path) -> None:
@@ -181,7 +190,10 @@ def run_capture(
     )
     if c.mode == "online" and shard.index > 0:  # nothing to share out: shard 0 checks the target
         return slices.wait_or_leave("shard 0 checks the target and writes the online index")
-    model, layer_ids, header, lm_head = _load_target(recipe, t)
+    if c.backend == "vllm":
+        model, layer_ids, header, lm_head = None, *_vllm_target(recipe, t)
+    else:
+        model, layer_ids, header, lm_head = _load_target(recipe, t)
     seqs = read_sequences(run_dir)
     order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]["input_ids"]))  # stable: fixed across runs
     if c.mode == "online":
@@ -199,7 +211,11 @@ def run_capture(
         unit_scale=True,
         disable=not progress,
     )
-    new_tokens, fwd_s = _capture_batches(model, layer_ids, lm_head, c, t.model, mine, out, bar)
+    if c.backend == "vllm":
+        log = stage_dir(run_dir, STAGE) / f"vllm{'-' + out.label if out.label else ''}.log"
+        new_tokens, fwd_s = _capture_batches_vllm(t, layer_ids, lm_head, c, mine, out, bar, log)
+    else:
+        new_tokens, fwd_s = _capture_batches(model, layer_ids, lm_head, c, t.model, mine, out, bar)
     bar.close()
     out.rate = new_tokens / fwd_s if fwd_s > 0 else out.rate
     index = out.commit()  # the last rows, and the index with this run's speed
@@ -215,10 +231,34 @@ def _load_target(recipe: Recipe, t: TargetSection) -> tuple:
     """The target of `t` (the recipe's target section for this rank), checked against the recipe.
 
     -> model, aux layer ids, the index header, the lm_head weight (V, H) for the top-k teacher."""
-    c = recipe.capture
     model, _ = load_recipe_target(t)
     cfg = text_config(model.config)
     layer_ids = check_against_target(recipe, cfg.num_hidden_layers, cfg.vocab_size)
+    header = _header(recipe.capture, t, cfg, layer_ids)
+    lm_head = model.get_output_embeddings().weight  # (V, H): the top-k teacher's logits
+    if recipe.capture.teacher == "topk" and lm_head.device.type == "meta":  # offloaded: read from disk
+        lm_head = load_head_weights(t.model, t.trust_remote_code)["lm_head"]
+    return model, layer_ids, header, lm_head
+
+
+def _vllm_target(recipe: Recipe, t: TargetSection) -> tuple:
+    """What `capture.backend: vllm` needs of the target without loading it here (vLLM does):
+    its config, checked against the recipe. -> aux layer ids, the index header, the lm_head weight."""
+    from eyas.serve.external.vllm_env import require_vllm
+
+    require_vllm("capture.backend: vllm")  # before anything is written
+    cfg = text_config(load_target_config(t.model, t.trust_remote_code))
+    layer_ids = check_against_target(recipe, cfg.num_hidden_layers, cfg.vocab_size)
+    lm_head = (
+        load_head_weights(t.model, t.trust_remote_code)["lm_head"]
+        if recipe.capture.teacher == "topk"
+        else None
+    )
+    return layer_ids, _header(recipe.capture, t, cfg, layer_ids), lm_head
+
+
+def _header(c: CaptureSection, t: TargetSection, cfg, layer_ids: list[int]) -> dict:
+    """The index header: what every shard of this capture holds (a resumed capture must match it)."""
     header = {
         "target": t.model,
         "aux_layer_ids": layer_ids,
@@ -229,12 +269,10 @@ def _load_target(recipe: Recipe, t: TargetSection) -> tuple:
         "teacher": c.teacher,
         "teacher_topk": c.teacher_topk if c.teacher == "topk" else None,
         "mode": c.mode,
+        "backend": c.backend,
     }
     check_block_width(c.aux_format, cfg.hidden_size)
-    lm_head = model.get_output_embeddings().weight  # (V, H): the top-k teacher's logits
-    if c.teacher == "topk" and lm_head.device.type == "meta":  # offloaded by the device_map: read from disk
-        lm_head = load_head_weights(t.model, t.trust_remote_code)["lm_head"]
-    return model, layer_ids, header, lm_head
+    return header
 
 
 class _Output:
@@ -339,16 +377,51 @@ def _capture_batches(
             del logits
             stored = stored_form(aux, final, c, len(layer_ids), lm_head)  # (B, T, ...)
             fwd_s += time.time() - tf
-            for b, s in enumerate(batch):
-                if j * c.batch_size + b < done:  # already in a shard (resumed mid-batch)
-                    continue
-                L = len(s["input_ids"])
-                row = {n: x[b, :L] for n, x in stored.items()}
-                row.update(input_ids=torch.tensor(s["input_ids"]), loss_mask=torch.tensor(loss_mask(s)))
-                out.add(row, c.shard_tokens)
-                new_tokens += L
-                bar.update(L)
+            new_tokens += _add_batch(out, batch, j * c.batch_size, done, [stored] * len(batch), c, bar)
     return new_tokens, fwd_s
+
+
+def _capture_batches_vllm(
+    t: TargetSection, layer_ids, lm_head, c: CaptureSection, batches: list[list[dict]], out: _Output, bar, log
+) -> tuple[int, float]:
+    """As _capture_batches, the states coming from vLLM's forward (data/capture_vllm.py)."""
+    from eyas.data.capture_vllm import VllmCapture, split_states, vllm_layer_ids
+
+    cfg = text_config(load_target_config(t.model, t.trust_remote_code))
+    ids, aux_at, final_at = vllm_layer_ids(layer_ids, cfg.num_hidden_layers)
+    norm = load_final_norm(t.model, t.trust_remote_code)
+    done, new_tokens, fwd_s = out.num_sequences, 0, 0.0
+    with VllmCapture(resolve_path(t.model), ids, t.dtype, log) as vllm:
+        for j in range(done // c.batch_size, len(batches)):
+            batch = batches[j]
+            tf = time.time()
+            states = vllm.capture([s["input_ids"] for s in batch])
+            stored = [
+                stored_form(*split_states(x, aux_at, final_at, norm), c, len(layer_ids), lm_head)
+                for x in states
+            ]
+            fwd_s += time.time() - tf
+            new_tokens += _add_batch(out, batch, j * c.batch_size, done, stored, c, bar, per_row=True)
+    return new_tokens, fwd_s
+
+
+def _add_batch(
+    out: _Output, batch, first: int, done: int, stored, c: CaptureSection, bar, per_row=False
+) -> int:
+    """The batch's rows not yet in a shard (sequence `first` + b >= `done`) into `out`. `stored`: per row
+    its stored form, (B, T, ...) of the whole batch, or (1, T, ...) of the row alone (per_row).
+    -> tokens added."""
+    added = 0
+    for b, s in enumerate(batch):
+        if first + b < done:  # already in a shard (resumed mid-batch)
+            continue
+        L = len(s["input_ids"])
+        row = {n: x[0 if per_row else b, :L] for n, x in stored[b].items()}
+        row.update(input_ids=torch.tensor(s["input_ids"]), loss_mask=torch.tensor(loss_mask(s)))
+        out.add(row, c.shard_tokens)
+        added += L
+        bar.update(L)
+    return added
 
 
 def stored_form(

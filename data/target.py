@@ -354,6 +354,34 @@ def load_head_weights(name: str, trust_remote_code: bool = False) -> dict[str, t
     Parameter names come from the model class built on the meta device, so this works for
     any architecture, tied embeddings included. -> {"embed": (V, H), "lm_head": (V, H)}.
     """
+    meta, weight_map, read = _checkpoint(name, trust_remote_code)
+    # the modules' own names: a tied lm_head shares its Parameter with the embedding, not its module
+    modules = {id(m): n for n, m in meta.named_modules()}
+    emb, out = meta.get_input_embeddings(), meta.get_output_embeddings()
+    emb_name, out_name = modules[id(emb)] + ".weight", modules[id(out)] + ".weight"
+    tied = out.weight is emb.weight
+    embed = read(emb_name)
+    lm_head = embed if (tied or out_name not in weight_map) else read(out_name)
+    return {"embed": embed, "lm_head": lm_head}
+
+
+def load_final_norm(name: str, trust_remote_code: bool = False) -> nn.Module:
+    """The target's final norm (the module between the last decoder layer and the lm_head), as the
+    model class defines it, with its weights read from the checkpoint alone (float32, CPU, eval)."""
+    meta, _, read = _checkpoint(name, trust_remote_code)
+    norm = getattr(meta.base_model, "norm", None)
+    if not isinstance(norm, nn.Module):
+        raise ValueError(f"{name}: no final norm at base_model.norm in {type(meta).__name__}")
+    prefix = {id(m): n for n, m in meta.named_modules()}[id(norm)]
+    norm = norm.to_empty(device="cpu").float().eval()
+    with torch.no_grad():
+        for n, p in norm.named_parameters():
+            p.copy_(read(f"{prefix}.{n}").float())
+    return norm
+
+
+def _checkpoint(name: str, trust_remote_code: bool):
+    """-> (the model class built on the meta device, {tensor name: file}, read(tensor name))."""
     from safetensors import safe_open
     from transformers import AutoModelForCausalLM
 
@@ -366,11 +394,6 @@ def load_head_weights(name: str, trust_remote_code: bool = False) -> dict[str, t
     cfg = load_target_config(str(path), trust_remote_code)
     with torch.device("meta"):
         meta = AutoModelForCausalLM.from_config(cfg, trust_remote_code=trust_remote_code)
-    # the modules' own names: a tied lm_head shares its Parameter with the embedding, not its module
-    modules = {id(m): n for n, m in meta.named_modules()}
-    emb, out = meta.get_input_embeddings(), meta.get_output_embeddings()
-    emb_name, out_name = modules[id(emb)] + ".weight", modules[id(out)] + ".weight"
-    tied = out.weight is emb.weight
     index = path / "model.safetensors.index.json"
     if index.is_file():
         weight_map = json.loads(index.read_text())["weight_map"]
@@ -387,6 +410,4 @@ def load_head_weights(name: str, trust_remote_code: bool = False) -> dict[str, t
         with safe_open(path / weight_map[n], "pt") as sf:
             return sf.get_tensor(n)
 
-    embed = read(emb_name)
-    lm_head = embed if (tied or out_name not in weight_map) else read(out_name)
-    return {"embed": embed, "lm_head": lm_head}
+    return meta, weight_map, read

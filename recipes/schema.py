@@ -145,6 +145,9 @@ class CaptureSection(Section):
     aux_layer_ids: list[int] | None = Field(None, description="vLLM layer ids; null: [2, N//2, N-3]")
     dtype: Dtype = Field("bfloat16", description="what the shards store")
     mode: Literal["offline", "online"] = Field("offline", description="shards on disk, or target in training")
+    backend: Literal["hf", "vllm"] = Field(
+        "hf", description="whose forward: transformers', or vLLM's (extract_hidden_states; eyas install-vllm)"
+    )
     aux_format: AuxFormat = Field("same", description="aux states stored as capture.dtype (same), or compact")
     teacher: Literal["final", "topk"] = Field("final", description="target's final state, or top-k logprobs")
     teacher_topk: int = Field(32, ge=1, description="k for teacher: topk")
@@ -162,6 +165,8 @@ class CaptureSection(Section):
         why = "online stores nothing: leave capture.aux_format (same) and capture.teacher (final) at their "
         why += "defaults"
         check(self.mode == "offline" or not stores, "capture.mode", why)
+        online = "online runs the target inside training (transformers); set capture.backend: hf"
+        check(self.mode == "offline" or self.backend == "hf", "capture.backend", online)
         return self
 
 

@@ -12,11 +12,11 @@ import pytest  # noqa: E402
 def vllm_python():
     """The Python that runs vLLM (`eyas install-vllm`; EYAS_VLLM_PYTHON). Absent: the test is skipped
     with the reason, except where EYAS_REQUIRE_VLLM=1 (CI, which installs it): there it fails."""
-    from eyas.serve.external.vllm_env import INSTALL_HINT, find_vllm_python
+    from eyas.serve.external.vllm_env import find_vllm_python, install_hint
 
     python = find_vllm_python()
     if python is None:
-        why = f"vLLM is not installed: {INSTALL_HINT}"
+        why = f"vLLM is not installed: {install_hint()}"
         if os.environ.get("EYAS_REQUIRE_VLLM") == "1":
             pytest.fail(f"EYAS_REQUIRE_VLLM=1 but {why}")
         pytest.skip(why)

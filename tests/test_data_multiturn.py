@@ -262,6 +262,11 @@ def test_plan_counts_turns_without_the_targets_tokenizer(demo, tmp_path, files):
     assert f"mean first-turn prompt {a.mean_prompt_tokens:.0f} tokens" in text
 
 
+# room for every answer to end with the longer system messages (64 left one turn unanswered with
+# the demo target v2)
+EFFORT_MAX_NEW = 128
+
+
 def test_plan_renders_each_prompt_with_its_reasoning_effort(demo, tmp_path):
     """A template that puts the reasoning effort into the system message (as gpt-oss's does), here as one,
     two or five words so the effort changes the length: the plan renders each conversation's turns with the
@@ -291,7 +296,7 @@ def test_plan_renders_each_prompt_with_its_reasoning_effort(demo, tmp_path):
         demo,
         "effort",
         f"target.model={target}",
-        "data.max_new_tokens=64",
+        f"data.max_new_tokens={EFFORT_MAX_NEW}",
         "data.reasoning_effort={low: 1, medium: 1, high: 1}",
     )
     _, _, model, tok = demo
@@ -310,7 +315,7 @@ def test_plan_renders_each_prompt_with_its_reasoning_effort(demo, tmp_path):
     only = tmp_path / "prompts-only"
     shutil.copytree(run / "prompts", only / "prompts")
     a = Assumptions()
-    kept = [a.kept_answer_fraction_harmony * a.new_token_fraction * 64] * TURNS
+    kept = [a.kept_answer_fraction_harmony * a.new_token_fraction * EFFORT_MAX_NEW] * TURNS
     mean = {
         e: sum(
             sum(turn_prompt_lengths(tok, *convs[cid], kept, 10**9, **effort_kwargs(e or efforts[cid])))
@@ -328,11 +333,13 @@ def test_plan_renders_each_prompt_with_its_reasoning_effort(demo, tmp_path):
             + [
                 f"data.prompts={prompts}",
                 f"target.model={target}",
-                "data.max_new_tokens=64",
+                f"data.max_new_tokens={EFFORT_MAX_NEW}",
                 "data.reasoning_effort={low: 1, medium: 1, high: 1}",
             ],
         ),
         "1xH100",
         run_dir=only,
     )
-    assert p.turns.rendered == 6 and p.mean_tokens == pytest.approx(mean[None] + a.new_token_fraction * 64)
+    assert p.turns.rendered == 6 and p.mean_tokens == pytest.approx(
+        mean[None] + a.new_token_fraction * EFFORT_MAX_NEW
+    )

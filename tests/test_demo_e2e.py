@@ -6,7 +6,8 @@ import os
 
 import pytest
 
-pytestmark = pytest.mark.slow
+# the demo run is a session fixture: every test that uses it runs on one xdist worker (--dist loadgroup)
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("demo-run")]
 
 
 def test_demo_recipe_end_to_end(demo_run):

@@ -193,6 +193,17 @@ def not_a_checkpoint(base, tmp_path, capsys, monkeypatch):
     return status, error_line(capsys)
 
 
+def vllm_missing(base, tmp_path, capsys, monkeypatch):
+    """capture.backend: vllm where no Python with vLLM is found (no EYAS_VLLM_PYTHON, no venv)."""
+    from eyas.serve.external import vllm_env
+
+    monkeypatch.delenv("EYAS_VLLM_PYTHON", raising=False)
+    monkeypatch.setattr(vllm_env, "DEFAULT_VENV", tmp_path / "no-venv")
+    run = copy_run(base, tmp_path / "RUN", upto="regenerate")
+    status = main(["capture", str(run), "--no-progress", "capture.backend=vllm"])
+    return status, error_line(capsys).replace(str(tmp_path / "no-venv"), "REPO/.venv-vllm")
+
+
 SCENARIOS = [
     unknown_key,
     model_missing,
@@ -206,6 +217,7 @@ SCENARIOS = [
     no_token,
     engine_refusal,
     not_a_checkpoint,
+    vllm_missing,
 ]
 
 

@@ -91,16 +91,17 @@ def events(r: httpx.Response) -> list[dict]:
 
 def stop_case(text: str, case: str) -> tuple[str | list[str], str, str | None]:
     """For a greedy `text`: the request's `stop` for `case`, the text cut at it, and the stop_reason.
-    early: a string a quarter in; pair: [a string near the end, the early one] (the later-listed one
-    occurs first); absent: a string not in the text (it runs to its end)."""
+    early: a string a quarter in; pair: [the last 3 characters that first occur after the early string,
+    the early one] (the later-listed one occurs first); absent: a string not in the text (it runs to
+    its end)."""
     early = text[len(text) // 4 : len(text) // 4 + 3]
     cut = text[: text.find(early)]
     assert cut, text
     if case == "early":
         return early, cut, early
     if case == "pair":
-        later = text[-3:]
-        assert text.find(later) > text.find(early), text
+        ends = (text[i - 3 : i] for i in range(len(text), 3, -1))
+        later = next(x for x in ends if text.find(x) > text.find(early))
         return [later, early], cut, early
     assert ABSENT not in text
     return ABSENT, text, None

@@ -34,6 +34,7 @@ from eyas.serve.interchange.export import ExportError, export
 from eyas.train.checkpoint import load_draft, save_draft
 
 K = 3
+pytestmark = pytest.mark.xdist_group("demo-run")  # the session's one demo run (conftest.demo_run)
 SAMPLING = {"temperature": 0.0, "max_tokens": 48}
 
 
@@ -78,7 +79,7 @@ def check_side_by_side(target, model, prompts, exports, tmp_path, refused=None):
     """`refused`: (export dir, the words vLLM must stop with) or None."""
     runs = {"no draft": None, **exports, **({"refused": refused[0]} if refused else {})}
     got = vllm_runs(target, runs, prompts, SAMPLING, K, log_path=tmp_path / "vllm.log")
-    plain = eyas_loop(model, None, prompts, SAMPLING, K)["outputs"]
+    plain = eyas_loop(model, None, prompts, SAMPLING, K, concurrency=len(prompts))["outputs"]
     assert "error" not in got["no draft"], f"vLLM refused the target: {got['no draft']['error']}"
     assert got["no draft"]["outputs"] == plain, "vLLM's plain greedy outputs differ from the target's"
     if refused:
@@ -86,7 +87,7 @@ def check_side_by_side(target, model, prompts, exports, tmp_path, refused=None):
     table = {}
     for name, path in exports.items():
         assert "error" not in got[name], f"vLLM refused the {name} export: {got[name].get('error')}"
-        ours = eyas_loop(model, path, prompts, SAMPLING, K)
+        ours = eyas_loop(model, path, prompts, SAMPLING, K, concurrency=len(prompts))
         assert got[name]["outputs"] == plain, f"{name}: vLLM's speculative outputs differ from plain greedy"
         assert ours["outputs"] == plain, f"{name}: eyas's speculative outputs differ from plain greedy"
         same_counters(name, got[name]["counters"], ours["counters"])
@@ -124,7 +125,7 @@ def test_every_vllm_export_of_a_random_draft_runs_in_vllm_as_in_eyas(vllm_python
 
     target = make_family_target(tmp_path / "target", family, num_layers=4, head_dim=32)
     model, tok = load_target(str(target), dtype="float32", device="cpu")
-    records = [json.loads(line) for line in write_prompts(tmp_path / "p.jsonl", 16).read_text().splitlines()]
+    records = [json.loads(line) for line in write_prompts(tmp_path / "p.jsonl", 12).read_text().splitlines()]
     prompts = [render_prompt(tok, r["messages"][:1]) for r in records]
     draft = draft_for(model, 0, aux_ids=[1, 2, 3])
     drafts = variants(draft, 4, aux_sample(model, prompts, [1, 2, 3]))

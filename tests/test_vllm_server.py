@@ -24,6 +24,7 @@ from eyas.serve.external.vllm_server import VllmServer
 from eyas.serve.interchange.export import export
 
 K = 3
+pytestmark = pytest.mark.xdist_group("demo-run")  # the session's one demo run (conftest.demo_run)
 BASE = [
     "target.dtype=float32",
     "target.device=cpu",
@@ -62,7 +63,7 @@ def test_eval_server_rows_equal_eyas_rows(vllm_demo, tmp_path):
     server, demo_run = vllm_demo
     run = tmp_path / "run"
     shutil.copytree(demo_run, run, ignore=shutil.ignore_patterns("capture", "regenerate"))
-    recipe = load_recipe(str(run / RECIPE))
+    recipe = load_recipe(str(run / RECIPE), ["eval.num_prompts=12"])
     report = run_eval(recipe, run, ks=[K], concurrency=[1], servers=[("vllm", server.url)], progress=False)
     rows = {r["engine"]: r for r in report["results"] if r.get("k") == K}
     ours, theirs = rows["eyas"], rows["vllm"]

