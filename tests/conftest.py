@@ -14,6 +14,7 @@ def vllm_python():
     with the reason, except where EYAS_REQUIRE_VLLM=1 (CI, which installs it): there it fails."""
     from eyas.serve.external.vllm_env import find_vllm_python, install_hint
 
+    _wait_for_install(os.environ.get("EYAS_VLLM_INSTALL_DONE"))
     python = find_vllm_python()
     if python is None:
         why = f"vLLM is not installed: {install_hint()}"
@@ -21,6 +22,23 @@ def vllm_python():
             pytest.fail(f"EYAS_REQUIRE_VLLM=1 but {why}")
         pytest.skip(why)
     return python
+
+
+def _wait_for_install(done: str | None, timeout_s: float = 1800) -> None:
+    """.ci/run installs vLLM while the first tests run and writes the install's exit status to `done`."""
+    import time
+
+    if not done:
+        return
+    deadline = time.monotonic() + timeout_s
+    while not os.path.exists(done) or not open(done).read().strip():
+        if time.monotonic() > deadline:
+            pytest.fail(f"the vLLM install did not finish within {timeout_s:.0f} s ({done})")
+        time.sleep(2)
+    status = open(done).read().strip()
+    if status != "0":
+        log = Path(done).with_suffix(".log")
+        pytest.fail(f"`eyas install-vllm` failed (exit {status}); its log: {log}")
 
 
 @pytest.fixture(scope="session")

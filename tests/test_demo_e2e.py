@@ -6,8 +6,7 @@ import os
 
 import pytest
 
-# the demo run is a session fixture: every test that uses it runs on one xdist worker (--dist loadgroup)
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("demo-run")]
+pytestmark = pytest.mark.slow
 
 
 def test_demo_recipe_end_to_end(demo_run):

@@ -34,7 +34,6 @@ from eyas.serve.interchange.export import ExportError, export
 from eyas.train.checkpoint import load_draft, save_draft
 
 K = 3
-pytestmark = pytest.mark.xdist_group("demo-run")  # the session's one demo run (conftest.demo_run)
 SAMPLING = {"temperature": 0.0, "max_tokens": 48}
 
 

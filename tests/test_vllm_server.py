@@ -24,7 +24,6 @@ from eyas.serve.external.vllm_server import VllmServer
 from eyas.serve.interchange.export import export
 
 K = 3
-pytestmark = pytest.mark.xdist_group("demo-run")  # the session's one demo run (conftest.demo_run)
 BASE = [
     "target.dtype=float32",
     "target.device=cpu",

@@ -171,13 +171,16 @@ def ensure_demo_target(
     if not force and _complete_build(cache_dir, params):
         return cache_dir
     cache_dir.parent.mkdir(parents=True, exist_ok=True)
-    # one build at a time per cache dir: a second process (a test worker, another rank) waits for the
-    # first and then finds its build complete
-    with open(cache_dir.parent / f".{cache_dir.name}.lock", "w") as lock:
+    # one build at a time under a cache root (a lock on the directory itself: no file left behind): a
+    # second process (another test process, another rank) waits for the first and finds its build
+    lock = os.open(cache_dir.parent, os.O_RDONLY)
+    try:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not force and _complete_build(cache_dir, params):
             return cache_dir
         return _build_into(cache_dir, params, seed, force, progress)
+    finally:
+        os.close(lock)  # releases the lock
 
 
 def _build_into(cache_dir: Path, params: dict, seed: int, force: bool, progress: bool) -> Path:
