@@ -28,8 +28,9 @@ import torch
 from eyas.data.chat import render_prompt
 from eyas.data.target import load_recipe_target, resolve_path
 from eyas.eval.benchmarks import held_out
+from eyas.eval.load import rates
 from eyas.eval.server_client import run_server
-from eyas.eval.side_by_side import eyas_loop, rates
+from eyas.eval.side_by_side import eyas_loop
 from eyas.layout import RECIPE
 from eyas.recipes.load import load_recipe
 from eyas.serve.decoding.sampling import SamplingParams
@@ -37,8 +38,8 @@ from eyas.serve.external.vllm_server import VllmServer
 from eyas.serve.interchange.export import export
 
 
-def loop_row(model, draft_dir, prompts, sampling: dict, k: int, c: int) -> dict:
-    res = eyas_loop(model, draft_dir, prompts, sampling, k, concurrency=c)
+def loop_row(model, tok, draft_dir, prompts, sampling: dict, k: int, c: int) -> dict:
+    res = eyas_loop(model, tok, draft_dir, prompts, sampling, k, concurrency=c)
     r = rates(res["counters"])
     tokens = sum(len(o) for o in res["outputs"])
     return {**r, "tok_s": tokens / res["wall_s"]}
@@ -115,7 +116,7 @@ def main(argv=None) -> int:
             sampling = {"temperature": t, "max_tokens": a.max_tokens, "seed": 0}
             for c in a.concurrency:
                 for name, row in (
-                    ("eyas", lambda: loop_row(model, draft, prompts, sampling, a.k, c)),
+                    ("eyas", lambda: loop_row(model, tok, draft, prompts, sampling, a.k, c)),
                     ("vLLM", lambda: vllm_row(server.url, prompts, sampling, c)),
                 ):
                     t0 = time.time()

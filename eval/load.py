@@ -51,6 +51,30 @@ def pct(values: list[float], q: float) -> float | None:
     return float(np.percentile(values, q)) * 1000 if values else None  # seconds -> ms
 
 
+def counters_from_loop(emitted: list[list[int]], accepted: list[list[int]], k: int) -> dict:
+    """eyas's per-verification counts -> vLLM's counters (eval/side_by_side.py)."""
+    a = [x for row in accepted for x in row]
+    return {
+        "drafts": len(a),
+        "draft_tokens": k * len(a),
+        "accepted": sum(a),
+        "per_pos": [sum(x > i for x in a) for i in range(k)],
+        "emitted": sum(x for row in emitted for x in row),
+    }
+
+
+def rates(c: dict) -> dict:
+    """Counters -> tau (vLLM's definition), per-position acceptance, and tokens per forward when known."""
+    d = c["drafts"]
+    out = {
+        "tau": 1 + c["accepted"] / d if d else None,
+        "per_position_acceptance": [n / d if d else 0.0 for n in c["per_pos"]],
+    }
+    if "emitted" in c:
+        out["tokens_per_forward"] = c["emitted"] / d if d else None
+    return out
+
+
 def acceptance(
     emitted: list[list[int]], accepted: list[list[int]], depth: int, select: list[bool] | None = None
 ) -> dict:
@@ -61,17 +85,14 @@ def acceptance(
     read from vLLM's /metrics mean the same thing; `tokens_per_forward` is what the loop emitted per
     verification (SGLang's count: tau less the verifications that a stop cut short)."""
     rows = [i for i in range(len(emitted)) if select is None or select[i]]
-    e = [x for i in rows for x in emitted[i]]
-    a = [x for i in rows for x in accepted[i]]
-    forwards = len(e)
+    e, a = [emitted[i] for i in rows], [accepted[i] for i in rows]
+    r = rates(counters_from_loop(e, a, depth))
     return {
-        "acceptance_length": 1 + sum(a) / forwards if forwards else None,
-        "tokens_per_forward": sum(e) / forwards if forwards else None,
-        "per_position_acceptance": [
-            sum(x >= s for x in a) / forwards if forwards else 0.0 for s in range(1, depth + 1)
-        ],
-        "target_forwards": forwards,
-        "cut_verifications": sum(x == y for x, y in zip(e, a)),  # emitted only accepted drafts (cut early)
+        "acceptance_length": r["tau"],
+        "tokens_per_forward": r["tokens_per_forward"],
+        "per_position_acceptance": r["per_position_acceptance"],
+        "target_forwards": sum(map(len, a)),
+        "cut_verifications": sum(x == y for ei, ai in zip(e, a) for x, y in zip(ei, ai)),  # cut early
         "num_prompts": len(rows),
     }
 

@@ -10,9 +10,10 @@ Both sides are reduced to vLLM's spec-decode counters (vllm/v1/spec_decode/metri
     tau = 1 + accepted / drafts          (vLLM's "mean acceptance length", every engine's row)
     acceptance at position i = per_pos[i] / drafts
 
-eyas's loop counts accepted drafts before a stop (eos, max_tokens) cuts a verification short,
-as vLLM's scheduler does, so the two sides count the same events. The loop also knows what it
-emitted: `tokens_per_forward` (emitted / drafts) is tau less the verifications cut short.
+The reduction (`counters_from_loop`) and the rates live in eval/load.py, where the eval report takes
+them too. eyas's loop counts accepted drafts before a stop (eos, max_tokens) cuts a verification
+short, as vLLM's scheduler does, so the two sides count the same events. The loop also knows what
+it emitted: `tokens_per_forward` (emitted / drafts) is tau less the verifications cut short.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from pathlib import Path
 
 import torch
 
-from eyas.eval.load import run_engine
+from eyas.data.chat import eos_token_ids
+from eyas.eval.load import counters_from_loop, run_engine
 from eyas.serve.decoding.engine import Engine
 from eyas.serve.decoding.sampling import SamplingParams
 from eyas.serve.decoding.tree import TreeShape
@@ -31,39 +33,17 @@ from eyas.serve.external.vllm_server import speculative_config
 from eyas.serve.interchange.importer import load_published
 
 
-def counters_from_loop(emitted: list[list[int]], accepted: list[list[int]], k: int) -> dict:
-    """eyas's per-verification counts -> vLLM's counters (module docstring)."""
-    a = [x for row in accepted for x in row]
-    return {
-        "drafts": len(a),
-        "draft_tokens": k * len(a),
-        "accepted": sum(a),
-        "per_pos": [sum(x > i for x in a) for i in range(k)],
-        "emitted": sum(x for row in emitted for x in row),
-    }
-
-
-def rates(c: dict) -> dict:
-    """Counters -> tau (vLLM's definition), per-position acceptance, and tokens per forward when known."""
-    d = c["drafts"]
-    out = {
-        "tau": 1 + c["accepted"] / d if d else None,
-        "per_position_acceptance": [n / d if d else 0.0 for n in c["per_pos"]],
-    }
-    if "emitted" in c:
-        out["tokens_per_forward"] = c["emitted"] / d if d else None
-    return out
-
-
 def eyas_loop(
     target_model,
+    tokenizer,
     draft_dir: str | Path | None,
     prompts: list[list[int]],
     sampling: dict,
     k: int,
     concurrency: int = 1,
 ) -> dict:
-    """eyas's loop on `target_model` with the exported draft at `draft_dir` (None: plain decoding).
+    """eyas's loop on `target_model` (its `tokenizer`: the eos ids) with the exported draft at `draft_dir`
+    (None: plain decoding).
     `sampling`: vLLM SamplingParams fields (temperature, max_tokens, ignore_eos, seed).
     -> {"outputs", "counters" (None without a draft), "wall_s"}."""
     draft = shape = None
@@ -71,7 +51,7 @@ def eyas_loop(
         draft = load_published(draft_dir, embed=target_model.get_input_embeddings().weight.detach())[0]
         draft = draft.to(next(target_model.parameters()).dtype)
         shape = TreeShape.chain(k)
-    eos = () if sampling.get("ignore_eos") else _eos_ids(target_model)
+    eos = () if sampling.get("ignore_eos") else eos_token_ids(target_model, tokenizer)
     engine = Engine(target_model, draft, shape, eos_ids=eos, max_batch=max(concurrency, 1))
     params = [SamplingParams(**sampling) for _ in prompts]
     t0 = time.perf_counter()
@@ -80,11 +60,6 @@ def eyas_loop(
     wall = time.perf_counter() - t0
     counters = counters_from_loop(res.emitted, res.accepted, k) if draft is not None else None
     return {"outputs": res.outputs, "counters": counters, "wall_s": wall}
-
-
-def _eos_ids(model) -> tuple[int, ...]:
-    eos = model.generation_config.eos_token_id if model.generation_config is not None else None
-    return tuple(eos if isinstance(eos, list) else [] if eos is None else [eos])
 
 
 def vllm_runs(

@@ -26,6 +26,17 @@ CHAT_TEMPLATE = (
 )
 
 
+# a small demo run on the CPU in fp32: 8 training prompts answered in at most 24 tokens
+# (the server-backend and vLLM tests)
+DEMO_SMALL = [
+    "target.dtype=float32",
+    "target.device=cpu",
+    "data.num_prompts=10",
+    "data.num_eval_prompts=2",
+    "data.max_new_tokens=24",
+    "data.batch_size=2",
+]
+
 # gpt-oss-120b's RoPE in form (yarn: theta 150000, factor 32 over 4096 positions, beta 32 / 1,
 # truncate false), sized for a 512-position tiny target; vLLM's gpt_oss.py reads every key
 TINY_GPT_OSS_YARN = {

@@ -8,7 +8,7 @@ import threading
 import time
 
 import pytest
-from data_fixtures import write_conversations
+from data_fixtures import DEMO_SMALL, write_conversations
 from serve_process import eyas_serve, free_port
 
 from eyas.data.prompts import run_prompts
@@ -16,14 +16,7 @@ from eyas.data.regenerate import read_sequences, run_regenerate
 from eyas.layout import read_done
 from eyas.recipes.load import load_recipe
 
-BASE = [
-    "target.dtype=float32",
-    "target.device=cpu",
-    "data.num_prompts=10",
-    "data.num_eval_prompts=2",
-    "data.max_new_tokens=24",
-    "data.batch_size=2",
-]
+BASE = DEMO_SMALL
 
 
 def demo_server(port: int, log_path):

@@ -14,6 +14,7 @@ import signal
 
 import pytest
 import torch
+from data_fixtures import DEMO_SMALL
 from safetensors.torch import load_file
 
 from eyas.data.capture import run_capture
@@ -24,13 +25,8 @@ from eyas.io import read_json
 from eyas.layout import read_done
 from eyas.recipes.load import load_recipe
 
-BASE = [
-    "target.dtype=float32",
-    "target.device=cpu",
-    "data.num_prompts=10",
-    "data.num_eval_prompts=2",
-    "data.max_new_tokens=24",
-    "data.batch_size=4",
+BASE = DEMO_SMALL + [
+    "data.batch_size=4",  # the later value wins
     "capture.dtype=float32",
     "capture.batch_size=2",
     "capture.shard_tokens=200",

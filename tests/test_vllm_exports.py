@@ -27,7 +27,8 @@ from draft_variants import variants
 
 from eyas.data.chat import render_prompt
 from eyas.data.target import load_target, resolve_path
-from eyas.eval.side_by_side import eyas_loop, rates, vllm_runs
+from eyas.eval.load import rates
+from eyas.eval.side_by_side import eyas_loop, vllm_runs
 from eyas.layout import resolve_checkpoint
 from eyas.serve.interchange import export as export_mod
 from eyas.serve.interchange.export import ExportError, export
@@ -74,11 +75,11 @@ def same_counters(name, theirs, mine):
         assert abs(a - b) <= 0.02 * mine["drafts"], f"{name}: vLLM {theirs} vs eyas {mine}"
 
 
-def check_side_by_side(target, model, prompts, exports, tmp_path, refused=None):
+def check_side_by_side(target, model, tok, prompts, exports, tmp_path, refused=None):
     """`refused`: (export dir, the words vLLM must stop with) or None."""
     runs = {"no draft": None, **exports, **({"refused": refused[0]} if refused else {})}
     got = vllm_runs(target, runs, prompts, SAMPLING, K, log_path=tmp_path / "vllm.log")
-    plain = eyas_loop(model, None, prompts, SAMPLING, K, concurrency=len(prompts))["outputs"]
+    plain = eyas_loop(model, tok, None, prompts, SAMPLING, K, concurrency=len(prompts))["outputs"]
     assert "error" not in got["no draft"], f"vLLM refused the target: {got['no draft']['error']}"
     assert got["no draft"]["outputs"] == plain, "vLLM's plain greedy outputs differ from the target's"
     if refused:
@@ -86,7 +87,7 @@ def check_side_by_side(target, model, prompts, exports, tmp_path, refused=None):
     table = {}
     for name, path in exports.items():
         assert "error" not in got[name], f"vLLM refused the {name} export: {got[name].get('error')}"
-        ours = eyas_loop(model, path, prompts, SAMPLING, K, concurrency=len(prompts))
+        ours = eyas_loop(model, tok, path, prompts, SAMPLING, K, concurrency=len(prompts))
         assert got[name]["outputs"] == plain, f"{name}: vLLM's speculative outputs differ from plain greedy"
         assert ours["outputs"] == plain, f"{name}: eyas's speculative outputs differ from plain greedy"
         same_counters(name, got[name]["counters"], ours["counters"])
@@ -111,7 +112,7 @@ def test_every_vllm_export_of_the_demo_draft_runs_in_vllm_as_in_eyas(
     # two decoder layers on a sliding + full attention target: vLLM 0.32 refuses, and so does eyas
     refused = refused_export(drafts.pop("num_layers_2"), target, tmp_path, HYBRID_KV, monkeypatch)
     exports = export_all(drafts, target, tmp_path)
-    table = check_side_by_side(target, model, prompts, exports, tmp_path, (refused, HYBRID_KV))
+    table = check_side_by_side(target, model, tok, prompts, exports, tmp_path, (refused, HYBRID_KV))
     # the trained draft, and each shape derived from it, keeps a real acceptance
     assert table["plain"]["per_position_acceptance"][0] > 0.5
     assert all(t["per_position_acceptance"][0] > 0.1 for t in table.values()), table
@@ -128,4 +129,4 @@ def test_every_vllm_export_of_a_random_draft_runs_in_vllm_as_in_eyas(vllm_python
     prompts = [render_prompt(tok, r["messages"][:1]) for r in records]
     draft = draft_for(model, 0, aux_ids=[1, 2, 3])
     drafts = variants(draft, 4, aux_sample(model, prompts, [1, 2, 3]))
-    check_side_by_side(target, model, prompts, export_all(drafts, target, tmp_path), tmp_path)
+    check_side_by_side(target, model, tok, prompts, export_all(drafts, target, tmp_path), tmp_path)

@@ -13,6 +13,7 @@ serving the demo target with the demo run's exported draft:
 import shutil
 
 import pytest
+from data_fixtures import DEMO_SMALL
 
 from eyas.data.prompts import run_prompts
 from eyas.data.regenerate import read_sequences, run_regenerate
@@ -24,14 +25,7 @@ from eyas.serve.external.vllm_server import VllmServer
 from eyas.serve.interchange.export import export
 
 K = 3
-BASE = [
-    "target.dtype=float32",
-    "target.device=cpu",
-    "data.num_prompts=10",
-    "data.num_eval_prompts=2",
-    "data.max_new_tokens=24",
-    "data.batch_size=2",
-]
+BASE = DEMO_SMALL
 
 
 @pytest.fixture(scope="module")

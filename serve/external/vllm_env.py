@@ -73,6 +73,11 @@ def find_vllm_python() -> str | None:
     return None
 
 
+def vllm_environ() -> dict[str, str]:
+    """The environment a vLLM subprocess runs in: this one, with a 1 GiB CPU KV cache unless set."""
+    return {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+
+
 def require_vllm(what: str) -> str:
     """The vLLM Python, or VllmMissing naming `what` needs it (e.g. "capture.backend: vllm")."""
     python = find_vllm_python()

@@ -4,14 +4,13 @@ the same prompts, one process (see vllm_offline.py for the job and result layout
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import tempfile
 from pathlib import Path
 
 from eyas.errors import RunError
 
-from .vllm_env import require_vllm
+from .vllm_env import require_vllm, vllm_environ
 
 SCRIPT = Path(__file__).with_name("vllm_offline.py")
 
@@ -41,7 +40,7 @@ def run_offline(
         job_path, out_path = Path(tmp) / "job.json", Path(tmp) / "out.jsonl"
         job_path.write_text(json.dumps(job))
         log = Path(log_path) if log_path else Path(tmp) / "vllm.log"
-        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+        env = vllm_environ()
         with open(log, "wb") as f:
             proc = subprocess.run(
                 [python, str(SCRIPT), str(job_path), str(out_path)],

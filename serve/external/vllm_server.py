@@ -27,7 +27,7 @@ import httpx
 
 from eyas.errors import InputError, RunError
 
-from .vllm_env import require_vllm
+from .vllm_env import require_vllm, vllm_environ
 
 START_TIMEOUT_S = 600  # three interpreters import vllm (~15 s each on a 2-core CPU), then the engine starts
 _ERROR = re.compile(r"\b(\w+(Error|Exception)): (.+)$")
@@ -95,7 +95,7 @@ class VllmServer:
 
     def start(self, timeout_s: float = START_TIMEOUT_S) -> VllmServer:
         python = require_vllm("a vLLM server")
-        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+        env = vllm_environ()
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
                 self.command(python), stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
