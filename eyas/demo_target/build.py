@@ -15,16 +15,14 @@ crash never leaves a half-written target. It takes about two minutes on a 2-core
 from __future__ import annotations
 
 import argparse
-import fcntl
 import json
-import os
-import shutil
 import time
 from pathlib import Path
 
 import torch
 from transformers import GenerationConfig
 
+from eyas.cache import build_once, cache_root
 from eyas.demo_target.corpus import generate_conversations, write_prompts
 from eyas.demo_target.model import ARCHITECTURE, init_model
 from eyas.demo_target.quality import measure
@@ -51,8 +49,7 @@ BUILD_THREADS = 2
 
 def default_cache_dir() -> Path:
     """`$EYAS_CACHE/demo-target-vN`, else `~/.cache/eyas/demo-target-vN` (N = VERSION)."""
-    root = os.environ.get("EYAS_CACHE")
-    return (Path(root) if root else Path.home() / ".cache" / "eyas") / CACHE_NAME
+    return cache_root() / CACHE_NAME
 
 
 def _build_params(seed: int, steps: int) -> dict:
@@ -65,14 +62,6 @@ def _build_params(seed: int, steps: int) -> dict:
         "architecture": ARCHITECTURE,
         "threads": BUILD_THREADS,
     }
-
-
-def _complete_build(path: Path, params: dict) -> bool:
-    """Whether `path` holds a finished build made with `params`."""
-    try:
-        return json.loads((path / MARKER).read_text())["build"] == params
-    except (OSError, ValueError, KeyError):
-        return False
 
 
 def build_demo_target(
@@ -141,19 +130,6 @@ def _build(out_dir: Path, seed: int, steps: int, progress: bool) -> dict:
     return info
 
 
-def _remove_stale_builds(cache_dir: Path) -> None:
-    """Delete the temporary directories of `cache_dir` (`.NAME.tmp-PID`, `.NAME.old-PID`) left
-    by processes that no longer run."""
-    parent, name = cache_dir.parent, cache_dir.name
-    for stray in [*parent.glob(f".{name}.tmp-*"), *parent.glob(f".{name}.old-*")]:
-        try:
-            os.kill(int(stray.name.rsplit("-", 1)[1]), 0)
-        except (ValueError, ProcessLookupError):
-            shutil.rmtree(stray, ignore_errors=True)
-        except PermissionError:  # alive, another user's
-            pass
-
-
 def ensure_demo_target(
     cache_dir: str | Path | None = None,
     force: bool = False,
@@ -161,48 +137,20 @@ def ensure_demo_target(
     progress: bool = True,
     steps: int | None = None,
 ) -> Path:
-    """The demo target's directory (see the module docstring), built on first use.
+    """The demo target's directory (see the module docstring), built on first use (eyas/cache.py: one
+    build at a time per cache root, into a temporary directory renamed into place).
 
     A complete build made with the same `seed` and `steps` is returned at once unless `force`.
     `steps` overrides the number of training steps (default TRAIN_STEPS); a handful gives an
     untrained-looking but complete target in seconds, for tests."""
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     params = _build_params(seed, TRAIN_STEPS if steps is None else steps)
-    if not force and _complete_build(cache_dir, params):
-        return cache_dir
-    cache_dir.parent.mkdir(parents=True, exist_ok=True)
-    # one build at a time under a cache root (a lock on the directory itself: no file left behind): a
-    # second process (another test process, another rank) waits for the first and finds its build
-    lock = os.open(cache_dir.parent, os.O_RDONLY)
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not force and _complete_build(cache_dir, params):
-            return cache_dir
-        return _build_into(cache_dir, params, seed, force, progress)
-    finally:
-        os.close(lock)  # releases the lock
 
+    def build(tmp: Path) -> None:
+        build_demo_target(tmp, seed=seed, steps=params["steps"], progress=progress)
 
-def _build_into(cache_dir: Path, params: dict, seed: int, force: bool, progress: bool) -> Path:
-    """Build into a temporary sibling of `cache_dir`, then swap it into place."""
-    _remove_stale_builds(cache_dir)
-    tmp = cache_dir.parent / f".{cache_dir.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        info = build_demo_target(tmp, seed=seed, steps=params["steps"], progress=progress)
-        if not force and _complete_build(cache_dir, params):  # another process finished the same build first
-            return cache_dir
-        if cache_dir.exists():  # an outdated or unfinished build: swap, then delete it
-            old = cache_dir.parent / f".{cache_dir.name}.old-{os.getpid()}"
-            os.replace(cache_dir, old)
-            os.replace(tmp, cache_dir)
-            shutil.rmtree(old)
-        else:
-            os.replace(tmp, cache_dir)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    if progress:
-        _report(cache_dir, info)
+    if build_once(cache_dir, MARKER, params, build, force) and progress:
+        _report(cache_dir, json.loads((cache_dir / MARKER).read_text()))
     return cache_dir
 
 

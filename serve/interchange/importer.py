@@ -89,7 +89,7 @@ def fetch(src: str | Path, revision: str | None = None) -> Path:
         raise DraftFormatError(f"{src}: not a directory (give a draft directory or a hub repo id)")
     from huggingface_hub import snapshot_download
 
-    from eyas.data.target import model_errors
+    from eyas.data.hub import model_errors
 
     with model_errors(str(src), "SRC"):  # not on the hub, gated, or the hub unreachable: one line naming it
         return Path(
