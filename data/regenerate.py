@@ -192,7 +192,7 @@ def run_regenerate(
     t0 = time.time()
     shard = current_shard(shard)
     d, t = recipe.data, target_for_rank(recipe.target, shard)
-    if d.backend == "server":
+    if d.backend != "hf":
         model, (tok, eos_ids) = None, target_tokenizer_and_eos(t)
     else:
         model, tok = load_recipe_target(t)
@@ -211,7 +211,11 @@ def run_regenerate(
     todo = _todo(slices, parts, mine)
     desc = "regenerate" + (f" {shard}" if shard.count > 1 else "")
     if d.backend == "server":
-        new_tokens, gen_s = _through_servers(d, run_dir, parts, todo, convs, eos_ids, progress, desc)
+        new_tokens, gen_s = _through_servers(
+            d, d.server_urls, run_dir, parts, todo, convs, eos_ids, progress, desc
+        )
+    elif d.backend == "vllm":
+        new_tokens, gen_s = _through_vllm(d, t, run_dir, parts, todo, convs, eos_ids, progress, desc)
     else:
         new_tokens, gen_s = _through_hf(
             d, run_dir, parts, mine, todo, model, tok, convs, eos_ids, progress, desc
@@ -322,7 +326,7 @@ def _stage_record(
         + sum(s["generated_tokens"] for s in shards if s["shard"] != str(shard)),
         "generation_tokens_per_s": sum(s["generation_tokens_per_s"] or 0 for s in shards) or rate,
         "backend": d.backend,
-        "num_servers": len(d.server_urls) if d.backend == "server" else None,
+        "num_servers": {"server": len(d.server_urls), "vllm": 1}.get(d.backend),
         "temperature": d.temperature,
         "reasoning_effort_mix": effort_mix(firsts),
         "wall_s": round(time.time() - t0, 3),
@@ -391,8 +395,22 @@ def _through_hf(
     return new_tokens, gen_s
 
 
+def _through_vllm(d, t, run_dir, parts: list, todo: list[int], *rest) -> tuple[int, float]:
+    """`data.backend: vllm`: a vLLM server on the target (serve/external/vllm_server.py: 127.0.0.1, the
+    target's dtype, stopped when done), then the server path. Nothing to do: no server started."""
+    if not todo:
+        return 0, 0.0
+    from eyas.serve.external.vllm_server import VllmServer
+
+    log = Path(run_dir) / STAGE / "vllm-server.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with VllmServer(resolve_path(t.model), dtype=t.dtype, log_path=log) as server:
+        return _through_servers(d, [server.url], run_dir, parts, todo, *rest)
+
+
 def _through_servers(
     d,
+    urls: list[str],
     run_dir,
     parts: list,
     todo: list[int],
@@ -435,7 +453,7 @@ def _through_servers(
 
     if jobs:
         regenerate_through_servers(
-            d.server_urls,
+            urls,
             d.server_model,
             jobs,
             params,

@@ -54,6 +54,14 @@ def _records(source: str) -> tuple[list, str]:
     return list(datasets.load_dataset(source, split="test")), source
 
 
+def spread(records: list, limit: int | None) -> list:
+    """`limit` records spread evenly over the set, in order (MT-bench lists its 8 categories one after
+    another: 16 of its 80 questions are 2 of each); all of them without a limit."""
+    if not limit or limit >= len(records):
+        return records
+    return [records[i * len(records) // limit] for i in range(limit)]
+
+
 def load_benchmark(
     name: str, source: str, system_prompt: str | None = None, limit: int | None = None
 ) -> Benchmark:
@@ -61,8 +69,7 @@ def load_benchmark(
     from eyas.data.prompts import prompt_messages, record_to_conversation
 
     records, where = _records(source)
-    if limit:
-        records = records[:limit]
+    records = spread(records, limit)
     messages, categories = [], []
     for i, rec in enumerate(records):
         conv = record_to_conversation(rec, f"{where}: record {i}")

@@ -182,7 +182,7 @@ def run_eval(
         return json.loads((run_dir / layout.REPORT_JSON).read_text())
     t0 = time.perf_counter()
     settings = resolve_settings(recipe, run_dir, drafts, ks, trees, concurrency, temperatures, servers)
-    model, tok = load_recipe_target(recipe.target)
+    model, tok = load_recipe_target(eval_target(recipe))
     loaded = load_drafts(settings.drafts, model)
     benches = resolve_benchmarks(recipe, run_dir, benchmarks)
     sweep = measure(recipe, model, tok, loaded, benches, settings, progress)
@@ -201,6 +201,12 @@ def run_eval(
     )
     write_report(run_dir, report, plots)
     return report
+
+
+def eval_target(recipe: Recipe):
+    """The recipe's target section as the loop loads it: its dtype is eval.target_dtype where set."""
+    dtype = recipe.eval.target_dtype
+    return recipe.target if dtype is None else recipe.target.model_copy(update={"dtype": dtype})
 
 
 def resolve_settings(
@@ -240,8 +246,10 @@ def load_drafts(drafts: list[tuple[str, str]], model: torch.nn.Module) -> list[t
 def resolve_benchmarks(
     recipe: Recipe, run_dir: Path, benchmarks: list[tuple[str, str]] | None
 ) -> list[Benchmark]:
-    """The named prompt sets, each cut to eval.num_prompts; default the run's held-out prompts."""
+    """The named prompt sets (the arguments, else eval.benchmarks), each cut to eval.num_prompts; default
+    the run's held-out prompts."""
     ev = recipe.eval
+    benchmarks = benchmarks or list(ev.benchmarks.items())
     if not benchmarks:
         return [held_out(run_dir, ev.num_prompts)]
     return [load_benchmark(name, src, recipe.data.system_prompt, ev.num_prompts) for name, src in benchmarks]

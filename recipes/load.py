@@ -108,9 +108,11 @@ def parse_overrides(pairs: list[str]) -> dict[str, Any]:
 
 
 def _merge(base: dict, over: dict) -> dict:
+    """`over` into `base`, section by section; an empty mapping (`eval.benchmarks={}`) replaces the value."""
     merged = dict(base)
     for k, v in over.items():
-        merged[k] = _merge(merged[k], v) if isinstance(v, dict) and isinstance(merged.get(k), dict) else v
+        deeper = isinstance(v, dict) and v and isinstance(merged.get(k), dict)
+        merged[k] = _merge(merged[k], v) if deeper else v
     return merged
 
 

@@ -103,7 +103,10 @@ class DataSection(Section):
     batch_size: int = Field(32, ge=1, description="prompts generated together (backend hf)")
     seed: int = Field(0, description="seeds sampling, the held-out split and the reasoning efforts")
     reasoning_effort: Weights | None = Field(None, description="gpt-oss: efforts by weight {low: 4, high: 2}")
-    backend: Literal["hf", "server"] = Field("hf", description="generate in this process, or ask server_urls")
+    backend: Literal["hf", "server", "vllm"] = Field(
+        "hf",
+        description="generate in this process, ask server_urls, or a vLLM server eyas starts (install-vllm)",
+    )
     server_urls: list[str] = Field([], description="OpenAI-compatible servers (vLLM, SGLang, eyas serve)")
     server_model: str | None = Field(None, description="the name the servers serve (null: each one's first)")
     server_concurrency: int = Field(64, ge=1, description="requests in flight per URL")
@@ -201,6 +204,10 @@ class TrainSection(Section):
     compile: Literal["auto", "on", "off"] = Field("auto", description="torch.compile the norms and MLP")
     lr: Num = Field(1e-4, gt=0, description="peak learning rate")
     weight_decay: Num = Field(0.0, description="AdamW weight decay")
+    optimizer: Literal["adamw", "muon"] = Field(
+        "adamw", description="muon: Muon on fc and the layers' matrices, AdamW on the rest (speculators')"
+    )
+    muon_weight_decay: Num = Field(0.1, ge=0, description="Muon's weight decay (train.optimizer: muon)")
     warmup_ratio: Num = Field(0.03, ge=0, lt=1, description="share of the steps warming up")
     min_lr_ratio: Num = Field(0.1, ge=0, le=1, description="the last learning rate, as a share of lr")
     grad_clip: Num = Field(0.5, ge=0, description="max gradient norm")
@@ -224,7 +231,13 @@ class EvalSection(Section):
     top_k: int = Field(0, ge=-1, description="top-k sampling (-1 or 0: off)")
     seed: int = Field(0, description="request i samples with seed + i")
     max_new_tokens: int = Field(256, ge=1, description="tokens generated per request")
-    num_prompts: int | None = Field(None, description="held-out prompts evaluated (null: all)")
+    num_prompts: int | None = Field(None, description="prompts evaluated per set (null: all), spread evenly")
+    benchmarks: dict[str, str] = Field(
+        {}, description="prompt sets {name: file or mt-bench / humaneval / gsm8k}; {}: the held-out prompts"
+    )
+    target_dtype: Dtype | None = Field(
+        None, description="the target's dtype in the loop (null: target.dtype); float32: exact lossless check"
+    )
     check_lossless: bool = Field(True, description="check that greedy output is the target's own")
 
     @model_validator(mode="after")

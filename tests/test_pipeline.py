@@ -393,18 +393,20 @@ def test_eval_prompts_carry_the_reasoning_effort_mix(setup, full_run, tmp_path, 
     assert report["eval_settings"]["reasoning_effort_mix"] == dict(sorted(Counter(expected).items()))
 
 
-def test_training_resumes_to_identical_weights(setup, monkeypatch):
-    """A crash after the step-2 state save, then a re-run, gives the same draft as no crash."""
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_training_resumes_to_identical_weights(setup, monkeypatch, optimizer):
+    """A crash after the step-2 state save, then a re-run, gives the same draft as no crash (Muon + AdamW:
+    both members' states saved and restored)."""
     import shutil
 
     import eyas.train.ttt as ttt_mod
     from eyas.train.trainer import run_train
 
     root, target, prompts = setup
-    recipe = recipe_for(target, prompts, train={"max_steps": 4, "save_every": 2})
-    base = root / "run-train-base"
+    recipe = recipe_for(target, prompts, train={"max_steps": 4, "save_every": 2, "optimizer": optimizer})
+    base = root / f"run-train-base-{optimizer}"
     run_all(recipe, base, stages=("prompts", "regenerate", "capture", "vocab"), progress=False)
-    crashed = root / "run-train-crash"
+    crashed = root / f"run-train-crash-{optimizer}"
     shutil.copytree(base, crashed)
 
     run_train(recipe, base, progress=False)

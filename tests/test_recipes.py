@@ -109,6 +109,16 @@ def test_dotted_overrides():
     assert r.eval.k == 3 and r.train.lr == 0.002
     with pytest.raises(RecipeError, match=r"^eval.kk: unknown key"):
         load_recipe("demo", ["eval.kk=3"])
+    # a mapping merges into the recipe's, key by key; an empty one clears it
+    sets = "eval.benchmarks={mt-bench: a.jsonl, gsm8k: b.jsonl}"
+    r = load_recipe({"eval": {"benchmarks": {"humaneval": "c.jsonl"}}}, [sets])
+    assert r.eval.benchmarks == {"humaneval": "c.jsonl", "mt-bench": "a.jsonl", "gsm8k": "b.jsonl"}
+    assert (
+        load_recipe(
+            {"eval": {"benchmarks": {"humaneval": "c.jsonl"}}}, ["eval.benchmarks={}"]
+        ).eval.benchmarks
+        == {}
+    )
     with pytest.raises(RecipeError, match=r"override 'trainlr': expected key.sub=value"):
         load_recipe("demo", ["trainlr"])
 

@@ -273,3 +273,31 @@ def test_ttt_loss_is_the_chosen_loss_over_the_trained_positions(kind):
     assert all(
         p.grad is not None and p.grad.abs().sum() > 0 for n, p in d.named_parameters() if p.requires_grad
     )
+
+
+@pytest.mark.parametrize("norm_before_residual", [False, True])
+def test_chunked_backward_under_bf16_autocast(monkeypatch, norm_before_residual):
+    """Under autocast the forward's tile matmuls run in bf16 while q and the keys may hold different dtypes;
+    backward runs outside autocast and must recompute the scores in the forward's dtype (on an H200, a
+    norm_before_residual draft failed here: "expected scalar type Float but found BFloat16"). Its gradients
+    match the dense path's under the same autocast within bf16's error."""
+    monkeypatch.setattr(A, "tile_size", lambda *a: 5)
+    d = make_draft(7, norm_before_residual=norm_before_residual)
+    d.train()
+    g = torch.Generator().manual_seed(7)
+    B, T = 2, 19
+    ids = torch.randint(0, 97, (B, T), generator=g)
+    aux = torch.randn(B, T, 96, generator=g)
+    mask = torch.ones(B, T)
+    doc = torch.zeros(B, T, dtype=torch.long)
+    target = random_target(d, B, T, g)
+    grads = {}
+    for impl in ("dense", "chunked"):
+        d.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = ttt_forward(d, aux, ids, mask, doc, target, ttt_steps=3, attention=impl)
+        out.loss.backward()
+        grads[impl] = {n: p.grad.float().clone() for n, p in d.named_parameters() if p.grad is not None}
+    for n, gd in grads["dense"].items():
+        err = (grads["chunked"][n] - gd).norm() / gd.norm()
+        assert err < 0.05, (n, err.item())

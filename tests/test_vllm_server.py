@@ -10,7 +10,9 @@ serving the demo target with the demo run's exported draft:
   drafted position and within 2% at the chained ones (tolerance: tests/test_vllm_exports.py).
 """
 
+import re
 import shutil
+import socket
 
 import pytest
 from data_fixtures import DEMO_SMALL
@@ -39,9 +41,12 @@ def vllm_demo(vllm_python, demo_run, tmp_path_factory):
 
 
 def test_regeneration_from_vllm_equals_the_hf_backend(vllm_demo, tmp_path):
+    """Through the running server (data.backend: server), and through a vLLM server that eyas starts on the
+    target and stops itself (data.backend: vllm)."""
     server, _ = vllm_demo
     run_prompts(load_recipe("demo", BASE), tmp_path / "hf", progress=False)
     shutil.copytree(tmp_path / "hf", tmp_path / "vllm")
+    shutil.copytree(tmp_path / "hf", tmp_path / "own")
     run_regenerate(load_recipe("demo", BASE), tmp_path / "hf", progress=False, part_batches=1)
     over = ["data.backend=server", f"data.server_urls=[{server.url}/]", "data.server_concurrency=4"]
     stats = run_regenerate(
@@ -50,6 +55,15 @@ def test_regeneration_from_vllm_equals_the_hf_backend(vllm_demo, tmp_path):
     hf = read_sequences(tmp_path / "hf")
     assert stats["backend"] == "server" and len(hf) == 8
     assert read_sequences(tmp_path / "vllm") == hf  # ids, prompt lengths and finished flags, part by part
+    own = run_regenerate(
+        load_recipe("demo", BASE + ["data.backend=vllm"]), tmp_path / "own", progress=False, part_batches=1
+    )
+    assert (own["backend"], own["num_servers"]) == ("vllm", 1)
+    assert read_sequences(tmp_path / "own") == hf
+    log = (tmp_path / "own" / "regenerate" / "vllm-server.log").read_text()
+    port = int(re.search(r"http://127\.0\.0\.1:(\d+)", log).group(1))
+    with socket.socket() as s:  # the server is gone: its port binds again
+        s.bind(("127.0.0.1", port))
 
 
 def test_eval_server_rows_equal_eyas_rows(vllm_demo, tmp_path):

@@ -180,6 +180,11 @@ class _ChunkedTTTAttention(torch.autograd.Function):
             lse[:, :, :, q0:q1] = m + torch.log(l)
         ctx.save_for_backward(q, doc, o, lse, k0, v0, *diag)
         ctx.scale, ctx.n_diag, ctx.C = scale, n_diag, C
+        # the dtype the tile matmuls above ran in (autocast's, where it is on), for backward to recompute
+        # the same scores: backward runs outside autocast, where q and k may hold different dtypes
+        dev = q.device.type
+        on = torch.is_autocast_enabled(dev)
+        ctx.mm = torch.get_autocast_dtype(dev) if on else torch.promote_types(q.dtype, k0.dtype)
         return o.view(B, nh, T, d)
 
     @staticmethod
@@ -198,17 +203,18 @@ class _ChunkedTTTAttention(torch.autograd.Function):
         dk0, dv0 = torch.zeros(k0.shape, **f32), torch.zeros(v0.shape, **f32)
         dkd = [torch.zeros(k.shape, **f32) for k in kd]
         dvd = [torch.zeros(v.shape, **f32) for v in vd]
+        mm = ctx.mm
         for q0, q1, ktiles in _tiles(doc, T, C):
             qb, dob = qg[:, :, :, q0:q1], dog[:, :, :, q0:q1]
             lse_b, D_b = lse[:, :, :, q0:q1, None], D[:, :, :, q0:q1, None]
             dob32 = dob.float()
             for a, b in ktiles:
                 kb, vb = k0[:, :, None, a:b], v0[:, :, None, a:b]  # (B, nkv, 1, c_k, d)
-                s = (qb @ kb.transpose(-1, -2)).float() * scale
+                s = (qb.to(mm) @ kb.to(mm).transpose(-1, -2)).float() * scale
                 s = s.masked_fill(~visible(doc[:, q0:q1], doc[:, a:b], q0, a)[:, None, None], float("-inf"))
                 p = torch.exp(s - lse_b)  # (B, nkv, r, c, c_k), the forward's probabilities
                 dv0[:, :, a:b] += torch.einsum("bgrck,bgrcd->bgkd", p, dob32)
-                dp = (dob @ vb.transpose(-1, -2)).float()
+                dp = (dob.to(mm) @ vb.to(mm).transpose(-1, -2)).float()
                 ds = p * (dp - D_b) * scale
                 dq[:, :, :, q0:q1] += ds @ kb.float()
                 dk0[:, :, a:b] += torch.einsum("bgrck,bgrcd->bgkd", ds, qb.float())

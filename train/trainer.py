@@ -36,6 +36,7 @@ from eyas.recipes.schema import Recipe
 from .checkpoint import load_draft, save_draft
 from .distributed import accelerator_kwargs, check_deepspeed, configure_fsdp2, full_state_dict, process_state
 from .model import DraftConfig, Eagle3Draft
+from .optim import make_optimizer
 from .packing import PackedRows, collate_rows, plan_rows
 from .schedule import MicroBatches, epoch_micro_batches, evaluation_micro_batches, updates_per_epoch
 from .state import load_latest, save_state, sum_over_processes
@@ -341,13 +342,18 @@ def training_data(
 def prepare(
     tr: TrainSection, acc: Accelerator, module: TTTModule, total: int
 ) -> tuple[torch.nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR, list]:
-    """AdamW and the warmup + cosine schedule over `total` optimizer steps; the module and the optimizer
-    prepared by accelerate, the schedule registered with it for the saved state -> (module, opt, sched,
-    the prepared trainable parameters)."""
-    params = [p for p in module.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(
-        params, lr=tr.lr, weight_decay=tr.weight_decay, betas=(0.9, 0.95), fused=acc.device.type == "cuda"
-    )  # one kernel per step on GPUs
+    """The optimizer (train/optim.py) and the warmup + cosine schedule over `total` optimizer steps; the
+    module and the optimizer prepared by accelerate, the schedule registered with it for the saved state
+    -> (module, opt, sched, the prepared trainable parameters)."""
+    named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+    if tr.optimizer == "muon" and acc.distributed_type.name in ("FSDP", "DEEPSPEED"):
+        raise ValueError(
+            f"train.optimizer=muon: Muon orthogonalizes whole matrices, which {acc.distributed_type.name} "
+            "shards; train with DDP (or one process), or with train.optimizer=adamw"
+        )
+    opt = make_optimizer(
+        tr.optimizer, named, tr.lr, tr.weight_decay, tr.muon_weight_decay, fused=acc.device.type == "cuda"
+    )
     # stepped once per optimizer step by us: accelerate's prepared scheduler would step it once per process
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lr_lambda(total, int(tr.warmup_ratio * total), tr.min_lr_ratio)

@@ -77,7 +77,7 @@ class Assumptions:
     capture_mfu: float = 0.30  # target forward (prefill) at 30% of peak bf16 FLOP/s on the GPU that runs it
     # regeneration, generated tokens/s per target replica on H100s -- assumed, not measured by eyas at this
     # size: HF generate (data.backend hf), and a vLLM/SGLang server with ~128 requests in flight (data.backend
-    # server)
+    # server or vllm)
     regen_tok_s_hf_h100: float = 100.0
     regen_tok_s_server_h100: float = 2000.0
 
@@ -266,7 +266,7 @@ def throughputs(
         measured.get("capture_tok_s") or a.capture_mfu * tflops * 1e12 / flops_per_token
     ) * replicas
     gpu_scale = tflops / GPUS["H100"][1]
-    regen_rate = a.regen_tok_s_server_h100 if recipe.data.backend == "server" else a.regen_tok_s_hf_h100
+    regen_rate = a.regen_tok_s_hf_h100 if recipe.data.backend == "hf" else a.regen_tok_s_server_h100
     regen_tok_s = (measured.get("regen_tok_s") or gpu_scale * regen_rate) * replicas
     train_tok_s = (
         measured.get("train_tok_s") or gpu_scale * train_tok_s_h100(tr.max_length, a) * 7 / tr.ttt_steps

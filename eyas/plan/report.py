@@ -76,7 +76,7 @@ def resource_lines(recipe: Recipe, p: Plan) -> list[str]:
         f"{' (checkpoint_layer)' if tr.checkpoint_layer else ''}: {fits(p, p.train_gb_per_gpu)}",
         f"target replicas: {p.replicas} of {p.gpus_per_replica} GPU(s) each "
         f"({'bf16' if recipe.target.weights == 'dequantized' else 'MXFP4'}, 10% headroom), one per "
-        f"{'server of the fleet' if backend == 'server' else 'regeneration shard'} and per capture shard "
+        f"{'regeneration shard' if backend == 'hf' else 'server of the fleet'} and per capture shard "
         f"(`eyas regenerate|capture --shard I/N`, or torchrun)",
         f"time: regeneration {hours(p.regen_s)} at {p.regen_tok_s:,.0f} tok/s ({source(p, 'regen_tok_s')}, "
         f"data.backend {backend}), "

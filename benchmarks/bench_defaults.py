@@ -1,0 +1,182 @@
+"""Re-deciding a recipe's defaults: each table's choices trained from the same capture with several seeds,
+so that the noise between seeds is measured next to the differences between choices.
+
+    python benchmarks/bench_defaults.py --recipe recipes/smollm2-135m.yaml --out runs/defaults \
+        [--tables options losses ttt optim storage] [--seeds 0 1] [--eval] [key.sub=value ...]
+
+The recipe's prompts, regeneration, capture and vocab run once (OUT/_base); every choice is the recipe
+with its table's overrides (below; N is the target's layer count) and `train.seed=S`, in OUT/<table>/
+<choice>-s<S>, whose earlier stages are links to the base run's (a choice that changes the capture
+captures once, into OUT/<table>/<choice>-capture, for all its seeds). Each is scored by training's
+validation on the held-out captured sequences (`train.val_fraction`): simulated tau at k = 1..5 (greedy
+chains, the acceptance rule of the serving loop); with --eval, also by `eyas eval` with the recipe's eval
+section (the serving loop, lossless check included). Everything runs in this one process (on a GPU the
+CUDA context is made once). Prints one JSON line per trained choice, then per table: the mean over seeds
+at each k, each seed's value at the recipe's eval.k, and the spread between seeds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from eyas import layout
+from eyas.pipeline import run_all
+from eyas.recipes.load import load_recipe
+
+BASE_STAGES = ("prompts", "regenerate", "capture", "vocab")
+KS = (1, 2, 3, 4, 5)
+TABLES = {  # table -> choice -> overrides ({n}: the target's layer count, {h}: n // 2)
+    "options": {
+        "plain": ["draft.norm_before_fc=false"],
+        "norm_before_fc": ["draft.norm_before_fc=true"],
+        "norm_before_residual": ["draft.norm_before_fc=false", "draft.norm_before_residual=true"],
+        "aux_ids_2_h_N": ["draft.norm_before_fc=false", "capture.aux_layer_ids=[2,{h},{n}]"],
+        "two_layers": ["draft.norm_before_fc=false", "draft.num_layers=2"],
+    },
+    "losses": {"kl": ["train.loss=kl"], "lk": ["train.loss=lk"], "ce": ["train.loss=ce"]},
+    "ttt": {"ttt3": ["train.ttt_steps=3"], "ttt5": ["train.ttt_steps=5"], "ttt7": ["train.ttt_steps=7"]},
+    "optim": {
+        "adamw_1e-4": ["train.optimizer=adamw", "train.lr=1e-4"],  # SpecForge's default
+        "adamw_5e-4": ["train.optimizer=adamw", "train.lr=5e-4"],
+        "adamw_1e-3": ["train.optimizer=adamw", "train.lr=1e-3"],
+        # speculators' default: Muon lr 1e-3 wd 0.1 on the matrices, AdamW lr 1e-3 wd 0.01 on the rest
+        "muon_1e-3": ["train.optimizer=muon", "train.lr=1e-3", "train.weight_decay=0.01"],
+    },
+    "storage": {
+        "bf16": ["capture.aux_format=same", "capture.teacher=final"],
+        "topk": ["capture.aux_format=same", "capture.teacher=topk"],
+        "fp8_topk": ["capture.aux_format=fp8", "capture.teacher=topk"],
+        "int6_topk": ["capture.aux_format=int6", "capture.teacher=topk"],
+        "int4_topk": ["capture.aux_format=int4", "capture.teacher=topk"],
+    },
+}
+
+
+def overrides(table: str, choice: str, n: int) -> list[str]:
+    return [o.format(n=n, h=n // 2) for o in TABLES[table][choice]]
+
+
+def link_stages(run: Path, src: Path, stages: tuple[str, ...]) -> None:
+    """`run` with links to `src`'s finished `stages`."""
+    run.mkdir(parents=True, exist_ok=True)
+    for stage in stages:
+        if not (run / stage).exists():
+            (run / stage).symlink_to((src / stage).resolve(), target_is_directory=True)
+
+
+def stages_for(args, base: Path, table: str, choice: str, mine: list[str]) -> Path:
+    """The run whose prompts, regeneration, capture and vocab a choice trains on: the base run, or (a choice
+    that changes the capture) OUT/<table>/<choice>-capture, captured once for all seeds."""
+    if not any(o.startswith("capture.") for o in mine):
+        return base
+    src = Path(args.out) / table / f"{choice}-capture"
+    link_stages(src, base, BASE_STAGES[:2])
+    run_all(load_recipe(args.recipe, args.overrides + mine), src, stages=BASE_STAGES, progress=False)
+    return src
+
+
+def score(run: Path) -> dict:
+    """Training's validation: simulated tau at each k of KS that training unrolled."""
+    done = layout.read_done(run, "train")
+    sim = done["validation"]["simulated_tau"]
+    return {
+        "sim_tau": {k: sim[k - 1] for k in KS if k <= len(sim)},
+        "train_s": done["wall_s"],
+        "tokens_seen": done["tokens_seen"],
+        "params": done["trainable_parameters"],
+    }
+
+
+def loop_tau(recipe, run: Path) -> dict:
+    """`eyas eval` with the recipe's eval section: tau per (benchmark, temperature, k) and losslessness."""
+    from eyas.eval.evaluate import run_eval
+
+    report = run_eval(recipe, run, force=True, progress=False)
+    rows = [r for r in report["results"] if r.get("k") is not None]
+    return {
+        "tau": {f"{r['benchmark']} T={r['temperature']:g} k={r['k']}": r["acceptance_length"] for r in rows},
+        "lossless": all(r["lossless"] for r in rows if r["lossless"] is not None),
+    }
+
+
+def train_choice(args, base: Path, table: str, choice: str, seed: int, n: int) -> dict:
+    mine = overrides(table, choice, n)
+    over = args.overrides + mine + [f"train.seed={seed}"]
+    run = Path(args.out) / table / f"{choice}-s{seed}"
+    recipe = load_recipe(args.recipe, over)
+    link_stages(run, stages_for(args, base, table, choice, mine), BASE_STAGES)
+    t0 = time.perf_counter()
+    run_all(recipe, run, stages=(*BASE_STAGES, "train"), progress=False)
+    row = {"table": table, "choice": choice, "seed": seed, "overrides": over, **score(run)}
+    if args.eval:
+        row["loop"] = loop_tau(recipe, run)
+    row["wall_s"] = round(time.perf_counter() - t0, 1)
+    return row
+
+
+def summary(rows: list[dict], k_headline: int) -> list[str]:
+    """Per table: mean simulated tau over seeds at each k, each seed's at k_headline, the seed spread."""
+    lines = []
+    for table in dict.fromkeys(r["table"] for r in rows):
+        lines += ["", f"{table}: simulated tau (mean over seeds) at k = {', '.join(map(str, KS))}"]
+        lines.append(
+            f"{'choice':<22}" + "".join(f"{f'k={k}':>8}" for k in KS) + f"   per seed at k={k_headline}"
+        )
+        spreads = []
+        for choice in dict.fromkeys(r["choice"] for r in rows if r["table"] == table):
+            mine = [r for r in rows if r["table"] == table and r["choice"] == choice]
+            means = [
+                sum(r["sim_tau"][k] for r in mine) / len(mine)
+                if all(k in r["sim_tau"] for r in mine)
+                else None
+                for k in KS
+            ]
+            seeds = [r["sim_tau"].get(k_headline) for r in mine]
+            if None not in seeds and len(seeds) > 1:
+                spreads.append(max(seeds) - min(seeds))
+            cells = "".join(f"{m:>8.3f}" if m is not None else f"{'-':>8}" for m in means)
+            per_seed = " / ".join(f"{s:.3f}" if s is not None else "-" for s in seeds)
+            lines.append(f"{choice:<22}{cells}   {per_seed}")
+        if spreads:
+            mean = sum(spreads) / len(spreads)
+            lines.append(f"seed spread at k={k_headline}: max {max(spreads):.3f}, mean {mean:.3f}")
+    return lines
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--recipe", default="recipes/smollm2-135m.yaml")
+    p.add_argument("--out", default="runs/defaults")
+    p.add_argument("--tables", nargs="+", default=list(TABLES), choices=list(TABLES))
+    p.add_argument("--choices", nargs="+", default=None, help="only these choices of the tables")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    p.add_argument("--eval", action="store_true", help="also evaluate each choice in the serving loop")
+    p.add_argument("--results", default=None, help="where each row is appended (default OUT/results.jsonl)")
+    p.add_argument("overrides", nargs="*", help="recipe overrides (key.sub=value) for every choice")
+    args = p.parse_args(argv)
+    from eyas.data.target import load_target_config, text_config
+
+    recipe = load_recipe(args.recipe, args.overrides)
+    base = Path(args.out) / "_base"
+    run_all(recipe, base, stages=BASE_STAGES, progress=False)
+    n = text_config(load_target_config(recipe.target.model)).num_hidden_layers
+    rows = []
+    with open(args.results or Path(args.out) / "results.jsonl", "a") as log:
+        for table in args.tables:
+            for choice in TABLES[table]:
+                if args.choices and choice not in args.choices:
+                    continue
+                for seed in args.seeds:
+                    rows.append(train_choice(args, base, table, choice, seed, n))
+                    print(json.dumps(rows[-1]), file=log, flush=True)
+                    print(json.dumps(rows[-1]), flush=True)
+    print("\n".join(summary(rows, recipe.eval.k)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

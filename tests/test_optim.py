@@ -1,0 +1,34 @@
+"""train.optimizer (train/optim.py): Muon on the draft's hidden matrices, AdamW on the rest, one optimizer to
+the schedule; a step moves every trainable tensor."""
+
+import torch
+from test_train_serve_consistency import make_draft
+
+from eyas.train.optim import Combined, make_optimizer
+
+
+def test_muon_takes_the_hidden_matrices_adamw_the_rest():
+    d = make_draft(0)
+    named = [(f"draft.{n}", p) for n, p in d.named_parameters() if p.requires_grad]
+    opt = make_optimizer("muon", named, lr=1e-3, weight_decay=0.01, muon_wd=0.1, fused=False)
+    assert isinstance(opt, Combined)
+    muon, adamw = opt.members
+    assert isinstance(muon, torch.optim.Muon) and isinstance(adamw, torch.optim.AdamW)
+    names = {id(p): n for n, p in named}
+    in_muon = sorted(names[id(p)] for g in muon.param_groups for p in g["params"])
+    in_adamw = sorted(names[id(p)] for g in adamw.param_groups for p in g["params"])
+    assert in_muon == sorted(n for n, p in named if p.ndim == 2 and "lm_head" not in n)
+    assert "draft.fc.weight" in in_muon and "draft.lm_head.weight" in in_adamw
+    assert sorted(in_muon + in_adamw) == sorted(names.values())
+    assert muon.param_groups[0]["weight_decay"] == 0.1 and adamw.param_groups[0]["weight_decay"] == 0.01
+    # the schedule sets lr on the combined groups, which are the members' own
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 0.5)
+    assert sched.get_last_lr() == [5e-4, 5e-4]
+    assert muon.param_groups[0]["lr"] == adamw.param_groups[0]["lr"] == 5e-4
+    before = {n: p.detach().clone() for n, p in named}
+    for _, p in named:
+        p.grad = torch.randn_like(p)
+    opt.step()
+    assert all(not torch.equal(before[n], p) for n, p in named)
+    opt.zero_grad()
+    assert all(p.grad is None for _, p in named)
