@@ -35,7 +35,10 @@ class Section(BaseModel):
 
 
 class TargetSection(Section):
-    model: str = Field("eyas-demo", description="a model directory, a hub repo id, or eyas-demo (built in)")
+    model: str = Field(
+        "eyas-demo",
+        description="a model directory or hub id, a .gguf file, eyas-demo, smollm2-135m-instruct (packaged)",
+    )
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description="auto: checkpoint's")
     device: str = Field("auto", description="the whole target on auto (cuda if any, else cpu), cpu or cuda:N")
     device_map: DeviceMap | None = Field(None, description="a plan (auto, balanced…) or {module: device}")

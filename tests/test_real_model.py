@@ -43,7 +43,18 @@ def ci_recipe(prompts, **more):
     return load_recipe("recipes/smollm2-135m.yaml", over + [f"{k}={v}" for k, v in more.items()])
 
 
-def test_smollm2_recipe_end_to_end_lossless_above_the_floor(smollm2, tmp_path):
+@pytest.fixture
+def fresh_accelerate_state():
+    """accelerate keeps one state per process, fixed by its first Accelerator (the other tests train in fp32
+    on CPU); this recipe trains in bf16, as its own `eyas run` process does. Reset before and after."""
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
+def test_smollm2_recipe_end_to_end_lossless_above_the_floor(smollm2, tmp_path, fresh_accelerate_state):
     prompts = tmp_path / "questions.jsonl"
     corpus_prompts(prompts, 400, seed=11)
     run = tmp_path / "smollm2"
