@@ -209,8 +209,8 @@ def test_sharded_training_equals_one_process(base, one_proc, config, state_dir):
     assert (run / "train" / "state" / state_dir).is_dir()  # this launcher's own (sharded) state layout
     # ZeRO-3 holds the lm_head partitioned outside its module's forward, so its loss runs through the
     # modules and autograd (train/ttt.step_cross_entropy), not fused: the same sums in another order
-    # (measured 3.8e-6 after the run on an AMD EPYC, 1.04e-5 on an Intel Xeon with AMX, the same on every
-    # run of each; <= 5e-7 for the fused launchers)
+    # (measured 3.8e-6 after the run on an earlier session's machine, 1.04e-5 on an Intel Xeon with AMX, the
+    # same on every run; <= 5e-7 for the fused launchers)
     assert_close_weights(weights(run), weights(one_proc), rel=2e-5 if config == "zero3" else 2e-6)
 
 
