@@ -108,7 +108,10 @@ def packaged_file(name: str, key: str = "target.model") -> Path:
     raise InputError(f"{key}={name}: the package {pkg.distribution} holds no {pkg.file}; {refetch(name)}")
 
 
+@functools.lru_cache(maxsize=16)
 def _download(name: str, key: str) -> Path:
+    """The hub file, once per process: every stage resolves target.model several times (config, weights,
+    heads), and each hf_hub_download would ask the hub again."""
     from huggingface_hub import hf_hub_download
 
     org, repo, file = name.split("/", 2)
