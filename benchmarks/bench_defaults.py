@@ -2,7 +2,8 @@
 so that the noise between seeds is measured next to the differences between choices.
 
     python benchmarks/bench_defaults.py --recipe recipes/smollm2-135m.yaml --out runs/defaults \
-        [--tables options losses ttt optim storage] [--seeds 0 1] [--eval] [key.sub=value ...]
+        [--tables options lm_head peers batching losses ttt optim storage] [--seeds 0 1] [--eval] \
+        [key.sub=value ...]
 
 The recipe's prompts, regeneration, capture and vocab run once (OUT/_base); every choice is the recipe
 with its table's overrides (below; N is the target's layer count) and `train.seed=S`, in OUT/<table>/
@@ -36,8 +37,49 @@ TABLES = {  # table -> choice -> overrides ({n}: the target's layer count, {h}: 
         "norm_before_residual": ["draft.norm_before_fc=false", "draft.norm_before_residual=true"],
         "aux_ids_2_h_N": ["draft.norm_before_fc=false", "capture.aux_layer_ids=[2,{h},{n}]"],
         "two_layers": ["draft.norm_before_fc=false", "draft.num_layers=2"],
+        "norm_output": ["draft.norm_output=true"],
+        # speculators 0.9's three switches together
+        "fc_residual_output": [
+            "draft.norm_before_fc=true",
+            "draft.norm_before_residual=true",
+            "draft.norm_output=true",
+        ],
     },
-    "losses": {"kl": ["train.loss=kl"], "lk": ["train.loss=lk"], "ce": ["train.loss=ce"]},
+    "lm_head": {  # EAGLE-3 / SpecForge: random and trained; speculators: the target's rows, frozen
+        "random": ["draft.lm_head=random"],
+        "target": ["draft.lm_head=target"],
+        "target_frozen": ["draft.lm_head=target_frozen"],
+    },
+    "peers": {  # the anchors' defaults as eyas recipe keys (benchmarks/bench_anchors.py runs their own code)
+        "speculators_defaults": [
+            "draft.norm_before_fc=true",
+            "draft.norm_before_residual=true",
+            "draft.norm_output=true",
+            "draft.lm_head=target_frozen",
+            "train.optimizer=muon",
+            "train.lr=1e-3",
+            "train.weight_decay=0.01",
+            "train.decay=1.0",
+        ],
+        "specforge_defaults": [
+            "draft.norm_before_fc=false",
+            "draft.lm_head=random",
+            "train.optimizer=adamw",
+            "train.lr=1e-4",
+            "train.decay=0.8",
+        ],
+    },
+    "batching": {  # rows of whole sequences padded to the batch's longest, or packed (speculators packs)
+        "padded_b8": ["train.pack=false", "train.batch_size=8"],
+        "packed_768_b2": ["train.pack=true", "train.max_length=768", "train.batch_size=2"],
+        "packed_1024_b1": ["train.pack=true", "train.max_length=1024", "train.batch_size=1"],
+    },
+    "losses": {
+        "kl": ["train.loss=kl"],
+        "lk": ["train.loss=lk"],
+        "ce": ["train.loss=ce"],
+        "kl_decay_1": ["train.loss=kl", "train.decay=1.0"],  # speculators: every step weighed the same
+    },
     "ttt": {"ttt3": ["train.ttt_steps=3"], "ttt5": ["train.ttt_steps=5"], "ttt7": ["train.ttt_steps=7"]},
     "optim": {
         "adamw_1e-4": ["train.optimizer=adamw", "train.lr=1e-4"],  # SpecForge's default

@@ -190,6 +190,14 @@ class DraftSection(Section):
     norm_before_fc: bool = Field(False, description="one RMSNorm over the concatenated aux states before fc")
     norm_before_residual: bool = Field(False, description="first layer: the residual is hidden_norm(h)")
     num_layers: int = Field(1, ge=1, description="decoder layers")
+    norm_output: bool = Field(
+        False, description="the next TTT / draft step's h is the final norm's output (speculators' default)"
+    )
+    lm_head: Literal["random", "target", "target_frozen"] = Field(
+        "random",
+        description="lm_head init: random (EAGLE-3, SpecForge); the target's lm_head rows of the draft "
+        "vocab, trained (target) or frozen (target_frozen, speculators)",
+    )
 
 
 class TrainSection(Section):

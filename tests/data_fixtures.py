@@ -188,7 +188,7 @@ def tiny_recipe(target, prompts, **over) -> dict:
         "eval": {"k": 3, "max_new_tokens": 12},
     }
     for k, v in over.items():
-        raw[k] = {**raw[k], **v}
+        raw[k] = {**raw.get(k, {}), **v}
     return raw
 
 

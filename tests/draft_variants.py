@@ -6,6 +6,8 @@
     aux_id_N        the last aux id replaced by N (the last layer's output before the final norm)
     n_aux_4         ids + [N]: fc's extra block small (std 1e-3 / sqrt(H)), the rest as trained
     num_layers_2    + a plain Llama layer `layers.1` whose o_proj / down_proj are small: near identity
+    norm_output     the same weights, each chained step fed the final norm's output instead of the prenorm
+                    one (speculators 0.9's default; changes every position after the first)
 
 Each is a real, different draft (no option collapses to the plain one), and each still proposes
 what the trained draft proposes most of the time, so per-position acceptance at k >= 3 is far
@@ -67,4 +69,5 @@ def variants(draft: Eagle3Draft, num_target_layers: int, sample_aux: torch.Tenso
         for lin in (later.mlp.gate_proj, later.mlp.up_proj):
             lin.weight.normal_(0, 1 / lin.weight.shape[1] ** 0.5)
     out["num_layers_2"] = deep
+    out["norm_output"] = _derive(draft, 5, norm_output=True)
     return out

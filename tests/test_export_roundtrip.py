@@ -98,6 +98,11 @@ def test_engine_refusals_name_the_engine_and_reason(tmp_path, target):
             [],
         ),
         (
+            {"norm_output": True},
+            ["SGLang: norm_output", "TensorRT-LLM: norm_output"],
+            [],
+        ),
+        (
             {"num_layers": 2},
             ["TensorRT-LLM: num_layers 2"],
             ["needs vLLM with PR #26164", "needs SGLang with PR #24663"],

@@ -165,7 +165,9 @@ def reference_fuse(w, aux, norm_before_fc=False):
     return aux @ w["fc.weight"].T
 
 
-def check_against_reference(draft, weights, embed, theta, n_aux=3, norm_before_fc=False, **options):
+def check_against_reference(
+    draft, weights, embed, theta, n_aux=3, norm_before_fc=False, norm_output=False, **options
+):
     g = torch.Generator().manual_seed(7)
     ids = torch.randint(0, VOCAB, (2, 6), generator=g)
     aux = torch.randn(2, 6, n_aux * HIDDEN, generator=g) * 3
@@ -178,8 +180,10 @@ def check_against_reference(draft, weights, embed, theta, n_aux=3, norm_before_f
     g0 = reference_fuse(w, aux, norm_before_fc)
     prenorm, expected = reference_forward(w, embed, ids, g0, theta, **options)
     assert (logits.double() - expected).abs().max().item() <= 1e-5
-    # the chained entry: the prefix entries unchanged (causal), then the fed-back prenorm state
-    hidden_in = torch.cat([g0, prenorm[:, -1:]], dim=1)
+    # the chained entry: the prefix entries unchanged (causal), then the fed-back prenorm state (norm_output:
+    # its final norm, vLLM llama_eagle3.py `aux_output`)
+    fed = rms(prenorm[:, -1:], w["norm.weight"]) if norm_output else prenorm[:, -1:]
+    hidden_in = torch.cat([g0, fed], dim=1)
     _, ref_chained = reference_forward(w, embed, torch.cat([ids, guess], 1), hidden_in, theta, **options)
     assert (chained.double() - ref_chained[:, -1:]).abs().max().item() <= 1e-5
 
@@ -390,6 +394,32 @@ def test_redhat_v2_shaped(tmp_path, target):
         check_against_reference(draft, weights, embed, 150000.0, norm_before_fc=True)
 
 
+def test_speculators_trainer_defaults_with_norm_output(tmp_path, target):
+    """What `speculators train` 0.9 writes by default: norm_before_fc, norm_before_residual and norm_output
+    (the next step's h is the final norm's output, vLLM llama_eagle3.py `aux_output`), embedding included."""
+    weights = layer_weights(15, norm_before_fc=True)
+    d2t, t2d = random_vocab_map(15)
+    embed = target_embed(target)
+    config = {
+        "architectures": ["Eagle3DraftModel"],
+        "speculators_model_type": "eagle3",
+        "transformer_layer_config": llama_fields(),
+        "draft_vocab_size": DRAFT_VOCAB,
+        "norm_before_residual": True,
+        "norm_before_fc": True,
+        "norm_output": True,
+        "fc_norm": False,
+        "eagle_aux_hidden_state_layer_ids": [2, 4, 5],
+    }
+    tensors = {**renamed(weights, "layers.0."), "d2t": d2t, "t2d": t2d, "embed_tokens.weight": embed}
+    draft, layout, _ = load_published(write(tmp_path / "spec09", config, tensors), target=str(target))
+    assert layout == "speculators" and draft.config.norm_output
+    options = {"norm_before_fc": True, "norm_before_residual": True}
+    check_against_reference(draft, weights, embed, 10000.0, norm_output=True, **options)
+    with pytest.raises(AssertionError):  # the reference tells the fed-back states apart
+        check_against_reference(draft, weights, embed, 10000.0, **options)
+
+
 @pytest.mark.parametrize("layout", ["eagle3", "speculators"])
 def test_several_layers_and_four_aux_states(tmp_path, target, layout):
     """num_hidden_layers 3 (vLLM PR #26164): the release layout's `midlayer.*` + `layers.1.*`, `layers.2.*`,
@@ -440,7 +470,6 @@ def test_release_layout_with_norm_before_residual(tmp_path, target):
     "change,message",
     [
         (lambda c, t: c.update(fc_norm=True), "fc_norm"),
-        (lambda c, t: c.update(norm_output=True), "norm_output"),
         (lambda c, t: c.update(num_hidden_layers=2), r"missing tensors \['layers.1"),
         (lambda c, t: c.update(model_type="qwen3"), "model_type 'qwen3'"),
         (

@@ -442,6 +442,32 @@ def test_training_resumes_to_identical_weights(setup, monkeypatch, optimizer):
         assert torch.equal(a[name], b[name]), name
 
 
+@pytest.mark.parametrize("lm_head", ["target", "target_frozen"])
+def test_lm_head_from_the_target(setup, lm_head):
+    """draft.lm_head: the draft starts from the target's lm_head rows of its vocab (t2d order); frozen,
+    they are the checkpoint's exactly after training, trained, they moved."""
+    from eyas.data.target import load_head_weights
+    from eyas.train.trainer import run_train
+
+    root, target, prompts = setup
+    recipe = recipe_for(target, prompts, train={"max_steps": 3}, draft={"lm_head": lm_head})
+    run = root / f"run-lm-head-{lm_head}"
+    run_all(recipe, run, stages=("prompts", "regenerate", "capture", "vocab"), progress=False)
+    run_train(recipe, run, progress=False)
+    t2d = load_file(str(run / "vocab" / "vocab.safetensors"))["t2d"]
+    rows = load_head_weights(str(target))["lm_head"][t2d].float()  # (V_d, H)
+    weights = load_file(str(run / "train" / "checkpoint-final" / "model.safetensors"))
+    saved = weights["lm_head.weight"].float()
+    assert saved.shape == rows.shape
+    if lm_head == "target_frozen":
+        assert torch.equal(saved, rows)
+        frozen = ("embed_tokens.weight", "lm_head.weight", "d2t", "t2d")
+        trained = sum(t.numel() for n, t in weights.items() if n not in frozen)
+        assert layout.read_done(run, "train")["trainable_parameters"] == trained
+    else:
+        assert 0 < (saved - rows).abs().max() < 0.5 * rows.abs().max()
+
+
 def test_wandb_offline_tracking(setup, tmp_path, monkeypatch):
     """train.report_to: wandb through accelerate's trackers, offline (no network): the run's metrics
     per TTT step land in a wandb run under RUN/train/wandb."""

@@ -13,11 +13,13 @@ OPTIONS = {
     "norm_before_fc": {"norm_before_fc": True},
     "norm_before_residual": {"norm_before_residual": True},
     "two_layers": {"num_layers": 2},
+    "norm_output": {"norm_output": True},
     "four_aux_and_all": {
         "aux_layer_ids": [1, 2, 3, 4],
         "norm_before_fc": True,
         "norm_before_residual": True,
         "num_layers": 3,
+        "norm_output": True,
     },
 }
 

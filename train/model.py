@@ -14,7 +14,7 @@
             ▼
     [num_layers > 1: plain pre-norm Llama layers `layers.1..`, q/k/v take H, own KV per layer]
             ▼
-    h_out (B, T, H)    "prenorm": fed back as the next step's h
+    h_out (B, T, H)    "prenorm": fed back as the next step's h (norm_output: norm(h_out) is)
             │ norm → lm_head
             ▼
     logits over the draft vocab (B, T, V_d);  target id = draft id + d2t[draft id]
@@ -31,7 +31,9 @@ versions load which):
   norm_before_residual  the first layer's residual is hidden_norm(h) instead of h (vLLM `LlamaDecoderLayer`
                         of llama_eagle3.py; the speculators format's default when the key is absent);
   num_layers            decoder layers: the first as above, then plain Llama layers over H (vLLM PR #26164);
-                        the next step's h is the last layer's prenorm output.
+                        the next step's h is the last layer's prenorm output;
+  norm_output           the next step's h is the final norm's output instead of the prenorm one (vLLM
+                        llama_eagle3.py `aux_output`; speculators' default since 0.9, "EAGLE 3.1").
 
 Two ways to run attention share every weight:
   * `step()` — inference: new tokens attend to a KV cache plus themselves, causally.
@@ -48,6 +50,8 @@ from dataclasses import asdict, dataclass, field
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+OPTIONS = ("norm_before_fc", "norm_before_residual", "num_layers", "norm_output")  # recipe `draft` switches
 
 
 @dataclass
@@ -70,6 +74,7 @@ class DraftConfig:
     norm_before_fc: bool = False  # RMSNorm `input_norm` over the concatenated aux states before fc
     norm_before_residual: bool = False  # first layer: residual = hidden_norm(h) instead of h
     num_layers: int = 1  # decoder layers (the first takes [embed ‖ h], the rest are plain Llama layers)
+    norm_output: bool = False  # the next step's h is norm(h_out) instead of h_out
 
     def __post_init__(self):
         if self.target_hidden_size is None:
@@ -109,7 +114,7 @@ class DraftConfig:
             rope_parameters=rope,
             target_model=target_model,
         )
-        for key in ("norm_before_fc", "norm_before_residual", "num_layers"):
+        for key in OPTIONS:
             if overrides.get(key) is not None:
                 kw[key] = overrides.pop(key)
         unknown = {k: v for k, v in overrides.items() if v is not None}
@@ -347,6 +352,10 @@ class Eagle3Draft(nn.Module):
         """(B, T, H) -> draft-vocab logits (B, T, V_d)."""
         return self.lm_head(self.norm(prenorm))
 
+    def feedback(self, prenorm: torch.Tensor) -> torch.Tensor:
+        """The last layer's output (B, T, H) -> the next step's h: itself, or (norm_output) its final norm."""
+        return self.norm(prenorm) if self.config.norm_output else prenorm
+
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids + self.d2t[draft_ids]
 
@@ -368,13 +377,14 @@ class Eagle3Draft(nn.Module):
         """Run new positions against the cache.
 
         input_ids (B, T): the token AFTER each position whose state is `hidden`;
-        hidden (B, T, H): fused target states g (first step) or the draft's own prenorm output;
+        hidden (B, T, H): fused target states g (first step) or what the last step returned;
         position_ids (B, T): absolute positions of these new entries;
         cache: `KVCache` (one sequence) or the serving loop's per-row cache, whose `update(k, v, layer)`
         returns every key/value of that layer the new entries may attend to;
         attn_mask (B, T, L) bool: which of those each new entry sees (None: causal over `KVCache`);
         logits_to_keep: logits for the last that many positions only (0: all).
-        Returns (prenorm (B, T, H), logits (B, T or logits_to_keep, V_d)); appends T entries to `cache`.
+        Returns (the next step's h (B, T, H): `feedback(prenorm)`, logits (B, T or logits_to_keep, V_d));
+        appends T entries to `cache`.
         """
 
         def attend_layer(layer: int):
@@ -396,7 +406,9 @@ class Eagle3Draft(nn.Module):
         prenorm = hidden
         for i, layer in enumerate(self.decoder_layers):
             prenorm, _, _ = layer(embeds, prenorm, cos, sin, attend_layer(i))
-        return prenorm, self.logits(prenorm[:, -logits_to_keep:] if logits_to_keep else prenorm)
+        return self.feedback(prenorm), self.logits(
+            prenorm[:, -logits_to_keep:] if logits_to_keep else prenorm
+        )
 
     def compile_math(self) -> None:
         """torch.compile the forward of the norms and the MLP, in place (module hooks still run around

@@ -35,7 +35,7 @@ from eyas.recipes.schema import Recipe
 
 from .checkpoint import load_draft, save_draft
 from .distributed import accelerator_kwargs, check_deepspeed, configure_fsdp2, full_state_dict, process_state
-from .model import DraftConfig, Eagle3Draft
+from .model import OPTIONS, DraftConfig, Eagle3Draft
 from .optim import make_optimizer
 from .packing import PackedRows, collate_rows, plan_rows
 from .schedule import MicroBatches, epoch_micro_batches, evaluation_micro_batches, updates_per_epoch
@@ -68,12 +68,14 @@ def draft_config(recipe: Recipe, tcfg, aux_layer_ids: list[int], draft_vocab_siz
         norm_before_fc=d.norm_before_fc,
         norm_before_residual=d.norm_before_residual,
         num_layers=d.num_layers,
+        norm_output=d.norm_output,
     )
 
 
-def build_draft(recipe: Recipe, run_dir: Path, embed: torch.Tensor) -> Eagle3Draft:
-    """A fresh head sized from the target config, with the target's embedding `embed` (V, H)
-    and the run's vocab map (or the warm-start checkpoint of `draft.init_from`)."""
+def build_draft(recipe: Recipe, run_dir: Path, heads: dict[str, torch.Tensor]) -> Eagle3Draft:
+    """A fresh head sized from the target config, with the target's embedding `heads["embed"]` (V, H), the
+    run's vocab map and, by `draft.lm_head`, the target's lm_head rows `heads["lm_head"]` (V, H) of the draft
+    vocab (or the warm-start checkpoint of `draft.init_from`)."""
     from eyas.data.shards import read_index
     from eyas.data.target import load_target_config, text_config
 
@@ -84,7 +86,7 @@ def build_draft(recipe: Recipe, run_dir: Path, embed: torch.Tensor) -> Eagle3Dra
     d = recipe.draft
     if d.init_from:
         draft = load_draft(d.init_from)
-        keys = ("aux_layer_ids", "draft_vocab_size", "norm_before_fc", "norm_before_residual", "num_layers")
+        keys = ("aux_layer_ids", "draft_vocab_size", *OPTIONS)
         differ = [k for k in keys if getattr(draft.config, k) != getattr(cfg, k)]
         if differ:
             raise ValueError(
@@ -96,8 +98,11 @@ def build_draft(recipe: Recipe, run_dir: Path, embed: torch.Tensor) -> Eagle3Dra
         return draft
     torch.manual_seed(recipe.train.seed)
     draft = Eagle3Draft(cfg)
-    draft.embed_tokens.weight.data.copy_(embed.float())
+    draft.embed_tokens.weight.data.copy_(heads["embed"].float())
     draft.set_vocab_map(vocab["d2t"], vocab["t2d"])
+    if d.lm_head != "random":  # speculators: lm_head = the target's lm_head[t2d], frozen
+        draft.lm_head.weight.data.copy_(heads["lm_head"][vocab["t2d"]].float())
+        draft.lm_head.weight.requires_grad_(d.lm_head == "target")
     return draft
 
 
@@ -258,7 +263,7 @@ def setup(recipe: Recipe, run_dir: Path) -> Training:
     acc = make_accelerator(tr, out_dir)
     set_seed(tr.seed)
 
-    draft = build_draft(recipe, run_dir, heads["embed"])
+    draft = build_draft(recipe, run_dir, heads)
     trainable = draft.num_parameters()  # before prepare: ZeRO-3 partitions them
     if compile_math(tr.compile, acc):
         draft.compile_math()

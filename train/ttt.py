@@ -173,12 +173,13 @@ def ttt_forward(
         embeds = draft.embed_tokens(shift(input_ids, 1 + j)).to(hidden.dtype)  # of x_{i+1+j}
         cos, sin = draft.rotary(pos + j, hidden.dtype)
         run = (impl, scale, doc_ids, embeds, cos, sin)
-        hidden = draft_step(draft, hidden, kv, run, checkpoint_layer)  # (B, T, H) prenorm: the next input
+        prenorm = draft_step(draft, hidden, kv, run, checkpoint_layer)  # (B, T, H)
+        hidden = draft.feedback(prenorm)  # the next step's input
         if target is None or keep_logits:
-            out.logits.append(draft.logits(hidden))  # (B, T, V_d)
+            out.logits.append(draft.logits(prenorm))  # (B, T, V_d)
         if target is None:
             continue
-        loss_j, step, prev_right = score_step(draft, hidden, j, batch, target, prev_right, loss)
+        loss_j, step, prev_right = score_step(draft, prenorm, j, batch, target, prev_right, loss)
         total = total + (decay**j) * loss_j
         stats.append(step)
     out.loss = total

@@ -39,6 +39,7 @@ brought each feature, since releases were not tagged in the copies read):
       the target's (`set_embed`), and fc is applied only when the incoming width differs from
       the embedding width (so n_aux * target_hidden_size must differ from hidden_size).
     - no norm_before_residual: the first layer always keeps the raw h as its residual.
+    - no norm_output: the next draft step gets the prenorm output.
     - aux layer id 1 cannot be written: SGLang reads `eagle_config` ids that start at 1 as
       output-of-layer numbering (+1, PR #25454) and others as is.
     - id N (the last layer's output) only for a gpt-oss target (PR #32334 captures the final
@@ -55,6 +56,7 @@ brought each feature, since releases were not tagged in the copies read):
     - hidden_size != target_hidden_size needs embed_tokens in the checkpoint (Eagle3DraftModel
       creates its own embedding only then; otherwise the target's is shared).
     - no norm_before_residual (Eagle3DecoderLayer keeps the raw h as residual).
+    - no norm_output (the next draft step gets the prenorm output).
     - num_layers > 1 refused: its later layers (Eagle3DecoderLayer, is_first_layer=False,
       `next_layer_regular`) were not verified to match vLLM's plain Llama layers.
     - note: norm_before_fc is read from `eagle_config` only (eyas writes it there too);
@@ -127,6 +129,11 @@ def problems(
         found.append(
             f"norm_before_residual: {label}'s first draft layer always keeps the raw hidden state as "
             "its residual (SGLang llama_eagle3.py / TRT-LLM Eagle3DecoderLayer); serve it with vLLM"
+        )
+    if cfg.norm_output and engine in ("sglang", "trtllm"):
+        found.append(
+            f"norm_output: {label} feeds the draft's prenorm output to its next step (SGLang "
+            "llama_eagle3.py / TRT-LLM modeling_speculative.py); serve it with vLLM"
         )
     if engine == "vllm":
         found += _own_embedding(cfg, engine, include_embeddings, "vllm/v1/spec_decode/eagle.py")

@@ -147,6 +147,8 @@ def eagle3_config(cfg: DraftConfig, dtype: torch.dtype) -> dict:
         "norm_before_residual": cfg.norm_before_residual,
         # vLLM llama_eagle3 (top level or eagle_config): RMSNorm `input_norm` over the aux states before fc
         "norm_before_fc": cfg.norm_before_fc,
+        # vLLM llama_eagle3: true = the next step's h is the final norm's output
+        "norm_output": cfg.norm_output,
         # vLLM / SGLang size fc from this (else from the eagle_config ids, else 3)
         "num_aux_hidden_states": len(cfg.aux_layer_ids),
         # vLLM gpu_model_runner reads this first; input-of-layer-k numbering (id N: the last layer's output)
@@ -182,6 +184,7 @@ def speculators_config(
         # defaults to false): always written
         "norm_before_residual": cfg.norm_before_residual,
         "norm_before_fc": cfg.norm_before_fc,  # vLLM PR #38111 / speculators `input_norm`
+        "norm_output": cfg.norm_output,  # vLLM algos.update_eagle3 (absent: false)
         "eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids),  # input-of-layer-k numbering
         "embed_requires_grad": False,
         "torch_dtype": dtype_name(dtype),

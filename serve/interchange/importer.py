@@ -73,7 +73,7 @@ MODELOPT_SWITCHES = {
 # eagle_config keys that mark an NVIDIA ModelOpt export (beyond the switches above)
 MODELOPT_KEYS = ("norm_before_fc", "parallel_draft_step")
 # top-level switches (vLLM llama_eagle3 / speculators) the eyas layer does not implement when true.
-UNSUPPORTED_SWITCHES = ("fc_norm", "norm_output", "use_aux_norm")
+UNSUPPORTED_SWITCHES = ("fc_norm", "use_aux_norm")
 
 
 class DraftFormatError(InputError, ValueError):
@@ -161,7 +161,7 @@ def _check_switches(raw: dict, layout: str, where: str) -> None:
         if raw.get(key):
             raise DraftFormatError(
                 f"{where}: {key} = {raw[key]!r}; the eyas layer has no {key} "
-                "(fc on the aux states as one block, the prenorm output fed back)"
+                "(fc on the aux states as one block)"
             )
 
 
@@ -263,6 +263,7 @@ def published_config(raw: dict, layout: str, target: str | None, where: str, not
         norm_before_fc=bool(eagle_config.get("norm_before_fc", raw.get("norm_before_fc", False))),
         norm_before_residual=bool(raw.get("norm_before_residual", False)),
         num_layers=int(lcfg.num_hidden_layers),
+        norm_output=bool(raw.get("norm_output", False)),  # vLLM algos.update_eagle3: absent = false
     )
 
 

@@ -273,7 +273,8 @@ def render_model_card(
         f"{cfg.hidden_size}, {cfg.num_attention_heads} heads × {cfg.head_dim} ({cfg.num_key_value_heads} KV "
         f"heads), MLP {cfg.intermediate_size} |",
         f"| options | norm_before_fc {str(cfg.norm_before_fc).lower()}, norm_before_residual "
-        f"{str(cfg.norm_before_residual).lower()} (vLLM llama_eagle3.py) |",
+        f"{str(cfg.norm_before_residual).lower()}, norm_output {str(cfg.norm_output).lower()} "
+        "(vLLM llama_eagle3.py) |",
         f"| vocab | draft {cfg.draft_vocab_size} of the target's {cfg.vocab_size} (`d2t`/`t2d`) |",
         f"| aux layers | {list(cfg.aux_layer_ids)} (see below) |",
         f"| RoPE | `{json.dumps(cfg.rope_parameters)}`, max positions {cfg.max_position_embeddings} |",

@@ -1,0 +1,437 @@
+"""eyas against the anchors' own trainers: speculators 0.9.0 and SpecForge 0.2.0 trained from the same eyas
+capture, for the same number of epochs over the same sequences, imported with `eyas import`, and evaluated
+side by side in eyas's serving loop on the same held-out prompts.
+
+    python benchmarks/bench_anchors.py --run runs/smollm2-135m [--work peer-work] [--epochs 1]
+        [--ttt 5] [--seeds 0 1] [--trainers eyas speculators specforge] [--k 1 2 3 4 5]
+        [--temperature 0 1] [--num-prompts 8] [-- key.sub=value ...]
+
+Needs a finished eyas run (its capture and vocab: `eyas run recipes/smollm2-135m.yaml`) and the peers'
+venv and target directory from `../shared/peer/README.md` (Setup: `$PEER_WORK/venv` with speculators,
+specforge and transformers 5.8.1; `make_smollm2.py` writes `$PEER_WORK/smollm2-135m-instruct`, built
+here when missing). The peers' launchers and converters run from `--peer` (default ../shared/peer);
+nothing of theirs is copied. Each stage writes into WORK and is skipped when its output is there:
+
+    generic/             the capture as the peers' generic layout: seq_XXXXXX.safetensors {input_ids,
+                         loss_mask, aux_hidden_states (3, T, H) = HF hidden_states[k] for the run's
+                         aux_layer_ids (vLLM convention: id k = input of decoder layer k),
+                         final_hidden_state (T, H) after the final norm}, eyas's training sequences
+                         first and its held-out validation sequences (train.val_fraction) after them;
+                         vocab_mapping.pt {d2t offsets, t2d}
+    generic-train/       links to the training sequences only (SpecForge has no validation split)
+    data/speculators, data/specforge   the peers' converters' output
+    <trainer>-s<S>/      each trainer's run; eyas's links the run's stages and trains with its recipe
+    imported/<trainer>-s<S>   the peers' checkpoints read by `eyas import`
+
+Every trainer keeps its own defaults (optimizer, lr, schedule, loss and its weighting, lm_head init
+and freezing, norms) except what makes the budget the same: the draft shape (1 layer, the target's
+dims, the run's aux ids and draft vocab), TTT steps (--ttt), epochs over the same training sequences,
+the sequence length (train.max_length) and the seed. Tokens/s is the sequences' tokens (prompt and
+answer) times epochs over each trainer's wall time, one trainer at a time on the same machine.
+Prints one JSON line per trained draft and per measured point (appended to WORK/results.jsonl), then
+the tau table: per trainer, mean over seeds at each (temperature, k), over all prompts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from eyas import layout
+from eyas.data.shards import ShardDataset
+from eyas.pipeline import run_all
+from eyas.recipes.load import load_recipe
+from eyas.train.validation import split_validation
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_defaults import BASE_STAGES, link_stages  # noqa: E402
+
+TRAINERS = ("eyas", "speculators", "specforge")
+
+
+def export_generic(run: Path, recipe, out: Path) -> dict:
+    """The run's capture as the generic layout (module docstring), training sequences first -> meta."""
+    meta_path = out / "meta.json"
+    if meta_path.is_file():
+        return json.loads(meta_path.read_text())
+    seqs = ShardDataset(run / "capture")
+    if seqs.teacher != "final":
+        raise SystemExit(f"{run}/capture: the peers need the final state (capture.teacher: final)")
+    train_ids, val_ids = split_validation(len(seqs), recipe.train.val_fraction, recipe.train.seed)
+    tmp = out.with_name(out.name + ".partial")
+    tmp.mkdir(parents=True, exist_ok=True)
+    n_aux, H = len(seqs.aux_layer_ids), seqs.hidden_size
+    for j, i in enumerate(train_ids + val_ids):
+        s = seqs[i]
+        T = len(s["input_ids"])
+        save_file(
+            {
+                "input_ids": s["input_ids"],
+                "loss_mask": s["loss_mask"].to(torch.int64),
+                "aux_hidden_states": s["aux"].reshape(T, n_aux, H).transpose(0, 1).contiguous(),
+                "final_hidden_state": s["final"].contiguous(),
+            },
+            str(tmp / f"seq_{j:06d}.safetensors"),
+        )
+    vocab = load_file(str(run / "vocab" / "vocab.safetensors"))
+    torch.save({"d2t": vocab["d2t"], "t2d": vocab["t2d"]}, tmp / "vocab_mapping.pt")
+    tokens = [seqs.lengths[i] for i in train_ids]
+    meta = {
+        "aux_layer_ids": seqs.aux_layer_ids,
+        "layer_id_convention": "vLLM: id k = input of decoder layer k = HF hidden_states[k]",
+        "n_train": len(train_ids),
+        "n_val": len(val_ids),
+        "train_tokens": sum(tokens),
+        "max_length": max(tokens),
+        "draft_vocab_size": int(vocab["d2t"].numel()),
+    }
+    (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+    tmp.rename(out)
+    train_only = out.with_name(out.name + "-train")
+    train_only.mkdir(exist_ok=True)
+    for name in [f"seq_{j:06d}.safetensors" for j in range(len(train_ids))] + ["vocab_mapping.pt"]:
+        if not (train_only / name).exists():
+            (train_only / name).symlink_to((out / name).resolve())
+    return meta
+
+
+def peer(args, script: str, *argv: str, log: Path) -> float:
+    """Run one of ../shared/peer's scripts with the peers' python; its output to `log` -> wall seconds."""
+    env = {**os.environ, "PEER_WORK": str(args.work), "SMOL_DIR": str(args.target_dir)}
+    log.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    with open(log, "w") as f:
+        done = subprocess.run(
+            [str(args.peer_python), str(args.peer / script), *argv],
+            env=env,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+        )
+    if done.returncode:
+        tail = log.read_text().splitlines()[-15:]
+        raise SystemExit(f"{script} failed ({done.returncode}), see {log}:\n" + "\n".join(tail))
+    return time.perf_counter() - t0
+
+
+def timed(out: Path, train) -> dict:
+    """Run `train()` once (-> checkpoint dir) and keep its wall time in out/timing.json -> that record."""
+    rec_path = out / "timing.json"
+    if rec_path.is_file():
+        return json.loads(rec_path.read_text())
+    t0 = time.perf_counter()
+    ckpt = train()
+    rec = {"checkpoint": str(ckpt), "wall_s": round(time.perf_counter() - t0, 1)}
+    rec_path.write_text(json.dumps(rec))
+    return rec
+
+
+def train_eyas(args, meta: dict, seed: int) -> dict:
+    """eyas's own recipe (the run's), trained in WORK/eyas-s<S> on the run's linked capture and vocab."""
+    out = args.work / f"eyas-s{seed}"
+    over = [*args.overrides, *budget(args, meta), f"train.seed={seed}"]
+
+    def train() -> Path:
+        link_stages(out, args.run, BASE_STAGES)
+        run_all(load_recipe(args.recipe, over), out, stages=(*BASE_STAGES, "train"), progress=False)
+        return out / layout.FINAL_CHECKPOINT
+
+    return timed(out, train)
+
+
+def budget(args, meta: dict) -> list[str]:
+    """The overrides that give eyas the shared budget."""
+    return [
+        f"train.epochs={args.epochs}",
+        f"train.ttt_steps={args.ttt}",
+        f"train.max_length={args.max_length}",
+    ]
+
+
+def train_speculators(args, meta: dict, seed: int) -> dict:
+    """`speculators train` (launch_speculators_cpu.py) with its defaults, the last epoch's checkpoint."""
+    out = args.work / f"speculators-s{seed}"
+    n = meta["n_train"] + meta["n_val"]
+
+    def train() -> Path:
+        peer(
+            args,
+            "launch_speculators_cpu.py",
+            "--verifier-name-or-path",
+            str(args.target_dir.resolve()),
+            "--data-path",
+            str(args.work / "data" / "speculators"),
+            "--speculator-type",
+            "eagle3",
+            "--draft-vocab-size",
+            str(meta["draft_vocab_size"]),
+            "--target-layer-ids",
+            *map(str, meta["aux_layer_ids"]),
+            "--full-attention-indices",
+            "0",
+            "--ttt-steps",
+            str(args.ttt),
+            "--total-seq-len",
+            str(args.max_length),
+            # its row-ordered split: int(n * ratio) rows = eyas's training sequences
+            "--train-data-ratio",
+            f"{(meta['n_train'] + 0.5) / n:.8f}",
+            "--epochs",
+            str(args.epochs),
+            "--seed",
+            str(seed),
+            "--save-path",
+            str(out / "ckpt"),
+            "--log-freq",
+            "10",
+            "--no-resume-from-checkpoint",
+            log=out / "train.log",
+        )
+        return out / "ckpt" / f"epoch{args.epochs - 1}_end"
+
+    out.mkdir(parents=True, exist_ok=True)
+    return timed(out, train)
+
+
+def train_specforge(args, meta: dict, seed: int) -> dict:
+    """`specforge train` (launch_specforge_cpu.py, the peers' CPU config) with its defaults, exported to
+    the HF layout with `specforge export --to hf`."""
+    out = args.work / f"specforge-s{seed}"
+    data = args.work / "data" / "specforge"
+    steps = args.epochs * meta["n_train"]  # batch 1, no packing: one sequence per step
+
+    def train() -> Path:
+        peer(
+            args,
+            "launch_specforge_cpu.py",
+            "train",
+            "-c",
+            str(args.peer / "configs" / "specforge_smol_cpu.yaml"),
+            f"model.target_model_path={data / 'target_view'}",
+            f"model.draft_model_config={data / 'draft_config.json'}",
+            f"model.vocab_mapping_path={data / 'vocab_mapping.pt'}",
+            f"data.hidden_states_path={data / 'features'}",
+            f"data.cache_dir={args.work / 'cache'}",
+            f"data.max_length={args.max_length}",
+            f"output_dir={out / 'run'}",
+            f"training.num_epochs={args.epochs}",
+            f"training.max_steps={steps}",
+            f"training.save_interval={steps}",
+            "training.log_interval=50",
+            f"training.ttt_length={args.ttt}",
+            f"training.seed={seed}",
+            log=out / "train.log",
+        )
+        return out / "hf"
+
+    out.mkdir(parents=True, exist_ok=True)
+    rec = timed(out, train)
+    if not (out / "hf" / "config.json").is_file():
+        peer(
+            args,
+            "launch_specforge_cpu.py",
+            "export",
+            "--to",
+            "hf",
+            "--checkpoint",
+            str(out / "run" / f"smol-eagle3-cpu-step{steps}"),
+            "--draft-config",
+            str(data / "draft_config.json"),
+            "--output-dir",
+            str(out / "hf"),
+            "--vocab-mapping",
+            str(data / "vocab_mapping.pt"),
+            "--embedding-source",
+            str(data / "target_view"),
+            log=out / "export.log",
+        )
+    return rec
+
+
+TRAIN = {"eyas": train_eyas, "speculators": train_speculators, "specforge": train_specforge}
+
+
+def imported(args, trainer: str, ckpt: str, target: str) -> str:
+    """A peer's checkpoint read by `eyas import` into WORK/imported/<name> (eyas's own: as it is)."""
+    if trainer == "eyas":
+        return ckpt
+    out = args.work / "imported" / Path(ckpt).parts[-3 if trainer == "speculators" else -2]
+    if not (out / "config.json").is_file():
+        from eyas.serve.interchange.importer import import_draft
+
+        import_draft(ckpt, out, target=target)
+    return str(out)
+
+
+def evaluate(args, drafts: list[tuple[str, str]]) -> list[dict]:
+    """Every draft in eyas's serving loop, one target load, the recipe's eval benchmarks (eval.num_prompts
+    each), chains k = args.k at each temperature -> one row per (draft, benchmark, temperature, k)."""
+    from eyas.eval.evaluate import run_eval
+
+    out = args.work / "eval"
+    link_stages(out, args.run, BASE_STAGES)
+    over = [f"eval.num_prompts={args.num_prompts}", f"eval.target_dtype={args.eval_dtype}"]
+    # a bf16 target's batched greedy outputs vary with the batch's shape: the lossless check is the recipe's
+    # (fp32) eval's, here tau is compared
+    over += [] if args.eval_dtype == "float32" else ["eval.check_lossless=false"]
+    recipe = load_recipe(args.recipe, [*args.overrides, *over])
+    report = run_eval(
+        recipe,
+        out,
+        drafts=drafts,
+        ks=args.k,
+        trees=[],
+        temperatures=args.temperature,
+        concurrency=[args.concurrency],
+        progress=True,
+        force=True,
+    )
+    keys = ("draft", "benchmark", "temperature", "k", "acceptance_length", "target_forwards", "lossless")
+    return [{k: r[k] for k in keys} for r in report["results"] if r.get("k") is not None]
+
+
+def pooled(rows: list[dict]) -> float:
+    """tau over every prompt of `rows`: accepted-and-bonus tokens over target forwards."""
+    forwards = sum(r["target_forwards"] for r in rows)
+    return sum(r["acceptance_length"] * r["target_forwards"] for r in rows) / max(forwards, 1)
+
+
+def family(draft: str) -> str:
+    """ "eyas-s1" -> "eyas": the drafts of one trainer (or one extra --draft NAME-sS) over seeds."""
+    return draft.rsplit("-s", 1)[0]
+
+
+def table(args, points: list[dict], trained: list[dict]) -> list[str]:
+    """Per trainer: pooled tau (mean over seeds, then each seed) at every (temperature, k), and tokens/s."""
+    lines = []
+    for temp in args.temperature:
+        lines += ["", f"T={temp:g}: tau over all prompts, mean over seeds (each seed)"]
+        lines.append(f"{'trainer':<16}" + "".join(f"{f'k={k}':>22}" for k in args.k) + f"{'train tok/s':>13}")
+        for fam in dict.fromkeys(family(p["draft"]) for p in points):
+            cells = ""
+            for k in args.k:
+                at = [
+                    p
+                    for p in points
+                    if p["temperature"] == temp and p["k"] == k and family(p["draft"]) == fam
+                ]
+                taus = [
+                    pooled([p for p in at if p["draft"] == d]) for d in dict.fromkeys(p["draft"] for p in at)
+                ]
+                cells += f"{sum(taus) / len(taus):>8.3f} (" + "/".join(f"{t:.2f}" for t in taus) + ")"
+            rates = [t["tokens_per_s"] for t in trained if t["trainer"] == fam]
+            lines.append(f"{fam:<16}{cells}" + (f"{sum(rates) / len(rates):>13.0f}" if rates else ""))
+    return lines
+
+
+def parse(argv) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--run", type=Path, required=True, help="a finished eyas run (its capture and vocab)")
+    p.add_argument("--recipe", default=None, help="default RUN/recipe.yaml")
+    p.add_argument("--work", type=Path, default=Path(os.environ.get("PEER_WORK", "peer-work")))
+    p.add_argument("--peer", type=Path, default=Path("../shared/peer"), help="the peers' launchers")
+    p.add_argument("--peer-python", type=Path, default=None, help="default WORK/venv/bin/python")
+    p.add_argument(
+        "--target-dir", type=Path, default=None, help="the peers' target (WORK/smollm2-135m-instruct)"
+    )
+    p.add_argument("--trainers", nargs="+", default=list(TRAINERS), choices=TRAINERS)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--ttt", type=int, default=5, help="TTT steps of every trainer")
+    p.add_argument("--max-length", type=int, default=1024, help="tokens per training sequence")
+    p.add_argument("--k", type=int, nargs="+", default=[1, 2, 3, 4, 5])
+    p.add_argument("--temperature", type=float, nargs="+", default=[0.0, 1.0])
+    p.add_argument("--num-prompts", type=int, default=8, help="per benchmark of the recipe's eval.benchmarks")
+    p.add_argument("--concurrency", type=int, default=32)
+    p.add_argument("--no-eval", action="store_true", help="train (and import) only")
+    p.add_argument("--eval-dtype", default="bfloat16", help="the target's dtype in the loop (the capture's)")
+    p.add_argument(
+        "--draft", action="append", default=[], help="NAME=CHECKPOINT: another eyas draft to evaluate"
+    )
+    p.add_argument("overrides", nargs="*", help="recipe overrides (key.sub=value): eyas's training and eval")
+    args = p.parse_args(argv)
+    args.recipe = args.recipe or str(args.run / "recipe.yaml")
+    args.peer_python = args.peer_python or args.work / "venv" / "bin" / "python"
+    args.target_dir = args.target_dir or args.work / "smollm2-135m-instruct"
+    return args
+
+
+CONVERTERS = {
+    "speculators": ("convert_speculators.py", "generic"),
+    "specforge": ("convert_specforge.py", "generic-train"),
+}
+
+
+def prepare_data(args, recipe) -> dict:
+    """The peers' target directory, the generic export and each peer's converted data -> the export's meta."""
+    if not (args.target_dir / "model.safetensors").is_file():
+        peer(
+            args,
+            "make_smollm2.py",
+            "--out",
+            str(args.target_dir),
+            log=args.work / "logs" / "make_smollm2.log",
+        )
+    meta = export_generic(args.run, recipe, args.work / "generic")
+    if meta["max_length"] > args.max_length:
+        raise SystemExit(
+            f"--max-length {args.max_length}: the capture holds a sequence of {meta['max_length']}"
+        )
+    for trainer, (script, src) in CONVERTERS.items():
+        out = args.work / "data" / trainer
+        if trainer in args.trainers and not out.is_dir():
+            src_dir, log = str(args.work / src), args.work / "logs" / f"convert-{trainer}.log"
+            peer(
+                args,
+                script,
+                "--capture",
+                src_dir,
+                "--out",
+                str(out),
+                "--target",
+                str(args.target_dir),
+                log=log,
+            )
+    return meta
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
+    recipe = load_recipe(args.recipe, args.overrides)
+    meta = prepare_data(args, recipe)
+    trained = []
+    with open(args.work / "results.jsonl", "a") as results:
+        for trainer in args.trainers:
+            for seed in args.seeds:
+                rec = TRAIN[trainer](args, meta, seed)
+                tokens = args.epochs * meta["train_tokens"]
+                row = {"trainer": trainer, "seed": seed, "epochs": args.epochs, "ttt": args.ttt}
+                row.update(tokens_seen=tokens, wall_s=rec["wall_s"], tokens_per_s=tokens / rec["wall_s"])
+                trained.append({**row, "checkpoint": rec["checkpoint"]})
+                print(json.dumps(row), file=results, flush=True)
+                print(json.dumps(row), flush=True)
+        drafts = [
+            (
+                f"{t['trainer']}-s{t['seed']}",
+                imported(args, t["trainer"], t["checkpoint"], recipe.target.model),
+            )
+            for t in trained
+        ]
+        if args.no_eval:
+            return 0
+        points = evaluate(args, drafts + [tuple(d.split("=", 1)) for d in args.draft])
+        for point in points:
+            print(json.dumps(point), file=results, flush=True)
+    print("\n".join(table(args, points, trained)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
