@@ -136,7 +136,7 @@ def timed(out: Path, train) -> dict:
 def train_eyas(args, meta: dict, seed: int) -> dict:
     """eyas's own recipe (the run's), trained in WORK/eyas-s<S> on the run's linked capture and vocab."""
     out = args.work / f"eyas-s{seed}"
-    over = [*args.overrides, *budget(args, meta), f"train.seed={seed}"]
+    over = [*args.overrides, *budget(args), f"train.seed={seed}"]
 
     def train() -> Path:
         link_stages(out, args.run, BASE_STAGES)
@@ -146,7 +146,7 @@ def train_eyas(args, meta: dict, seed: int) -> dict:
     return timed(out, train)
 
 
-def budget(args, meta: dict) -> list[str]:
+def budget(args) -> list[str]:
     """The overrides that give eyas the shared budget."""
     return [
         f"train.epochs={args.epochs}",
@@ -258,11 +258,11 @@ def train_specforge(args, meta: dict, seed: int) -> dict:
 TRAIN = {"eyas": train_eyas, "speculators": train_speculators, "specforge": train_specforge}
 
 
-def imported(args, trainer: str, ckpt: str, target: str) -> str:
+def imported(args, name: str, trainer: str, ckpt: str, target: str) -> str:
     """A peer's checkpoint read by `eyas import` into WORK/imported/<name> (eyas's own: as it is)."""
     if trainer == "eyas":
         return ckpt
-    out = args.work / "imported" / Path(ckpt).parts[-3 if trainer == "speculators" else -2]
+    out = args.work / "imported" / name
     if not (out / "config.json").is_file():
         from eyas.serve.interchange.importer import import_draft
 
@@ -417,12 +417,10 @@ def main(argv=None) -> int:
                 trained.append({**row, "checkpoint": rec["checkpoint"]})
                 print(json.dumps(row), file=results, flush=True)
                 print(json.dumps(row), flush=True)
+        names = [f"{t['trainer']}-s{t['seed']}" for t in trained]
         drafts = [
-            (
-                f"{t['trainer']}-s{t['seed']}",
-                imported(args, t["trainer"], t["checkpoint"], recipe.target.model),
-            )
-            for t in trained
+            (name, imported(args, name, t["trainer"], t["checkpoint"], recipe.target.model))
+            for name, t in zip(names, trained)
         ]
         if args.no_eval:
             return 0
