@@ -3,8 +3,8 @@ capture, for the same number of epochs over the same sequences, imported with `e
 side by side in eyas's serving loop on the same held-out prompts.
 
     python benchmarks/bench_anchors.py --run runs/smollm2-135m [--work peer-work] [--epochs 1]
-        [--ttt 5] [--seeds 0 1] [--trainers eyas speculators specforge] [--k 1 2 3 4 5]
-        [--temperature 0 1] [--num-prompts 8] [-- key.sub=value ...]
+        [--ttt 5] [--seeds 0 1] [--trainers eyas speculators specforge] [--name eyas] [--k 1 2 3 4 5]
+        [--temperature 0 1] [--num-prompts 8] [--no-eval] [-- key.sub=value ...]
 
 Needs a finished eyas run (its capture and vocab: `eyas run recipes/smollm2-135m.yaml`) and the peers'
 venv and target directory from `../shared/peer/README.md` (Setup: `$PEER_WORK/venv` with speculators,
@@ -20,7 +20,8 @@ nothing of theirs is copied. Each stage writes into WORK and is skipped when its
                          vocab_mapping.pt {d2t offsets, t2d}
     generic-train/       links to the training sequences only (SpecForge has no validation split)
     data/speculators, data/specforge   the peers' converters' output
-    <trainer>-s<S>/      each trainer's run; eyas's links the run's stages and trains with its recipe
+    <trainer>-s<S>/      each trainer's run; eyas's (named --name) links the run's stages and trains with its
+                         recipe and the command line's overrides
     imported/<trainer>-s<S>   the peers' checkpoints read by `eyas import`
 
 Every trainer keeps its own defaults (optimizer, lr, schedule, loss and its weighting, lm_head init
@@ -28,8 +29,11 @@ and freezing, norms) except what makes the budget the same: the draft shape (1 l
 dims, the run's aux ids and draft vocab), TTT steps (--ttt), epochs over the same training sequences,
 the sequence length (train.max_length) and the seed. Tokens/s is the sequences' tokens (prompt and
 answer) times epochs over each trainer's wall time, one trainer at a time on the same machine.
-Prints one JSON line per trained draft and per measured point (appended to WORK/results.jsonl), then
-the tau table: per trainer, mean over seeds at each (temperature, k), over all prompts.
+Every draft is scored twice: on the held-out captured sequences as eyas's training validates (simulated tau
+of greedy chains, the same sequences and teacher for all, no sampling noise), and in eyas's serving loop on
+the held-out prompts (unless --no-eval). Prints one JSON line per trained draft, per draft's held-out score
+and per measured point (appended to WORK/results.jsonl), then the tables: per trainer, mean over seeds at
+each k (and temperature), the loop's over all prompts.
 """
 
 from __future__ import annotations
@@ -49,12 +53,17 @@ from eyas import layout
 from eyas.data.shards import ShardDataset
 from eyas.pipeline import run_all
 from eyas.recipes.load import load_recipe
-from eyas.train.validation import split_validation
+from eyas.train.validation import held_out_split
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_defaults import BASE_STAGES, link_stages  # noqa: E402
 
 TRAINERS = ("eyas", "speculators", "specforge")
+
+
+def split_seed(recipe) -> int:
+    """The seed of the recipe's held-out split (train/validation.py held_out_split)."""
+    return recipe.train.seed if recipe.train.val_seed is None else recipe.train.val_seed
 
 
 def export_generic(run: Path, recipe, out: Path) -> dict:
@@ -65,7 +74,7 @@ def export_generic(run: Path, recipe, out: Path) -> dict:
     seqs = ShardDataset(run / "capture")
     if seqs.teacher != "final":
         raise SystemExit(f"{run}/capture: the peers need the final state (capture.teacher: final)")
-    train_ids, val_ids = split_validation(len(seqs), recipe.train.val_fraction, recipe.train.seed)
+    train_ids, val_ids = held_out_split(recipe.train, len(seqs))
     tmp = out.with_name(out.name + ".partial")
     tmp.mkdir(parents=True, exist_ok=True)
     n_aux, H = len(seqs.aux_layer_ids), seqs.hidden_size
@@ -85,6 +94,7 @@ def export_generic(run: Path, recipe, out: Path) -> dict:
     torch.save({"d2t": vocab["d2t"], "t2d": vocab["t2d"]}, tmp / "vocab_mapping.pt")
     tokens = [seqs.lengths[i] for i in train_ids]
     meta = {
+        "val_seed": split_seed(recipe),
         "aux_layer_ids": seqs.aux_layer_ids,
         "layer_id_convention": "vLLM: id k = input of decoder layer k = HF hidden_states[k]",
         "n_train": len(train_ids),
@@ -134,9 +144,10 @@ def timed(out: Path, train) -> dict:
 
 
 def train_eyas(args, meta: dict, seed: int) -> dict:
-    """eyas's own recipe (the run's), trained in WORK/eyas-s<S> on the run's linked capture and vocab."""
-    out = args.work / f"eyas-s{seed}"
-    over = [*args.overrides, *budget(args), f"train.seed={seed}"]
+    """eyas's own recipe (the run's, with the command line's overrides), trained in WORK/<--name>-s<S> on the
+    run's linked capture and vocab, holding out the sequences the peers do not train on (train.val_seed)."""
+    out = args.work / f"{args.name}-s{seed}"
+    over = [*args.overrides, *budget(args), f"train.seed={seed}", f"train.val_seed={meta['val_seed']}"]
 
     def train() -> Path:
         link_stages(out, args.run, BASE_STAGES)
@@ -260,7 +271,7 @@ TRAIN = {"eyas": train_eyas, "speculators": train_speculators, "specforge": trai
 
 def imported(args, name: str, trainer: str, ckpt: str, target: str) -> str:
     """A peer's checkpoint read by `eyas import` into WORK/imported/<name> (eyas's own: as it is)."""
-    if trainer == "eyas":
+    if trainer not in CONVERTERS:  # eyas's own
         return ckpt
     out = args.work / "imported" / name
     if not (out / "config.json").is_file():
@@ -268,6 +279,53 @@ def imported(args, name: str, trainer: str, ckpt: str, target: str) -> str:
 
         import_draft(ckpt, out, target=target)
     return str(out)
+
+
+def held_out_tau(args, recipe, drafts: list[tuple[str, str]]) -> list[dict]:
+    """Every draft scored as eyas's training scores its own (train/validation.py): TTT over the captured
+    sequences no trainer trained on, simulated tau of greedy chains at k = 1..--ttt, in the recipe's training
+    precision -> one row per draft. The same sequences and teacher for all: no serving-loop noise."""
+    from functools import partial
+
+    from accelerate import Accelerator
+
+    from eyas.data.target import load_head_weights
+    from eyas.train.checkpoint import load_draft
+    from eyas.train.packing import PackedRows, collate_rows
+    from eyas.train.trainer import mixed_precision
+    from eyas.train.ttt import TTTModule
+    from eyas.train.validation import validate
+
+    seqs = ShardDataset(args.run / "capture")
+    tr = recipe.train.model_copy(update={"val_seed": split_seed(recipe)})
+    val = held_out_split(tr, len(seqs))[1]
+    heads = load_head_weights(recipe.target.model, recipe.target.trust_remote_code)
+    acc = Accelerator(cpu=not torch.cuda.is_available(), mixed_precision=mixed_precision(tr.mixed_precision))
+    collate = partial(collate_rows, max_length=args.max_length)
+    rows = PackedRows(seqs, [[i] for i in val])
+    batches = [collate([rows[j] for j in range(b, min(b + 8, len(val)))]) for b in range(0, len(val), 8)]
+    out = []
+    for name, ckpt in drafts:
+        draft = load_draft(ckpt, device=acc.device, embed=heads["embed"])
+        module = TTTModule(draft, heads["lm_head"].float().to(acc.device), args.ttt, 1.0)
+        with acc.autocast():
+            v = validate(module, batches, acc, args.ttt)
+        out.append({"draft": name, "held_out_sequences": len(val), "sim_tau": v["simulated_tau"]})
+    return out
+
+
+def held_out_table(rows: list[dict]) -> list[str]:
+    """Per trainer: held-out simulated tau, mean over seeds (each seed), at k = 1..."""
+    ks = range(1, len(rows[0]["sim_tau"]) + 1)
+    n = rows[0]["held_out_sequences"]
+    lines = ["", f"{n} held-out captured sequences: simulated tau, mean over seeds (each seed)"]
+    lines.append(f"{'trainer':<16}" + "".join(f"{f'k={k}':>22}" for k in ks))
+    for fam in dict.fromkeys(family(r["draft"]) for r in rows):
+        mine = [r["sim_tau"] for r in rows if family(r["draft"]) == fam]
+        cells = [(sum(t[k - 1] for t in mine) / len(mine), [t[k - 1] for t in mine]) for k in ks]
+        each = ["/".join(f"{x:.2f}" for x in e) for _, e in cells]
+        lines.append(f"{fam:<16}" + "".join(f"{m:>8.3f} ({e})" for (m, _), e in zip(cells, each)))
+    return lines
 
 
 def evaluate(args, drafts: list[tuple[str, str]]) -> list[dict]:
@@ -342,6 +400,7 @@ def parse(argv) -> argparse.Namespace:
         "--target-dir", type=Path, default=None, help="the peers' target (WORK/smollm2-135m-instruct)"
     )
     p.add_argument("--trainers", nargs="+", default=list(TRAINERS), choices=TRAINERS)
+    p.add_argument("--name", default="eyas", help="eyas's drafts: WORK/NAME-sS (a name for other overrides)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--ttt", type=int, default=5, help="TTT steps of every trainer")
@@ -379,7 +438,7 @@ def prepare_data(args, recipe) -> dict:
             str(args.target_dir),
             log=args.work / "logs" / "make_smollm2.log",
         )
-    meta = export_generic(args.run, recipe, args.work / "generic")
+    meta = {"val_seed": split_seed(recipe), **export_generic(args.run, recipe, args.work / "generic")}
     if meta["max_length"] > args.max_length:
         raise SystemExit(
             f"--max-length {args.max_length}: the capture holds a sequence of {meta['max_length']}"
@@ -412,6 +471,7 @@ def main(argv=None) -> int:
             for seed in args.seeds:
                 rec = TRAIN[trainer](args, meta, seed)
                 tokens = args.epochs * meta["train_tokens"]
+                trainer = args.name if trainer == "eyas" else trainer
                 row = {"trainer": trainer, "seed": seed, "epochs": args.epochs, "ttt": args.ttt}
                 row.update(tokens_seen=tokens, wall_s=rec["wall_s"], tokens_per_s=tokens / rec["wall_s"])
                 trained.append({**row, "checkpoint": rec["checkpoint"]})
@@ -422,12 +482,17 @@ def main(argv=None) -> int:
             (name, imported(args, name, t["trainer"], t["checkpoint"], recipe.target.model))
             for name, t in zip(names, trained)
         ]
+        drafts += [tuple(d.split("=", 1)) for d in args.draft]
+        held = held_out_tau(args, recipe, drafts)
+        for row in held:
+            print(json.dumps(row), file=results, flush=True)
         if args.no_eval:
+            print("\n".join(held_out_table(held)))
             return 0
-        points = evaluate(args, drafts + [tuple(d.split("=", 1)) for d in args.draft])
+        points = evaluate(args, drafts)
         for point in points:
             print(json.dumps(point), file=results, flush=True)
-    print("\n".join(table(args, points, trained)))
+    print("\n".join(held_out_table(held) + table(args, points, trained)))
     return 0
 
 

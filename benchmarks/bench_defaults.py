@@ -62,6 +62,16 @@ TABLES = {  # table -> choice -> overrides ({n}: the target's layer count, {h}: 
             "train.weight_decay=0.01",
             "train.decay=1.0",
         ],
+        "speculators_adamw": [  # the same but AdamW: is it Muon that loses in the combination?
+            "draft.norm_before_fc=true",
+            "draft.norm_before_residual=true",
+            "draft.norm_output=true",
+            "draft.lm_head=target_frozen",
+            "train.optimizer=adamw",
+            "train.lr=1e-3",
+            "train.weight_decay=0.01",
+            "train.decay=1.0",
+        ],
         "specforge_defaults": [
             "draft.norm_before_fc=false",
             "draft.lm_head=random",

@@ -229,6 +229,9 @@ class TrainSection(Section):
     val_every: int = Field(0, ge=0, description="steps between validations (0: only at the end)")
     report_to: Literal["none", "wandb", "tensorboard", "trackio"] = Field("none", description="a tracker")
     seed: int = Field(0, description="seeds initialisation, data order and the held-out split")
+    val_seed: int | None = Field(
+        None, description="seeds the held-out split instead of `seed` (seeds compared on the same sequences)"
+    )
     num_workers: int = Field(0, description="data loader workers")
 
 

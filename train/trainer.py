@@ -41,7 +41,7 @@ from .packing import PackedRows, collate_rows, plan_rows
 from .schedule import MicroBatches, epoch_micro_batches, evaluation_micro_batches, updates_per_epoch
 from .state import load_latest, save_state, sum_over_processes
 from .ttt import TTTModule, TTTOutput, model_inputs, simulated_tau
-from .validation import split_validation, validate
+from .validation import held_out_split, validate
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
@@ -328,7 +328,7 @@ def training_data(
         sequences, on_device = RegeneratedSequences(run_dir), online
     else:
         sequences, on_device = ShardDataset(run_dir / "capture"), partial(to_device, device=acc.device)
-    train_ids, val_ids = split_validation(len(sequences), tr.val_fraction, tr.seed)
+    train_ids, val_ids = held_out_split(tr, len(sequences))
     rows = plan_rows([sequences.lengths[i] for i in train_ids], tr.max_length, tr.pack, tr.seed)
     dataset = PackedRows(sequences, [[train_ids[i] for i in row] for row in rows])
     collate = partial(collate_rows, max_length=tr.max_length)

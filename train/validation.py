@@ -28,6 +28,12 @@ def split_validation(num_sequences: int, fraction: float, seed: int) -> tuple[li
     return sorted(perm[n_val:]), sorted(perm[:n_val])
 
 
+def held_out_split(tr, num_sequences: int) -> tuple[list[int], list[int]]:
+    """The recipe's split (`train` section `tr`): `train.val_fraction` held out, seeded by `train.val_seed`
+    when set (seeds compared on the same held-out sequences), else by `train.seed`."""
+    return split_validation(num_sequences, tr.val_fraction, tr.seed if tr.val_seed is None else tr.val_seed)
+
+
 @torch.no_grad()
 def validate(module, batches, accelerator, ttt_steps: int) -> dict:
     """Sum TTT counts over `batches` (this process's share) and over processes -> metrics dict."""
