@@ -1,6 +1,7 @@
 """train.optimizer (train/optim.py): Muon on the draft's hidden matrices, AdamW on the rest, one optimizer to
 the schedule; a step moves every trainable tensor."""
 
+import pytest
 import torch
 from test_train_serve_consistency import make_draft
 
@@ -32,3 +33,21 @@ def test_muon_takes_the_hidden_matrices_adamw_the_rest():
     assert all(not torch.equal(before[n], p) for n, p in named)
     opt.zero_grad()
     assert all(p.grad is None for _, p in named)
+
+
+def test_the_schedule_reaches_the_members_after_prepare_and_resume():
+    """accelerate's prepare loads the optimizer's state back (device placement), as a resume does; each load
+    gives the members new group dicts, which the schedule must still set."""
+    from accelerate import Accelerator
+
+    from eyas.train.trainer import lr_lambda
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(8))
+    opt = make_optimizer("muon", list(model.named_parameters()), 1e-3, 0.01, 0.1, fused=False)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(100, 4, 0.1))
+    model, prepared = Accelerator(cpu=True).prepare(model, opt)
+    opt.load_state_dict(opt.state_dict())  # a resume
+    for _ in range(10):
+        sched.step()
+    members = [g["lr"] for m in opt.members for g in m.param_groups]
+    assert members == sched.get_last_lr() and members[0] == pytest.approx(1e-3 * lr_lambda(100, 4, 0.1)(10))

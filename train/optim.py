@@ -45,6 +45,10 @@ class Combined(torch.optim.Optimizer):
     def load_state_dict(self, state: dict) -> None:
         for m, s in zip(self.members, state["members"], strict=True):
             m.load_state_dict(s)
+        # a torch optimizer's load_state_dict makes new group dicts: share them again, or the schedule sets lr
+        # on dead dicts (accelerate's prepare loads the state back to place it on the device: Muon then ran at
+        # the first warmup step's lr for the whole run)
+        self.param_groups = [g for m in self.members for g in m.param_groups]
 
 
 def make_optimizer(
