@@ -30,6 +30,17 @@ from eyas.recipes.load import load_recipe
 
 BASE_STAGES = ("prompts", "regenerate", "capture", "vocab")
 KS = (1, 2, 3, 4, 5)
+# speculators 0.9's draft (its three norms, the target's lm_head rows frozen) and its training besides the
+# optimizer (lr 1e-3, AdamW weight decay 0.01, every TTT step weighed the same)
+SPECULATORS_DRAFT = [
+    "draft.norm_before_fc=true",
+    "draft.norm_before_residual=true",
+    "draft.norm_output=true",
+    "draft.lm_head=target_frozen",
+]
+SPECULATORS_TRAIN = ["train.lr=1e-3", "train.weight_decay=0.01", "train.decay=1.0"]
+PACKED_1024 = ["train.pack=true", "train.max_length=1024", "train.batch_size=1"]  # speculators' rows
+MUON = ["train.optimizer=muon", "train.weight_decay=0.01"]
 TABLES = {  # table -> choice -> overrides ({n}: the target's layer count, {h}: n // 2)
     "options": {
         "plain": ["draft.norm_before_fc=false"],
@@ -52,26 +63,9 @@ TABLES = {  # table -> choice -> overrides ({n}: the target's layer count, {h}: 
         "target_frozen": ["draft.lm_head=target_frozen"],
     },
     "peers": {  # the anchors' defaults as eyas recipe keys (benchmarks/bench_anchors.py runs their own code)
-        "speculators_defaults": [
-            "draft.norm_before_fc=true",
-            "draft.norm_before_residual=true",
-            "draft.norm_output=true",
-            "draft.lm_head=target_frozen",
-            "train.optimizer=muon",
-            "train.lr=1e-3",
-            "train.weight_decay=0.01",
-            "train.decay=1.0",
-        ],
-        "speculators_adamw": [  # the same but AdamW: is it Muon that loses in the combination?
-            "draft.norm_before_fc=true",
-            "draft.norm_before_residual=true",
-            "draft.norm_output=true",
-            "draft.lm_head=target_frozen",
-            "train.optimizer=adamw",
-            "train.lr=1e-3",
-            "train.weight_decay=0.01",
-            "train.decay=1.0",
-        ],
+        "speculators_defaults": [*SPECULATORS_DRAFT, "train.optimizer=muon", *SPECULATORS_TRAIN],
+        # the same but AdamW: is it Muon that loses in the combination?
+        "speculators_adamw": [*SPECULATORS_DRAFT, "train.optimizer=adamw", *SPECULATORS_TRAIN],
         "specforge_defaults": [
             "draft.norm_before_fc=false",
             "draft.lm_head=random",
@@ -83,7 +77,18 @@ TABLES = {  # table -> choice -> overrides ({n}: the target's layer count, {h}: 
     "batching": {  # rows of whole sequences padded to the batch's longest, or packed (speculators packs)
         "padded_b8": ["train.pack=false", "train.batch_size=8"],
         "packed_768_b2": ["train.pack=true", "train.max_length=768", "train.batch_size=2"],
-        "packed_1024_b1": ["train.pack=true", "train.max_length=1024", "train.batch_size=1"],
+        "packed_1024_b1": PACKED_1024,
+        "packed_1024_b1_muon": [*PACKED_1024, *MUON],  # speculators' rows and optimizer
+        # and the target's lm_head rows, frozen
+        "packed_1024_b1_muon_frozen_head": [*PACKED_1024, *MUON, "draft.lm_head=target_frozen"],
+        # and speculators' schedule shape: 1% warmup, decay to 0
+        "packed_1024_b1_muon_frozen_head_to_0": [
+            *PACKED_1024,
+            *MUON,
+            "draft.lm_head=target_frozen",
+            "train.warmup_ratio=0.01",
+            "train.min_lr_ratio=0",
+        ],
     },
     "losses": {
         "kl": ["train.loss=kl"],
@@ -98,6 +103,12 @@ TABLES = {  # table -> choice -> overrides ({n}: the target's layer count, {h}: 
         "adamw_1e-3": ["train.optimizer=adamw", "train.lr=1e-3"],
         # speculators' default: Muon lr 1e-3 wd 0.1 on the matrices, AdamW lr 1e-3 wd 0.01 on the rest
         "muon_1e-3": ["train.optimizer=muon", "train.lr=1e-3", "train.weight_decay=0.01"],
+        "muon_1e-3_frozen_head": [  # and the target's lm_head rows, frozen (speculators' pair)
+            "train.optimizer=muon",
+            "train.lr=1e-3",
+            "train.weight_decay=0.01",
+            "draft.lm_head=target_frozen",
+        ],
     },
     "storage": {
         "bf16": ["capture.aux_format=same", "capture.teacher=final"],
