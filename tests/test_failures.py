@@ -408,6 +408,12 @@ def test_disk_full_is_recognised_however_the_writer_says_it(tmp_path, monkeypatc
 INTERRUPT_ROWS = ("interrupted training", "interrupted capture")
 
 
+def default_sigint() -> None:
+    """SIGINT back to its default: a shell starts background jobs (`pytest ... &`) with it ignored, and a
+    child inherits that; Ctrl-C's handling is what these tests check."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start(args: list[str]) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen(
@@ -416,6 +422,7 @@ def start(args: list[str]) -> subprocess.Popen:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=default_sigint,
     )
 
 
@@ -467,12 +474,19 @@ def test_a_signal_inside_held_is_delivered_when_the_block_ends():
     test below signals as soon as a shard file exists) is delivered after both, so the shard is kept."""
     from eyas.interrupts import held
 
-    before, steps = signal.getsignal(signal.SIGINT), []
-    with pytest.raises(KeyboardInterrupt):
-        with held():
-            signal.raise_signal(signal.SIGINT)
-            steps.append("the rest of the block")
-    assert steps == ["the rest of the block"] and signal.getsignal(signal.SIGINT) is before
+    ignored = signal.getsignal(signal.SIGINT) is signal.SIG_IGN  # a background job's (see default_sigint)
+    if ignored:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        before, steps = signal.getsignal(signal.SIGINT), []
+        with pytest.raises(KeyboardInterrupt):
+            with held():
+                signal.raise_signal(signal.SIGINT)
+                steps.append("the rest of the block")
+        assert steps == ["the rest of the block"] and signal.getsignal(signal.SIGINT) is before
+    finally:
+        if ignored:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def test_sigint_mid_capture_keeps_the_complete_shards(base, tmp_path, capsys):
