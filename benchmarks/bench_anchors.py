@@ -53,17 +53,12 @@ from eyas import layout
 from eyas.data.shards import ShardDataset
 from eyas.pipeline import run_all
 from eyas.recipes.load import load_recipe
-from eyas.train.validation import held_out_split
+from eyas.train.validation import held_out_split, split_seed
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_defaults import BASE_STAGES, link_stages  # noqa: E402
 
 TRAINERS = ("eyas", "speculators", "specforge")
-
-
-def split_seed(recipe) -> int:
-    """The seed of the recipe's held-out split (train/validation.py held_out_split)."""
-    return recipe.train.seed if recipe.train.val_seed is None else recipe.train.val_seed
 
 
 def export_generic(run: Path, recipe, out: Path) -> dict:
@@ -94,7 +89,7 @@ def export_generic(run: Path, recipe, out: Path) -> dict:
     torch.save({"d2t": vocab["d2t"], "t2d": vocab["t2d"]}, tmp / "vocab_mapping.pt")
     tokens = [seqs.lengths[i] for i in train_ids]
     meta = {
-        "val_seed": split_seed(recipe),
+        "val_seed": split_seed(recipe.train),
         "aux_layer_ids": seqs.aux_layer_ids,
         "layer_id_convention": "vLLM: id k = input of decoder layer k = HF hidden_states[k]",
         "n_train": len(train_ids),
@@ -297,7 +292,7 @@ def held_out_tau(args, recipe, drafts: list[tuple[str, str]]) -> list[dict]:
     from eyas.train.validation import validate
 
     seqs = ShardDataset(args.run / "capture")
-    tr = recipe.train.model_copy(update={"val_seed": split_seed(recipe)})
+    tr = recipe.train
     val = held_out_split(tr, len(seqs))[1]
     heads = load_head_weights(recipe.target.model, recipe.target.trust_remote_code)
     acc = Accelerator(cpu=not torch.cuda.is_available(), mixed_precision=mixed_precision(tr.mixed_precision))
@@ -438,7 +433,7 @@ def prepare_data(args, recipe) -> dict:
             str(args.target_dir),
             log=args.work / "logs" / "make_smollm2.log",
         )
-    meta = {"val_seed": split_seed(recipe), **export_generic(args.run, recipe, args.work / "generic")}
+    meta = {"val_seed": split_seed(recipe.train), **export_generic(args.run, recipe, args.work / "generic")}
     if meta["max_length"] > args.max_length:
         raise SystemExit(
             f"--max-length {args.max_length}: the capture holds a sequence of {meta['max_length']}"

@@ -28,10 +28,15 @@ def split_validation(num_sequences: int, fraction: float, seed: int) -> tuple[li
     return sorted(perm[n_val:]), sorted(perm[:n_val])
 
 
+def split_seed(tr) -> int:
+    """The seed of the recipe's held-out split (`train` section `tr`): `train.val_seed` when set (seeds
+    compared on the same held-out sequences), else `train.seed`."""
+    return tr.seed if tr.val_seed is None else tr.val_seed
+
+
 def held_out_split(tr, num_sequences: int) -> tuple[list[int], list[int]]:
-    """The recipe's split (`train` section `tr`): `train.val_fraction` held out, seeded by `train.val_seed`
-    when set (seeds compared on the same held-out sequences), else by `train.seed`."""
-    return split_validation(num_sequences, tr.val_fraction, tr.seed if tr.val_seed is None else tr.val_seed)
+    """The recipe's split: `train.val_fraction` of the sequences held out, seeded by `split_seed(tr)`."""
+    return split_validation(num_sequences, tr.val_fraction, split_seed(tr))
 
 
 @torch.no_grad()
