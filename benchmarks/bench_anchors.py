@@ -466,8 +466,8 @@ def main(argv=None) -> int:
             for seed in args.seeds:
                 rec = TRAIN[trainer](args, meta, seed)
                 tokens = args.epochs * meta["train_tokens"]
-                trainer = args.name if trainer == "eyas" else trainer
-                row = {"trainer": trainer, "seed": seed, "epochs": args.epochs, "ttt": args.ttt}
+                name = args.name if trainer == "eyas" else trainer
+                row = {"trainer": name, "seed": seed, "epochs": args.epochs, "ttt": args.ttt}
                 row.update(tokens_seen=tokens, wall_s=rec["wall_s"], tokens_per_s=tokens / rec["wall_s"])
                 trained.append({**row, "checkpoint": rec["checkpoint"]})
                 print(json.dumps(row), file=results, flush=True)
