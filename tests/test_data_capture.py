@@ -240,6 +240,28 @@ def test_lm_head_check_raises_when_final_is_not_what_logits_come_from(regen_run,
     assert not list((run / "capture").glob("shard-*"))
 
 
+def test_lm_head_check_sees_a_bounded_slice_and_later_forwards_no_logits(regen_run, tmp_path, monkeypatch):
+    """Full logits (B, T, V) come from one forward of at most VERIFY_SEQUENCES x VERIFY_TOKENS positions, not
+    from a capture batch (16 sequences of ~2,200 tokens of SmolLM2's 49K vocab took 24 GB in the check)."""
+    target, run = regen_run[0], fresh_run(regen_run, tmp_path)
+    monkeypatch.setattr(capture, "VERIFY_SEQUENCES", 2)
+    monkeypatch.setattr(capture, "VERIFY_TOKENS", 5)
+    shapes, real_capture_batch = [], capture.capture_batch
+
+    def recording(model, tap, ids, mask):
+        aux, final, logits = real_capture_batch(model, tap, ids, mask)
+        shapes.append((tuple(ids.shape), None if logits is None else tuple(logits.shape)))
+        return aux, final, logits
+
+    monkeypatch.setattr(capture, "capture_batch", recording)
+    run_capture(recipe(target, batch_size=4), run, progress=False)
+    assert shapes[0] == ((2, 5), (2, 5, 68))  # the check: 2 sequences x 5 tokens, the whole vocab
+    assert len(shapes) == 1 + 3 and all(
+        logits is None for _, logits in shapes[1:]
+    )  # 10 sequences, batches of 4
+    assert [ids[0] for ids, _ in shapes[1:]] == [4, 4, 2]
+
+
 @pytest.mark.parametrize("aux_format", ["fp8", "int6", "int4"])
 def test_compact_capture_decodes_within_its_stated_error(regen_run, tmp_path, aux_format):
     """`capture.aux_format: fp8 | int4` and `teacher: topk` (data/compact.py): the shards hold the stated
