@@ -280,6 +280,16 @@ def held_out_tau(args, recipe, drafts: list[tuple[str, str]]) -> list[dict]:
     """Every draft scored as eyas's training scores its own (train/validation.py): TTT over the captured
     sequences no trainer trained on, simulated tau of greedy chains at k = 1..--ttt, in the recipe's training
     precision -> one row per draft. The same sequences and teacher for all: no serving-loop noise."""
+    seqs = ShardDataset(args.run / "capture")
+    val = held_out_split(recipe.train, len(seqs))[1]
+    scored = score_sequences(recipe, seqs, val, drafts, args.ttt, args.max_length)
+    return [{"draft": name, "held_out_sequences": len(val), "sim_tau": tau} for name, tau in scored]
+
+
+def score_sequences(recipe, seqs, indices: list[int], drafts: list[tuple[str, str]], ttt, max_length: int):
+    """Simulated tau at k = 1..ttt of each draft (name, checkpoint) over the captured sequences `seqs[i]`,
+    i in `indices` (rows of up to max_length tokens, 8 per batch), as training validates; `ttt`: an int or
+    one per draft -> [(name, [tau_1, ...])]."""
     from functools import partial
 
     from accelerate import Accelerator
@@ -291,21 +301,21 @@ def held_out_tau(args, recipe, drafts: list[tuple[str, str]]) -> list[dict]:
     from eyas.train.ttt import TTTModule
     from eyas.train.validation import validate
 
-    seqs = ShardDataset(args.run / "capture")
-    tr = recipe.train
-    val = held_out_split(tr, len(seqs))[1]
     heads = load_head_weights(recipe.target.model, recipe.target.trust_remote_code)
-    acc = Accelerator(cpu=not torch.cuda.is_available(), mixed_precision=mixed_precision(tr.mixed_precision))
-    collate = partial(collate_rows, max_length=args.max_length)
-    rows = PackedRows(seqs, [[i] for i in val])
-    batches = [collate([rows[j] for j in range(b, min(b + 8, len(val)))]) for b in range(0, len(val), 8)]
+    acc = Accelerator(
+        cpu=not torch.cuda.is_available(), mixed_precision=mixed_precision(recipe.train.mixed_precision)
+    )
+    collate = partial(collate_rows, max_length=max_length)
+    rows = PackedRows(seqs, [[i] for i in indices])
+    n = len(indices)
+    batches = [collate([rows[j] for j in range(b, min(b + 8, n))]) for b in range(0, n, 8)]
+    steps = ttt if isinstance(ttt, list) else [ttt] * len(drafts)
     out = []
-    for name, ckpt in drafts:
+    for (name, ckpt), t in zip(drafts, steps):
         draft = load_draft(ckpt, device=acc.device, embed=heads["embed"])
-        module = TTTModule(draft, heads["lm_head"].float().to(acc.device), args.ttt, 1.0)
+        module = TTTModule(draft, heads["lm_head"].float().to(acc.device), t, 1.0)
         with acc.autocast():
-            v = validate(module, batches, acc, args.ttt)
-        out.append({"draft": name, "held_out_sequences": len(val), "sim_tau": v["simulated_tau"]})
+            out.append((name, validate(module, batches, acc, t)["simulated_tau"]))
     return out
 
 
