@@ -5,10 +5,10 @@ Per token the draft trains on the target's aux states (inputs of decoder layers
 input of lm_head, after the final norm). They are read with forward hooks
 (`data.target.tapped`), not `output_hidden_states`, so only the requested layers are kept.
 
-Before anything is stored, the first batch checks that `lm_head(final)` reproduces the
-target's logits: if the hooks saw anything else (logit soft-capping or scaling after the
-lm_head, a model that never calls its lm_head module…) the draft would learn the wrong
-thing, so the stage stops loudly.
+Before anything is stored, a forward of the first batch's first sequences, cut short (`check_final`:
+full logits are (B, T, V)), checks that `lm_head(final)` reproduces the target's logits: if the hooks
+saw anything else (logit soft-capping or scaling after the lm_head, a model that never calls its
+lm_head module…) the draft would learn the wrong thing, so the stage stops loudly.
 
 Sequences are processed shortest first in fixed batches and packed into shards of about
 `capture.shard_tokens` tokens (format in data/shards.py). `index.json` is rewritten after
@@ -123,9 +123,8 @@ def check_final(model, tap, seqs: list[dict], tolerance: float, target: str) -> 
     ids, mask = ids.to(dev), mask.to(dev)
     tap.stop_at_final = False
     _, final, logits = capture_batch(model, tap, ids, mask)
-    rel = verify_final(
-        model, final, logits, mask, tolerance, target
-    )  # (its lm_head call goes through the tap)
+    # verify_final's own lm_head call goes through the tap too: stopping starts after it
+    rel = verify_final(model, final, logits, mask, tolerance, target)
     tap.stop_at_final = True
     return rel
 
