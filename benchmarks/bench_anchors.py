@@ -333,6 +333,12 @@ def held_out_table(rows: list[dict]) -> list[str]:
     return lines
 
 
+def eval_dtype_overrides(dtype: str) -> list[str]:
+    """The loop's target in `dtype`. A bf16 target's batched greedy outputs vary with the batch's shape, so
+    below fp32 the lossless check is left to the recipe's own (fp32) eval and only tau is compared."""
+    return [f"eval.target_dtype={dtype}"] + ([] if dtype == "float32" else ["eval.check_lossless=false"])
+
+
 def evaluate(args, drafts: list[tuple[str, str]]) -> list[dict]:
     """Every draft in eyas's serving loop, one target load, the recipe's eval benchmarks (eval.num_prompts
     each), chains k = args.k at each temperature -> one row per (draft, benchmark, temperature, k)."""
@@ -340,10 +346,7 @@ def evaluate(args, drafts: list[tuple[str, str]]) -> list[dict]:
 
     out = args.work / "eval"
     link_stages(out, args.run, BASE_STAGES)
-    over = [f"eval.num_prompts={args.num_prompts}", f"eval.target_dtype={args.eval_dtype}"]
-    # a bf16 target's batched greedy outputs vary with the batch's shape: the lossless check is the recipe's
-    # (fp32) eval's, here tau is compared
-    over += [] if args.eval_dtype == "float32" else ["eval.check_lossless=false"]
+    over = [f"eval.num_prompts={args.num_prompts}", *eval_dtype_overrides(args.eval_dtype)]
     recipe = load_recipe(args.recipe, [*args.overrides, *over])
     report = run_eval(
         recipe,

@@ -42,7 +42,7 @@ from eyas.pipeline import run_all
 from eyas.recipes.load import load_recipe
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_anchors import pooled  # noqa: E402
+from bench_anchors import eval_dtype_overrides, pooled  # noqa: E402
 from bench_defaults import BASE_STAGES, link_stages  # noqa: E402
 
 VARIANTS = {  # recipe name -> variant -> overrides
@@ -60,6 +60,7 @@ VARIANTS = {  # recipe name -> variant -> overrides
     },
 }
 LONG_CAPTURED = "long (captured)"
+LONG_MAX_TOKENS = 8192  # the long held-out prompts are captured and scored whole up to this length
 LONG = {  # recipe name -> (long training prompts, long held-out prompts, notes per prompt)
     "demo": (100, 32, 36),
     "smollm2-135m": (32, 24, 16),
@@ -187,12 +188,12 @@ def long_captured(args, rows: list[dict], long_eval: Path) -> dict:
 
     run = Path(args.out) / "long-eval-capture"
     over = [f"data.prompts={long_eval}", "data.num_prompts=null", "data.num_eval_prompts=0"]
-    recipe = load_recipe(args.recipe, [*args.overrides, *over, "data.max_prompt_tokens=8192"])
+    recipe = load_recipe(args.recipe, [*args.overrides, *over, f"data.max_prompt_tokens={LONG_MAX_TOKENS}"])
     run_all(recipe, run, stages=BASE_STAGES[:3], progress=False)
     seqs = ShardDataset(run / "capture")
     drafts = [(r["draft"], r["checkpoint"]) for r in rows]
     scored = score_sequences(
-        recipe, seqs, list(range(len(seqs))), drafts, [r["ttt_steps"] for r in rows], 8192
+        recipe, seqs, list(range(len(seqs))), drafts, [r["ttt_steps"] for r in rows], LONG_MAX_TOKENS
     )
     return {
         (name, LONG_CAPTURED, k): t for name, taus in scored for k, t in enumerate(taus, 1) if k in args.ks
@@ -248,10 +249,7 @@ def parse(argv) -> argparse.Namespace:
     args = p.parse_args(argv)
     if (args.long_train is None) != (args.long_eval is None):
         p.error("--long-train and --long-eval go together")
-    args.eval_overrides = []
-    if args.eval_dtype:  # a bf16 target's batched greedy outputs vary with the batch's shape: tau compared
-        args.eval_overrides = [f"eval.target_dtype={args.eval_dtype}"]
-        args.eval_overrides += [] if args.eval_dtype == "float32" else ["eval.check_lossless=false"]
+    args.eval_overrides = eval_dtype_overrides(args.eval_dtype) if args.eval_dtype else []
     return args
 
 
