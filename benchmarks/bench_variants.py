@@ -23,7 +23,9 @@ Every variant and seed trains in OUT/<variant>-s<S> (train.seed=S; train.val_see
 sequences for all). short-context and throughput train on the same capture: --base RUN (a finished run
 of the recipe) or else short-context-s0's, whose stages the others link. Every draft is evaluated greedily
 in one loop per prompt set: the short held-out prompts (the recipe's eval.benchmarks, eval.num_prompts
-each; the demo: its 32 held-out prompts) and the long held-out prompts (--num-long-eval), at each k of --ks.
+each; the demo: its 32 held-out prompts) and, with --long-loop, the long held-out prompts (LONG's count for
+the recipe), at each k of --ks; the long held-out prompts' captured answers score every draft as training
+validates (simulated tau), always.
 Prints one JSON line per draft (appended to OUT/results.jsonl), then the table: per variant, draft
 parameters, TTT, train time, and tau per prompt set and k, mean over seeds (each seed).
 """
