@@ -30,7 +30,7 @@ dims, the run's aux ids and draft vocab), TTT steps (--ttt), epochs over the sam
 the sequence length (train.max_length) and the seed. Tokens/s is the sequences' tokens (prompt and
 answer) times epochs over each trainer's wall time, one trainer at a time on the same machine.
 Every draft is scored twice: on the held-out captured sequences as eyas's training validates (simulated tau
-of greedy chains, the same sequences and teacher for all, no sampling noise), and in eyas's serving loop on
+of greedy chains and at T = 1, the same sequences and teacher for all, no sampling noise), and in eyas's serving loop on
 the held-out prompts (unless --no-eval). Prints one JSON line per trained draft, per draft's held-out score
 and per measured point (appended to WORK/results.jsonl), then the tables: per trainer, mean over seeds at
 each k (and temperature), the loop's over all prompts.
@@ -278,18 +278,27 @@ def imported(args, name: str, trainer: str, ckpt: str, target: str) -> str:
 
 def held_out_tau(args, recipe, drafts: list[tuple[str, str]]) -> list[dict]:
     """Every draft scored as eyas's training scores its own (train/validation.py): TTT over the captured
-    sequences no trainer trained on, simulated tau of greedy chains at k = 1..--ttt, in the recipe's training
-    precision -> one row per draft. The same sequences and teacher for all: no serving-loop noise."""
+    sequences no trainer trained on, simulated tau of chains at k = 1..--ttt, greedy and at T = 1, in the
+    recipe's training precision -> one row per draft. The same sequences and teacher for all: no
+    serving-loop noise."""
     seqs = ShardDataset(args.run / "capture")
     val = held_out_split(recipe.train, len(seqs))[1]
     scored = score_sequences(recipe, seqs, val, drafts, args.ttt, args.max_length)
-    return [{"draft": name, "held_out_sequences": len(val), "sim_tau": tau} for name, tau in scored]
+    return [
+        {
+            "draft": name,
+            "held_out_sequences": len(val),
+            "sim_tau": m["simulated_tau"],
+            "sim_tau_t1": m["simulated_tau_t1"],
+        }
+        for name, m in scored
+    ]
 
 
 def score_sequences(recipe, seqs, indices: list[int], drafts: list[tuple[str, str]], ttt, max_length: int):
-    """Simulated tau at k = 1..ttt of each draft (name, checkpoint) over the captured sequences `seqs[i]`,
-    i in `indices` (rows of up to max_length tokens, 8 per batch), as training validates; `ttt`: an int or
-    one per draft -> [(name, [tau_1, ...])]."""
+    """Each draft (name, checkpoint) over the captured sequences `seqs[i]`, i in `indices` (rows of up to
+    max_length tokens, 8 per batch), as training validates; `ttt`: an int or one per draft -> [(name,
+    train/validation.py's metrics: simulated_tau, simulated_tau_t1 at k = 1..ttt, ...)]."""
     from functools import partial
 
     from accelerate import Accelerator
@@ -315,18 +324,23 @@ def score_sequences(recipe, seqs, indices: list[int], drafts: list[tuple[str, st
         draft = load_draft(ckpt, device=acc.device, embed=heads["embed"])
         module = TTTModule(draft, heads["lm_head"].float().to(acc.device), t, 1.0)
         with acc.autocast():
-            out.append((name, validate(module, batches, acc, t)["simulated_tau"]))
+            out.append((name, validate(module, batches, acc, t)))
     return out
 
 
 def held_out_table(rows: list[dict]) -> list[str]:
-    """Per trainer: held-out simulated tau, mean over seeds (each seed), at k = 1..."""
-    ks = range(1, len(rows[0]["sim_tau"]) + 1)
+    """Per trainer: held-out simulated tau, mean over seeds (each seed), at k = 1..., greedy then T = 1."""
+    return held_out_lines(rows, "sim_tau", "greedy") + held_out_lines(rows, "sim_tau_t1", "T=1")
+
+
+def held_out_lines(rows: list[dict], key: str, label: str) -> list[str]:
+    """One table of `held_out_table`: rows[...][key] per k."""
+    ks = range(1, len(rows[0][key]) + 1)
     n = rows[0]["held_out_sequences"]
-    lines = ["", f"{n} held-out captured sequences: simulated tau, mean over seeds (each seed)"]
+    lines = ["", f"{n} held-out captured sequences: simulated tau ({label}), mean over seeds (each seed)"]
     lines.append(f"{'trainer':<16}" + "".join(f"{f'k={k}':>22}" for k in ks))
     for fam in dict.fromkeys(family(r["draft"]) for r in rows):
-        mine = [r["sim_tau"] for r in rows if family(r["draft"]) == fam]
+        mine = [r[key] for r in rows if family(r["draft"]) == fam]
         cells = [(sum(t[k - 1] for t in mine) / len(mine), [t[k - 1] for t in mine]) for k in ks]
         each = ["/".join(f"{x:.2f}" for x in e) for _, e in cells]
         lines.append(f"{fam:<16}" + "".join(f"{m:>8.3f} ({e})" for (m, _), e in zip(cells, each)))

@@ -146,9 +146,10 @@ def stages_for(args, base: Path, table: str, choice: str, mine: list[str]) -> Pa
 def score(run: Path) -> dict:
     """Training's validation: simulated tau at each k of KS that training unrolled."""
     done = layout.read_done(run, "train")
-    sim = done["validation"]["simulated_tau"]
+    sim, t1 = done["validation"]["simulated_tau"], done["validation"].get("simulated_tau_t1", [])
     return {
         "sim_tau": {k: sim[k - 1] for k in KS if k <= len(sim)},
+        "sim_tau_t1": {k: t1[k - 1] for k in KS if k <= len(t1)},
         "train_s": done["wall_s"],
         "tokens_seen": done["tokens_seen"],
         "params": done["trainable_parameters"],

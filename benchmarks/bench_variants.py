@@ -198,7 +198,10 @@ def long_captured(args, rows: list[dict], long_eval: Path) -> dict:
         recipe, seqs, list(range(len(seqs))), drafts, [r["ttt_steps"] for r in rows], LONG_MAX_TOKENS
     )
     return {
-        (name, LONG_CAPTURED, k): t for name, taus in scored for k, t in enumerate(taus, 1) if k in args.ks
+        (name, LONG_CAPTURED, k): t
+        for name, m in scored
+        for k, t in enumerate(m["simulated_tau"], 1)
+        if k in args.ks
     }
 
 

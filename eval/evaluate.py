@@ -186,7 +186,8 @@ def run_eval(
     loaded = load_drafts(settings.drafts, model)
     benches = resolve_benchmarks(recipe, run_dir, benchmarks)
     sweep = measure(recipe, model, tok, loaded, benches, settings, progress)
-    validation = attach_simulated_tau(sweep.results, run_dir, settings.drafts)
+    plain_t1 = recipe.eval.top_p == 1.0 and recipe.eval.top_k <= 0
+    validation = attach_simulated_tau(sweep.results, run_dir, settings.drafts, plain_t1)
     plots = _plots(sweep.results, run_dir, [b.name for b in benches])
     report = build_report(
         recipe,
@@ -438,10 +439,13 @@ def write_report(run_dir: Path, report: dict, plots: list[Path]) -> None:
     )
 
 
-def attach_simulated_tau(results: list[dict], run_dir: Path, drafts: list[tuple[str, str]]) -> dict | None:
-    """The training's validation predicts a greedy chain's tau for every k <= ttt_steps
-    (train/validation.py); set it on each greedy chain row of the run's own draft, next to the
-    measured tau, so the gap between training's estimate and the loop shows. -> the validation dict."""
+def attach_simulated_tau(
+    results: list[dict], run_dir: Path, drafts: list[tuple[str, str]], plain_t1: bool = True
+) -> dict | None:
+    """The training's validation predicts a chain's tau for every k <= ttt_steps, greedy and at T = 1
+    (train/validation.py); set it on each chain row of the run's own draft at temperature 0, or 1 when
+    `plain_t1` (no top-p / top-k: the validation's full softmax), next to the measured tau, so the gap
+    between training's estimate and the loop shows. -> the validation dict."""
     if not layout.is_done(run_dir, "train"):
         return None
     validation = layout.read_done(run_dir, "train").get("validation")
@@ -450,12 +454,13 @@ def attach_simulated_tau(results: list[dict], run_dir: Path, drafts: list[tuple[
     own = {
         name for name, path in drafts if Path(path).resolve() == (run_dir / layout.FINAL_CHECKPOINT).resolve()
     }
-    sim = validation["simulated_tau"]
+    sims = {0.0: validation["simulated_tau"], 1.0: validation.get("simulated_tau_t1") if plain_t1 else None}
     for r in results:
+        sim = sims.get(float(r["temperature"]))
         if (
-            r["draft"] in own
+            sim
+            and r["draft"] in own
             and r["engine"] == "eyas"
-            and r["temperature"] == 0
             and r.get("tree") is None
             and r["k"]
             and r["k"] <= len(sim)

@@ -13,6 +13,7 @@ from eyas import io, layout
 from eyas.pipeline import STAGE_ORDER, prepare_run, run_all
 from eyas.recipes.load import load_recipe
 from eyas.recipes.schema import RecipeError
+from eyas.train.ttt import simulated_tau
 
 
 @pytest.fixture(scope="module")
@@ -73,6 +74,10 @@ def test_full_run_report(full_run):
         run_ *= a
         tau.append(1 + (tau[-1] - 1 if tau else 0) + run_)
     assert val["simulated_tau"] == pytest.approx(tau, abs=1e-12) and len(tau) == 3
+    # at T = 1 (train/ttt.py): the same product over the sampled chains' acceptance, each a probability
+    assert val["simulated_tau_t1"] == pytest.approx(simulated_tau(val["sampled_cond_acc"]), abs=1e-12)
+    assert len(val["simulated_tau_t1"]) == 3 and 0 < val["sampled_cond_acc"][0] < 1
+    assert all(0 <= a < 1 for a in val["sampled_cond_acc"])  # 0 where no chain reached the step
     log = [json.loads(x) for x in (run / "train" / "log.jsonl").read_text().splitlines()]
     assert log[-1] == {"step": 4, "val": val}
     assert (run / "train" / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -39,9 +39,13 @@ def plot_curves(log_path: Path, png: Path) -> Path | None:
             ax_tau.plot(
                 vsteps, [e["val"]["simulated_tau"][k - 1] for e in val], "o-", label=f"validation, k={k}"
             )
+        if val[-1]["val"].get("simulated_tau_t1"):  # T = 1, the longest chain (train/validation.py)
+            k = len(val[-1]["val"]["simulated_tau_t1"])
+            t1 = [e["val"].get("simulated_tau_t1", [None] * k)[k - 1] for e in val]
+            ax_tau.plot(vsteps, t1, "s:", label=f"validation, T=1, k={k}")
     ax_loss.set(title="TTT loss", xlabel="optimizer step")
     ax_acc.set(title="top-1 accuracy per TTT step (train)", xlabel="optimizer step", ylim=(0, 1))
-    ax_tau.set(title="simulated τ (greedy chain of k drafts)", xlabel="optimizer step")
+    ax_tau.set(title="simulated τ (chain of k drafts; greedy unless T=1)", xlabel="optimizer step")
     for ax in (ax_loss, ax_acc, ax_tau):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)

@@ -137,6 +137,8 @@ def tracker_metrics(m: dict, split: str) -> dict:
     if "simulated_tau" in m:
         for k, t in enumerate(m["simulated_tau"], start=1):
             out[f"{split}/simulated_tau_k{k}"] = t
+        for k, t in enumerate(m.get("simulated_tau_t1", []), start=1):
+            out[f"{split}/simulated_tau_t1_k{k}"] = t
     else:
         out[f"{split}/simulated_tau"] = m["simulated_acceptance"]
     return out

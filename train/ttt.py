@@ -25,6 +25,13 @@ cross-entropy on the target's argmax; on positions where the predicted token was
 the target (loss mask) and the target's argmax is in the draft vocab, weighted decay**j.
 Metrics count every loss-masked position (an argmax outside the draft vocab is a miss), so
 the simulated acceptance 1 + sum_j prod_{i<=j} cond_acc_i is what a chain drafter would see.
+
+The same at temperature 1 (`sampled_cond_acc`): the loop proposes the draft's argmax c and the target
+accepts it with probability p(c), its full-vocabulary softmax (serve/decoding/sampling.py). A chain at
+index i reaches step j with probability w_j(i) = prod_{l<j} p_l(c_l), and the teacher-forced inputs
+are the chain's own only where every earlier c_l was the captured token; so step j's acceptance is
+sum_i w_j(i) p_j(c_j) / sum_i w_j(i) over those indices, and tau_k(T = 1) is the product formula above.
+The path is the captured one: with greedy captures this scores the sampled chain along greedy text.
 """
 
 from __future__ import annotations
@@ -46,12 +53,15 @@ class TargetView:
 
     probs (B, T, V_d): target softmax restricted to the draft vocab, renormalised;
     argmax (B, T): the target's greedy next token (target ids);
-    in_draft (B, T): whether that argmax is in the draft vocab.
+    in_draft (B, T): whether that argmax is in the draft vocab;
+    mass (B, T): the full softmax's mass inside the draft vocab (probs * mass = the target's own
+    probabilities at T = 1); None: all of it.
     """
 
     probs: torch.Tensor
     argmax: torch.Tensor
     in_draft: torch.Tensor
+    mass: torch.Tensor | None = None
 
 
 @torch.no_grad()
@@ -62,7 +72,7 @@ def target_view(
     B, T, _ = final.shape
     draft_ids = torch.arange(draft.config.draft_vocab_size, device=final.device)
     draft_to_target = draft.to_target_ids(draft_ids)  # (V_d,)
-    probs, argmax = [], []
+    probs, argmax, mass = [], [], []
     flat = final.reshape(B * T, -1)
     dev = final.device.type
     dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else lm_head_weight.dtype
@@ -70,9 +80,11 @@ def target_view(
     for s in range(0, B * T, chunk):  # full-vocab logits in chunks: V is 201088 for gpt-oss
         z = (flat[s : s + chunk].to(dtype) @ w.T).float()  # (c, V)
         argmax.append(z.argmax(-1))
-        probs.append(torch.softmax(z[:, draft_to_target], dim=-1))
+        zd = z[:, draft_to_target]
+        probs.append(torch.softmax(zd, dim=-1))
+        mass.append((torch.logsumexp(zd, -1) - torch.logsumexp(z, -1)).exp())
     argmax = torch.cat(argmax).view(B, T)
-    return TargetView(torch.cat(probs).view(B, T, -1), argmax, draft.t2d[argmax])
+    return TargetView(torch.cat(probs).view(B, T, -1), argmax, draft.t2d[argmax], torch.cat(mass).view(B, T))
 
 
 @torch.no_grad()
@@ -88,9 +100,10 @@ def topk_view(ids: torch.Tensor, logprobs: torch.Tensor, draft: Eagle3Draft) -> 
     d = to_draft[ids]  # (B, T, k), -1 outside the draft vocab
     p = logprobs.float().exp() * (d >= 0)
     probs = torch.zeros(*ids.shape[:2], V_d, device=ids.device).scatter_add_(-1, d.clamp(min=0), p)
-    probs = probs / probs.sum(-1, keepdim=True).clamp(min=torch.finfo(torch.float32).tiny)
+    mass = probs.sum(-1)  # (B, T) the top-k's mass inside the draft vocab
+    probs = probs / mass[..., None].clamp(min=torch.finfo(torch.float32).tiny)
     argmax = ids[..., 0]
-    return TargetView(probs, argmax, draft.t2d[argmax])
+    return TargetView(probs, argmax, draft.t2d[argmax], mass)
 
 
 def shift(t: torch.Tensor, s: int, fill=0) -> torch.Tensor:
@@ -115,6 +128,9 @@ class TTTOutput:
     step_right: list[int] = field(default_factory=list)
     step_cond_base: list[int] = field(default_factory=list)
     step_cond_right: list[int] = field(default_factory=list)
+    # the same at temperature 1 (module docstring): sum of w_j over the counted indices, and of w_j p_j(c_j)
+    step_sampled_base: list[float] = field(default_factory=list)
+    step_sampled_right: list[float] = field(default_factory=list)
 
     @property
     def simulated_acceptance(self) -> float:
@@ -165,8 +181,8 @@ def ttt_forward(
     hidden = draft.fuse(aux)  # (B, T, H) step-0 input
     kv = [([], []) for _ in draft.decoder_layers]  # per layer: keys, values per step (B, n_kv, T, d)
     total = hidden.new_zeros((), dtype=torch.float32)
-    prev_right = torch.ones(B, T, dtype=torch.bool, device=input_ids.device)
-    stats = []  # per step: loss, counted, right, cond_base, cond_right (tensors: one sync at the end)
+    chain = ChainState.start(B, T, input_ids.device)
+    stats = []  # per step: score_step's 7 counts (tensors: one sync at the end)
     out = TTTOutput(total, [], [], [], [], [])
     batch = (input_ids, loss_mask, doc_ids)
     for j in range(ttt_steps):
@@ -179,11 +195,11 @@ def ttt_forward(
             out.logits.append(draft.logits(prenorm))  # (B, T, V_d)
         if target is None:
             continue
-        loss_j, step, prev_right = score_step(draft, prenorm, j, batch, target, prev_right, loss)
+        loss_j, step, chain = score_step(draft, prenorm, j, batch, target, chain, loss)
         total = total + (decay**j) * loss_j
         stats.append(step)
     out.loss = total
-    for loss_j, n, n_right, n_base, n_cond in torch.stack(stats).tolist() if stats else []:
+    for loss_j, n, n_right, n_base, n_cond, s_base, s_right in torch.stack(stats).tolist() if stats else []:
         out.step_loss.append(loss_j)
         out.step_count.append(int(n))
         out.step_acc.append(n_right / max(n, 1))
@@ -191,6 +207,8 @@ def ttt_forward(
         out.step_right.append(int(n_right))
         out.step_cond_base.append(int(n_base))
         out.step_cond_right.append(int(n_cond))
+        out.step_sampled_base.append(s_base)
+        out.step_sampled_right.append(s_right)
     return out
 
 
@@ -212,36 +230,65 @@ def draft_step(
     return hidden
 
 
+@dataclass
+class ChainState:
+    """Where a drafted chain at each index i still follows the captured text, after steps 0..j-1.
+
+    right (B, L) bool: every earlier draft was the target's argmax and so was the token fed (greedy chain);
+    weight (B, L) float: the probability that a T = 1 chain got here along the captured tokens,
+    prod_l p_l(c_l) [c_l = captured], the draft's argmax c_l accepted with the target's probability p_l."""
+
+    right: torch.Tensor
+    weight: torch.Tensor
+
+    @staticmethod
+    def start(B: int, T: int, device) -> ChainState:
+        return ChainState(
+            torch.ones(B, T, dtype=torch.bool, device=device),
+            torch.ones(B, T, dtype=torch.float32, device=device),
+        )
+
+
 def score_step(
     draft: Eagle3Draft,
     hidden: torch.Tensor,
     j: int,
     batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
     target: TargetView,
-    prev_right: torch.Tensor,
+    chain: ChainState,
     loss: str,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, ChainState]:
     """Step j's loss and counts. Prediction (j, i) is of x_{i+2+j}, with target distribution z_{i+1+j}:
     indices i < L = T-2-j only. hidden (B, T, H); batch: input_ids, loss_mask, doc_ids (B, T);
-    prev_right (B, >=L): every earlier step was right at i. -> (loss_j, stats (5,): loss, counted, right,
-    cond_base, cond_right; prev_right (B, L) for step j+1)."""
+    chain: the chains after steps 0..j-1 (B, >=L). -> (loss_j, stats (7,): loss, counted, right, cond_base,
+    cond_right, sampled base, sampled right (module docstring); the chains after step j (B, L))."""
     input_ids, loss_mask, doc_ids = batch
     T = input_ids.shape[1]
     L = max(T - 2 - j, 0)
     same_doc = doc_ids[:, 2 + j :] == doc_ids[:, :L]  # the predicted token is in i's own sequence
     counted = loss_mask[:, 2 + j :].bool() & same_doc  # (B, L)
     trained = counted & target.in_draft[:, 1 + j : T - 1]
-    loss_sum, pred = step_loss(draft, hidden[:, :L], target.probs[:, 1 + j : T - 1], trained, loss)
+    probs = target.probs[:, 1 + j : T - 1]  # (B, L, V_d)
+    loss_sum, pred = step_loss(draft, hidden[:, :L], probs, trained, loss)
     loss_j = loss_sum / trained.sum().clamp(min=1)
 
-    right = draft.to_target_ids(pred) == target.argmax[:, 1 + j : T - 1]  # (B, L)
-    cond_base = counted & prev_right[:, :L]
+    guess = draft.to_target_ids(pred)  # (B, L) target ids
+    right = guess == target.argmax[:, 1 + j : T - 1]
+    cond_base = counted & chain.right[:, :L]
+    p_guess = probs.gather(-1, pred[..., None]).squeeze(-1).float()  # (B, L) the target's p at T = 1
+    if target.mass is not None:
+        p_guess = p_guess * target.mass[:, 1 + j : T - 1]
+    weight = chain.weight[:, :L]
     counts = [counted.sum(), (right & counted).sum(), cond_base.sum(), (right & cond_base).sum()]
-    stats = torch.stack([loss_j.detach().float(), *(c.float() for c in counts)])
+    sampled = [(weight * counted).sum(), (weight * p_guess * counted).sum()]
+    stats = torch.stack([loss_j.detach().float(), *(c.float() for c in counts + sampled)])
     # the chain goes on only if the draft was right AND the token fed to step j+1 (x_{i+2+j}) is the one
-    # a greedy chain would feed (the target's argmax): with sampled data they differ
-    greedy_fed = input_ids[:, 2 + j :] == target.argmax[:, 1 + j : T - 1]
-    return loss_j, stats, prev_right[:, :L] & right & greedy_fed
+    # a greedy chain would feed (the target's argmax): with sampled data they differ. At T = 1 it goes on
+    # where the accepted guess is the token fed (the captured one), with the probability of accepting it
+    fed = input_ids[:, 2 + j :]
+    greedy_fed = fed == target.argmax[:, 1 + j : T - 1]
+    after = ChainState(chain.right[:, :L] & right & greedy_fed, weight * p_guess * (guess == fed))
+    return loss_j, stats, after
 
 
 def layer_step(layer, impl: str, scale: float, doc_ids, hidden, embeds, cos, sin, *kv):

@@ -9,6 +9,9 @@ the counts are summed over every batch and every process before dividing:
     tau_k       1 + sum_{j<k} prod_{i<=j} cond_acc_i, k = 1..ttt_steps: the acceptance length a greedy
                 chain of k drafts would get (bonus token included), which `eyas eval` sets next to
                 the serving loop's measured tau at the same k.
+    sampled_cond_acc_j, tau_t1_k   the same at temperature 1: the draft's argmax accepted with the
+                target's probability, chains weighted by the probability of reaching step j along the
+                captured tokens (train/ttt.py); `eyas eval` sets it next to the loop's tau at T = 1.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ def held_out_split(tr, num_sequences: int) -> tuple[list[int], list[int]]:
 @torch.no_grad()
 def validate(module, batches, accelerator, ttt_steps: int) -> dict:
     """Sum TTT counts over `batches` (this process's share) and over processes -> metrics dict."""
-    counts = torch.zeros(4, ttt_steps, dtype=torch.float64, device=accelerator.device)
+    counts = torch.zeros(6, ttt_steps, dtype=torch.float64, device=accelerator.device)
     loss_sum = torch.zeros((), dtype=torch.float64, device=accelerator.device)
     n_batches = 0
     was_training = module.training
@@ -53,7 +56,14 @@ def validate(module, batches, accelerator, ttt_steps: int) -> dict:
         if int(batch["lengths"].sum()) == 0:
             continue  # an empty filler batch (train/schedule.py): it ran only to keep processes in step
         counts += torch.tensor(
-            [out.step_count, out.step_right, out.step_cond_base, out.step_cond_right],
+            [
+                out.step_count,
+                out.step_right,
+                out.step_cond_base,
+                out.step_cond_right,
+                out.step_sampled_base,
+                out.step_sampled_right,
+            ],
             dtype=torch.float64,
             device=counts.device,
         )
@@ -65,13 +75,16 @@ def validate(module, batches, accelerator, ttt_steps: int) -> dict:
         torch.stack([loss_sum, torch.tensor(float(n_batches), dtype=torch.float64, device=counts.device)]),
         reduction="sum",
     )
-    n, right, base, cond = counts.tolist()
+    n, right, base, cond, s_base, s_right = counts.tolist()
     acc = [r / max(c, 1) for r, c in zip(right, n)]
     cond_acc = [c / max(b, 1) for c, b in zip(cond, base)]
+    sampled = [r / b if b > 0 else 0.0 for r, b in zip(s_right, s_base)]
     return {
         "loss": totals[0].item() / max(totals[1].item(), 1),
         "positions": int(n[0]),
         "acc": acc,
         "cond_acc": cond_acc,
         "simulated_tau": simulated_tau(cond_acc),
+        "sampled_cond_acc": sampled,
+        "simulated_tau_t1": simulated_tau(sampled),
     }

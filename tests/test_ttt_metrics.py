@@ -1,0 +1,138 @@
+"""TTT's acceptance counts, greedy and at temperature 1 (train/ttt.py's docstring):
+
+* at T = 1 each step's counts are sum_i w_j(i) and sum_i w_j(i) p_j(c_j), with c_j the draft's argmax,
+  p_j the target's full-vocabulary probability and w_j the probability of reaching step j along the
+  captured tokens: checked against a per-chain walk written out here, packed rows and padding included;
+* a one-hot target (greedy captures) makes the T = 1 counts the greedy counts exactly;
+* the teacher's views carry the full softmax's mass in the draft vocab (final states and top-k).
+"""
+
+import pytest
+import torch
+from test_train_serve_consistency import make_draft
+from test_ttt_attention import packed_docs
+
+from eyas.train.ttt import TargetView, target_view, topk_view, ttt_forward
+
+
+def mapped(d):
+    """The draft vocab = the odd target ids 1, 3, ..., 79 (target vocab 97)."""
+    d2t = torch.arange(40)  # draft id i -> target id i + d2t[i] = 2i + 1
+    t2d = torch.zeros(97, dtype=torch.bool)
+    t2d[2 * torch.arange(40) + 1] = True
+    d.set_vocab_map(d2t + 1, t2d)
+    return d
+
+
+def draft_target(d, B, T, g, one_hot=False):
+    """A target whose argmax is in the draft vocab at ~80% of positions; mass < 1 unless one_hot."""
+    probs = torch.softmax(torch.randn(B, T, 40, generator=g) * (50 if one_hot else 2), -1)
+    if one_hot:
+        probs = torch.nn.functional.one_hot(probs.argmax(-1), 40).float()
+    in_draft = torch.rand(B, T, generator=g) > 0.2
+    argmax = torch.where(in_draft, d.to_target_ids(probs.argmax(-1)), torch.full((B, T), 96))
+    mass = torch.ones(B, T) if one_hot else 0.5 + 0.5 * torch.rand(B, T, generator=g)
+    return TargetView(probs, argmax, in_draft, mass)
+
+
+def walk(d, out, ids, mask, doc, target, steps):
+    """The T = 1 counts chain by chain: (base, right) per step."""
+    B, T = ids.shape
+    base, right = [0.0] * steps, [0.0] * steps
+    for b in range(B):
+        for i in range(T):
+            w = 1.0
+            for j in range(steps):
+                if i + 2 + j >= T:
+                    break
+                c = int(out.logits[j][b, i].argmax())
+                p = float(target.probs[b, i + 1 + j, c] * target.mass[b, i + 1 + j])
+                if mask[b, i + 2 + j] and doc[b, i + 2 + j] == doc[b, i]:
+                    base[j] += w
+                    right[j] += w * p
+                w *= p * float(int(d.to_target_ids(torch.tensor(c))) == int(ids[b, i + 2 + j]))
+    return base, right
+
+
+def token_blind(seed):
+    """A draft whose guesses do not depend on the tokens fed (zero embeddings), so a test can write the
+    captured text from them and know which chains follow it."""
+    d = mapped(make_draft(seed))
+    with torch.no_grad():
+        d.embed_tokens.weight.zero_()
+    return d
+
+
+def guesses(d, aux, ids, mask, doc, target, steps):
+    """Each step's draft argmax as target ids: [(B, T)] per step, guess j at index i is of x_{i+2+j}."""
+    with torch.no_grad():
+        out = ttt_forward(d, aux, ids, mask, doc, target, steps, keep_logits=True)
+    return [d.to_target_ids(x.argmax(-1)) for x in out.logits]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_t1_counts_are_the_chains_acceptance_probabilities(seed):
+    d = token_blind(seed)
+    g = torch.Generator().manual_seed(seed)
+    B, T, steps = 2, 23, 4
+    target = draft_target(d, B, T, g)
+    ids = torch.randint(0, 97, (B, T), generator=g)
+    aux = torch.randn(B, T, 96, generator=g)
+    mask = (torch.rand(B, T, generator=g) > 0.2).float()
+    doc = packed_docs(B, T, g)
+    guess = guesses(d, aux, ids, mask, doc, target, steps)
+    for i in range(0, T - 2 - steps, steps + 1):  # chains that follow the captured text (up to a boundary)
+        for j in range(steps):
+            ids[:, i + 2 + j] = guess[j][:, i]
+    with torch.no_grad():
+        out = ttt_forward(d, aux, ids, mask, doc, target, steps, keep_logits=True)
+    base, right = walk(d, out, ids, mask, doc, target, steps)
+    assert out.step_sampled_base == pytest.approx(base, rel=1e-5, abs=1e-6)
+    assert out.step_sampled_right == pytest.approx(right, rel=1e-5, abs=1e-6)
+    assert base[0] == out.step_count[0]  # step 0: every counted index, weight 1
+    assert all(0 < r < b for r, b in zip(right, base)), (base, right)  # chains reach every step
+
+
+def test_one_hot_target_makes_t1_counts_the_greedy_counts():
+    d = token_blind(3)
+    g = torch.Generator().manual_seed(3)
+    B, T, steps = 2, 21, 4
+    ids = torch.randint(0, 97, (B, T), generator=g)
+    aux = torch.randn(B, T, 96, generator=g)
+    mask, doc = torch.ones(B, T), torch.zeros(B, T, dtype=torch.long)
+    target = draft_target(d, B, T, g, one_hot=True)
+    # the target agrees with the draft's step-0 guess at ~70% of positions; the text is greedy
+    vocab = d.t2d.nonzero().squeeze(-1)  # target ids in the draft vocab, in draft order
+    guess = guesses(d, aux, ids, mask, doc, target, steps)[0]  # (B, T) of x_{i+2}, i.e. z_{i+1}
+    agree = torch.rand(B, T - 1, generator=g) < 0.7
+    argmax = torch.where(agree, guess[:, : T - 1], target.argmax[:, 1:])
+    target.argmax[:, 1:] = argmax
+    target.in_draft = d.t2d[target.argmax]
+    draft_ids = torch.searchsorted(vocab, target.argmax.clamp(max=int(vocab.max())))
+    target.probs = torch.nn.functional.one_hot(draft_ids, 40).float() * target.in_draft[..., None]
+    ids[:, 1:] = target.argmax[:, :-1]
+    with torch.no_grad():
+        out = ttt_forward(d, aux, ids, mask, doc, target, steps)
+    assert out.step_cond_right[0] > 0 and out.step_cond_base[1] > 0
+    assert out.step_sampled_base == [float(x) for x in out.step_cond_base]
+    assert out.step_sampled_right == [float(x) for x in out.step_cond_right]
+
+
+def test_target_views_carry_the_mass_in_the_draft_vocab():
+    d = mapped(make_draft(4))
+    g = torch.Generator().manual_seed(4)
+    final, W = torch.randn(2, 5, 24, generator=g), torch.randn(97, 24, generator=g)
+    view = target_view(final, W, d, chunk=3)
+    full = torch.softmax(final @ W.T, -1)  # (2, 5, 97)
+    in_vocab = full[..., d.to_target_ids(torch.arange(40))]
+    torch.testing.assert_close(view.probs * view.mass[..., None], in_vocab, rtol=1e-5, atol=1e-7)
+    assert bool((view.mass < 1).all())
+    # top-k: the stored log-probabilities of the draft-vocab entries, the rest of the mass dropped
+    top = full.topk(6, -1)
+    tv = topk_view(top.indices, top.values.log(), d)
+    inside = d.t2d[top.indices]  # (2, 5, 6) bool
+    torch.testing.assert_close(tv.mass, (top.values * inside).sum(-1), rtol=1e-5, atol=1e-7)
+    to_draft = torch.zeros(97, dtype=torch.long)
+    to_draft[d.to_target_ids(torch.arange(40))] = torch.arange(40)
+    got = (tv.probs * tv.mass[..., None]).gather(-1, to_draft[top.indices])
+    torch.testing.assert_close(got * inside, top.values * inside, rtol=1e-5, atol=1e-7)
