@@ -30,10 +30,10 @@ dims, the run's aux ids and draft vocab), TTT steps (--ttt), epochs over the sam
 the sequence length (train.max_length) and the seed. Tokens/s is the sequences' tokens (prompt and
 answer) times epochs over each trainer's wall time, one trainer at a time on the same machine.
 Every draft is scored twice: on the held-out captured sequences as eyas's training validates (simulated tau
-of greedy chains and at T = 1, the same sequences and teacher for all, no sampling noise), and in eyas's serving loop on
-the held-out prompts (unless --no-eval). Prints one JSON line per trained draft, per draft's held-out score
-and per measured point (appended to WORK/results.jsonl), then the tables: per trainer, mean over seeds at
-each k (and temperature), the loop's over all prompts.
+of greedy chains and at T = 1, the same sequences and teacher for all, no sampling noise), and in eyas's
+serving loop on the held-out prompts (unless --no-eval). Prints one JSON line per trained draft, per
+draft's held-out score and per measured point (appended to WORK/results.jsonl), then the tables: per
+trainer, mean over seeds at each k (and temperature), the loop's over all prompts.
 """
 
 from __future__ import annotations
@@ -308,7 +308,7 @@ def score_sequences(recipe, seqs, indices: list[int], drafts: list[tuple[str, st
     from eyas.train.packing import PackedRows, collate_rows
     from eyas.train.trainer import mixed_precision
     from eyas.train.ttt import TTTModule
-    from eyas.train.validation import validate
+    from eyas.train.validation import sampled_at_t1, validate
 
     heads = load_head_weights(recipe.target.model, recipe.target.trust_remote_code)
     acc = Accelerator(
@@ -322,7 +322,9 @@ def score_sequences(recipe, seqs, indices: list[int], drafts: list[tuple[str, st
     out = []
     for (name, ckpt), t in zip(drafts, steps):
         draft = load_draft(ckpt, device=acc.device, embed=heads["embed"])
-        module = TTTModule(draft, heads["lm_head"].float().to(acc.device), t, 1.0)
+        module = TTTModule(
+            draft, heads["lm_head"].float().to(acc.device), t, 1.0, sampled_text=sampled_at_t1(recipe.data)
+        )
         with acc.autocast():
             out.append((name, validate(module, batches, acc, t)))
     return out

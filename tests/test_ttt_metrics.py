@@ -1,8 +1,11 @@
 """TTT's acceptance counts, greedy and at temperature 1 (train/ttt.py's docstring):
 
 * at T = 1 each step's counts are sum_i w_j(i) and sum_i w_j(i) p_j(c_j), with c_j the draft's argmax,
-  p_j the target's full-vocabulary probability and w_j the probability of reaching step j along the
-  captured tokens: checked against a per-chain walk written out here, packed rows and padding included;
+  p_j the target's full-vocabulary probability and w_j the weight of reaching step j along the captured
+  tokens (times prod p unless the text is the target's T = 1 samples): checked against a per-chain walk
+  written out here, packed rows and padding included;
+* on text sampled from the target at T = 1 the estimate is unbiased: over many sampled texts its mean is
+  the exact expected acceptance, where the weighting for greedy text would be biased;
 * a one-hot target (greedy captures) makes the T = 1 counts the greedy counts exactly;
 * the teacher's views carry the full softmax's mass in the draft vocab (final states and top-k).
 """
@@ -35,7 +38,7 @@ def draft_target(d, B, T, g, one_hot=False):
     return TargetView(probs, argmax, in_draft, mass)
 
 
-def walk(d, out, ids, mask, doc, target, steps):
+def walk(d, out, ids, mask, doc, target, steps, sampled_text=False):
     """The T = 1 counts chain by chain: (base, right) per step."""
     B, T = ids.shape
     base, right = [0.0] * steps, [0.0] * steps
@@ -50,7 +53,8 @@ def walk(d, out, ids, mask, doc, target, steps):
                 if mask[b, i + 2 + j] and doc[b, i + 2 + j] == doc[b, i]:
                     base[j] += w
                     right[j] += w * p
-                w *= p * float(int(d.to_target_ids(torch.tensor(c))) == int(ids[b, i + 2 + j]))
+                on_text = float(int(d.to_target_ids(torch.tensor(c))) == int(ids[b, i + 2 + j]))
+                w *= on_text if sampled_text else p * on_text
     return base, right
 
 
@@ -70,8 +74,8 @@ def guesses(d, aux, ids, mask, doc, target, steps):
     return [d.to_target_ids(x.argmax(-1)) for x in out.logits]
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_t1_counts_are_the_chains_acceptance_probabilities(seed):
+@pytest.mark.parametrize("seed,sampled_text", [(0, False), (1, False), (2, True)])
+def test_t1_counts_are_the_chains_acceptance_probabilities(seed, sampled_text):
     d = token_blind(seed)
     g = torch.Generator().manual_seed(seed)
     B, T, steps = 2, 23, 4
@@ -85,8 +89,8 @@ def test_t1_counts_are_the_chains_acceptance_probabilities(seed):
         for j in range(steps):
             ids[:, i + 2 + j] = guess[j][:, i]
     with torch.no_grad():
-        out = ttt_forward(d, aux, ids, mask, doc, target, steps, keep_logits=True)
-    base, right = walk(d, out, ids, mask, doc, target, steps)
+        out = ttt_forward(d, aux, ids, mask, doc, target, steps, keep_logits=True, sampled_text=sampled_text)
+    base, right = walk(d, out, ids, mask, doc, target, steps, sampled_text)
     assert out.step_sampled_base == pytest.approx(base, rel=1e-5, abs=1e-6)
     assert out.step_sampled_right == pytest.approx(right, rel=1e-5, abs=1e-6)
     assert base[0] == out.step_count[0]  # step 0: every counted index, weight 1
@@ -136,3 +140,49 @@ def test_target_views_carry_the_mass_in_the_draft_vocab():
     to_draft[d.to_target_ids(torch.arange(40))] = torch.arange(40)
     got = (tv.probs * tv.mass[..., None]).gather(-1, to_draft[top.indices])
     torch.testing.assert_close(got * inside, top.values * inside, rtol=1e-5, atol=1e-7)
+
+
+def test_t1_estimate_on_sampled_text_is_the_expected_acceptance():
+    """A token-blind draft and a target whose distributions do not depend on the text: a chain from index i
+    is accepted through step j with probability prod_{l<=j} p_l(c_l) whatever is sampled. Texts drawn from
+    the target: the mean of the sampled-text counts is that sum (within 4 standard errors of the 600 draws,
+    deterministic under the seed); the greedy-text weighting (p once more per step) lands far below it."""
+    d = token_blind(5)
+    g = torch.Generator().manual_seed(5)
+    B, T, steps, draws = 1, 14, 3, 600
+    target = draft_target(d, B, T, g)
+    aux = torch.randn(B, T, 96, generator=g)
+    mask, doc = torch.ones(B, T), torch.zeros(B, T, dtype=torch.long)
+    ids = torch.zeros(B, T, dtype=torch.long)
+    guess = guesses(d, aux, ids, mask, doc, target, steps)  # the same for every text
+    # a target that often agrees with the draft's guesses, so that chains go on
+    to_draft = torch.zeros(97, dtype=torch.long)
+    to_draft[d.to_target_ids(torch.arange(40))] = torch.arange(40)
+    logits = torch.randn(B, T, 40, generator=g)
+    for j in range(steps):  # step j at index i guesses position i+1+j's distribution
+        logits[:, 1 + j : T - 1, :].scatter_(-1, to_draft[guess[j][:, : T - 2 - j]][..., None], 5.0)
+    target.probs, target.mass = torch.softmax(logits, -1), torch.ones(B, T)
+    p = [
+        target.probs[0, 1 + j : T - 1].gather(-1, to_draft[guess[j][0, : T - 2 - j]][..., None])[:, 0]
+        for j in range(steps)
+    ]
+    exact = [
+        sum(torch.stack([p[m][i] for m in range(j + 1)]).prod() for i in range(T - 2 - j)).item()
+        for j in range(steps)
+    ]
+    got = {True: [], False: []}
+    with torch.no_grad():
+        for _ in range(draws):
+            draft_ids = torch.multinomial(target.probs[0], 1, generator=g)[:, 0]  # (T,) x_{t+1} ~ p_t
+            ids[0, 1:] = d.to_target_ids(draft_ids[:-1])
+            for sampled_text in (True, False):
+                out = ttt_forward(d, aux, ids, mask, doc, target, steps, sampled_text=sampled_text)
+                got[sampled_text].append(out.step_sampled_right)
+    runs = torch.tensor(got[True])  # (draws, steps)
+    mean, se = runs.mean(0), runs.std(0) / draws**0.5
+    for j in range(steps):
+        assert abs(mean[j].item() - exact[j]) < 4 * se[j].item() + 1e-5, (j, mean[j].item(), exact[j])
+        assert se[j].item() < 0.05 * exact[j]  # step 0 is exact (se 0); later steps measured to 5%
+    greedy = torch.tensor(got[False]).mean(0)
+    assert greedy[0] == pytest.approx(exact[0], rel=1e-5)  # step 0 needs no weight
+    assert all(greedy[j].item() < exact[j] - 10 * se[j].item() for j in (1, 2))

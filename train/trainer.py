@@ -41,7 +41,7 @@ from .packing import PackedRows, collate_rows, plan_rows
 from .schedule import MicroBatches, epoch_micro_batches, evaluation_micro_batches, updates_per_epoch
 from .state import load_latest, save_state, sum_over_processes
 from .ttt import TTTModule, TTTOutput, model_inputs, simulated_tau
-from .validation import held_out_split, validate
+from .validation import held_out_split, sampled_at_t1, validate
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
@@ -271,7 +271,16 @@ def setup(recipe: Recipe, run_dir: Path) -> Training:
         draft.compile_math()
     # the target's lm_head turns stored final states into the teacher; a top-k capture needs none
     lm_head = heads["lm_head"].float() if index.get("teacher", "final") == "final" else torch.empty(0)
-    module = TTTModule(draft, lm_head, tr.ttt_steps, tr.decay, tr.attention, tr.checkpoint_layer, tr.loss)
+    module = TTTModule(
+        draft,
+        lm_head,
+        tr.ttt_steps,
+        tr.decay,
+        tr.attention,
+        tr.checkpoint_layer,
+        tr.loss,
+        sampled_at_t1(recipe.data),
+    )
     if acc.is_fsdp2:
         configure_fsdp2(acc, draft)
     data = training_data(tr, run_dir, online, acc)

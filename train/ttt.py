@@ -27,11 +27,19 @@ Metrics count every loss-masked position (an argmax outside the draft vocab is a
 the simulated acceptance 1 + sum_j prod_{i<=j} cond_acc_i is what a chain drafter would see.
 
 The same at temperature 1 (`sampled_cond_acc`): the loop proposes the draft's argmax c and the target
-accepts it with probability p(c), its full-vocabulary softmax (serve/decoding/sampling.py). A chain at
-index i reaches step j with probability w_j(i) = prod_{l<j} p_l(c_l), and the teacher-forced inputs
-are the chain's own only where every earlier c_l was the captured token; so step j's acceptance is
-sum_i w_j(i) p_j(c_j) / sum_i w_j(i) over those indices, and tau_k(T = 1) is the product formula above.
-The path is the captured one: with greedy captures this scores the sampled chain along greedy text.
+accepts it with probability p(c), its full-vocabulary softmax (serve/decoding/sampling.py). The
+teacher-forced inputs are a chain's own only while every earlier c_l was the captured token x_l, so a
+chain at index i goes on along those and step j's acceptance is sum_i w_j(i) p_j(c_j) / sum_i w_j(i):
+
+    text sampled by the target at T = 1    w_j(i) = prod_{l<j} [c_l = x_l]: x_l = c_l happened with
+                                           probability p_l(c_l), the acceptance's own, so this is unbiased
+    other text (greedy)                    w_j(i) = prod_{l<j} p_l(c_l) [c_l = x_l]: chains accepted off the
+                                           text are assumed to fare as those on it
+
+and tau_k(T = 1) is the product formula above. Either way a chain starts at every position here, where
+the loop's start after each verification, often at a token drawn after a rejection: on the demo the loop
+measured 9% less than this estimate on T = 1 text and 22% less on greedy text (docs/benchmarks.md), so
+it ranks drafts rather than predicts the loop's tau.
 """
 
 from __future__ import annotations
@@ -163,6 +171,7 @@ def ttt_forward(
     keep_logits: bool = False,
     checkpoint_layer: bool = False,
     loss: str = "kl",
+    sampled_text: bool = False,
 ) -> TTTOutput:
     """Unroll `ttt_steps` steps over a right-padded (optionally packed) batch.
 
@@ -172,6 +181,7 @@ def ttt_forward(
     `checkpoint_layer` keeps only each step's input, keys and values for backward and recomputes the
     layer there (about a third more compute; the MLP and norm activations, most of the memory per
     token at gpt-oss size, are never held for all steps). `loss`: kl | lk | ce (train/loss.py).
+    `sampled_text`: the answers are the target's samples at T = 1 (the T = 1 counts, module docstring).
     """
     B, T = input_ids.shape
     scale = attention_scale(draft.midlayer.self_attn.head_dim)
@@ -195,7 +205,7 @@ def ttt_forward(
             out.logits.append(draft.logits(prenorm))  # (B, T, V_d)
         if target is None:
             continue
-        loss_j, step, chain = score_step(draft, prenorm, j, batch, target, chain, loss)
+        loss_j, step, chain = score_step(draft, prenorm, j, batch, target, chain, loss, sampled_text)
         total = total + (decay**j) * loss_j
         stats.append(step)
     out.loss = total
@@ -235,8 +245,8 @@ class ChainState:
     """Where a drafted chain at each index i still follows the captured text, after steps 0..j-1.
 
     right (B, L) bool: every earlier draft was the target's argmax and so was the token fed (greedy chain);
-    weight (B, L) float: the probability that a T = 1 chain got here along the captured tokens,
-    prod_l p_l(c_l) [c_l = captured], the draft's argmax c_l accepted with the target's probability p_l."""
+    weight (B, L) float: w_j, the weight of a T = 1 chain that got here along the captured tokens (the
+    module docstring: prod_l [c_l = x_l], times prod_l p_l(c_l) unless the text is the target's samples)."""
 
     right: torch.Tensor
     weight: torch.Tensor
@@ -257,6 +267,7 @@ def score_step(
     target: TargetView,
     chain: ChainState,
     loss: str,
+    sampled_text: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, ChainState]:
     """Step j's loss and counts. Prediction (j, i) is of x_{i+2+j}, with target distribution z_{i+1+j}:
     indices i < L = T-2-j only. hidden (B, T, H); batch: input_ids, loss_mask, doc_ids (B, T);
@@ -284,10 +295,13 @@ def score_step(
     stats = torch.stack([loss_j.detach().float(), *(c.float() for c in counts + sampled)])
     # the chain goes on only if the draft was right AND the token fed to step j+1 (x_{i+2+j}) is the one
     # a greedy chain would feed (the target's argmax): with sampled data they differ. At T = 1 it goes on
-    # where the accepted guess is the token fed (the captured one), with the probability of accepting it
+    # where the accepted guess is the token fed (the captured one), weighted as the module docstring says
     fed = input_ids[:, 2 + j :]
     greedy_fed = fed == target.argmax[:, 1 + j : T - 1]
-    after = ChainState(chain.right[:, :L] & right & greedy_fed, weight * p_guess * (guess == fed))
+    on_text = weight * (guess == fed)
+    after = ChainState(
+        chain.right[:, :L] & right & greedy_fed, on_text if sampled_text else on_text * p_guess
+    )
     return loss_j, stats, after
 
 
@@ -326,12 +340,14 @@ class TTTModule(torch.nn.Module):
         attention: str = "auto",
         checkpoint_layer: bool = False,
         loss: str = "kl",
+        sampled_text: bool = False,
     ):
         super().__init__()
         self.draft = draft
         self.register_buffer("lm_head_weight", lm_head_weight.detach(), persistent=False)  # (V, H_t)
         self.ttt_steps, self.decay = ttt_steps, decay
         self.attention, self.checkpoint_layer, self.loss = attention, checkpoint_layer, loss
+        self.sampled_text = sampled_text  # the answers are the target's samples at T = 1 (ttt_forward)
 
     def forward(
         self, aux, input_ids, loss_mask, doc_ids, final=None, teacher_ids=None, teacher_logprobs=None
@@ -353,6 +369,7 @@ class TTTModule(torch.nn.Module):
             self.attention,
             checkpoint_layer=self.checkpoint_layer,
             loss=self.loss,
+            sampled_text=self.sampled_text,
         )
 
 

@@ -21,6 +21,12 @@ import torch
 from .ttt import model_inputs, simulated_tau
 
 
+def sampled_at_t1(data) -> bool:
+    """Whether the recipe's answers (`data` section) are the target's own samples at temperature 1,
+    untruncated: then training's T = 1 estimate follows them without weighting (train/ttt.py)."""
+    return float(data.temperature) == 1.0 and float(data.top_p) == 1.0
+
+
 def split_validation(num_sequences: int, fraction: float, seed: int) -> tuple[list[int], list[int]]:
     """(train indices, validation indices), disjoint, from a seeded permutation. fraction > 0 holds out
     at least one sequence (and always leaves one to train on)."""
