@@ -37,9 +37,9 @@ chain at index i goes on along those and step j's acceptance is sum_i w_j(i) p_j
                                            text are assumed to fare as those on it
 
 and tau_k(T = 1) is the product formula above. Either way a chain starts at every position here, where
-the loop's chains start after each verification, often at a token drawn after a rejection: on the demo the loop
-measured 9% less than this estimate on T = 1 text and 22% less on greedy text (docs/benchmarks.md), so
-it ranks drafts rather than predicts the loop's tau.
+the loop's chains start after each verification, often at a token drawn after a rejection: on the demo
+the loop measured 9% less than this estimate on T = 1 text and 22% less on greedy text
+(docs/benchmarks.md), so it ranks drafts rather than predicts the loop's tau.
 """
 
 from __future__ import annotations
