@@ -27,6 +27,13 @@ def mapped(d):
     return d
 
 
+def to_draft_ids(d):
+    """(97,) the draft id of each target id in the draft vocab, 0 elsewhere."""
+    to_draft = torch.zeros(97, dtype=torch.long)
+    to_draft[d.to_target_ids(torch.arange(40))] = torch.arange(40)
+    return to_draft
+
+
 def draft_target(d, B, T, g, one_hot=False):
     """A target whose argmax is in the draft vocab at ~80% of positions; mass < 1 unless one_hot."""
     probs = torch.softmax(torch.randn(B, T, 40, generator=g) * (50 if one_hot else 2), -1)
@@ -106,13 +113,12 @@ def test_one_hot_target_makes_t1_counts_the_greedy_counts():
     mask, doc = torch.ones(B, T), torch.zeros(B, T, dtype=torch.long)
     target = draft_target(d, B, T, g, one_hot=True)
     # the target agrees with the draft's step-0 guess at ~70% of positions; the text is greedy
-    vocab = d.t2d.nonzero().squeeze(-1)  # target ids in the draft vocab, in draft order
     guess = guesses(d, aux, ids, mask, doc, target, steps)[0]  # (B, T) of x_{i+2}, i.e. z_{i+1}
     agree = torch.rand(B, T - 1, generator=g) < 0.7
     argmax = torch.where(agree, guess[:, : T - 1], target.argmax[:, 1:])
     target.argmax[:, 1:] = argmax
     target.in_draft = d.t2d[target.argmax]
-    draft_ids = torch.searchsorted(vocab, target.argmax.clamp(max=int(vocab.max())))
+    draft_ids = to_draft_ids(d)[target.argmax]
     target.probs = torch.nn.functional.one_hot(draft_ids, 40).float() * target.in_draft[..., None]
     ids[:, 1:] = target.argmax[:, :-1]
     with torch.no_grad():
@@ -136,8 +142,7 @@ def test_target_views_carry_the_mass_in_the_draft_vocab():
     tv = topk_view(top.indices, top.values.log(), d)
     inside = d.t2d[top.indices]  # (2, 5, 6) bool
     torch.testing.assert_close(tv.mass, (top.values * inside).sum(-1), rtol=1e-5, atol=1e-7)
-    to_draft = torch.zeros(97, dtype=torch.long)
-    to_draft[d.to_target_ids(torch.arange(40))] = torch.arange(40)
+    to_draft = to_draft_ids(d)
     got = (tv.probs * tv.mass[..., None]).gather(-1, to_draft[top.indices])
     torch.testing.assert_close(got * inside, top.values * inside, rtol=1e-5, atol=1e-7)
 
@@ -156,8 +161,7 @@ def test_t1_estimate_on_sampled_text_is_the_expected_acceptance():
     ids = torch.zeros(B, T, dtype=torch.long)
     guess = guesses(d, aux, ids, mask, doc, target, steps)  # the same for every text
     # a target that often agrees with the draft's guesses, so that chains go on
-    to_draft = torch.zeros(97, dtype=torch.long)
-    to_draft[d.to_target_ids(torch.arange(40))] = torch.arange(40)
+    to_draft = to_draft_ids(d)
     logits = torch.randn(B, T, 40, generator=g)
     for j in range(steps):  # step j at index i guesses position i+1+j's distribution
         logits[:, 1 + j : T - 1, :].scatter_(-1, to_draft[guess[j][:, : T - 2 - j]][..., None], 5.0)

@@ -89,8 +89,9 @@ def target_view(
         z = (flat[s : s + chunk].to(dtype) @ w.T).float()  # (c, V)
         argmax.append(z.argmax(-1))
         zd = z[:, draft_to_target]
-        probs.append(torch.softmax(zd, dim=-1))
-        mass.append((torch.logsumexp(zd, -1) - torch.logsumexp(z, -1)).exp())
+        lse = torch.logsumexp(zd, -1, keepdim=True)  # one reduction for both: the softmax and its mass
+        probs.append((zd - lse).exp())
+        mass.append((lse[:, 0] - torch.logsumexp(z, -1)).exp())
     argmax = torch.cat(argmax).view(B, T)
     return TargetView(torch.cat(probs).view(B, T, -1), argmax, draft.t2d[argmax], torch.cat(mass).view(B, T))
 
