@@ -93,8 +93,14 @@ def _recipe_error(err: ValidationError) -> RecipeError:
 # ------------------------------------------------------------------ reading
 
 
+class Replace(dict):
+    """A mapping given whole on the command line (`eval.benchmarks={gsm8k: t.jsonl}`): it replaces the
+    recipe's mapping, where dotted keys (`eval.benchmarks.gsm8k=t.jsonl`) merge into it one by one."""
+
+
 def parse_overrides(pairs: list[str]) -> dict[str, Any]:
-    """`train.lr=3e-4 eval.k=5` -> nested dict; values are parsed as YAML scalars/lists."""
+    """`train.lr=3e-4 eval.k=5` -> nested dict; values are parsed as YAML scalars/lists/mappings (a mapping
+    value is a `Replace`)."""
     out: dict[str, Any] = {}
     for pair in pairs:
         check("=" in pair, f"override {pair!r}", "expected key.sub=value")
@@ -103,16 +109,17 @@ def parse_overrides(pairs: list[str]) -> dict[str, Any]:
         for p in parts[:-1]:
             node = node.setdefault(p, {})
             check(isinstance(node, dict), f"override {key}", f"{p} is not a section")
-        node[parts[-1]] = yaml.safe_load(value) if value != "" else None
+        parsed = yaml.safe_load(value) if value != "" else None
+        node[parts[-1]] = Replace(parsed) if isinstance(parsed, dict) else parsed
     return out
 
 
 def _merge(base: dict, over: dict) -> dict:
-    """`over` into `base`, section by section; an empty mapping (`eval.benchmarks={}`) replaces the value."""
+    """`over` into `base`, section by section; a `Replace` mapping replaces the value whole."""
     merged = dict(base)
     for k, v in over.items():
-        deeper = isinstance(v, dict) and v and isinstance(merged.get(k), dict)
-        merged[k] = _merge(merged[k], v) if deeper else v
+        deeper = isinstance(v, dict) and not isinstance(v, Replace) and isinstance(merged.get(k), dict)
+        merged[k] = _merge(merged[k], v) if deeper else dict(v) if isinstance(v, Replace) else v
     return merged
 
 

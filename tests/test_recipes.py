@@ -109,10 +109,17 @@ def test_dotted_overrides():
     assert r.eval.k == 3 and r.train.lr == 0.002
     with pytest.raises(RecipeError, match=r"^eval.kk: unknown key"):
         load_recipe("demo", ["eval.kk=3"])
-    # a mapping merges into the recipe's, key by key; an empty one clears it
+    # a mapping given whole replaces the recipe's; dotted keys merge into it; an empty one clears it
+    recipe = {"eval": {"benchmarks": {"humaneval": "c.jsonl"}}}
     sets = "eval.benchmarks={mt-bench: a.jsonl, gsm8k: b.jsonl}"
-    r = load_recipe({"eval": {"benchmarks": {"humaneval": "c.jsonl"}}}, [sets])
-    assert r.eval.benchmarks == {"humaneval": "c.jsonl", "mt-bench": "a.jsonl", "gsm8k": "b.jsonl"}
+    assert load_recipe(recipe, [sets]).eval.benchmarks == {"mt-bench": "a.jsonl", "gsm8k": "b.jsonl"}
+    r = load_recipe(recipe, ["eval.benchmarks.gsm8k=b.jsonl"])
+    assert r.eval.benchmarks == {"humaneval": "c.jsonl", "gsm8k": "b.jsonl"}
+    r = load_recipe(recipe, [sets, "eval.benchmarks.humaneval=d.jsonl"])  # a dotted key after the whole one
+    assert r.eval.benchmarks == {"mt-bench": "a.jsonl", "gsm8k": "b.jsonl", "humaneval": "d.jsonl"}
+    r = load_recipe("demo", ["train={lr: 0.002}"])  # a whole section too: the rest of it back to the defaults
+    assert r.train.lr == 0.002
+    assert r.train.epochs == load_recipe({}).train.epochs != load_recipe("demo").train.epochs
     assert (
         load_recipe(
             {"eval": {"benchmarks": {"humaneval": "c.jsonl"}}}, ["eval.benchmarks={}"]
