@@ -161,9 +161,20 @@ def budget(args) -> list[str]:
     ]
 
 
+def trainer_name(args, trainer: str) -> str:
+    """The drafts' name: eyas's --name; speculators at another lr `speculators-lr0.003`; else the trainer."""
+    if trainer == "eyas":
+        return args.name
+    return (
+        f"speculators-lr{args.speculators_lr:g}"
+        if trainer == "speculators" and args.speculators_lr
+        else trainer
+    )
+
+
 def train_speculators(args, meta: dict, seed: int) -> dict:
     """`speculators train` (launch_speculators_cpu.py) with its defaults, the last epoch's checkpoint."""
-    out = args.work / f"speculators-s{seed}"
+    out = args.work / f"{trainer_name(args, 'speculators')}-s{seed}"
     n = meta["n_train"] + meta["n_val"]
 
     def train() -> Path:
@@ -198,6 +209,7 @@ def train_speculators(args, meta: dict, seed: int) -> dict:
             "--log-freq",
             "10",
             "--no-resume-from-checkpoint",
+            *(["--lr", str(args.speculators_lr)] if args.speculators_lr else []),
             log=out / "train.log",
         )
         return out / "ckpt" / f"epoch{args.epochs - 1}_end"
@@ -425,6 +437,9 @@ def parse(argv) -> argparse.Namespace:
     )
     p.add_argument("--trainers", nargs="+", default=list(TRAINERS), choices=TRAINERS)
     p.add_argument("--name", default="eyas", help="eyas's drafts: WORK/NAME-sS (a name for other overrides)")
+    p.add_argument(
+        "--speculators-lr", type=float, default=None, help="speculators' lr (default its own, 1e-3)"
+    )
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--ttt", type=int, default=5, help="TTT steps of every trainer")
@@ -495,15 +510,15 @@ def main(argv=None) -> int:
             for seed in args.seeds:
                 rec = TRAIN[trainer](args, meta, seed)
                 tokens = args.epochs * meta["train_tokens"]
-                name = args.name if trainer == "eyas" else trainer
+                name = trainer_name(args, trainer)
                 row = {"trainer": name, "seed": seed, "epochs": args.epochs, "ttt": args.ttt}
                 row.update(tokens_seen=tokens, wall_s=rec["wall_s"], tokens_per_s=tokens / rec["wall_s"])
-                trained.append({**row, "checkpoint": rec["checkpoint"]})
+                trained.append({**row, "kind": trainer, "checkpoint": rec["checkpoint"]})
                 print(json.dumps(row), file=results, flush=True)
                 print(json.dumps(row), flush=True)
         names = [f"{t['trainer']}-s{t['seed']}" for t in trained]
         drafts = [
-            (name, imported(args, name, t["trainer"], t["checkpoint"], recipe.target.model))
+            (name, imported(args, name, t["kind"], t["checkpoint"], recipe.target.model))
             for name, t in zip(names, trained)
         ]
         drafts += [tuple(d.split("=", 1)) for d in args.draft]
