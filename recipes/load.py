@@ -119,7 +119,7 @@ def _merge(base: dict, over: dict) -> dict:
     merged = dict(base)
     for k, v in over.items():
         deeper = isinstance(v, dict) and not isinstance(v, Replace) and isinstance(merged.get(k), dict)
-        merged[k] = _merge(merged[k], v) if deeper else dict(v) if isinstance(v, Replace) else v
+        merged[k] = _merge(merged[k], v) if deeper else v
     return merged
 
 
