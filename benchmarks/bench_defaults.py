@@ -97,18 +97,16 @@ TABLES = {  # table -> choice -> overrides ({n}: the target's layer count, {h}: 
         "kl_decay_1": ["train.loss=kl", "train.decay=1.0"],  # speculators: every step weighed the same
     },
     "ttt": {"ttt3": ["train.ttt_steps=3"], "ttt5": ["train.ttt_steps=5"], "ttt7": ["train.ttt_steps=7"]},
-    "optim": {
+    "optim": {  # the recipe trains with Muon (train.optimizer) at lr 3e-3; its lm_head is frozen
         "adamw_1e-4": ["train.optimizer=adamw", "train.lr=1e-4"],  # SpecForge's default
         "adamw_5e-4": ["train.optimizer=adamw", "train.lr=5e-4"],
         "adamw_1e-3": ["train.optimizer=adamw", "train.lr=1e-3"],
+        "adamw_3e-3": ["train.optimizer=adamw", "train.lr=3e-3"],
         # speculators' default: Muon lr 1e-3 wd 0.1 on the matrices, AdamW lr 1e-3 wd 0.01 on the rest
         "muon_1e-3": ["train.optimizer=muon", "train.lr=1e-3", "train.weight_decay=0.01"],
-        "muon_1e-3_frozen_head": [  # and the target's lm_head rows, frozen (speculators' pair)
-            "train.optimizer=muon",
-            "train.lr=1e-3",
-            "train.weight_decay=0.01",
-            "draft.lm_head=target_frozen",
-        ],
+        "muon_2e-3": ["train.optimizer=muon", "train.lr=2e-3", "train.weight_decay=0.01"],
+        "muon_3e-3": ["train.optimizer=muon", "train.lr=3e-3", "train.weight_decay=0.01"],
+        "muon_5e-3": ["train.optimizer=muon", "train.lr=5e-3", "train.weight_decay=0.01"],
     },
     "storage": {
         "bf16": ["capture.aux_format=same", "capture.teacher=final"],
@@ -217,7 +215,7 @@ def main(argv=None) -> int:
     p.add_argument("--recipe", default="recipes/smollm2-135m.yaml")
     p.add_argument("--out", default="runs/defaults")
     p.add_argument("--tables", nargs="+", default=list(TABLES), choices=list(TABLES))
-    p.add_argument("--choices", nargs="+", default=None, help="only these choices of the tables")
+    p.add_argument("--choices", nargs="+", default=None, help="only these choices, in this order")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     p.add_argument("--eval", action="store_true", help="also evaluate each choice in the serving loop")
     p.add_argument("--results", default=None, help="where each row is appended (default OUT/results.jsonl)")
@@ -229,16 +227,16 @@ def main(argv=None) -> int:
     base = Path(args.out) / "_base"
     run_all(recipe, base, stages=BASE_STAGES, progress=False)
     n = text_config(load_target_config(recipe.target.model)).num_hidden_layers
+    chosen = [(t, c) for t in args.tables for c in TABLES[t]]  # in --choices' order where given
+    if args.choices:
+        chosen = [(t, c) for c in args.choices for t, c2 in chosen if c2 == c]
     rows = []
     with open(args.results or Path(args.out) / "results.jsonl", "a") as log:
-        for table in args.tables:
-            for choice in TABLES[table]:
-                if args.choices and choice not in args.choices:
-                    continue
-                for seed in args.seeds:
-                    rows.append(train_choice(args, base, table, choice, seed, n))
-                    print(json.dumps(rows[-1]), file=log, flush=True)
-                    print(json.dumps(rows[-1]), flush=True)
+        for seed in args.seeds:  # seed-major: a run cut short still has whole tables for its first seeds
+            for table, choice in chosen:
+                rows.append(train_choice(args, base, table, choice, seed, n))
+                print(json.dumps(rows[-1]), file=log, flush=True)
+                print(json.dumps(rows[-1]), flush=True)
     print("\n".join(summary(rows, recipe.eval.k)))
     return 0
 
