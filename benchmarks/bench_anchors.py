@@ -165,11 +165,9 @@ def trainer_name(args, trainer: str) -> str:
     """The drafts' name: eyas's --name; speculators at another lr `speculators-lr0.003`; else the trainer."""
     if trainer == "eyas":
         return args.name
-    return (
-        f"speculators-lr{args.speculators_lr:g}"
-        if trainer == "speculators" and args.speculators_lr
-        else trainer
-    )
+    if trainer == "speculators" and args.speculators_lr:
+        return f"speculators-lr{args.speculators_lr:g}"
+    return trainer
 
 
 def train_speculators(args, meta: dict, seed: int) -> dict:
@@ -455,6 +453,10 @@ def parse(argv) -> argparse.Namespace:
     )
     p.add_argument("overrides", nargs="*", help="recipe overrides (key.sub=value): eyas's training and eval")
     args = p.parse_args(argv)
+    shared = {"train.epochs": "--epochs", "train.ttt_steps": "--ttt", "train.max_length": "--max-length"}
+    for o in args.overrides:  # the shared budget would replace them silently
+        if o.split("=", 1)[0] in shared:
+            p.error(f"{o}: every trainer's budget; set it with {shared[o.split('=', 1)[0]]}")
     args.recipe = args.recipe or str(args.run / "recipe.yaml")
     args.peer_python = args.peer_python or args.work / "venv" / "bin" / "python"
     args.target_dir = args.target_dir or args.work / "smollm2-135m-instruct"
