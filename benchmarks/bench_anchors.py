@@ -3,8 +3,8 @@ capture, for the same number of epochs over the same sequences, imported with `e
 side by side in eyas's serving loop on the same held-out prompts.
 
     python benchmarks/bench_anchors.py --run runs/smollm2-135m [--work peer-work] [--epochs 1]
-        [--ttt 5] [--seeds 0 1] [--trainers eyas speculators specforge] [--name eyas] [--k 1 2 3 4 5]
-        [--temperature 0 1] [--num-prompts 8] [--no-eval] [-- key.sub=value ...]
+        [--ttt 5] [--row-length 1024] [--seeds 0 1] [--trainers eyas speculators specforge] [--name eyas]
+        [--k 1 2 3 4 5] [--temperature 0 1] [--num-prompts 8] [--no-eval] [-- key.sub=value ...]
 
 Needs a finished eyas run (its capture and vocab: `eyas run recipes/smollm2-135m.yaml`) and the peers'
 venv and target directory from `../shared/peer/README.md` (Setup: `$PEER_WORK/venv` with speculators,
@@ -27,8 +27,9 @@ nothing of theirs is copied. Each stage writes into WORK and is skipped when its
 Every trainer keeps its own defaults (optimizer, lr, schedule, loss and its weighting, lm_head init
 and freezing, norms) except what makes the budget the same: the draft shape (1 layer, the target's
 dims, the run's aux ids and draft vocab), TTT steps (--ttt), epochs over the same training sequences,
-the sequence length (train.max_length) and the seed. Tokens/s is the sequences' tokens (prompt and
-answer) times epochs over each trainer's wall time, one trainer at a time on the same machine.
+the packed row length (--row-length: eyas's train.max_length, speculators' --total-seq-len; SpecForge
+trains one sequence per step) and the seed. Tokens/s is the sequences' tokens (prompt and answer) times
+epochs over each trainer's wall time, one trainer at a time on the same machine.
 Every draft is scored twice: on the held-out captured sequences as eyas's training validates (simulated tau
 of greedy chains and at T = 1, the same sequences and teacher for all, no sampling noise), and in eyas's
 serving loop on the held-out prompts (unless --no-eval). Prints one JSON line per trained draft, per
@@ -157,17 +158,20 @@ def budget(args) -> list[str]:
     return [
         f"train.epochs={args.epochs}",
         f"train.ttt_steps={args.ttt}",
-        f"train.max_length={args.max_length}",
+        f"train.max_length={args.row_length}",
     ]
 
 
 def trainer_name(args, trainer: str) -> str:
-    """The drafts' name: eyas's --name; speculators at another lr `speculators-lr0.003`; else the trainer."""
+    """The drafts' name: eyas's --name; speculators at another lr or row length `speculators-lr0.003-rows512`;
+    else the trainer."""
     if trainer == "eyas":
         return args.name
-    if trainer == "speculators" and args.speculators_lr:
-        return f"speculators-lr{args.speculators_lr:g}"
-    return trainer
+    if trainer != "speculators":
+        return trainer
+    lr = f"-lr{args.speculators_lr:g}" if args.speculators_lr else ""
+    rows = f"-rows{args.row_length}" if args.row_length != args.max_length else ""
+    return f"speculators{lr}{rows}"
 
 
 def train_speculators(args, meta: dict, seed: int) -> dict:
@@ -194,7 +198,7 @@ def train_speculators(args, meta: dict, seed: int) -> dict:
             "--ttt-steps",
             str(args.ttt),
             "--total-seq-len",
-            str(args.max_length),
+            str(args.row_length),
             # its row-ordered split: int(n * ratio) rows = eyas's training sequences
             "--train-data-ratio",
             f"{(meta['n_train'] + 0.5) / n:.8f}",
@@ -441,7 +445,14 @@ def parse(argv) -> argparse.Namespace:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--ttt", type=int, default=5, help="TTT steps of every trainer")
-    p.add_argument("--max-length", type=int, default=1024, help="tokens per training sequence")
+    p.add_argument("--max-length", type=int, default=1024, help="tokens per sequence, training and scoring")
+    p.add_argument(
+        "--row-length",
+        type=int,
+        default=None,
+        help="tokens per packed training row of eyas (train.max_length) and speculators (--total-seq-len); "
+        "default --max-length; at least the longest sequence",
+    )
     p.add_argument("--k", type=int, nargs="+", default=[1, 2, 3, 4, 5])
     p.add_argument("--temperature", type=float, nargs="+", default=[0.0, 1.0])
     p.add_argument("--num-prompts", type=int, default=8, help="per benchmark of the recipe's eval.benchmarks")
@@ -453,10 +464,13 @@ def parse(argv) -> argparse.Namespace:
     )
     p.add_argument("overrides", nargs="*", help="recipe overrides (key.sub=value): eyas's training and eval")
     args = p.parse_args(argv)
-    shared = {"train.epochs": "--epochs", "train.ttt_steps": "--ttt", "train.max_length": "--max-length"}
+    shared = {"train.epochs": "--epochs", "train.ttt_steps": "--ttt", "train.max_length": "--row-length"}
     for o in args.overrides:  # the shared budget would replace them silently
         if o.split("=", 1)[0] in shared:
             p.error(f"{o}: every trainer's budget; set it with {shared[o.split('=', 1)[0]]}")
+    args.row_length = args.row_length or args.max_length
+    if args.row_length > args.max_length:
+        p.error(f"--row-length {args.row_length}: above --max-length {args.max_length}")
     args.recipe = args.recipe or str(args.run / "recipe.yaml")
     args.peer_python = args.peer_python or args.work / "venv" / "bin" / "python"
     args.target_dir = args.target_dir or args.work / "smollm2-135m-instruct"
@@ -480,10 +494,9 @@ def prepare_data(args, recipe) -> dict:
             log=args.work / "logs" / "make_smollm2.log",
         )
     meta = {"val_seed": split_seed(recipe.train), **export_generic(args.run, recipe, args.work / "generic")}
-    if meta["max_length"] > args.max_length:
-        raise SystemExit(
-            f"--max-length {args.max_length}: the capture holds a sequence of {meta['max_length']}"
-        )
+    if meta["max_length"] > args.row_length:
+        flag = "--row-length" if args.row_length < args.max_length else "--max-length"
+        raise SystemExit(f"{flag} {args.row_length}: the capture holds a sequence of {meta['max_length']}")
     for trainer, (script, src) in CONVERTERS.items():
         out = args.work / "data" / trainer
         if trainer in args.trainers and not out.is_dir():

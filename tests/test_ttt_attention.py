@@ -14,7 +14,7 @@ import torch
 from test_train_serve_consistency import make_draft
 
 from eyas.train import attention as A
-from eyas.train.packing import collate_rows, doc_ids_from_lengths, plan_rows, positions_in_doc
+from eyas.train.packing import collate_rows, cut_note, doc_ids_from_lengths, plan_rows, positions_in_doc
 from eyas.train.ttt import TargetView, ttt_forward
 
 
@@ -223,6 +223,12 @@ def test_plan_rows_fits_and_is_deterministic():
     assert rows == plan_rows(lengths, 128, pack=True, seed=3)
     assert plan_rows(lengths, 128, pack=False) == [[i] for i in range(200)]
     assert plan_rows([500, 3], 128, pack=True) == [[0], [1]]  # a long sequence fills a row by itself (cut)
+
+
+def test_cut_note_counts_the_sequences_longer_than_a_row():
+    assert cut_note([128, 3, 100], 128) is None
+    note = cut_note([500, 3, 129], 128)
+    assert note.startswith("2 of 3 training sequences are longer than train.max_length=128 (the longest 500")
 
 
 def test_validation_split_is_disjoint_and_seeded():

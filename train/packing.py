@@ -45,6 +45,19 @@ def plan_rows(lengths: list[int], max_length: int, pack: bool, seed: int = 0) ->
     return rows
 
 
+def cut_note(lengths: list[int], max_length: int) -> str | None:
+    """The log's line when some sequences are longer than a row (training cuts them to `max_length` tokens and
+    never sees their tails), else None."""
+    long = [n for n in lengths if n > max_length]
+    if not long:
+        return None
+    return (
+        f"{len(long)} of {len(lengths)} training sequences are longer than train.max_length={max_length} "
+        f"(the longest {max(long)} tokens): each is cut to {max_length}; raise train.max_length to train on "
+        "their tails"
+    )
+
+
 class PackedRows(torch.utils.data.Dataset):
     """Rows of a `ShardDataset` per a plan -> lists of its items (one per packed sequence)."""
 

@@ -37,7 +37,7 @@ from .checkpoint import load_draft, save_draft
 from .distributed import accelerator_kwargs, check_deepspeed, configure_fsdp2, full_state_dict, process_state
 from .model import OPTIONS, DraftConfig, Eagle3Draft
 from .optim import make_optimizer
-from .packing import PackedRows, collate_rows, plan_rows
+from .packing import PackedRows, collate_rows, cut_note, plan_rows
 from .schedule import MicroBatches, epoch_micro_batches, evaluation_micro_batches, updates_per_epoch
 from .state import load_latest, save_state, sum_over_processes
 from .ttt import TTTModule, TTTOutput, model_inputs, simulated_tau
@@ -340,7 +340,10 @@ def training_data(
     else:
         sequences, on_device = ShardDataset(run_dir / "capture"), partial(to_device, device=acc.device)
     train_ids, val_ids = held_out_split(tr, len(sequences))
-    rows = plan_rows([sequences.lengths[i] for i in train_ids], tr.max_length, tr.pack, tr.seed)
+    lengths = [sequences.lengths[i] for i in train_ids]
+    if note := cut_note(lengths, tr.max_length):
+        acc.print(f"[train] {note}")
+    rows = plan_rows(lengths, tr.max_length, tr.pack, tr.seed)
     dataset = PackedRows(sequences, [[train_ids[i] for i in row] for row in rows])
     collate = partial(collate_rows, max_length=tr.max_length)
     # validation batches dealt to ranks like training's, padded so every rank runs as many forwards
