@@ -2,9 +2,10 @@
 capture, for the same number of epochs over the same sequences, imported with `eyas import`, and evaluated
 side by side in eyas's serving loop on the same held-out prompts.
 
-    python benchmarks/bench_anchors.py --run runs/smollm2-135m [--work peer-work] [--epochs 1]
-        [--ttt 5] [--row-length 1024] [--seeds 0 1] [--trainers eyas speculators specforge] [--name eyas]
-        [--k 1 2 3 4 5] [--temperature 0 1] [--num-prompts 8] [--no-eval] [-- key.sub=value ...]
+    python benchmarks/bench_anchors.py --run runs/smollm2-135m [--work peer-work] [--epochs 2]
+        [--ttt 5] [--seeds 0 1] [--trainers eyas speculators specforge] [--name eyas]
+        [--speculators-rows 1024] [--k 1 2 3 4 5] [--temperature 0 1] [--num-prompts 8] [--no-eval]
+        [-- key.sub=value ...]
 
 Needs a finished eyas run (its capture and vocab: `eyas run recipes/smollm2-135m.yaml`) and the peers'
 venv and target directory from `../shared/peer/README.md` (Setup: `$PEER_WORK/venv` with speculators,
@@ -25,10 +26,11 @@ nothing of theirs is copied. Each stage writes into WORK and is skipped when its
     imported/<trainer>-s<S>   the peers' checkpoints read by `eyas import`
 
 Every trainer keeps its own defaults (optimizer, lr, schedule, loss and its weighting, lm_head init
-and freezing, norms) except what makes the budget the same: the draft shape (1 layer, the target's
-dims, the run's aux ids and draft vocab), TTT steps (--ttt), epochs over the same training sequences,
-the packed row length (--row-length: eyas's train.max_length, speculators' --total-seq-len; SpecForge
-trains one sequence per step) and the seed. Tokens/s is the sequences' tokens (prompt and answer) times
+and freezing, norms, tokens per step: eyas's packed rows of its recipe's train.max_length, SpecForge's one
+sequence) except what makes the budget the same: the draft shape (1 layer, the target's dims, the run's aux
+ids and draft vocab), TTT steps (--ttt), epochs over the same training sequences and the seed. speculators'
+packed rows (--total-seq-len, its default 8192: a few dozen steps here) are --speculators-rows, default
+--max-length. Tokens/s is the sequences' tokens (prompt and answer) times
 epochs over each trainer's wall time, one trainer at a time on the same machine.
 Every draft is scored twice: on the held-out captured sequences as eyas's training validates (simulated tau
 of greedy chains and at T = 1, the same sequences and teacher for all, no sampling noise), and in eyas's
@@ -158,7 +160,6 @@ def budget(args) -> list[str]:
     return [
         f"train.epochs={args.epochs}",
         f"train.ttt_steps={args.ttt}",
-        f"train.max_length={args.row_length}",
     ]
 
 
@@ -170,7 +171,7 @@ def trainer_name(args, trainer: str) -> str:
     if trainer != "speculators":
         return trainer
     lr = f"-lr{args.speculators_lr:g}" if args.speculators_lr else ""
-    rows = f"-rows{args.row_length}" if args.row_length != args.max_length else ""
+    rows = f"-rows{args.speculators_rows}" if args.speculators_rows != args.max_length else ""
     return f"speculators{lr}{rows}"
 
 
@@ -198,7 +199,7 @@ def train_speculators(args, meta: dict, seed: int) -> dict:
             "--ttt-steps",
             str(args.ttt),
             "--total-seq-len",
-            str(args.row_length),
+            str(args.speculators_rows),
             # its row-ordered split: int(n * ratio) rows = eyas's training sequences
             "--train-data-ratio",
             f"{(meta['n_train'] + 0.5) / n:.8f}",
@@ -445,13 +446,13 @@ def parse(argv) -> argparse.Namespace:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--ttt", type=int, default=5, help="TTT steps of every trainer")
-    p.add_argument("--max-length", type=int, default=1024, help="tokens per sequence, training and scoring")
+    p.add_argument("--max-length", type=int, default=1024, help="the longest sequence scored, and trained on")
     p.add_argument(
-        "--row-length",
+        "--speculators-rows",
         type=int,
         default=None,
-        help="tokens per packed training row of eyas (train.max_length) and speculators (--total-seq-len); "
-        "default --max-length; at least the longest sequence",
+        help="speculators' packed row length (--total-seq-len), default --max-length; eyas's is its "
+        "train.max_length (override it after --)",
     )
     p.add_argument("--k", type=int, nargs="+", default=[1, 2, 3, 4, 5])
     p.add_argument("--temperature", type=float, nargs="+", default=[0.0, 1.0])
@@ -464,13 +465,11 @@ def parse(argv) -> argparse.Namespace:
     )
     p.add_argument("overrides", nargs="*", help="recipe overrides (key.sub=value): eyas's training and eval")
     args = p.parse_args(argv)
-    shared = {"train.epochs": "--epochs", "train.ttt_steps": "--ttt", "train.max_length": "--row-length"}
+    shared = {"train.epochs": "--epochs", "train.ttt_steps": "--ttt"}
     for o in args.overrides:  # the shared budget would replace them silently
         if o.split("=", 1)[0] in shared:
             p.error(f"{o}: every trainer's budget; set it with {shared[o.split('=', 1)[0]]}")
-    args.row_length = args.row_length or args.max_length
-    if args.row_length > args.max_length:
-        p.error(f"--row-length {args.row_length}: above --max-length {args.max_length}")
+    args.speculators_rows = args.speculators_rows or args.max_length
     args.recipe = args.recipe or str(args.run / "recipe.yaml")
     args.peer_python = args.peer_python or args.work / "venv" / "bin" / "python"
     args.target_dir = args.target_dir or args.work / "smollm2-135m-instruct"
@@ -494,9 +493,9 @@ def prepare_data(args, recipe) -> dict:
             log=args.work / "logs" / "make_smollm2.log",
         )
     meta = {"val_seed": split_seed(recipe.train), **export_generic(args.run, recipe, args.work / "generic")}
-    if meta["max_length"] > args.row_length:
-        flag = "--row-length" if args.row_length < args.max_length else "--max-length"
-        raise SystemExit(f"{flag} {args.row_length}: the capture holds a sequence of {meta['max_length']}")
+    for flag, n in (("--max-length", args.max_length), ("--speculators-rows", args.speculators_rows)):
+        if meta["max_length"] > n:
+            raise SystemExit(f"{flag} {n}: the capture holds a sequence of {meta['max_length']}")
     for trainer, (script, src) in CONVERTERS.items():
         out = args.work / "data" / trainer
         if trainer in args.trainers and not out.is_dir():
