@@ -30,8 +30,8 @@ and freezing, norms, tokens per step: eyas's packed rows of its recipe's train.m
 sequence) except what makes the budget the same: the draft shape (1 layer, the target's dims, the run's aux
 ids and draft vocab), TTT steps (--ttt), epochs over the same training sequences and the seed. speculators'
 packed rows (--total-seq-len, its default 8192: a few dozen steps here) are --speculators-rows, default
---max-length. Tokens/s is the sequences' tokens (prompt and answer) times
-epochs over each trainer's wall time, one trainer at a time on the same machine.
+--max-length. Tokens/s is the sequences' tokens (prompt and answer) times epochs over each trainer's wall
+time, one trainer at a time on the same machine.
 Every draft is scored twice: on the held-out captured sequences as eyas's training validates (simulated tau
 of greedy chains and at T = 1, the same sequences and teacher for all, no sampling noise), and in eyas's
 serving loop on the held-out prompts (unless --no-eval). Prints one JSON line per trained draft, per
