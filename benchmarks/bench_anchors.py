@@ -5,7 +5,7 @@ side by side in eyas's serving loop on the same held-out prompts.
     python benchmarks/bench_anchors.py --run runs/smollm2-135m [--work peer-work] [--epochs 2]
         [--ttt 5] [--seeds 0 1] [--trainers eyas speculators specforge] [--name eyas]
         [--speculators-rows 1024] [--k 1 2 3 4 5] [--temperature 0 1] [--num-prompts 8] [--no-eval]
-        [-- key.sub=value ...]
+        [--probe N] [-- key.sub=value ...]
 
 Needs a finished eyas run (its capture and vocab: `eyas run recipes/smollm2-135m.yaml`) and the peers'
 venv and target directory from `../shared/peer/README.md` (Setup: `$PEER_WORK/venv` with speculators,
@@ -24,6 +24,7 @@ nothing of theirs is copied. Each stage writes into WORK and is skipped when its
     <trainer>-s<S>/      each trainer's run; eyas's (named --name) links the run's stages and trains with its
                          recipe and the command line's overrides
     imported/<trainer>-s<S>   the peers' checkpoints read by `eyas import`
+    probe-<N>x<tokens>/  (--probe N) the loop's prompts answered greedily by the target and captured
 
 Every trainer keeps its own defaults (optimizer, lr, schedule, loss and its weighting, lm_head init
 and freezing, norms, tokens per step: eyas's packed rows of its recipe's train.max_length, SpecForge's one
@@ -34,9 +35,11 @@ packed rows (--total-seq-len, its default 8192: a few dozen steps here) are --sp
 time, one trainer at a time on the same machine.
 Every draft is scored twice: on the held-out captured sequences as eyas's training validates (simulated tau
 of greedy chains and at T = 1, the same sequences and teacher for all, no sampling noise), and in eyas's
-serving loop on the held-out prompts (unless --no-eval). Prints one JSON line per trained draft, per
-draft's held-out score and per measured point (appended to WORK/results.jsonl), then the tables: per
-trainer, mean over seeds at each k (and temperature), the loop's over all prompts.
+serving loop on the held-out prompts (unless --no-eval); with --probe also as on the held-out sequences, on
+the target's own greedy answers to the loop's prompts (the loop's text, paired, without its noise). Prints
+one JSON line per trained draft, per draft's held-out score and per measured point (appended to
+WORK/results.jsonl), then the tables: per trainer, mean over seeds at each k (and temperature), the loop's
+over all prompts.
 """
 
 from __future__ import annotations
@@ -298,16 +301,65 @@ def held_out_tau(args, recipe, drafts: list[tuple[str, str]]) -> list[dict]:
     serving-loop noise."""
     seqs = ShardDataset(args.run / "capture")
     val = held_out_split(recipe.train, len(seqs))[1]
-    scored = score_sequences(recipe, seqs, val, drafts, args.ttt, args.max_length)
+    return scored_rows(recipe, seqs, val, drafts, args, "held-out captured sequences")
+
+
+def probe_tau(args, recipe, drafts: list[tuple[str, str]]) -> list[dict]:
+    """Every draft scored as `held_out_tau` on the loop's own prompts answered by the target: the probe
+    capture (`probe_capture`), all its sequences."""
+    seqs = ShardDataset(probe_capture(args, recipe))
+    label = f"probe: the loop's prompts ({args.probe} per benchmark), the target's greedy answers"
+    return scored_rows(recipe, seqs, list(range(len(seqs))), drafts, args, label)
+
+
+def scored_rows(recipe, seqs, indices: list[int], drafts, args, label: str) -> list[dict]:
+    """`score_sequences` -> one row per draft: its simulated tau at k = 1..--ttt, greedy and at T = 1."""
+    scored = score_sequences(recipe, seqs, indices, drafts, args.ttt, args.max_length)
     return [
         {
             "draft": name,
-            "held_out_sequences": len(val),
+            "scored_on": label,
+            "held_out_sequences": len(indices),
             "sim_tau": m["simulated_tau"],
             "sim_tau_t1": m["simulated_tau_t1"],
+            "replayed_tau": m["replayed_tau"],
         }
         for name, m in scored
     ]
+
+
+def probe_capture(args, recipe) -> Path:
+    """The serving loop's own prompts (eval's `spread` of --probe per benchmark of the recipe's
+    eval.benchmarks: the loop's very prompts when --probe is --num-prompts) answered greedily by the target
+    as the loop's target answers them (HF generate, eval.target_dtype, up to eval.max_new_tokens), then
+    captured: WORK/probe-<N>x<tokens>/, once -> its capture directory. Drafts scored on it are scored on the
+    loop's text without the loop's batching and sampling noise, at T = 1 as on the held-out sequences."""
+    from eyas.eval.benchmarks import load_benchmark
+    from eyas.io import write_jsonl
+
+    ev = recipe.eval
+    out = args.work / f"probe-{args.probe}x{ev.max_new_tokens}"
+    if not layout.is_done(out, "capture"):
+        out.mkdir(parents=True, exist_ok=True)
+        rows = [
+            {"messages": m}
+            for name, src in ev.benchmarks.items()
+            for m in load_benchmark(name, src, recipe.data.system_prompt, args.probe).messages
+        ]
+        write_jsonl(out / "probe-prompts.jsonl", rows)
+        over = [
+            f"data.prompts=[{{source: {out / 'probe-prompts.jsonl'}, name: probe}}]",
+            f"data.num_prompts={len(rows)}",
+            "data.num_eval_prompts=0",
+            "data.max_turns=1",
+            f"data.max_new_tokens={ev.max_new_tokens}",
+            "data.temperature=0",
+            "data.backend=hf",
+            f"target.dtype={args.eval_dtype}",
+        ]
+        probe = load_recipe(args.recipe, [*args.overrides, *over])
+        run_all(probe, out, stages=("prompts", "regenerate", "capture"), progress=True)
+    return out / "capture"
 
 
 def score_sequences(recipe, seqs, indices: list[int], drafts: list[tuple[str, str]], ttt, max_length: int):
@@ -346,15 +398,20 @@ def score_sequences(recipe, seqs, indices: list[int], drafts: list[tuple[str, st
 
 
 def held_out_table(rows: list[dict]) -> list[str]:
-    """Per trainer: held-out simulated tau, mean over seeds (each seed), at k = 1..., greedy then T = 1."""
-    return held_out_lines(rows, "sim_tau", "greedy") + held_out_lines(rows, "sim_tau_t1", "T=1")
+    """Per trainer: held-out simulated tau, mean over seeds (each seed), at k = 1..., greedy then T = 1, then
+    greedy replayed (the loop's own rounds along the text: train/validation.py)."""
+    return (
+        held_out_lines(rows, "sim_tau", "greedy")
+        + held_out_lines(rows, "sim_tau_t1", "T=1")
+        + held_out_lines(rows, "replayed_tau", "greedy, replayed")
+    )
 
 
 def held_out_lines(rows: list[dict], key: str, label: str) -> list[str]:
     """One table of `held_out_table`: rows[...][key] per k."""
     ks = range(1, len(rows[0][key]) + 1)
-    n = rows[0]["held_out_sequences"]
-    lines = ["", f"{n} held-out captured sequences: simulated tau ({label}), mean over seeds (each seed)"]
+    n, on = rows[0]["held_out_sequences"], rows[0]["scored_on"]
+    lines = ["", f"{n} {on}: simulated tau ({label}), mean over seeds (each seed)"]
     lines.append(f"{'trainer':<16}" + "".join(f"{f'k={k}':>22}" for k in ks))
     for fam in dict.fromkeys(family(r["draft"]) for r in rows):
         mine = [r[key] for r in rows if family(r["draft"]) == fam]
@@ -459,6 +516,14 @@ def parse(argv) -> argparse.Namespace:
     p.add_argument("--num-prompts", type=int, default=8, help="per benchmark of the recipe's eval.benchmarks")
     p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--no-eval", action="store_true", help="train (and import) only")
+    p.add_argument(
+        "--probe",
+        type=int,
+        default=None,
+        metavar="N",
+        help="also score every draft as on the held-out sequences on the target's greedy answers to the "
+        "loop's prompts (N per benchmark: the loop's own when N is --num-prompts), captured once",
+    )
     p.add_argument("--eval-dtype", default="bfloat16", help="the target's dtype in the loop (the capture's)")
     p.add_argument(
         "--draft", action="append", default=[], help="NAME=CHECKPOINT: another eyas draft to evaluate"
@@ -537,15 +602,19 @@ def main(argv=None) -> int:
         ]
         drafts += [tuple(d.split("=", 1)) for d in args.draft]
         held = held_out_tau(args, recipe, drafts)
+        if args.probe:
+            probed = probe_tau(args, recipe, drafts)
+            held += probed
         for row in held:
             print(json.dumps(row), file=results, flush=True)
+        tables = held_out_table(held[: len(drafts)]) + (held_out_table(probed) if args.probe else [])
         if args.no_eval:
-            print("\n".join(held_out_table(held)))
+            print("\n".join(tables))
             return 0
         points = evaluate(args, drafts)
         for point in points:
             print(json.dumps(point), file=results, flush=True)
-    print("\n".join(held_out_table(held) + table(args, points, trained)))
+    print("\n".join(tables + table(args, points, trained)))
     return 0
 
 

@@ -36,6 +36,7 @@ from eyas.data.target import (
     load_recipe_target,
     load_target_config,
     resolve_path,
+    server_dtype,
     tapped,
     text_config,
 )
@@ -405,7 +406,7 @@ def _capture_batches_vllm(
     ids, aux_at, final_at = vllm_layer_ids(layer_ids, cfg.num_hidden_layers)
     norm = load_final_norm(t.model, t.trust_remote_code)
     done, new_tokens, fwd_s = out.num_sequences, 0, 0.0
-    with VllmCapture(resolve_path(t.model), ids, t.dtype, log) as vllm:
+    with VllmCapture(resolve_path(t.model), ids, server_dtype(t.dtype), log) as vllm:
         for j in range(done // c.batch_size, len(batches)):
             batch = batches[j]
             tf = time.time()

@@ -46,7 +46,7 @@ from eyas.data.chat import (
 )
 from eyas.data.prompts import read_prompts
 from eyas.data.sharding import Shard, Slices, current_shard, target_for_rank
-from eyas.data.target import input_device, load_recipe_target, resolve_path
+from eyas.data.target import input_device, load_recipe_target, resolve_path, server_dtype
 from eyas.io import read_jsonl, write_json, write_jsonl
 from eyas.layout import is_done, mark_done, read_done, require_done, stage_dir
 from eyas.recipes.schema import DataSection, Recipe
@@ -404,7 +404,7 @@ def _through_vllm(d, t, run_dir, parts: list, todo: list[int], *rest) -> tuple[i
 
     log = Path(run_dir) / STAGE / "vllm-server.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    with VllmServer(resolve_path(t.model), dtype=t.dtype, log_path=log) as server:
+    with VllmServer(resolve_path(t.model), dtype=server_dtype(t.dtype), log_path=log) as server:
         return _through_servers(d, [server.url], run_dir, parts, todo, *rest)
 
 

@@ -445,7 +445,8 @@ def attach_simulated_tau(
     """The training's validation predicts a chain's tau for every k <= ttt_steps, greedy and at T = 1
     (train/validation.py); set it on each chain row of the run's own draft at temperature 0, or 1 when
     `plain_t1` (no top-p / top-k: the validation's full softmax), next to the measured tau, so the gap
-    between training's estimate and the loop shows. -> the validation dict."""
+    between training's estimate and the loop shows; greedy also the replayed tau (the loop's own rounds along
+    the held-out text). -> the validation dict."""
     if not layout.is_done(run_dir, "train"):
         return None
     validation = layout.read_done(run_dir, "train").get("validation")
@@ -466,6 +467,9 @@ def attach_simulated_tau(
             and r["k"] <= len(sim)
         ):
             r["training_simulated_tau"] = sim[r["k"] - 1]
+            replayed = validation.get("replayed_tau") if float(r["temperature"]) == 0 else None
+            if replayed and r["k"] <= len(replayed):  # greedy: the loop's own rounds along the text
+                r["training_replayed_tau"] = replayed[r["k"] - 1]
     return validation
 
 

@@ -51,3 +51,40 @@ def test_the_schedule_reaches_the_members_after_prepare_and_resume():
         sched.step()
     members = [g["lr"] for m in opt.members for g in m.param_groups]
     assert members == sched.get_last_lr() and members[0] == pytest.approx(1e-3 * lr_lambda(100, 4, 0.1)(10))
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_muon_orthogonalizes_in_float32_on_a_cpu_without_bf16(native, monkeypatch):
+    """torch's Muon runs its Newton-Schulz iteration in bf16, ~100x slower than float32 on an AVX2 CPU: there
+    eyas's Muon does it in float32 (within bf16's rounding of torch's), elsewhere exactly torch's step."""
+    import torch.optim._muon as torch_muon
+
+    from eyas.data import target as T
+    from eyas.train.optim import Muon, newton_schulz_fp32
+
+    monkeypatch.setattr(T, "native_bf16_cpu", lambda: native)
+    monkeypatch.setattr(T, "_SAID", set())
+    torch_bf16_ns = torch_muon._zeropower_via_newtonschulz
+    g = torch.Generator().manual_seed(0)
+    grad = torch.randn(48, 32, generator=g)
+    coef = torch.optim.Muon([torch.zeros(2, 2)]).defaults["ns_coefficients"]
+    ours, torch_bf16 = (
+        newton_schulz_fp32(grad, coef, 5, 1e-7),
+        torch_muon._zeropower_via_newtonschulz(grad, coef, 5, 1e-7),
+    )
+    assert ours.dtype == torch.float32 and ours.shape == (48, 32)
+    torch.testing.assert_close(ours, torch_bf16.float(), atol=0.02, rtol=0.02)
+    w = torch.randn(48, 32, generator=g)
+    mine, ref = torch.nn.Parameter(w.clone()), torch.nn.Parameter(w.clone())
+    steps = [
+        Muon([mine], lr=0.1, adjust_lr_fn="match_rms_adamw"),
+        torch.optim.Muon([ref], lr=0.1, adjust_lr_fn="match_rms_adamw"),
+    ]
+    for p, opt in zip((mine, ref), steps):
+        p.grad = grad.clone()
+        opt.step()
+    # torch's own function is back after the step (the float32 one stands in during eyas's steps only)
+    assert torch_muon._zeropower_via_newtonschulz is torch_bf16_ns and torch.equal(mine, ref) == native
+    if not native:  # torch's step with the float32 orthogonalization: w (1 - lr wd) - lr 0.2 sqrt(48) X
+        expected = w * (1 - 0.1 * 0.1) - 0.1 * 0.2 * 48**0.5 * ours
+        torch.testing.assert_close(mine.detach(), expected, atol=1e-5, rtol=1e-5)

@@ -50,7 +50,8 @@ def ci_recipe(prompts, **more):
 @pytest.fixture
 def fresh_accelerate_state():
     """accelerate keeps one state per process, fixed by its first Accelerator (the other tests train in fp32
-    on CPU); this recipe trains in bf16, as its own `eyas run` process does. Reset before and after."""
+    on CPU); this recipe trains in bf16 where the CPU has bf16 arithmetic, as its own `eyas run` process does.
+    Reset before and after."""
     from accelerate.state import AcceleratorState
 
     AcceleratorState._reset_state(reset_partial_state=True)

@@ -212,3 +212,36 @@ def test_serving_loop_on_a_split_target_equals_one_device(regen_run, tmp_path, e
         assert got == decode(one, OracleEngine, shape, **oracle), f"{shape.label}: the split target differs"
         assert [t for t, _ in got] == [t for t, _ in plain], f"{shape.label}: not lossless"
         assert {a for _, acc in got for a in acc} >= {0, 1, 2}  # rejections, partial and longer acceptances
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_bf16_on_a_cpu_without_bf16_arithmetic_computes_in_float32(regen_run, native, monkeypatch, capsys):
+    """target.dtype bfloat16 and train.mixed_precision bf16 on a CPU without AVX512-BF16 / AMX (an AVX2
+    core multiplies bf16 ~100x slower than float32): float32, said once per field; where the CPU has them,
+    bf16 as asked. The vLLM server started on such a CPU gets float32 too."""
+    from eyas.data import target as T
+    from eyas.train.trainer import mixed_precision
+
+    monkeypatch.setattr(T, "native_bf16_cpu", lambda: native)
+    monkeypatch.setattr(T, "_SAID", set())
+    model, _ = load_target(str(regen_run[0]), "bfloat16", "cpu")
+    load_target(str(regen_run[0]), "bfloat16", "cpu")
+    assert next(model.parameters()).dtype == (torch.bfloat16 if native else torch.float32)
+    assert T.server_dtype("bfloat16") == ("bfloat16" if native else "float32")
+    assert T.server_dtype("auto") == "auto" and T.pick_dtype("float32", torch.device("cpu")) == torch.float32
+    assert mixed_precision("bf16") == ("bf16" if native else "no") and mixed_precision("auto") == "no"
+    err = capsys.readouterr().err
+    capability = torch.backends.cpu.get_cpu_capability()
+    said = [
+        line for line in err.splitlines() if line.startswith("[eyas] ") and "computing in float32" in line
+    ]
+    assert said == (
+        []
+        if native
+        else [
+            f"[eyas] the target in bfloat16: this CPU has no bf16 arithmetic (AVX512-BF16 / AMX; torch "
+            f"reports {capability}), where bf16 runs ~100x slower than float32: computing in float32",
+            f"[eyas] train.mixed_precision bf16: this CPU has no bf16 arithmetic (AVX512-BF16 / AMX; torch "
+            f"reports {capability}), where bf16 runs ~100x slower than float32: computing in float32",
+        ]
+    )

@@ -317,3 +317,62 @@ def test_chunked_backward_under_bf16_autocast(monkeypatch, norm_before_residual)
     for n, gd in grads["dense"].items():
         err = (grads["chunked"][n] - gd).norm() / gd.norm()
         assert err < 0.05, (n, err.item())
+
+
+def test_replay_counts_the_greedy_loops_rounds():
+    """train/validation.py `replay`: the first chain after the prefill's token, each next one after the
+    accepted drafts and the bonus token; k caps a chain, the answer's end cuts it; a packed row's answers
+    and a prompt's positions are kept apart."""
+    from eyas.train.validation import replay
+
+    # one answer at positions 2..7 (a = 2, b = 8): chains at i = 1, then as accepted
+    runs = torch.tensor([[0, 2, 0, 1, 0, 0, 0, 0]])
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1, 1, 1]])
+    docs = torch.zeros_like(mask)
+    # k = 1: i=1 m=1, i=3 m=1, i=5 m=0 (i=6: none left); k = 2: i=1 m=2, i=4 m=0, i=5 m=0
+    assert replay(runs, mask, docs, 2) == ([2, 2], [3, 3])
+    # the answer's end cuts a run: i=1 may accept at most b-2-i = 1 of its 5
+    assert replay(torch.tensor([[0, 5, 0, 0]]), torch.tensor([[0, 0, 1, 1]]), torch.zeros(1, 4), 3) == (
+        [1, 1, 1],
+        [1, 1, 1],
+    )
+    # two sequences packed in one row, the second's prompt (position 4) between: two separate answers
+    runs = torch.tensor([[0, 1, 0, 0, 1, 1, 0]])
+    mask = torch.tensor([[0, 1, 1, 1, 0, 1, 1]])
+    docs = torch.tensor([[0, 0, 0, 0, 1, 1, 1]])
+    # doc 0: a=1, b=4: i=0 m=0, i=1 m=1 (b-2-i=1) -> 1 accepted, 2 rounds; doc 1: a=5, b=7: i=4 m=1
+    assert replay(runs, mask, docs, 1) == ([2], [3])
+
+
+def test_run_length_is_the_leading_right_steps_of_each_chain():
+    """ttt_forward's run_length, which replay reads: at each index, how many steps in a row the draft's
+    guess was the target's greedy token. The text is the draft's own step-0 guesses (so step 0 is always
+    right and later steps sometimes), checked against the kept logits."""
+    from eyas.train.validation import replay
+
+    d = make_draft(15)
+    g = torch.Generator().manual_seed(15)
+    T, steps = 14, 4
+    aux = torch.randn(1, T, 96, generator=g)
+    ids = torch.randint(0, 97, (1, T), generator=g)
+    docs = doc_ids_from_lengths(torch.tensor([T]), T)
+    with torch.no_grad():
+        for t in range(2, T):  # x_t: the draft's step-0 guess after x_0..x_{t-1} (index t - 2)
+            logits = ttt_forward(d, aux[:, :t], ids[:, :t], torch.ones(1, t), docs[:, :t], None, 1)
+            ids[0, t] = d.to_target_ids(logits.logits[0][0, t - 2].argmax())
+        probs = torch.softmax(torch.randn(1, T, 40, generator=g), -1)
+        argmax = torch.cat([ids[:, 1:], ids[:, :1]], 1)  # the text is greedy: z_t's argmax is x_{t+1}
+        target = TargetView(probs, argmax, torch.ones(1, T, dtype=torch.bool))
+        out = ttt_forward(d, aux, ids, torch.ones(1, T), docs, target, steps, keep_logits=True)
+    expected = []
+    for i in range(T):
+        n = 0
+        while (
+            n < steps and i + 2 + n < T and d.to_target_ids(out.logits[n][0, i].argmax()) == ids[0, i + 2 + n]
+        ):
+            n += 1
+        expected.append(n)
+    assert out.run_length[0].tolist() == expected == [1, 1, 3, 2, 1, 1, 1, 2, 1, 1, 1, 1, 0, 0]
+    # the loop on this text: k = 1 chains at i = 0, 2, .., 10 accept 1 each; k = 2 at 0, 2, 5, 7, 10 accept
+    # 1, 2, 1, 2, 1; k = 3 at 0, 2, 6, 8, 10 accept 1, 3, 1, 1, 1 (i = 12: nothing left to draft)
+    assert replay(out.run_length, torch.ones(1, T), docs, 3) == ([6, 7, 7], [6, 5, 5])

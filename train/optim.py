@@ -9,11 +9,19 @@
 Both take `train.lr` and `train.weight_decay` (Muon's own decay: `train.muon_weight_decay`), and follow one
 schedule: `Combined` is one torch Optimizer whose param_groups are those of its members (the same dicts),
 so the LR scheduler and accelerate see a single optimizer, and its state_dict saves both for resuming.
+
+torch's Muon orthogonalizes in bf16, which a CPU without bf16 arithmetic (AVX2) runs ~100x slower than
+float32 (~30 s a step for a SmolLM2-sized draft on 2 cores); there `Muon` does that one iteration in float32.
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
+import torch.optim._muon as torch_muon
+
+from eyas.data.target import cpu_bf16_runs
 
 HIDDEN_SKIP = ("lm_head", "embed_tokens")  # 2-D, but the input / output layers: AdamW, as Muon's authors do
 
@@ -51,6 +59,47 @@ class Combined(torch.optim.Optimizer):
         self.param_groups = [g for m in self.members for g in m.param_groups]
 
 
+def newton_schulz_fp32(grad: torch.Tensor, ns_coefficients: tuple, ns_steps: int, eps: float) -> torch.Tensor:
+    """torch Muon's quintic Newton-Schulz orthogonalization of a 2-D update (A, B), in float32 rather than
+    bf16: X = G / |G| (its wide side as rows), then ns_steps of X <- aX + (bXX^T + c(XX^T)^2)X -> (A, B)."""
+    a, b, c = ns_coefficients
+    x = grad.float()
+    tall = x.size(0) > x.size(1)
+    x = x.T if tall else x
+    x = x / x.norm().clamp(min=eps)
+    for _ in range(ns_steps):
+        gram = x @ x.T
+        x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+    return x.T if tall else x
+
+
+@contextmanager
+def cpu_float32_orthogonalization():
+    """torch Muon's step with its orthogonalization of CPU tensors in float32 (`newton_schulz_fp32`) where the
+    CPU has no bf16 arithmetic (data/target.py `cpu_bf16_runs`, which says so once); as it is elsewhere."""
+    bf16 = torch_muon._zeropower_via_newtonschulz
+
+    def orthogonalize(grad, *args):
+        if grad.device.type == "cpu" and not cpu_bf16_runs(grad.device, "Muon's orthogonalization (bf16)"):
+            return newton_schulz_fp32(grad, *args)
+        return bf16(grad, *args)
+
+    torch_muon._zeropower_via_newtonschulz = orthogonalize
+    try:
+        yield
+    finally:
+        torch_muon._zeropower_via_newtonschulz = bf16
+
+
+class Muon(torch.optim.Muon):
+    """torch.optim.Muon, orthogonalizing in float32 on a CPU without bf16 arithmetic."""
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        with cpu_float32_orthogonalization():
+            return super().step(closure)
+
+
 def make_optimizer(
     name: str,
     named: list[tuple[str, torch.nn.Parameter]],
@@ -68,5 +117,5 @@ def make_optimizer(
     rest = [p for _, p in named if id(p) not in ids]
     # match_rms_adamw: the update's RMS scaled to AdamW's (0.2 sqrt(max(A, B))), so one lr serves both groups,
     # as speculators sets it (torch's own default, "original", leaves Muon's steps far smaller at an AdamW lr)
-    members = [torch.optim.Muon(hidden, lr=lr, weight_decay=muon_wd, adjust_lr_fn="match_rms_adamw")]
+    members = [Muon(hidden, lr=lr, weight_decay=muon_wd, adjust_lr_fn="match_rms_adamw")]
     return Combined(members + ([torch.optim.AdamW(rest, **adamw)] if rest else []))

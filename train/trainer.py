@@ -30,6 +30,7 @@ from safetensors.torch import load_file
 from tqdm.auto import tqdm
 
 from eyas import io, layout
+from eyas.data.target import cpu_bf16_runs
 from eyas.interrupts import Interrupted, StopRequest, ignore_in_worker
 from eyas.recipes.schema import Recipe
 
@@ -180,6 +181,10 @@ def compile_math(setting: str, acc: Accelerator) -> bool:
 
 
 def mixed_precision(setting: str) -> str:
+    """`train.mixed_precision` for accelerate: auto is bf16 where CUDA has it, else no; bf16 on a CPU
+    without bf16 arithmetic is no (data/target.py `cpu_bf16_runs`, which says so)."""
+    if setting == "bf16" and not torch.cuda.is_available():
+        return setting if cpu_bf16_runs(torch.device("cpu"), "train.mixed_precision bf16") else "no"
     if setting != "auto":
         return setting
     return "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"

@@ -39,7 +39,9 @@ chain at index i goes on along those and step j's acceptance is sum_i w_j(i) p_j
 and tau_k(T = 1) is the product formula above. Either way a chain starts at every position here, where
 the loop's chains start after each verification, often at a token drawn after a rejection: on the demo
 the loop measured 9% less than this estimate on T = 1 text and 22% less on greedy text
-(docs/benchmarks.md), so it ranks drafts rather than predicts the loop's tau.
+(docs/benchmarks.md), so it ranks drafts rather than predicts the loop's tau. Greedy, `run_length` (how
+many steps of each index's chain were right) lets validation replay the loop's own rounds instead: a chain
+only where the loop drafts one (train/validation.py `replay`).
 """
 
 from __future__ import annotations
@@ -140,6 +142,9 @@ class TTTOutput:
     # the same at temperature 1 (module docstring): sum of w_j over the counted indices, and of w_j p_j(c_j)
     step_sampled_base: list[float] = field(default_factory=list)
     step_sampled_right: list[float] = field(default_factory=list)
+    # (B, T) int: per index i, how many leading steps of the greedy chain drafted there were right (the
+    # chain's `right` after each step); train/validation.py replays the serving loop's rounds on it
+    run_length: torch.Tensor | None = None
 
     @property
     def simulated_acceptance(self) -> float:
@@ -194,7 +199,7 @@ def ttt_forward(
     total = hidden.new_zeros((), dtype=torch.float32)
     chain = ChainState.start(B, T, input_ids.device)
     stats = []  # per step: score_step's 7 counts (tensors: one sync at the end)
-    out = TTTOutput(total, [], [], [], [], [])
+    out = TTTOutput(total, [], [], [], [], [], run_length=torch.zeros_like(input_ids))
     batch = (input_ids, loss_mask, doc_ids)
     for j in range(ttt_steps):
         embeds = draft.embed_tokens(shift(input_ids, 1 + j)).to(hidden.dtype)  # of x_{i+1+j}
@@ -207,6 +212,7 @@ def ttt_forward(
         if target is None:
             continue
         loss_j, step, chain = score_step(draft, prenorm, j, batch, target, chain, loss, sampled_text)
+        out.run_length[:, : chain.right.shape[1]] += chain.right  # right through step j: a longer run
         total = total + (decay**j) * loss_j
         stats.append(step)
     out.loss = total

@@ -12,6 +12,11 @@ the counts are summed over every batch and every process before dividing:
     sampled_cond_acc_j, tau_t1_k   the same at temperature 1: the draft's argmax accepted with the
                 target's probability, chains weighted by the probability of reaching step j along the
                 captured tokens (train/ttt.py); `eyas eval` sets it next to the loop's tau at T = 1.
+    replayed_tau_k  the greedy loop's own rounds along the captured text: the first chain where the
+                answer starts, the next after its accepted drafts and bonus token, and so on; tau_k = 1 +
+                accepted / rounds, vLLM's count. tau_k above starts a chain at every position, most of them
+                inside runs the loop accepts whole; this counts the positions the loop drafts from, so on
+                the target's own greedy text it is the greedy loop's tau (`replay`).
 """
 
 from __future__ import annotations
@@ -51,7 +56,7 @@ def held_out_split(tr, num_sequences: int) -> tuple[list[int], list[int]]:
 @torch.no_grad()
 def validate(module, batches, accelerator, ttt_steps: int) -> dict:
     """Sum TTT counts over `batches` (this process's share) and over processes -> metrics dict."""
-    counts = torch.zeros(6, ttt_steps, dtype=torch.float64, device=accelerator.device)
+    counts = torch.zeros(8, ttt_steps, dtype=torch.float64, device=accelerator.device)
     loss_sum = torch.zeros((), dtype=torch.float64, device=accelerator.device)
     n_batches = 0
     was_training = module.training
@@ -69,6 +74,7 @@ def validate(module, batches, accelerator, ttt_steps: int) -> dict:
                 out.step_cond_right,
                 out.step_sampled_base,
                 out.step_sampled_right,
+                *replay(out.run_length, batch["loss_mask"], batch["doc_ids"], ttt_steps),
             ],
             dtype=torch.float64,
             device=counts.device,
@@ -81,7 +87,7 @@ def validate(module, batches, accelerator, ttt_steps: int) -> dict:
         torch.stack([loss_sum, torch.tensor(float(n_batches), dtype=torch.float64, device=counts.device)]),
         reduction="sum",
     )
-    n, right, base, cond, s_base, s_right = counts.tolist()
+    n, right, base, cond, s_base, s_right, accepted, rounds = counts.tolist()
     acc = [r / max(c, 1) for r, c in zip(right, n)]
     cond_acc = [c / max(b, 1) for c, b in zip(cond, base)]
     sampled = [r / b if b > 0 else 0.0 for r, b in zip(s_right, s_base)]
@@ -93,4 +99,39 @@ def validate(module, batches, accelerator, ttt_steps: int) -> dict:
         "simulated_tau": simulated_tau(cond_acc),
         "sampled_cond_acc": sampled,
         "simulated_tau_t1": simulated_tau(sampled),
+        "replayed_tau": [1 + a / max(r, 1) for a, r in zip(accepted, rounds)],
     }
+
+
+def replay(run_length: torch.Tensor, loss_mask: torch.Tensor, doc_ids: torch.Tensor, ttt_steps: int):
+    """The greedy serving loop's rounds along each answer of a batch, for chains of k = 1..ttt_steps drafts.
+
+    run_length (B, T) from train/ttt.py: the chain drafted at index i (after the verified prefix
+    x_0..x_{i+1}) has its first run_length[i] drafts right. An answer is a span [a, b) of loss-masked
+    positions of one sequence: the prefill gives x_a, the first chain is at i = a - 1, and a round that
+    accepts m drafts (m = min(run_length[i], k), cut at the answer's end) adds its bonus token, so the next
+    chain is at i + m + 1 -> (accepted drafts per k, rounds per k), summed over the batch."""
+    accepted, rounds = [0] * ttt_steps, [0] * ttt_steps
+    for row, mask, docs in zip(run_length.tolist(), loss_mask.tolist(), doc_ids.tolist()):
+        for a, b in answer_spans(mask, docs):
+            for k in range(1, ttt_steps + 1):
+                i = a - 1
+                while b - 2 - i > 0:  # a token after the verified prefix is left to draft
+                    m = min(row[i], k, b - 2 - i)
+                    accepted[k - 1] += m
+                    rounds[k - 1] += 1
+                    i += m + 1
+    return accepted, rounds
+
+
+def answer_spans(mask: list, docs: list) -> list[tuple[int, int]]:
+    """Maximal runs [a, b) of positions with mask 1 inside one sequence (docs: its id per position),
+    a >= 1."""
+    spans, a = [], None
+    for t, (m, d) in enumerate(zip(mask, docs)):
+        if a is not None and (not m or d != docs[a]):
+            spans.append((a, t))
+            a = None
+        if m and a is None and t >= 1:
+            a = t
+    return spans + ([(a, len(mask))] if a is not None else [])
