@@ -78,6 +78,11 @@ def test_full_run_report(full_run):
     assert val["simulated_tau_t1"] == pytest.approx(simulated_tau(val["sampled_cond_acc"]), abs=1e-12)
     assert len(val["simulated_tau_t1"]) == 3 and 0 < val["sampled_cond_acc"][0] < 1
     assert all(0 <= a < 1 for a in val["sampled_cond_acc"])  # 0 where no chain reached the step
+    # greedy, the loop's own rounds replayed (train/validation.py): at most k drafts accepted per round
+    assert len(val["replayed_tau"]) == 3 and all(
+        1 <= t <= 1 + k for k, t in enumerate(val["replayed_tau"], 1)
+    )
+    assert main["training_replayed_tau"] == val["replayed_tau"][2]
     log = [json.loads(x) for x in (run / "train" / "log.jsonl").read_text().splitlines()]
     assert log[-1] == {"step": 4, "val": val}
     assert (run / "train" / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
