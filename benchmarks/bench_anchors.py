@@ -24,7 +24,8 @@ nothing of theirs is copied. Each stage writes into WORK and is skipped when its
     <trainer>-s<S>/      each trainer's run; eyas's (named --name) links the run's stages and trains with its
                          recipe and the command line's overrides
     imported/<trainer>-s<S>   the peers' checkpoints read by `eyas import`
-    probe-<N>x<tokens>/  (--probe N) the loop's prompts answered greedily by the target and captured
+    probe-<N>x<tokens>-<dtype>-<benchmarks>/   (--probe N) the loop's prompts answered greedily by the target
+                         and captured
 
 Every trainer keeps its own defaults (optimizer, lr, schedule, loss and its weighting, lm_head init
 and freezing, norms, tokens per step: eyas's packed rows of its recipe's train.max_length, SpecForge's one
@@ -309,12 +310,15 @@ def probe_tau(args, recipe, drafts: list[tuple[str, str]]) -> list[dict]:
     capture (`probe_capture`), all its sequences."""
     seqs = ShardDataset(probe_capture(args, recipe))
     label = f"probe: the loop's prompts ({args.probe} per benchmark), the target's greedy answers"
-    return scored_rows(recipe, seqs, list(range(len(seqs))), drafts, args, label)
+    if max(seqs.lengths) > args.max_length:
+        raise SystemExit(f"--max-length {args.max_length}: the probe holds a sequence of {max(seqs.lengths)}")
+    return scored_rows(recipe, seqs, list(range(len(seqs))), drafts, args, label, sampled_text=False)
 
 
-def scored_rows(recipe, seqs, indices: list[int], drafts, args, label: str) -> list[dict]:
-    """`score_sequences` -> one row per draft: its simulated tau at k = 1..--ttt, greedy and at T = 1."""
-    scored = score_sequences(recipe, seqs, indices, drafts, args.ttt, args.max_length)
+def scored_rows(recipe, seqs, indices: list[int], drafts, args, label: str, sampled_text=None) -> list[dict]:
+    """`score_sequences` -> one row per draft: its simulated tau at k = 1..--ttt, greedy and at T = 1, and
+    its replayed tau."""
+    scored = score_sequences(recipe, seqs, indices, drafts, args.ttt, args.max_length, sampled_text)
     return [
         {
             "draft": name,
@@ -331,14 +335,15 @@ def scored_rows(recipe, seqs, indices: list[int], drafts, args, label: str) -> l
 def probe_capture(args, recipe) -> Path:
     """The serving loop's own prompts (eval's `spread` of --probe per benchmark of the recipe's
     eval.benchmarks: the loop's very prompts when --probe is --num-prompts) answered greedily by the target
-    as the loop's target answers them (HF generate, eval.target_dtype, up to eval.max_new_tokens), then
-    captured: WORK/probe-<N>x<tokens>/, once -> its capture directory. Drafts scored on it are scored on the
-    loop's text without the loop's batching and sampling noise, at T = 1 as on the held-out sequences."""
+    as the loop's target answers them (HF generate, --eval-dtype, up to eval.max_new_tokens), then captured:
+    WORK/probe-<N>x<tokens>-<dtype>-<benchmarks>/, once -> its capture directory. Drafts scored on it are
+    scored on the loop's text without the loop's batching and sampling noise; its replayed tau is the greedy
+    loop's."""
     from eyas.eval.benchmarks import load_benchmark
     from eyas.io import write_jsonl
 
     ev = recipe.eval
-    out = args.work / f"probe-{args.probe}x{ev.max_new_tokens}"
+    out = args.work / f"probe-{args.probe}x{ev.max_new_tokens}-{args.eval_dtype}-{'-'.join(ev.benchmarks)}"
     if not layout.is_done(out, "capture"):
         out.mkdir(parents=True, exist_ok=True)
         rows = [
@@ -362,10 +367,13 @@ def probe_capture(args, recipe) -> Path:
     return out / "capture"
 
 
-def score_sequences(recipe, seqs, indices: list[int], drafts: list[tuple[str, str]], ttt, max_length: int):
+def score_sequences(
+    recipe, seqs, indices: list[int], drafts: list[tuple[str, str]], ttt, max_length: int, sampled_text=None
+):
     """Each draft (name, checkpoint) over the captured sequences `seqs[i]`, i in `indices` (rows of up to
-    max_length tokens, 8 per batch), as training validates; `ttt`: an int or one per draft -> [(name,
-    train/validation.py's metrics: simulated_tau, simulated_tau_t1 at k = 1..ttt, ...)]."""
+    max_length tokens, 8 per batch), as training validates; `ttt`: an int or one per draft; `sampled_text`:
+    whether they are the target's T = 1 samples (None: as the recipe's data says) -> [(name,
+    train/validation.py's metrics: simulated_tau, simulated_tau_t1, replayed_tau at k = 1..ttt, ...)]."""
     from functools import partial
 
     from accelerate import Accelerator
@@ -386,12 +394,11 @@ def score_sequences(recipe, seqs, indices: list[int], drafts: list[tuple[str, st
     n = len(indices)
     batches = [collate([rows[j] for j in range(b, min(b + 8, n))]) for b in range(0, n, 8)]
     steps = ttt if isinstance(ttt, list) else [ttt] * len(drafts)
+    sampled = sampled_at_t1(recipe.data) if sampled_text is None else sampled_text
     out = []
     for (name, ckpt), t in zip(drafts, steps):
         draft = load_draft(ckpt, device=acc.device, embed=heads["embed"])
-        module = TTTModule(
-            draft, heads["lm_head"].float().to(acc.device), t, 1.0, sampled_text=sampled_at_t1(recipe.data)
-        )
+        module = TTTModule(draft, heads["lm_head"].float().to(acc.device), t, 1.0, sampled_text=sampled)
         with acc.autocast():
             out.append((name, validate(module, batches, acc, t)))
     return out

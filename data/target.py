@@ -21,6 +21,7 @@ target's output embedding (`lm_head`), i.e. after the final norm.
 from __future__ import annotations
 
 import json
+import platform
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -70,9 +71,12 @@ def pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
 
 
 def native_bf16_cpu() -> bool:
-    """Whether this CPU multiplies bf16 in hardware (AVX512-BF16 or AMX). Without either (an AVX2 core)
-    torch's bf16 matmuls run ~100x slower than its float32 ones: 1.3 against 121 GFLOP/s on a 2-core
-    AVX2 EPYC, where AMX makes bf16 ~10x faster than float32."""
+    """Whether this CPU multiplies bf16 in hardware: on x86, AVX512-BF16 or AMX. Without either (an AVX2
+    core) torch's bf16 matmuls run ~100x slower than its float32 ones: 1.3 against 121 GFLOP/s on a 2-core
+    AVX2 EPYC, where AMX makes bf16 ~10x faster than float32. Other CPUs (Arm's bf16 extensions) are taken
+    at their word: True."""
+    if platform.machine().lower() not in ("x86_64", "amd64", "i386", "i686"):
+        return True
     return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
 
 
@@ -81,8 +85,9 @@ _SAID: set[str] = set()
 
 def cpu_bf16_runs(device: torch.device, what: str) -> bool:
     """False, with a note once per `what` (the recipe field asking for bf16), where `device` is a CPU
-    without native bf16 (`native_bf16_cpu`): the caller then computes in float32, which gives the same
-    results at ~100x the speed there rather than hours of emulated bf16. True elsewhere."""
+    without native bf16 (`native_bf16_cpu`): the caller then computes in float32, the same results within
+    the two precisions' rounding at ~100x the speed there (and twice bf16's memory for the target) rather
+    than hours of emulated bf16. True elsewhere."""
     if device.type != "cpu" or native_bf16_cpu():
         return True
     if what not in _SAID:
@@ -98,9 +103,10 @@ def cpu_bf16_runs(device: torch.device, what: str) -> bool:
 
 
 def server_dtype(dtype: str) -> str:
-    """`target.dtype` for a vLLM server started on this machine: float32 for bfloat16 where vLLM runs on a
-    CPU without native bf16 (`cpu_bf16_runs`)."""
-    if dtype == "bfloat16" and not cpu_bf16_runs(pick_device("auto"), "the target in bfloat16"):
+    """`target.dtype` for a vLLM server started on this machine: where it runs on the CPU (this torch sees no
+    GPU) and the CPU has no native bf16 (`cpu_bf16_runs`), float32 for bfloat16, and for auto (vLLM's
+    auto would cast a float32 checkpoint to bf16 on a CPU)."""
+    if dtype in ("bfloat16", "auto") and not cpu_bf16_runs(pick_device("auto"), "the target in bfloat16"):
         return "float32"
     return dtype
 

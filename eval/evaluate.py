@@ -187,7 +187,8 @@ def run_eval(
     benches = resolve_benchmarks(recipe, run_dir, benchmarks)
     sweep = measure(recipe, model, tok, loaded, benches, settings, progress)
     plain_t1 = recipe.eval.top_p == 1.0 and recipe.eval.top_k <= 0
-    validation = attach_simulated_tau(sweep.results, run_dir, settings.drafts, plain_t1)
+    greedy_text = float(recipe.data.temperature) == 0.0
+    validation = attach_simulated_tau(sweep.results, run_dir, settings.drafts, plain_t1, greedy_text)
     plots = _plots(sweep.results, run_dir, [b.name for b in benches])
     report = build_report(
         recipe,
@@ -440,13 +441,17 @@ def write_report(run_dir: Path, report: dict, plots: list[Path]) -> None:
 
 
 def attach_simulated_tau(
-    results: list[dict], run_dir: Path, drafts: list[tuple[str, str]], plain_t1: bool = True
+    results: list[dict],
+    run_dir: Path,
+    drafts: list[tuple[str, str]],
+    plain_t1: bool = True,
+    greedy_text: bool = True,
 ) -> dict | None:
     """The training's validation predicts a chain's tau for every k <= ttt_steps, greedy and at T = 1
     (train/validation.py); set it on each chain row of the run's own draft at temperature 0, or 1 when
     `plain_t1` (no top-p / top-k: the validation's full softmax), next to the measured tau, so the gap
-    between training's estimate and the loop shows; greedy also the replayed tau (the loop's own rounds along
-    the held-out text). -> the validation dict."""
+    between training's estimate and the loop shows; greedy, where the answers are the target's greedy text
+    (`greedy_text`), also the replayed tau (the loop's own rounds along it). -> the validation dict."""
     if not layout.is_done(run_dir, "train"):
         return None
     validation = layout.read_done(run_dir, "train").get("validation")
@@ -467,7 +472,9 @@ def attach_simulated_tau(
             and r["k"] <= len(sim)
         ):
             r["training_simulated_tau"] = sim[r["k"] - 1]
-            replayed = validation.get("replayed_tau") if float(r["temperature"]) == 0 else None
+            replayed = (
+                validation.get("replayed_tau") if greedy_text and float(r["temperature"]) == 0 else None
+            )
             if replayed and r["k"] <= len(replayed):  # greedy: the loop's own rounds along the text
                 r["training_replayed_tau"] = replayed[r["k"] - 1]
     return validation

@@ -348,6 +348,10 @@ def test_eval_operating_points(setup, full_run, tmp_path, capsys):
         )
         depth = r["k"] if r["tree"] is None else r["tree"][0]
         assert len(r["per_position_acceptance"]) == depth
+        if (
+            r["tree"] is None
+        ):  # training's estimates beside each chain: replayed only greedy (the loop's rounds)
+            assert "training_simulated_tau" in r and ("training_replayed_tau" in r) == (r["temperature"] == 0)
     assert {(r["k"], r["tree"] and tuple(r["tree"])) for r in rows} == {
         (1, None),
         (3, None),

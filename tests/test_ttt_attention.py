@@ -323,7 +323,7 @@ def test_replay_counts_the_greedy_loops_rounds():
     """train/validation.py `replay`: the first chain after the prefill's token, each next one after the
     accepted drafts and the bonus token; k caps a chain, the answer's end cuts it; a packed row's answers
     and a prompt's positions are kept apart."""
-    from eyas.train.validation import replay
+    from eyas.train.validation import answer_spans, replay
 
     # one answer at positions 2..7 (a = 2, b = 8): chains at i = 1, then as accepted
     runs = torch.tensor([[0, 2, 0, 1, 0, 0, 0, 0]])
@@ -342,6 +342,10 @@ def test_replay_counts_the_greedy_loops_rounds():
     docs = torch.tensor([[0, 0, 0, 0, 1, 1, 1]])
     # doc 0: a=1, b=4: i=0 m=0, i=1 m=1 (b-2-i=1) -> 1 accepted, 2 rounds; doc 1: a=5, b=7: i=4 m=1
     assert replay(runs, mask, docs, 1) == ([2], [3])
+    # an answer from a sequence's first token on: its chains start inside it, not in the sequence before
+    assert answer_spans([0, 1, 1, 1], [0, 1, 1, 1]) == [(2, 4)] and answer_spans([0, 1, 1], [0, 0, 0]) == [
+        (1, 3)
+    ]
 
 
 def test_run_length_is_the_leading_right_steps_of_each_chain():

@@ -140,6 +140,8 @@ def tracker_metrics(m: dict, split: str) -> dict:
             out[f"{split}/simulated_tau_k{k}"] = t
         for k, t in enumerate(m.get("simulated_tau_t1", []), start=1):
             out[f"{split}/simulated_tau_t1_k{k}"] = t
+        for k, t in enumerate(m.get("replayed_tau", []), start=1):
+            out[f"{split}/replayed_tau_k{k}"] = t
     else:
         out[f"{split}/simulated_tau"] = m["simulated_acceptance"]
     return out

@@ -213,7 +213,9 @@ def ttt_forward(
         if target is None:
             continue
         loss_j, step, chain = score_step(draft, prenorm, j, batch, target, chain, loss, sampled_text)
-        out.run_length[:, : chain.right.shape[1]] += chain.right  # right through step j: a longer run
+        out.run_length[:, : chain.accepted.shape[1]] += (
+            chain.accepted
+        )  # accepted through step j: a longer run
         total = total + (decay**j) * loss_j
         stats.append(step)
     out.loss = total
@@ -254,10 +256,13 @@ class ChainState:
 
     right (B, L) bool: every earlier draft was the target's argmax and so was the token fed (greedy chain);
     weight (B, L) float: w_j, the weight of a T = 1 chain that got here along the captured tokens (the
-    module docstring: prod_l [c_l = x_l], times prod_l p_l(c_l) unless the text is the target's samples)."""
+    module docstring: prod_l [c_l = x_l], times prod_l p_l(c_l) unless the text is the target's samples);
+    accepted (B, L) bool, after a step: the greedy loop accepted that step's draft (`right` before the step
+    and the draft right), whether or not the captured token fed next is the one the loop feeds."""
 
     right: torch.Tensor
     weight: torch.Tensor
+    accepted: torch.Tensor | None = None
 
     @staticmethod
     def start(B: int, T: int, device) -> ChainState:
@@ -307,9 +312,8 @@ def score_step(
     fed = input_ids[:, 2 + j :]
     greedy_fed = fed == target.argmax[:, 1 + j : T - 1]
     on_text = weight * (guess == fed)
-    after = ChainState(
-        chain.right[:, :L] & right & greedy_fed, on_text if sampled_text else on_text * p_guess
-    )
+    accepted = chain.right[:, :L] & right
+    after = ChainState(accepted & greedy_fed, on_text if sampled_text else on_text * p_guess, accepted)
     return loss_j, stats, after
 
 

@@ -16,7 +16,9 @@ the counts are summed over every batch and every process before dividing:
                 answer starts, the next after its accepted drafts and bonus token, and so on; tau_k = 1 +
                 accepted / rounds, vLLM's count. tau_k above starts a chain at every position, most of them
                 inside runs the loop accepts whole; this counts the positions the loop drafts from, so on
-                the target's own greedy text it is the greedy loop's tau (`replay`).
+                the target's own greedy text it is the greedy loop's tau (`replay`). On sampled text a
+                chain stops where the captured token is not the target's argmax (what the loop would
+                draft after it is unknown there), so it is only a lower bound.
 """
 
 from __future__ import annotations
@@ -125,13 +127,13 @@ def replay(run_length: torch.Tensor, loss_mask: torch.Tensor, doc_ids: torch.Ten
 
 
 def answer_spans(mask: list, docs: list) -> list[tuple[int, int]]:
-    """Maximal runs [a, b) of positions with mask 1 inside one sequence (docs: its id per position),
-    a >= 1."""
+    """Maximal runs [a, b) of positions with mask 1 inside one sequence (docs: its id per position) whose
+    position a - 1 is in the same sequence."""
     spans, a = [], None
     for t, (m, d) in enumerate(zip(mask, docs)):
         if a is not None and (not m or d != docs[a]):
             spans.append((a, t))
             a = None
-        if m and a is None and t >= 1:
+        if m and a is None and t >= 1 and docs[t - 1] == d:  # its chain starts at t - 1, in its own sequence
             a = t
     return spans + ([(a, len(mask))] if a is not None else [])
