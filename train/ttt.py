@@ -143,8 +143,8 @@ class TTTOutput:
     # the same at temperature 1 (module docstring): sum of w_j over the counted indices, and of w_j p_j(c_j)
     step_sampled_base: list[float] = field(default_factory=list)
     step_sampled_right: list[float] = field(default_factory=list)
-    # (B, T) int: per index i, how many leading steps of the greedy chain drafted there were right (the
-    # chain's `right` after each step); train/validation.py replays the serving loop's rounds on it
+    # (B, T) int: per index i, how many leading steps of the chain drafted there guessed the captured tokens
+    # themselves (ChainState.text); train/validation.py replays the greedy loop's rounds on it
     run_length: torch.Tensor | None = None
 
     @property
@@ -213,9 +213,7 @@ def ttt_forward(
         if target is None:
             continue
         loss_j, step, chain = score_step(draft, prenorm, j, batch, target, chain, loss, sampled_text)
-        out.run_length[:, : chain.accepted.shape[1]] += (
-            chain.accepted
-        )  # accepted through step j: a longer run
+        out.run_length[:, : chain.text.shape[1]] += chain.text  # the text's own tokens through step j
         total = total + (decay**j) * loss_j
         stats.append(step)
     out.loss = total
@@ -257,18 +255,19 @@ class ChainState:
     right (B, L) bool: every earlier draft was the target's argmax and so was the token fed (greedy chain);
     weight (B, L) float: w_j, the weight of a T = 1 chain that got here along the captured tokens (the
     module docstring: prod_l [c_l = x_l], times prod_l p_l(c_l) unless the text is the target's samples);
-    accepted (B, L) bool, after a step: the greedy loop accepted that step's draft (`right` before the step
-    and the draft right), whether or not the captured token fed next is the one the loop feeds."""
+    text (B, L) bool: every draft so far was the captured token itself, the draft a greedy loop accepts when
+    this text is its target's output (train/validation.py replays those rounds)."""
 
     right: torch.Tensor
     weight: torch.Tensor
-    accepted: torch.Tensor | None = None
+    text: torch.Tensor
 
     @staticmethod
     def start(B: int, T: int, device) -> ChainState:
         return ChainState(
             torch.ones(B, T, dtype=torch.bool, device=device),
             torch.ones(B, T, dtype=torch.float32, device=device),
+            torch.ones(B, T, dtype=torch.bool, device=device),
         )
 
 
@@ -312,8 +311,8 @@ def score_step(
     fed = input_ids[:, 2 + j :]
     greedy_fed = fed == target.argmax[:, 1 + j : T - 1]
     on_text = weight * (guess == fed)
-    accepted = chain.right[:, :L] & right
-    after = ChainState(accepted & greedy_fed, on_text if sampled_text else on_text * p_guess, accepted)
+    w_after = on_text if sampled_text else on_text * p_guess
+    after = ChainState(chain.right[:, :L] & right & greedy_fed, w_after, chain.text[:, :L] & (guess == fed))
     return loss_j, stats, after
 
 

@@ -16,9 +16,10 @@ the counts are summed over every batch and every process before dividing:
                 answer starts, the next after its accepted drafts and bonus token, and so on; tau_k = 1 +
                 accepted / rounds, vLLM's count. tau_k above starts a chain at every position, most of them
                 inside runs the loop accepts whole; this counts the positions the loop drafts from, so on
-                the target's own greedy text it is the greedy loop's tau (`replay`). On sampled text a
-                chain stops where the captured token is not the target's argmax (what the loop would
-                draft after it is unknown there), so it is only a lower bound.
+                the target's own greedy text it is the greedy loop's tau (`replay`): a draft counts where it
+                is the captured token itself, as the loop accepts it when this text is its target's output.
+                On text sampled at T = 1 that is a loop verifying against the sampled tokens, not the
+                greedy loop's tau.
 """
 
 from __future__ import annotations
@@ -109,10 +110,10 @@ def replay(run_length: torch.Tensor, loss_mask: torch.Tensor, doc_ids: torch.Ten
     """The greedy serving loop's rounds along each answer of a batch, for chains of k = 1..ttt_steps drafts.
 
     run_length (B, T) from train/ttt.py: the chain drafted at index i (after the verified prefix
-    x_0..x_{i+1}) has its first run_length[i] drafts right. An answer is a span [a, b) of loss-masked
-    positions of one sequence: the prefill gives x_a, the first chain is at i = a - 1, and a round that
-    accepts m drafts (m = min(run_length[i], k), cut at the answer's end) adds its bonus token, so the next
-    chain is at i + m + 1 -> (accepted drafts per k, rounds per k), summed over the batch."""
+    x_0..x_{i+1}) has its first run_length[i] drafts equal to the text's tokens. An answer is a span [a, b)
+    of loss-masked positions of one sequence: the prefill gives x_a, the first chain is at i = a - 1, and a
+    round that accepts m drafts (m = min(run_length[i], k), cut at the answer's end) adds its bonus token,
+    so the next chain is at i + m + 1 -> (accepted drafts per k, rounds per k), summed over the batch."""
     accepted, rounds = [0] * ttt_steps, [0] * ttt_steps
     for row, mask, docs in zip(run_length.tolist(), loss_mask.tolist(), doc_ids.tolist()):
         for a, b in answer_spans(mask, docs):
