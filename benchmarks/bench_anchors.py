@@ -609,12 +609,10 @@ def main(argv=None) -> int:
         ]
         drafts += [tuple(d.split("=", 1)) for d in args.draft]
         held = held_out_tau(args, recipe, drafts)
-        if args.probe:
-            probed = probe_tau(args, recipe, drafts)
-            held += probed
-        for row in held:
+        probed = probe_tau(args, recipe, drafts) if args.probe else []
+        for row in held + probed:
             print(json.dumps(row), file=results, flush=True)
-        tables = held_out_table(held[: len(drafts)]) + (held_out_table(probed) if args.probe else [])
+        tables = held_out_table(held) + (held_out_table(probed) if probed else [])
         if args.no_eval:
             print("\n".join(tables))
             return 0
