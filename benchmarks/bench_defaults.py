@@ -2,7 +2,7 @@
 so that the noise between seeds is measured next to the differences between choices.
 
     python benchmarks/bench_defaults.py --recipe recipes/smollm2-135m.yaml --out runs/defaults \
-        [--tables options lm_head peers batching losses ttt optim storage] [--seeds 0 1] [--eval] \
+        [--tables options lm_head peers batching rows losses ttt optim storage] [--seeds 0 1] [--eval] \
         [key.sub=value ...]
 
 The recipe's prompts, regeneration, capture and vocab run once (OUT/_base); every choice is the recipe
@@ -10,7 +10,8 @@ with its table's overrides (below; N is the target's layer count) and `train.see
 <choice>-s<S>, whose earlier stages are links to the base run's (a choice that changes the capture
 captures once, into OUT/<table>/<choice>-capture, for all its seeds). Each is scored by training's
 validation on the held-out captured sequences (`train.val_fraction`): simulated tau at k = 1..5 (greedy
-chains, the acceptance rule of the serving loop); with --eval, also by `eyas eval` with the recipe's eval
+chains, the acceptance rule of the serving loop) and, on greedy data, replayed tau (the greedy loop's own
+rounds along the held-out text, train/validation.py); with --eval, also by `eyas eval` with the recipe's eval
 section (the serving loop, lossless check included). Everything runs in this one process (on a GPU the
 CUDA context is made once). Prints one JSON line per trained choice, then per table: the mean over seeds
 at each k, each seed's value at the recipe's eval.k, and the spread between seeds.
@@ -96,6 +97,11 @@ TABLES = {  # table -> choice -> overrides ({n}: the target's layer count, {h}: 
         "ce": ["train.loss=ce"],
         "kl_decay_1": ["train.loss=kl", "train.decay=1.0"],  # speculators: every step weighed the same
     },
+    "rows": {  # packed rows of the recipe's 384 tokens against speculators' 1024, one row per step
+        "rows_384": ["train.pack=true", "train.max_length=384", "train.batch_size=1"],
+        "rows_512": ["train.pack=true", "train.max_length=512", "train.batch_size=1"],
+        "rows_1024": PACKED_1024,
+    },
     "ttt": {"ttt3": ["train.ttt_steps=3"], "ttt5": ["train.ttt_steps=5"], "ttt7": ["train.ttt_steps=7"]},
     "optim": {  # the recipe trains with Muon (train.optimizer) at lr 3e-3; its lm_head is frozen
         "adamw_1e-4": ["train.optimizer=adamw", "train.lr=1e-4"],  # SpecForge's default
@@ -142,12 +148,15 @@ def stages_for(args, base: Path, table: str, choice: str, mine: list[str]) -> Pa
 
 
 def score(run: Path) -> dict:
-    """Training's validation: simulated tau at each k of KS that training unrolled."""
+    """Training's validation: simulated tau at each k of KS that training unrolled, and the replayed tau
+    (the greedy loop's own rounds along the held-out text, where that is the target's greedy text)."""
     done = layout.read_done(run, "train")
-    sim, t1 = done["validation"]["simulated_tau"], done["validation"].get("simulated_tau_t1", [])
+    val = done["validation"]
+    sim, t1, rep = val["simulated_tau"], val.get("simulated_tau_t1", []), val.get("replayed_tau", [])
     return {
         "sim_tau": {k: sim[k - 1] for k in KS if k <= len(sim)},
         "sim_tau_t1": {k: t1[k - 1] for k in KS if k <= len(t1)},
+        "replayed_tau": {k: rep[k - 1] for k in KS if k <= len(rep)},
         "train_s": done["wall_s"],
         "tokens_seen": done["tokens_seen"],
         "params": done["trainable_parameters"],
@@ -181,32 +190,38 @@ def train_choice(args, base: Path, table: str, choice: str, seed: int, n: int) -
     return row
 
 
+METRICS = {"sim_tau": "simulated tau", "replayed_tau": "replayed tau"}
+
+
 def summary(rows: list[dict], k_headline: int) -> list[str]:
-    """Per table: mean simulated tau over seeds at each k, each seed's at k_headline, the seed spread."""
+    """Per table and metric (simulated, and replayed where validation gave it): the mean over seeds at each k,
+    each seed's at k_headline, the seed spread."""
     lines = []
     for table in dict.fromkeys(r["table"] for r in rows):
-        lines += ["", f"{table}: simulated tau (mean over seeds) at k = {', '.join(map(str, KS))}"]
+        for metric, name in METRICS.items():
+            mine = [r for r in rows if r["table"] == table]
+            if any(r.get(metric) for r in mine):
+                lines += table_lines(mine, table, metric, name, k_headline)
+    return lines
+
+
+def table_lines(rows: list[dict], table: str, metric: str, name: str, k_headline: int) -> list[str]:
+    lines = ["", f"{table}: {name} (mean over seeds) at k = {', '.join(map(str, KS))}"]
+    lines.append(f"{'choice':<22}" + "".join(f"{f'k={k}':>8}" for k in KS) + f"   per seed at k={k_headline}")
+    spreads = []
+    for choice in dict.fromkeys(r["choice"] for r in rows):
+        mine = [r[metric] for r in rows if r["choice"] == choice]
+        means = [sum(m[k] for m in mine) / len(mine) if all(k in m for m in mine) else None for k in KS]
+        seeds = [m.get(k_headline) for m in mine]
+        if None not in seeds and len(seeds) > 1:
+            spreads.append(max(seeds) - min(seeds))
+        cells = "".join(f"{m:>8.3f}" if m is not None else f"{'-':>8}" for m in means)
+        per_seed = " / ".join(f"{s:.3f}" if s is not None else "-" for s in seeds)
+        lines.append(f"{choice:<22}{cells}   {per_seed}")
+    if spreads:
         lines.append(
-            f"{'choice':<22}" + "".join(f"{f'k={k}':>8}" for k in KS) + f"   per seed at k={k_headline}"
+            f"seed spread at k={k_headline}: max {max(spreads):.3f}, mean {sum(spreads) / len(spreads):.3f}"
         )
-        spreads = []
-        for choice in dict.fromkeys(r["choice"] for r in rows if r["table"] == table):
-            mine = [r for r in rows if r["table"] == table and r["choice"] == choice]
-            means = [
-                sum(r["sim_tau"][k] for r in mine) / len(mine)
-                if all(k in r["sim_tau"] for r in mine)
-                else None
-                for k in KS
-            ]
-            seeds = [r["sim_tau"].get(k_headline) for r in mine]
-            if None not in seeds and len(seeds) > 1:
-                spreads.append(max(seeds) - min(seeds))
-            cells = "".join(f"{m:>8.3f}" if m is not None else f"{'-':>8}" for m in means)
-            per_seed = " / ".join(f"{s:.3f}" if s is not None else "-" for s in seeds)
-            lines.append(f"{choice:<22}{cells}   {per_seed}")
-        if spreads:
-            mean = sum(spreads) / len(spreads)
-            lines.append(f"seed spread at k={k_headline}: max {max(spreads):.3f}, mean {mean:.3f}")
     return lines
 
 
