@@ -97,7 +97,7 @@ TABLES = {  # table -> choice -> overrides ({n}: the target's layer count, {h}: 
         "ce": ["train.loss=ce"],
         "kl_decay_1": ["train.loss=kl", "train.decay=1.0"],  # speculators: every step weighed the same
     },
-    "rows": {  # packed rows of the recipe's 384 tokens against speculators' 1024, one row per step
+    "rows": {  # packed rows, one per step: 1024 tokens (the recipe's and speculators') against shorter ones
         "rows_384": ["train.pack=true", "train.max_length=384", "train.batch_size=1"],
         "rows_512": ["train.pack=true", "train.max_length=512", "train.batch_size=1"],
         "rows_1024": PACKED_1024,
@@ -198,8 +198,8 @@ def summary(rows: list[dict], k_headline: int) -> list[str]:
     each seed's at k_headline, the seed spread."""
     lines = []
     for table in dict.fromkeys(r["table"] for r in rows):
+        mine = [r for r in rows if r["table"] == table]
         for metric, name in METRICS.items():
-            mine = [r for r in rows if r["table"] == table]
             if any(r.get(metric) for r in mine):
                 lines += table_lines(mine, table, metric, name, k_headline)
     return lines
