@@ -4,8 +4,61 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(__file__))  # tests/ helpers (tiny_targets) importable
 
+# The suite runs in 2 processes on the 2-core CPU (`-n 2 --dist loadfile --no-loadscope-reorder`,
+# pytest-xdist), each on one torch thread, as are the processes the tests start (OMP_NUM_THREADS set before
+# torch is imported; a value set by the caller wins): a second thread per process would share a core with the
+# other process. The demo target, which most tests load and whose build runs on its own fixed 2 threads
+# (eyas/demo_target/build.py), is built first, before the workers start (`pytest_configure`).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
+
+# The longest files first, in this order, which `--no-loadscope-reorder` keeps: the real model starts at once
+# on one process and the demo run (which the vLLM tests serve) on the other, and the many short files fill in
+# behind them. xdist's own order (most tests first) leaves the real model for last.
+FIRST = [
+    "test_real_model.py",
+    "test_demo_e2e.py",
+    "test_data_multiturn.py",
+    "test_vllm_server.py",
+    "test_vllm_exports.py",
+    "test_distributed.py",
+    "test_vllm_capture.py",
+    "test_batched_greedy.py",
+    "test_failures.py",
+    "test_pipeline.py",
+    "test_data_server.py",
+    "test_gguf_target.py",
+    "test_speculative_sampling.py",
+    "test_target_placement.py",
+    "test_data_sharding.py",
+]
+
+
+def pytest_configure(config):
+    if getattr(config.option, "numprocesses", None) and not os.environ.get("PYTEST_XDIST_WORKER"):
+        from eyas.demo_target.build import ensure_demo_target
+
+        ensure_demo_target(progress=False)
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(FIRST)))  # stable: the rest keep their order
+
+
+@pytest.fixture
+def all_cores():
+    """torch on this process's share of the cores during the test (all of them without xdist), for a model
+    large enough to gain from more than one thread."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(
+        max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 1)))
+    )
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")
@@ -61,12 +114,20 @@ def _wait_for_install(done: str | None, timeout_s: float = 1800) -> None:
 
 @pytest.fixture(scope="session")
 def demo_run(tmp_path_factory):
-    """`eyas run demo` once per session (the README's main job): test_demo_e2e checks it, the vLLM
-    tests serve its draft. EYAS_TEST_DEMO_RUN=DIR runs (or resumes) it in DIR instead, so that a
-    developer's second session of tests reuses the finished stages."""
+    """`eyas run demo` once per test session (the README's main job): test_demo_e2e checks it, the vLLM
+    tests serve its draft. Under xdist the workers share one run in the session's common temporary
+    directory: the first runs it under a file lock, the other then finds every stage done.
+    EYAS_TEST_DEMO_RUN=DIR runs (or resumes) it in DIR instead, so that a developer's second session of
+    tests reuses the finished stages."""
+    from filelock import FileLock
+
     from eyas.cli import main
 
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # each worker's base is a subdirectory of the session's
+        shared = shared.parent
     given = os.environ.get("EYAS_TEST_DEMO_RUN")
-    run = Path(given) if given else tmp_path_factory.mktemp("demo-run") / "demo"
-    assert main(["run", "demo", "--out", str(run), "--no-progress"]) == 0
+    run = Path(given) if given else shared / "demo-run" / "demo"
+    with FileLock(str(shared / "demo-run.lock")):
+        assert main(["run", "demo", "--out", str(run), "--no-progress"]) == 0
     return run

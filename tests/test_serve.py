@@ -24,7 +24,6 @@ K = 3
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
-    torch.set_num_threads(2)
     model, tok = load_target("eyas-demo", "float32", "cpu")
     root = tmp_path_factory.mktemp("serve")
     draft = draft_for(model, 0, aux_ids=[1, 2, 3])

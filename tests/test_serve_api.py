@@ -11,7 +11,6 @@ import json
 
 import httpx
 import pytest
-import torch
 from tiny_targets import draft_for
 
 from eyas.data.chat import render_prompt
@@ -55,7 +54,6 @@ class Stack:
 def stack(tmp_path_factory):
     """Built once: a random draft for the demo target saved, then `eyas serve`'s stack over it (k=3, 8 rows);
     the engine thread is stopped at the end."""
-    torch.set_num_threads(2)
     model, _ = load_target("eyas-demo", "float32", "cpu")
     draft_dir = tmp_path_factory.mktemp("serve_api") / "draft"
     save_draft(draft_for(model, 0, aux_ids=[1, 2, 3]), draft_dir)
