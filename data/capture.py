@@ -30,6 +30,7 @@ from eyas.data.shards import INDEX, shard_name, write_shard
 from eyas.data.target import (
     LAYER_ID_CONVENTION,
     StopForward,
+    context_length,
     input_device,
     load_final_norm,
     load_head_weights,
@@ -47,6 +48,9 @@ from eyas.recipes.load import check_against_target
 from eyas.recipes.schema import CaptureSection, Recipe, TargetSection
 
 STAGE = "capture"
+HF_FIX = (
+    "set capture.backend: vllm (vLLM's replicas, the vllm section; it runs MXFP4 weights as they are stored)"
+)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -159,10 +163,14 @@ def _online(
     seqs: list[dict],
     t0: float,
 ) -> dict:
-    """`capture.mode: online` (train/online.py): check the target on the first batch as an offline capture
-    does, and write an index with no shards; training runs the target itself."""
-    with tapped(model, layer_ids) as tap:
-        verified = check_final(model, tap, first, recipe.capture.verify_tolerance, recipe.target.model)
+    """`capture.mode: online`: with the HF backend (train/online.py) check the target on the first batch as
+    an offline capture does; write an index with no shards. Training runs the target itself, or asks vLLM's
+    producers for the states (capture.backend: vllm, train/online_vllm.py; vLLM returns no logits to
+    check)."""
+    verified = None
+    if model is not None:
+        with tapped(model, layer_ids) as tap:
+            verified = check_final(model, tap, first, recipe.capture.verify_tolerance, recipe.target.model)
     num_tokens = sum(len(s["input_ids"]) for s in seqs)
     write_json(
         stage_dir(run_dir, STAGE) / INDEX,
@@ -175,7 +183,8 @@ def _online(
             "bytes_per_token": 0,
         },
     )
-    print(f"capture: online: the target runs inside training for {num_tokens} tokens; nothing stored")
+    where = "inside training" if model is not None else "in vLLM's producers during training"
+    print(f"capture: online: the target runs {where} for {num_tokens} tokens; nothing stored")
     stats = {
         "mode": "online",
         "num_sequences": len(seqs),
@@ -229,8 +238,7 @@ def run_capture(
         disable=not progress,
     )
     if c.backend == "vllm":
-        log = stage_dir(run_dir, STAGE) / f"vllm{'-' + out.label if out.label else ''}.log"
-        new_tokens, fwd_s = _capture_batches_vllm(t, layer_ids, lm_head, c, mine, out, bar, log)
+        new_tokens, fwd_s = _capture_batches_vllm(recipe, t, layer_ids, lm_head, mine, out, bar, out.label)
     else:
         new_tokens, fwd_s = _capture_batches(model, layer_ids, lm_head, c, t.model, mine, out, bar)
     bar.close()
@@ -248,7 +256,7 @@ def _load_target(recipe: Recipe, t: TargetSection) -> tuple:
     """The target of `t` (the recipe's target section for this rank), checked against the recipe.
 
     -> model, aux layer ids, the index header, the lm_head weight (V, H) for the top-k teacher."""
-    model, _ = load_recipe_target(t)
+    model, _ = load_recipe_target(t, fix=HF_FIX)
     cfg = text_config(model.config)
     layer_ids = check_against_target(recipe, cfg.num_hidden_layers, cfg.vocab_size)
     header = _header(recipe.capture, t, cfg, layer_ids)
@@ -397,27 +405,33 @@ def _capture_batches(
 
 
 def _capture_batches_vllm(
-    t: TargetSection, layer_ids, lm_head, c: CaptureSection, batches: list[list[dict]], out: _Output, bar, log
+    recipe: Recipe, t: TargetSection, layer_ids, lm_head, batches: list[list[dict]], out: _Output, bar, label
 ) -> tuple[int, float]:
-    """As _capture_batches, the states coming from vLLM's forward (data/capture_vllm.py)."""
-    from eyas.data.capture_vllm import VllmCapture, split_states, vllm_layer_ids
+    """As _capture_batches, the states coming from vLLM's forward (data/capture_vllm.py): a worker per
+    replica of the recipe's `vllm` section, each on its own batches, the batches stored in their order."""
+    from eyas.data.capture_vllm import CaptureReplicas, split_states, vllm_layer_ids
+    from eyas.serve.external.vllm_fleet import engine_args, replicas
 
+    c = recipe.capture
     cfg = text_config(load_target_config(t.model, t.trust_remote_code))
     ids, aux_at, final_at = vllm_layer_ids(layer_ids, cfg.num_hidden_layers)
     norm = load_final_norm(t.model, t.trust_remote_code)
-    done, new_tokens, fwd_s = out.num_sequences, 0, 0.0
-    with VllmCapture(resolve_path(t.model), ids, server_dtype(t.dtype), log) as vllm:
-        for j in range(done // c.batch_size, len(batches)):
-            batch = batches[j]
-            tf = time.time()
-            states = vllm.capture([s["input_ids"] for s in batch])
+    done, new_tokens = out.num_sequences, 0
+    todo = batches[done // c.batch_size :]
+    where = replicas(recipe.vllm)
+    longest = max((len(s["input_ids"]) for b in todo for s in b), default=1) + 1  # and the 1 token asked
+    args = engine_args(recipe.vllm, where[0].kind, min(max(longest, 16), context_length(t)))
+    target = resolve_path(t.model)
+    with CaptureReplicas(target, ids, server_dtype(t.dtype), where, args, out.out_dir, label) as vllm:
+        t_start = time.time()  # the replicas are up: from here on, capture's speed
+        for j, states in vllm.in_order([[s["input_ids"] for s in b] for b in todo]):
+            j += done // c.batch_size
             stored = [
                 stored_form(*split_states(x, aux_at, final_at, norm), c, len(layer_ids), lm_head)
                 for x in states
             ]
-            fwd_s += time.time() - tf
-            new_tokens += _add_batch(out, batch, j * c.batch_size, done, stored, c, bar, per_row=True)
-    return new_tokens, fwd_s
+            new_tokens += _add_batch(out, batches[j], j * c.batch_size, done, stored, c, bar, per_row=True)
+    return new_tokens, time.time() - t_start
 
 
 def _add_batch(

@@ -21,16 +21,14 @@ import os
 import secrets
 import subprocess
 import tempfile
-import threading
 import time
-from multiprocessing.connection import Listener
+from multiprocessing.connection import Client
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 
 from eyas.errors import InputError, RunError
-from eyas.serve.external.vllm_env import require_vllm
+from eyas.serve.external.vllm_env import require_vllm, vllm_environ
 from eyas.serve.external.vllm_server import last_error
 
 WORKER = Path(__file__).resolve().parents[1] / "serve" / "external" / "vllm_capture_worker.py"
@@ -42,56 +40,96 @@ class VllmCaptureError(RunError):
 
 
 class VllmCapture:
-    """A vLLM worker process that returns the hidden states of `layer_ids` (vLLM ids) per sequence."""
+    """A vLLM worker process that returns the hidden states of `layer_ids` (vLLM ids) per sequence; the
+    process that starts it is its first client (start, submit / result, close). Other processes (online
+    training's trainers) connect to a running worker with `connect`."""
 
-    def __init__(self, target: str, layer_ids: list[int], dtype: str, log_path: Path):
+    def __init__(
+        self,
+        target: str,
+        layer_ids: list[int],
+        dtype: str,
+        log_path: Path,
+        args: list[str] = (),
+        env: dict[str, str] | None = None,
+        who: str = "the vLLM worker",
+        storage: str | None = None,
+    ):
         self.target, self.layer_ids, self.dtype, self.log_path = target, layer_ids, dtype, Path(log_path)
+        self.args, self.env, self.who = list(args), dict(env or {}), who  # vllm_fleet.engine_args, Replica
         self.tmp = tempfile.TemporaryDirectory(prefix="eyas-vllm-capture-")
+        self.address, self.authkey = os.path.join(self.tmp.name, "sock"), secrets.token_bytes(16)
+        self.storage = storage or os.path.join(self.tmp.name, "states")  # where the worker writes states
         self.proc: subprocess.Popen | None = None
         self.conn = None
+        self.asked = 0
+
+    @classmethod
+    def connect(cls, info: dict) -> VllmCapture:
+        """A client of a running worker described by `info()` of its owner (another process)."""
+        self = cls.__new__(cls)
+        self.target, self.log_path, self.who = info["target"], Path(info["log"]), info["who"]
+        self.address, self.authkey = info["address"], bytes.fromhex(info["authkey"])
+        self.proc, self.tmp, self.asked = None, None, 0
+        self.conn = Client(self.address, authkey=self.authkey)
+        self._reply("connecting to")
+        return self
+
+    def info(self) -> dict:
+        """What another process needs to `connect` (online training's producers.json)."""
+        keys = {"target": self.target, "log": str(self.log_path), "who": self.who, "address": self.address}
+        return {**keys, "authkey": self.authkey.hex(), "storage": self.storage}
 
     def start(self) -> VllmCapture:
+        self.launch()
+        self.wait_ready()
+        return self
+
+    def launch(self) -> None:
+        """Start the worker (it listens, then loads the target); wait_ready() waits until it has."""
         python = require_vllm("capture.backend: vllm")
-        address, key = os.path.join(self.tmp.name, "sock"), secrets.token_bytes(16)
         job = {
             "target": self.target,
             "dtype": self.dtype,
             "layer_ids": self.layer_ids,
-            "storage": os.path.join(self.tmp.name, "states"),
-            "address": address,
-            "authkey": key.hex(),
-            "max_model_len": None,
+            "storage": self.storage,
+            "address": self.address,
+            "authkey": self.authkey.hex(),
+            "engine_args": self.args,
+            "parent_pid": os.getpid(),
         }
         job_path = Path(self.tmp.name) / "job.json"
         job_path.write_text(json.dumps(job))
-        listener = Listener(address, authkey=key)
-        accepted: list = []
-        threading.Thread(target=lambda: accepted.append(listener.accept()), daemon=True).start()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
                 [python, str(WORKER), str(job_path)],
                 stdout=log,
                 stderr=subprocess.STDOUT,
+                env={**vllm_environ(), **self.env},
                 start_new_session=True,
             )
+
+    def wait_ready(self) -> None:
+        """Connect as the worker's first client, then wait for it to load the target."""
         deadline = time.monotonic() + START_TIMEOUT_S
-        while not accepted:
+        while self.conn is None:
             self._alive_or_raise("starting")
             if time.monotonic() > deadline:
                 raise VllmCaptureError(
                     f"vLLM did not start within {START_TIMEOUT_S} s (log: {self.log_path})"
                 )
-            time.sleep(0.2)
-        self.conn = accepted[0]
+            try:
+                self.conn = Client(self.address, authkey=self.authkey)
+            except (FileNotFoundError, ConnectionRefusedError):
+                time.sleep(0.2)
         self._reply("loading the target")
-        return self
 
     def _alive_or_raise(self, doing: str) -> None:
-        if self.proc.poll() is not None:
+        if self.proc is not None and self.proc.poll() is not None:
             msg = last_error(self.log_path.read_text(errors="replace"))
             raise VllmCaptureError(
-                f"capture.backend: vllm: the vLLM worker exited while {doing} {self.target} "
+                f"capture.backend: vllm: {self.who} exited while {doing} {self.target} "
                 f"(exit {self.proc.returncode}): {msg} (log: {self.log_path}); re-run the stage to resume"
             )
 
@@ -101,9 +139,14 @@ class VllmCapture:
         try:
             msg = self.conn.recv()
         except (EOFError, OSError):  # the worker's end closed: it died
-            self.proc.wait(30)
-            self._alive_or_raise(doing)
-            raise
+            if self.proc is not None:
+                self.proc.wait(30)
+                self._alive_or_raise(doing)
+            msg = last_error(self.log_path.read_text(errors="replace"))
+            raise VllmCaptureError(
+                f"capture.backend: vllm: {self.who} exited while {doing} {self.target}: {msg} "
+                f"(log: {self.log_path})"
+            ) from None
         if "error" in msg:
             raise (InputError if doing == "loading the target" else VllmCaptureError)(
                 f"capture.backend: vllm: vLLM refused {self.target}: {msg['error']} (log: {self.log_path})"
@@ -112,28 +155,117 @@ class VllmCapture:
 
     def capture(self, sequences: list[list[int]]) -> list[torch.Tensor]:
         """-> per sequence its states (T, len(layer_ids), H), float32 as vLLM computed them."""
-        self.conn.send({"sequences": sequences})
-        out = []
-        for f in self._reply("capturing")["files"]:
-            out.append(load_file(f)["hidden_states"])
-            for p in (f, f + ".lock"):
-                Path(p).unlink(missing_ok=True)
-        return out
+        self.submit(sequences)
+        return self.result()
+
+    def submit(self, sequences: list[list[int]]) -> None:
+        """Send a batch; result() returns its states, batches in the order they were sent (the worker works on
+        them meanwhile)."""
+        self.conn.send({"id": self.asked, "sequences": sequences})
+        self.asked += 1
+
+    def result(self) -> list[torch.Tensor]:
+        """The states of the oldest batch not returned yet: per sequence (T, len(layer_ids), H), read
+        through hs_connectors' file transport (it waits for the writer's lock), the files then deleted."""
+        return [read_states(p) for p in self._reply("capturing")["params"]]
 
     def close(self) -> None:
-        if self.conn is not None and self.proc.poll() is None:
+        if self.conn is not None and (self.proc is None or self.proc.poll() is None):
             try:
-                self.conn.send({"close": True})
-                self.proc.wait(60)
+                if self.proc is not None:
+                    self.conn.send({"close": True})
+                    self.proc.wait(60)
+                self.conn.close()
             except (OSError, subprocess.TimeoutExpired):
                 pass
         if self.proc is not None and self.proc.poll() is None:
             os.killpg(self.proc.pid, 9)
             self.proc.wait()
-        self.tmp.cleanup()
+        if self.tmp is not None:
+            self.tmp.cleanup()
 
     def __enter__(self) -> VllmCapture:
         return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def read_states(params: dict) -> torch.Tensor:
+    """One sequence's states (T, n_ids, H) from the worker's kv_transfer_params, through hs_connectors'
+    file transport (`FileTransfer`: it waits on the writer's lock file); the file is deleted once read.
+    Mooncake's transport (hs_connectors' MooncakeTransfer, RDMA across nodes) takes the same params."""
+    from hs_connectors import FileTransfer
+
+    transfer = FileTransfer(Path(params["hidden_states_path"]).parent)
+    states = transfer.get_generated(params)
+    transfer.delete(params["hidden_states_path"])
+    return states["hidden_states"]
+
+
+class CaptureReplicas:
+    """A VllmCapture worker per replica (serve/external/vllm_fleet.py), started together, each kept busy
+    with one batch while the batches come back in their order (so the shards are the single worker's).
+
+    with CaptureReplicas(target, ids, dtype, replicas, args, log_dir) as workers:
+        for j, states in workers.in_order(batches): ...     # states: per sequence (T, n_ids, H)
+    """
+
+    def __init__(
+        self,
+        target: str,
+        layer_ids,
+        dtype: str,
+        where,
+        args: list[str],
+        log_dir: Path,
+        label="",
+        storage=None,
+    ):
+        stem = f"vllm{'-' + label if label else ''}"
+        self.workers = [
+            VllmCapture(
+                target,
+                layer_ids,
+                dtype,
+                Path(log_dir) / (f"{stem}.log" if len(where) == 1 else f"{stem}-{r.index}.log"),
+                args,
+                r.env(),
+                who=f"the vLLM worker of {r.describe()}",
+                storage=os.path.join(storage, str(r.index)) if storage else None,
+            )
+            for r in where
+        ]
+        self.where = where
+
+    def __enter__(self) -> CaptureReplicas:
+        from eyas.serve.external.vllm_fleet import describe_fleet
+
+        print(describe_fleet(self.where), flush=True)
+        try:
+            for w in self.workers:
+                w.launch()
+            for w in self.workers:
+                w.wait_ready()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def in_order(self, batches: list[list[list[int]]]):
+        """-> (j, per sequence of batch j its states), j ascending; batch j goes to worker j % replicas."""
+        n = len(self.workers)
+        for j in range(min(n, len(batches))):
+            self.workers[j].submit(batches[j])
+        for j in range(len(batches)):
+            states = self.workers[j % n].result()
+            if j + n < len(batches):
+                self.workers[j % n].submit(batches[j + n])
+            yield j, states
+
+    def close(self) -> None:
+        for w in self.workers:
+            w.close()
 
     def __exit__(self, *exc) -> None:
         self.close()

@@ -46,12 +46,15 @@ from eyas.data.chat import (
 )
 from eyas.data.prompts import read_prompts
 from eyas.data.sharding import Shard, Slices, current_shard, target_for_rank
-from eyas.data.target import input_device, load_recipe_target, resolve_path, server_dtype
+from eyas.data.target import context_length, input_device, load_recipe_target, resolve_path, server_dtype
 from eyas.io import read_jsonl, write_json, write_jsonl
 from eyas.layout import is_done, mark_done, read_done, require_done, stage_dir
 from eyas.recipes.schema import DataSection, Recipe
 
 STAGE = "regenerate"
+HF_FIX = (
+    "set data.backend: vllm (vLLM's replicas, the vllm section; it runs MXFP4 weights as they are stored)"
+)
 PART_BATCHES = 8  # batches per part file: what a crash can cost at most
 
 
@@ -195,7 +198,7 @@ def run_regenerate(
     if d.backend != "hf":
         model, (tok, eos_ids) = None, target_tokenizer_and_eos(t)
     else:
-        model, tok = load_recipe_target(t)
+        model, tok = load_recipe_target(t, fix=HF_FIX)
         eos_ids = eos_token_ids(model, tok)
     convs, kept, num_prompts = _first_prompts(d, t.model, tok, eos_ids, read_prompts(run_dir, "train"))
     batches = [kept[i : i + d.batch_size] for i in range(0, len(kept), d.batch_size)]
@@ -215,7 +218,9 @@ def run_regenerate(
             d, d.server_urls, run_dir, parts, todo, convs, eos_ids, progress, desc
         )
     elif d.backend == "vllm":
-        new_tokens, gen_s = _through_vllm(d, t, run_dir, parts, todo, convs, eos_ids, progress, desc)
+        new_tokens, gen_s = _through_vllm(
+            d, t, run_dir, parts, todo, convs, eos_ids, progress, desc, v=recipe.vllm
+        )
     else:
         new_tokens, gen_s = _through_hf(
             d, run_dir, parts, mine, todo, model, tok, convs, eos_ids, progress, desc
@@ -232,6 +237,7 @@ def run_regenerate(
             },
         )
     counts = {
+        "num_servers": _num_servers(recipe),
         "num_prompts": num_prompts,
         "num_skipped_long": num_prompts - len(kept),
         "num_parts": len(parts),
@@ -240,6 +246,16 @@ def run_regenerate(
         lambda: _stage_record(d, slices, convs, counts, new_tokens, rate, t0),
         {"generated_tokens_this_run": new_tokens, "generation_tokens_per_s": rate},
     )
+
+
+def _num_servers(recipe: Recipe) -> int | None:
+    """The servers regeneration asked (per shard): the URLs, or vLLM's replicas; None for the HF backend."""
+    d = recipe.data
+    if d.backend == "vllm":
+        from eyas.serve.external.vllm_fleet import replicas
+
+        return len(replicas(recipe.vllm))
+    return len(d.server_urls) if d.backend == "server" else None
 
 
 def _first_prompts(d: DataSection, target: str, tok, eos_ids: list[int], prompts: list[dict]) -> tuple:
@@ -326,7 +342,7 @@ def _stage_record(
         + sum(s["generated_tokens"] for s in shards if s["shard"] != str(shard)),
         "generation_tokens_per_s": sum(s["generation_tokens_per_s"] or 0 for s in shards) or rate,
         "backend": d.backend,
-        "num_servers": {"server": len(d.server_urls), "vllm": 1}.get(d.backend),
+        "num_servers": counts["num_servers"],
         "temperature": d.temperature,
         "reasoning_effort_mix": effort_mix(firsts),
         "wall_s": round(time.time() - t0, 3),
@@ -395,17 +411,20 @@ def _through_hf(
     return new_tokens, gen_s
 
 
-def _through_vllm(d, t, run_dir, parts: list, todo: list[int], *rest) -> tuple[int, float]:
-    """`data.backend: vllm`: a vLLM server on the target (serve/external/vllm_server.py: 127.0.0.1, the
-    target's dtype, stopped when done), then the server path. Nothing to do: no server started."""
+def _through_vllm(d, t, run_dir, parts: list, todo: list[int], *rest, v=None) -> tuple[int, float]:
+    """`data.backend: vllm`: a vLLM server per replica of the recipe's `vllm` section (serve/external/
+    vllm_fleet.py: 127.0.0.1, the target's dtype, checked while they serve, stopped when done), the prompts
+    spread over them by the server path. Nothing to do: no server started."""
     if not todo:
         return 0, 0.0
-    from eyas.serve.external.vllm_server import VllmServer
+    from eyas.serve.external.vllm_fleet import VllmFleet, engine_args, replicas
 
-    log = Path(run_dir) / STAGE / "vllm-server.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with VllmServer(resolve_path(t.model), dtype=server_dtype(t.dtype), log_path=log) as server:
-        return _through_servers(d, [server.url], run_dir, parts, todo, *rest)
+    where = replicas(v)
+    need = min(d.max_prompt_tokens + d.max_new_tokens, context_length(t))
+    args = engine_args(v, where[0].kind, need)
+    log_dir = Path(run_dir) / STAGE
+    with VllmFleet(resolve_path(t.model), where, args, server_dtype(t.dtype), log_dir) as fleet:
+        return _through_servers(d, fleet.urls, run_dir, parts, todo, *rest, health=fleet.check)
 
 
 def _through_servers(
@@ -418,6 +437,7 @@ def _through_servers(
     eos_ids: list[int],
     progress: bool,
     desc: str,
+    health=None,
 ) -> tuple[int, float]:
     """`data.backend: server`: every conversation of the parts in `todo` through the fleet at once, each
     turn sent when the answer before it is back; a part is written (atomically) as soon as its last
@@ -462,6 +482,7 @@ def _through_servers(
             d.server_timeout_s,
             d.server_retries,
             done,
+            health,
         )
     bar.close()
     return state["new"], time.time() - state["t0"]

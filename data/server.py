@@ -26,6 +26,7 @@ import httpx
 from eyas.errors import RunError
 
 BACKOFF_S, BACKOFF_MAX_S = 0.5, 30.0
+HEALTH_EVERY_S = 2.0
 
 
 class ServerError(RunError, RuntimeError):
@@ -73,10 +74,13 @@ def regenerate_through_servers(
     timeout_s: float,
     retries: int,
     on_done: Callable,
+    health: Callable[[], None] | None = None,
 ) -> None:
     """Send every job (key, seed, prompt ids) to the fleet. `on_done(key, prompt ids, generated ids,
     finish_reason)` is called in the caller's thread as each one completes (in any order); it may return
-    a follow-up job (the conversation's next turn), which joins the queue."""
+    a follow-up job (the conversation's next turn), which joins the queue. `health()`, called every
+    HEALTH_EVERY_S while they run, raises when a server eyas started has died (it ends the stage at once,
+    instead of after every retry)."""
 
     urls = [u.rstrip("/") for u in urls]
 
@@ -105,7 +109,15 @@ def regenerate_through_servers(
                         queue.put_nowait(follow)
                     queue.task_done()
 
-            tasks = [asyncio.create_task(worker(u)) for u in urls for _ in range(concurrency)]
+            async def watch():  # ends only by raising
+                while True:
+                    health()
+                    await asyncio.sleep(HEALTH_EVERY_S)
+
+            # created in turn (url 0, 1, ..., 0, 1, ...): the queue serves waiting workers first come, first
+            # served, so fewer prompts than workers still spread over every server
+            tasks = [asyncio.create_task(worker(u)) for _ in range(concurrency) for u in urls]
+            tasks += [asyncio.create_task(watch())] if health is not None else []
             joined = asyncio.create_task(queue.join())
             try:  # workers only end by failing: the first failure ends the stage
                 await asyncio.wait([joined, *tasks], return_when=asyncio.FIRST_COMPLETED)

@@ -21,16 +21,22 @@ target's output embedding (`lm_head`), i.e. after the final norm.
 from __future__ import annotations
 
 import json
+import os
 import platform
 import sys
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from eyas.data import gguf
 from eyas.data.hub import model_errors
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 DEMO_TARGET = "eyas-demo"
 LAYER_ID_CONVENTION = (
@@ -190,8 +196,110 @@ def weight_format(model: nn.Module, asked: str, dtype: torch.dtype) -> str:
     return f"MXFP4 weights dequantized to {str(dtype).removeprefix('torch.')} ({why})"
 
 
-def load_recipe_target(t):
-    """load_target with every key of a recipe's `target` section (recipes/schema.TargetSection)."""
+def mxfp4_kernels_run() -> bool:
+    """Whether transformers would keep an MXFP4 checkpoint in MXFP4 here (its quantizer_mxfp4.py's test): a
+    CUDA GPU of compute capability >= 7.5 with triton >= 3.4, or a CPU with triton >= 3.5, and the `kernels`
+    package (which fetches the kernels from the hub at run time). Elsewhere it dequantizes."""
+    from transformers.utils import is_kernels_available, is_triton_available
+
+    if torch.cuda.is_available():
+        ok = torch.cuda.get_device_capability() >= (7, 5) and is_triton_available("3.4.0")
+    else:
+        ok = is_triton_available("3.5.0")
+    return ok and is_kernels_available()
+
+
+MXFP4_BYTES = 4.25 / 8  # e2m1 values (4 bits) + one e8m0 scale byte per 32
+
+
+@dataclass
+class TargetCount:
+    """The target's parameters, and the bytes its weights take."""
+
+    params: int
+    expert_params: int  # the MoE experts' weight matrices (what gpt-oss stores in MXFP4)
+    bytes_mxfp4: float  # the experts in MXFP4, the rest in bf16
+    bytes_bf16: int
+
+
+def count_target(cfg: PretrainedConfig) -> TargetCount:
+    """Parameters of the target, built on the meta device: total, MoE experts' weight matrices (what
+    gpt-oss stores in MXFP4), and bytes in MXFP4 and in bf16."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(cfg)
+    total = experts = 0
+    for name, p in model.named_parameters():
+        total += p.numel()
+        if ".experts." in name and not name.endswith("_bias") and p.dim() == 3:
+            experts += p.numel()
+    mxfp4 = experts * MXFP4_BYTES + (total - experts) * 2
+    return TargetCount(params=total, expert_params=experts, bytes_mxfp4=mxfp4, bytes_bf16=2 * total)
+
+
+def held_bytes(t) -> tuple[float, str]:
+    """What the recipe's target section `t` makes transformers hold: (bytes, how), e.g. (2.34e11, "bf16, its
+    MXFP4 experts dequantized: transformers' MXFP4 kernels cannot run here"). Counted on the meta device
+    (count_target), nothing loaded."""
+    cfg = load_target_config(t.model, t.trust_remote_code)
+    count = count_target(cfg)
+    dtype = pick_dtype(t.dtype, pick_device(t.device if t.device_map is None else "auto"))
+    name, size = str(dtype).removeprefix("torch."), torch.finfo(dtype).bits // 8
+    if not stored_as_mxfp4(cfg):
+        return count.params * size, name
+    if t.weights == "mxfp4" or (t.weights == "auto" and mxfp4_kernels_run()):
+        return count.bytes_mxfp4, "MXFP4 experts"
+    why = (
+        "as target.weights asks"
+        if t.weights == "dequantized"
+        else "transformers' MXFP4 kernels cannot run here"
+    )
+    return count.params * size, f"{name}, its MXFP4 experts dequantized ({why})"
+
+
+def memory_it_would_use(t) -> tuple[float, str] | None:
+    """The memory of the devices the target section `t` places the target on: (bytes, which); None where a
+    device_map may offload to the CPU or disk (then anything fits)."""
+    if t.device_map is not None:
+        if not torch.cuda.is_available() or set(t.max_memory or {}) & {"cpu", "disk"}:
+            return None
+        if isinstance(t.device_map, dict):
+            if set(t.device_map.values()) & {"cpu", "disk"}:
+                return None
+            gpus = sorted({int(_device(d)) for d in t.device_map.values()})
+        else:
+            gpus = list(range(torch.cuda.device_count()))
+        total = sum(torch.cuda.get_device_properties(i).total_memory for i in gpus)
+        return total, f"the {len(gpus)} GPUs of target.device_map"
+    dev = pick_device(t.device)
+    if dev.type == "cuda":
+        return torch.cuda.get_device_properties(dev).total_memory, f"the GPU it would use ({dev})"
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "this machine's memory (the CPU)"
+
+
+def check_fits(t, fix: str) -> None:
+    """Refuse, before anything is loaded, a target that cannot fit the devices it would be loaded on: one
+    InputError naming target.weights (target.dtype for a checkpoint not stored in MXFP4), both sizes and
+    `fix` (the vLLM backend of the stage: vLLM runs gpt-oss's MXFP4 experts on every GPU it supports)."""
+    have = memory_it_would_use(t)
+    need, how = held_bytes(t)
+    if have is None or need <= have[0]:
+        return
+    from eyas.errors import InputError
+
+    key = "target.weights" if "MXFP4" in how else "target.dtype"
+    raise InputError(
+        f"{key}: transformers would hold {t.model} as {how}: {need / 1e9:.1f} GB, and {have[1]} has "
+        f"{have[0] / 1e9:.1f} GB; {fix}"
+    )
+
+
+def load_recipe_target(t, fix: str | None = None):
+    """load_target with every key of a recipe's `target` section (recipes/schema.TargetSection); with `fix`,
+    a target that cannot fit the devices it would use is refused first (check_fits)."""
+    if fix is not None:
+        check_fits(t, fix)
     return load_target(
         t.model,
         t.dtype,
@@ -255,6 +363,12 @@ def load_target_config(name: str, trust_remote_code: bool = False, key: str = "t
     path = resolve_path(name)
     with model_errors(name, key):
         return AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+
+
+def context_length(t) -> int:
+    """The longest context the recipe's target section `t` takes (its config's max_position_embeddings)."""
+    cfg = text_config(load_target_config(t.model, t.trust_remote_code))
+    return int(getattr(cfg, "max_position_embeddings", None) or 2**31 - 1)
 
 
 def text_config(cfg):

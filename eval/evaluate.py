@@ -182,7 +182,8 @@ def run_eval(
         return json.loads((run_dir / layout.REPORT_JSON).read_text())
     t0 = time.perf_counter()
     settings = resolve_settings(recipe, run_dir, drafts, ks, trees, concurrency, temperatures, servers)
-    model, tok = load_recipe_target(eval_target(recipe))
+    fix = "place it over more GPUs (target.device_map: auto); eyas's loop runs the target in transformers"
+    model, tok = load_recipe_target(eval_target(recipe), fix=fix)
     loaded = load_drafts(settings.drafts, model)
     benches = resolve_benchmarks(recipe, run_dir, benchmarks)
     sweep = measure(recipe, model, tok, loaded, benches, settings, progress)

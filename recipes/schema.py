@@ -150,7 +150,9 @@ class DataSection(Section):
 class CaptureSection(Section):
     aux_layer_ids: list[int] | None = Field(None, description="vLLM layer ids; null: [2, N//2, N-3]")
     dtype: Dtype = Field("bfloat16", description="what the shards store")
-    mode: Literal["offline", "online"] = Field("offline", description="shards on disk, or target in training")
+    mode: Literal["offline", "online"] = Field(
+        "offline", description="shards on disk, or states made during training (by its backend)"
+    )
     backend: Literal["hf", "vllm"] = Field(
         "hf", description="whose forward: transformers', or vLLM's (extract_hidden_states; eyas install-vllm)"
     )
@@ -158,6 +160,9 @@ class CaptureSection(Section):
     teacher: Literal["final", "topk"] = Field("final", description="target's final state, or top-k logprobs")
     teacher_topk: int = Field(32, ge=1, description="k for teacher: topk")
     batch_size: int = Field(8, ge=1, description="sequences through the target together")
+    online_prefetch: int = Field(
+        4, ge=1, description="online from vLLM: micro-batches each trainer asks for ahead (the buffer)"
+    )
     shard_tokens: int = Field(262144, ge=1, description="tokens per safetensors shard")
     verify_tolerance: Num = Field(1e-3, description="lm_head(final) vs the target's logits, over max |logit|")
 
@@ -171,8 +176,40 @@ class CaptureSection(Section):
         why = "online stores nothing: leave capture.aux_format (same) and capture.teacher (final) at their "
         why += "defaults"
         check(self.mode == "offline" or not stores, "capture.mode", why)
-        online = "online runs the target inside training (transformers); set capture.backend: hf"
-        check(self.mode == "offline" or self.backend == "hf", "capture.backend", online)
+        return self
+
+
+class VllmSection(Section):
+    """Where vLLM runs for `data.backend: vllm` and `capture.backend: vllm`: replicas of the target, each over
+    `tensor_parallel_size` devices, eyas starting, health-checking and stopping every one."""
+
+    devices: list[int] | None = Field(
+        None,
+        description="GPU indices as nvidia-smi numbers them (null: every visible GPU); on a machine "
+        "without GPUs, CPU core ids",
+    )
+    tensor_parallel_size: int = Field(
+        1, ge=1, description="devices per replica (vLLM --tensor-parallel-size)"
+    )
+    replicas: int | None = Field(
+        None, ge=1, description="engines over the devices (null: devices // tensor_parallel_size; CPU: 1)"
+    )
+    gpu_memory_utilization: Num = Field(0.9, gt=0, le=1, description="vLLM's share of each GPU's memory")
+    max_model_len: int | None = Field(
+        None, ge=16, description="vLLM's context length (null: what the stage needs, at most the target's)"
+    )
+    max_num_seqs: int | None = Field(None, ge=1, description="sequences per engine step (null: vLLM's)")
+    extra_args: list[str] = Field([], description="more `vllm serve` arguments, passed as they are")
+
+    @model_validator(mode="after")
+    def _devices(self) -> "VllmSection":
+        d, tp = self.devices, self.tensor_parallel_size
+        check(d != [], "vllm.devices", "list at least one device, or leave it null (every visible GPU)")
+        check(len(set(d or [])) == len(d or []), "vllm.devices", f"devices must be distinct, got {d}")
+        check(min(d or [0]) >= 0, "vllm.devices", f"device indices must be >= 0, got {d}")
+        need = (self.replicas or 1) * tp
+        why = f"{self.replicas or 1} replica(s) x vllm.tensor_parallel_size {tp} need {need} devices"
+        check(d is None or len(d) >= need, "vllm.devices", f"{why}, it lists {len(d or [])}: {d}")
         return self
 
 
@@ -267,6 +304,7 @@ class Recipe(Section):
     target: TargetSection = Field(default_factory=TargetSection, description="the target and where it runs")
     data: DataSection = Field(default_factory=DataSection, description="prompts and the target's answers")
     capture: CaptureSection = Field(default_factory=CaptureSection, description="the states trained on")
+    vllm: VllmSection = Field(default_factory=VllmSection, description="vLLM's replicas (backend: vllm)")
     vocab: VocabSection = Field(default_factory=VocabSection, description="the draft's vocabulary")
     draft: DraftSection = Field(default_factory=DraftSection, description="the draft's architecture")
     train: TrainSection = Field(default_factory=TrainSection, description="training")
@@ -284,8 +322,10 @@ class Recipe(Section):
         from eyas.serve.decoding.tree import TreeShape
 
         t = self.train.ttt_steps
-        why = "capture.mode online runs a whole target on each training process's device; leave the map unset"
-        check(self.target.device_map is None or self.capture.mode == "offline", "target.device_map", why)
+        why = "capture.mode online with capture.backend hf runs a whole target on each training process's "
+        why += "device; leave the map unset (or set capture.backend: vllm)"
+        in_training = self.capture.mode == "online" and self.capture.backend == "hf"
+        check(self.target.device_map is None or not in_training, "target.device_map", why)
         past = f"past what TTT trained (train.ttt_steps={t})"
         check(self.eval.k <= t, "eval.k", f"k={self.eval.k} drafts {past}")
         for i, k in enumerate(self.eval.more_k):

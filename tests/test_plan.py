@@ -44,24 +44,48 @@ def test_gpt_oss_120b_plan_on_8xh100_matches_hand_computation():
     assert p.train_gb_per_gpu * 1e9 == pytest.approx(static + a.act_bytes_per_token_step * 4096 * 1 * 7)
     # MXFP4 65.25 GB fits one H100 (72 GB with 10% headroom): 8 replicas, one shard each
     assert (p.replicas, p.gpus_per_replica) == (8, 1)
-    assert p.regen_s == pytest.approx(100_000 * 0.75 * 2048 / (8 * a.regen_tok_s_hf_h100))
+    # the recipe regenerates through vLLM (data.backend: vllm); with HF generate it would take 20x longer
+    assert p.regen_s == pytest.approx(100_000 * 0.75 * 2048 / (8 * a.regen_tok_s_server_h100))
+    hf = plan(load_recipe("gpt-oss-120b", ["data.backend=hf"]), "8xH100")
+    assert hf.regen_s == pytest.approx(100_000 * 0.75 * 2048 / (8 * a.regen_tok_s_hf_h100))
     active = (total - experts) + experts * 4 / 128  # 4 of 128 experts per token
     assert p.capture_tok_s == pytest.approx(8 * 0.30 * 989e12 / (2 * active))
     bf16 = plan(
         load_recipe(
             "gpt-oss-120b",
-            ["target.weights=dequantized", "data.backend=server", "data.server_urls=[http://127.0.0.1:8000]"],
+            [
+                "target.weights=dequantized",
+                "data.backend=server",
+                "data.server_urls=[http://127.0.0.1:8000]",
+                "capture.backend=hf",
+            ],
         ),
         "8xH100",
     )
     assert (bf16.replicas, bf16.gpus_per_replica) == (2, 4)  # 233.7 GB over 4 x 72 GB
     assert bf16.regen_tok_s == pytest.approx(2 * a.regen_tok_s_server_h100)
     assert p.train_s == pytest.approx(2 * tokens / (8 * 22.3e3))  # 2 epochs at T = 4K, TTT 7
+    # what limits the run: offline training reads the 4.46 TB capture at 23,045 B x 178,400 tok/s = 4.11 GB/s;
+    # DDP all-reduces 4 B x 307.65M fp32 gradients a step, a ring sending 2 x 7/8 of them each way at 450 GB/s
+    assert p.read_bytes_s == pytest.approx(23_045 * p.train_tok_s) and p.read_bytes_s / 1e9 == pytest.approx(
+        4.11, abs=0.005
+    )
+    assert p.allreduce_bytes == 4 * draft and p.allreduce_s == pytest.approx(2 * 7 / 8 * 4 * draft / 450e9)
+    # online: a producer GPU makes 206,380 / 8 = 25,798 tok/s, a trainer takes 22,300: 4 : 4 trains fastest
+    o = p.online
+    assert (o.producer_gpus, o.trainer_gpus) == (4, 4) and o.tok_s == pytest.approx(4 * 22.3e3)
+    assert o.train_s == pytest.approx(2 * tokens / (4 * 22.3e3)) and o.train_s > p.capture_s + p.train_s
     text = render(r, p)
+    assert "time: regeneration 2.7 h at 16,000 tok/s (assumed, data.backend vllm)" in text
+    assert "target replicas: 8 vLLM engine(s) of 1 GPU(s) each" in text
+    assert "storage: an offline capture 4.46 TB; offline training reads it at 4.11 GB/s" in text
+    assert "online from vLLM (capture.mode: online, capture.backend: vllm): 4 producer GPU(s)" in text
+    assert "offline 51.8 min (capture 15.6 min + training 36.2 min), online 1.2 h: offline is faster" in text
     assert "116.83B parameters, 114.66B of them MoE expert weights" in text
     assert "MXFP4 65.2 GB, bf16 233.7 GB" in text and "8.2 GB / 29.2 GB per GPU (fits / fits" in text
     assert "capture: 23,045 bytes/token (same, teacher final) = 4.46 TB" in text
-    assert "target replicas: 8 of 1 GPU(s) each (MXFP4" in text
+    hf_text = render(load_recipe("gpt-oss-120b", ["data.backend=hf", "capture.backend=hf"]), hf)
+    assert "target replicas: 8 of 1 GPU(s) each (MXFP4" in hf_text
 
 
 def test_long_context_plan_scales_activations_and_training_rate():

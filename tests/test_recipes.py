@@ -68,6 +68,11 @@ def test_wrong_type_is_named(raw, key):
         ({"capture": {"aux_layer_ids": [-1, 2]}}, "capture.aux_layer_ids"),
         ({"vocab": {"draft_vocab_size": 0}}, "vocab.draft_vocab_size"),
         ({"target": {"dtype": "fp8"}}, "target.dtype"),
+        ({"vllm": {"devices": [0], "replicas": 2}}, "vllm.devices"),
+        ({"vllm": {"devices": [0, 1, 2], "tensor_parallel_size": 4}}, "vllm.devices"),
+        ({"vllm": {"devices": [1, 1]}}, "vllm.devices"),
+        ({"vllm": {"tensor_parallel_size": 0}}, "vllm.tensor_parallel_size"),
+        ({"vllm": {"gpu_memory_utilization": 1.5}}, "vllm.gpu_memory_utilization"),
     ],
 )
 def test_impossible_value_is_named(raw, key):
@@ -148,6 +153,13 @@ def test_shipped_gpt_oss_variants(model, layers, ids):
         assert r.name == f"gpt-oss-{model}-{name}" and r.target.model == f"openai/gpt-oss-{model}"
         assert check_against_target(r, num_layers=layers, vocab_size=201088) == ids
         assert r.train.pack and r.train.attention == "auto" and r.data.temperature == 1.0
+        # vLLM regenerates and captures: one replica per visible GPU
+        assert (r.data.backend, r.capture.backend, r.vllm.devices, r.vllm.tensor_parallel_size) == (
+            "vllm",
+            "vllm",
+            None,
+            1,
+        )
     assert v["short-context"].train.max_length == 8192 and v["short-context"].train.ttt_steps == 7
     assert v["short-context"].eval.k == 3
     assert v["long-context"].train.max_length >= 32768 and v["long-context"].train.checkpoint_layer

@@ -251,3 +251,36 @@ def test_bf16_on_a_cpu_without_bf16_arithmetic_computes_in_float32(regen_run, na
             f"reports {capability}), where bf16 runs ~100x slower than float32: computing in float32",
         ]
     )
+
+
+def test_hf_backend_refuses_a_target_that_cannot_fit_before_loading_anything(tmp_path, capsys):
+    """gpt-oss-120b's own config (eyas's copy of the hub's, MXFP4 experts; no weights, nothing is loaded) with
+    `data.backend: hf` on this CPU: transformers would dequantize its experts (its MXFP4 kernels do not run
+    here) and hold 116.83B parameters in bf16, 233.7 GB (float32, 467.3 GB, on a CPU without bf16
+    arithmetic), more than this machine has. One line names target.weights, both sizes and the fix."""
+    import os
+
+    from data_fixtures import write_prompts
+    from transformers import GptOssConfig
+
+    from eyas.cli import main
+    from eyas.data.target import native_bf16_cpu
+    from eyas.plan.cost import GPT_OSS_SHARED, KNOWN_TARGETS
+
+    target = tmp_path / "gpt-oss-120b"
+    GptOssConfig(**GPT_OSS_SHARED, **KNOWN_TARGETS["openai/gpt-oss-120b"]).save_pretrained(target)
+    run = tmp_path / "run"
+    over = [f"target.model={target}", "target.device_map=null", "target.device=cpu", "data.backend=hf"]
+    over += [f"data.prompts={write_prompts(tmp_path / 'p.jsonl', 8)}", "data.num_eval_prompts=2"]
+    assert main(["prompts", "gpt-oss-120b", "--out", str(run), *over]) == 0
+    capsys.readouterr()
+    assert main(["regenerate", str(run), "--no-progress"]) == 2
+    dtype, size = ("bfloat16", 2) if native_bf16_cpu() else ("float32", 4)
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"eyas: error: target.weights: transformers would hold {target} as {dtype}, its MXFP4 experts "
+        f"dequantized (transformers' MXFP4 kernels cannot run here): {116_829_156_672 * size / 1e9:.1f} GB, "
+        f"and this machine's memory (the CPU) has {memory / 1e9:.1f} GB; set data.backend: vllm (vLLM's "
+        "replicas, the vllm section; it runs MXFP4 weights as they are stored)"
+    )
+    assert not (run / "regenerate").exists() or not any((run / "regenerate").iterdir())  # nothing written

@@ -1,14 +1,17 @@
 """`capture.backend: vllm`: the demo target's hidden states from the real vLLM's forward
-(extract_hidden_states + eyas's CPU hidden-states connector) equal the HF capture's, and a vLLM
-worker killed mid-capture loses nothing: the re-run resumes after the last listed shard and ends
-with the same shards as an uninterrupted capture.
+(extract_hidden_states + eyas's CPU hidden-states connector) equal the HF capture's, through two
+replicas (one per CPU core, `vllm.replicas: 2`) as through one, and a vLLM worker killed mid-capture
+loses nothing: the re-run resumes after the last listed shard and ends with the same shards as an
+uninterrupted capture.
 
 Tolerance: both run fp32; vLLM's CPU kernels (fused MoE, its attention) round differently from
 HF's eager ones. Measured on the demo target: max |diff| / max |value| 3.5e-7 over the aux states
 and 6.3e-7 for the final state; the bound is 1e-5.
 """
 
+import json
 import os
+import re
 import shutil
 import signal
 
@@ -67,21 +70,24 @@ def assert_close(run, hf):
 
 
 def test_vllm_capture_equals_hf_and_resumes_after_the_worker_dies(vllm_python, regenerated, monkeypatch):
+    """Two replicas: batch j goes to replica j % 2; replica 0 is killed as it gets its second batch."""
     run = regenerated / "vllm"
     shutil.copytree(regenerated / "run", run)
-    recipe = load_recipe("demo", BASE + ["capture.backend=vllm"])
+    recipe = load_recipe("demo", BASE + ["capture.backend=vllm", "vllm.replicas=2"])
     calls = []
-    capture = VllmCapture.capture
+    submit = VllmCapture.submit
 
     def dies_on_the_third_batch(self, sequences):
         calls.append(len(sequences))
         if len(calls) == 3:
             os.killpg(self.proc.pid, signal.SIGKILL)
-        return capture(self, sequences)
+        return submit(self, sequences)
 
-    monkeypatch.setattr(VllmCapture, "capture", dies_on_the_third_batch)
+    monkeypatch.setattr(VllmCapture, "submit", dies_on_the_third_batch)
     with pytest.raises(
-        VllmCaptureError, match="the vLLM worker exited while capturing .*re-run the stage to resume"
+        VllmCaptureError,
+        match=r"the vLLM worker of replica 0 on CPU core.* exited while capturing .*vllm-0\.log\); "
+        "re-run the stage to resume",
     ):
         run_capture(recipe, run, progress=False)
     kept = read_json(run / "capture" / "index.json")["shards"]
@@ -91,7 +97,11 @@ def test_vllm_capture_equals_hf_and_resumes_after_the_worker_dies(vllm_python, r
     assert stats["num_sequences"] == 8
     worst = assert_close(run, regenerated / "hf")
     hf_rate = read_done(regenerated / "hf", "capture")["tokens_per_s"]
-    print(f"capture max rel diff {worst}; tokens/s HF {hf_rate:.0f}, vLLM {stats['tokens_per_s']:.0f}")
+    print(f"capture max rel diff {worst}; tokens/s HF {hf_rate:.0f}, vLLM x2 {stats['tokens_per_s']:.0f}")
+    one = regenerated / "vllm-one"
+    shutil.copytree(regenerated / "run", one)
+    run_capture(load_recipe("demo", BASE + ["capture.backend=vllm"]), one, progress=False)
+    assert_close(run, one)  # two replicas store what one does (here: the same bits)
 
 
 def test_a_target_vllm_cannot_run_fails_with_vllms_own_message(vllm_python, tmp_path, capsys):
@@ -109,3 +119,73 @@ def test_a_target_vllm_cannot_run_fails_with_vllms_own_message(vllm_python, tmp_
     assert line.startswith(f"eyas: error: capture.backend: vllm: vLLM refused {target}: RuntimeError: "), line
     assert "Unsupported CPU attention configuration: head_dim=16" in line and "vllm.log" in line, line
     assert not list((tmp_path / "run" / "capture").glob("shard-*")), "nothing stored"
+
+
+TRAIN = BASE + [
+    "train.epochs=2",
+    "train.batch_size=1",
+    "train.log_every=1",
+    "train.val_fraction=0.25",
+    "train.ttt_steps=2",
+    "eval.k=2",
+]
+ONLINE = ["capture.mode=online", "capture.backend=vllm", "vllm.devices=[0]"]  # the trainer keeps core 1
+
+
+def train_log(run, over):
+    from eyas.data.vocab import run_vocab
+    from eyas.train.trainer import run_train
+
+    recipe = load_recipe("demo", TRAIN + over)
+    run_capture(recipe, run, progress=False)
+    run_vocab(recipe, run, progress=False)
+    info = run_train(recipe, run, progress=False)
+    return [json.loads(x) for x in (run / "train" / "log.jsonl").read_text().splitlines()], info
+
+
+def assert_same_steps(a, b, rel):
+    assert [x.get("step") for x in a] == [x.get("step") for x in b]
+    for x, y in zip(a, b):
+        x, y = x.get("val", x), y.get("val", y)
+        assert x["loss"] == pytest.approx(y["loss"], rel=rel) and x["acc"] == y["acc"]
+
+
+def test_online_training_from_vllm_equals_offline_and_resumes_after_a_producer_dies(
+    vllm_python, regenerated, monkeypatch
+):
+    """`capture.mode: online`, `capture.backend: vllm`: a vLLM producer on core 0 makes the states while
+    training (core 1) consumes them, 4 micro-batches ahead; nothing is stored. Over 2 epochs (12 steps and 2
+    validations) every step's loss equals training on the HF capture's shards, the same sequences in the same
+    order, within 1e-5 (relative; measured 2e-7: vLLM's CPU kernels round differently, fp32), with as many
+    tokens. The producer killed mid-epoch ends training with one line naming it and its log, the state saved
+    at the last finished step; the re-run resumes there and its log equals the uninterrupted one's."""
+    from eyas.train import online_vllm
+
+    offline, off_info = train_log(shutil.copytree(regenerated / "hf", regenerated / "offline"), [])
+    run = shutil.copytree(regenerated / "run", regenerated / "online")
+    online, info = train_log(run, ONLINE)
+    assert not list((run / "capture").glob("*.safetensors"))
+    assert info["tokens_seen"] == off_info["tokens_seen"] and info["steps"] == 12
+    assert info["online"]["producers"] == 1 and info["online"]["micro_batches"] == 14  # 12 + 2 validation
+    assert_same_steps(online, offline, rel=1e-5)
+    killed = shutil.copytree(regenerated / "run", regenerated / "killed")
+    take, taken = online_vllm.VllmFeed._take, []
+
+    def killing_the_producer(self, asked):
+        taken.append(1)
+        if len(taken) == 5:
+            os.killpg(self.owner.workers[0].proc.pid, signal.SIGKILL)
+        return take(self, asked)
+
+    monkeypatch.setattr(online_vllm.VllmFeed, "_take", killing_the_producer)
+    with pytest.raises(online_vllm.ProducerStopped) as stopped:
+        train_log(killed, ONLINE)
+    log = killed / "train" / "vllm-producer.log"
+    assert re.fullmatch(
+        rf"online training: vLLM producer 0, replica 0 on CPU core 0, stopped \(exit -9\); its log: {log}; "
+        r"the training state at step (\d+)/12 is saved: re-run to resume",
+        str(stopped.value),
+    ), str(stopped.value)
+    monkeypatch.undo()
+    resumed, _ = train_log(killed, ONLINE)
+    assert_same_steps(resumed, online, rel=1e-5)

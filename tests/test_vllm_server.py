@@ -23,6 +23,7 @@ from eyas.data.target import resolve_path
 from eyas.eval.evaluate import run_eval
 from eyas.layout import RECIPE
 from eyas.recipes.load import load_recipe
+from eyas.serve.external.vllm_fleet import replicas
 from eyas.serve.external.vllm_server import VllmServer
 from eyas.serve.interchange.export import export
 
@@ -41,8 +42,9 @@ def vllm_demo(vllm_python, demo_run, tmp_path_factory):
 
 
 def test_regeneration_from_vllm_equals_the_hf_backend(vllm_demo, tmp_path):
-    """Through the running server (data.backend: server), and through a vLLM server that eyas starts on the
-    target and stops itself (data.backend: vllm)."""
+    """Through the running server (data.backend: server), and through two vLLM replicas that eyas starts on
+    the target, one per CPU core, spreads the prompts over and stops itself (data.backend: vllm,
+    vllm.replicas: 2): the ids of the one server, token for token."""
     server, _ = vllm_demo
     run_prompts(load_recipe("demo", BASE), tmp_path / "hf", progress=False)
     shutil.copytree(tmp_path / "hf", tmp_path / "vllm")
@@ -55,15 +57,19 @@ def test_regeneration_from_vllm_equals_the_hf_backend(vllm_demo, tmp_path):
     hf = read_sequences(tmp_path / "hf")
     assert stats["backend"] == "server" and len(hf) == 8
     assert read_sequences(tmp_path / "vllm") == hf  # ids, prompt lengths and finished flags, part by part
-    own = run_regenerate(
-        load_recipe("demo", BASE + ["data.backend=vllm"]), tmp_path / "own", progress=False, part_batches=1
-    )
-    assert (own["backend"], own["num_servers"]) == ("vllm", 1)
+    over = ["data.backend=vllm", "vllm.replicas=2"]
+    recipe = load_recipe("demo", BASE + over)
+    own = run_regenerate(recipe, tmp_path / "own", progress=False, part_batches=1)
+    cores = [[int(c) for c in r.devices] for r in replicas(recipe.vllm)]  # this machine's cores, halved
+    assert (own["backend"], own["num_servers"]) == ("vllm", 2)
     assert read_sequences(tmp_path / "own") == hf
-    log = (tmp_path / "own" / "regenerate" / "vllm-server.log").read_text()
-    port = int(re.search(r"http://127\.0\.0\.1:(\d+)", log).group(1))
-    with socket.socket() as s:  # the server is gone: its port binds again
-        s.bind(("127.0.0.1", port))
+    for i in (0, 1):  # each replica answered some of the 8 prompts, and is gone: its port binds again
+        log = (tmp_path / "own" / "regenerate" / f"vllm-server-{i}.log").read_text()
+        assert log.count("POST /v1/completions") >= 2, i
+        assert f"local_rank=0, core ids={cores[i]}" in log  # its own cores (VLLM_CPU_OMP_THREADS_BIND)
+        port = int(re.search(r"http://127\.0\.0\.1:(\d+)", log).group(1))
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
 
 
 def test_eval_server_rows_equal_eyas_rows(vllm_demo, tmp_path):

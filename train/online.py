@@ -45,6 +45,19 @@ class RegeneratedSequences(Dataset):
         }
 
 
+def row_segments(doc: torch.Tensor, lengths: torch.Tensor) -> list[tuple[int, int, int]]:
+    """The sequences of collated (packed) rows.
+
+    doc ids (B, T), valid lengths (B,) -> [(row, start, length)]."""
+    segments = []
+    for b in range(doc.shape[0]):
+        n = int(lengths[b])
+        if n:
+            starts = [0, *(torch.nonzero(doc[b, 1:n] != doc[b, : n - 1]).flatten() + 1).tolist(), n]
+            segments += [(b, s, e - s) for s, e in zip(starts[:-1], starts[1:])]
+    return segments
+
+
 class OnlineTarget:
     """The target with its tap, on this process's device: adds "aux" (B, T, n_aux*H) and "final"
     (B, T, H) to collated batches (`train/packing.collate_rows`) on that device."""
@@ -71,12 +84,7 @@ class OnlineTarget:
             batch["lengths"],
         )  # (B, T), (B, T), (B,) on CPU
         B, T = ids.shape
-        segments = []  # the sequences of the packed rows: (row, start, length)
-        for b in range(B):
-            n = int(lengths[b])
-            if n:
-                starts = [0, *(torch.nonzero(doc[b, 1:n] != doc[b, : n - 1]).flatten() + 1).tolist(), n]
-                segments += [(b, s, e - s) for s, e in zip(starts[:-1], starts[1:])]
+        segments = row_segments(doc, lengths)  # the sequences of the packed rows: (row, start, length)
         batch = {k: v.to(self.device) for k, v in batch.items()}
         aux = torch.zeros(B, T, len(self.tap.layer_ids) * self.hidden, dtype=self.dtype, device=self.device)
         final = torch.zeros(B, T, self.hidden, dtype=self.dtype, device=self.device)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -37,6 +37,7 @@ from eyas.recipes.schema import Recipe
 from .checkpoint import load_draft, save_draft
 from .distributed import accelerator_kwargs, check_deepspeed, configure_fsdp2, full_state_dict, process_state
 from .model import OPTIONS, DraftConfig, Eagle3Draft
+from .online_vllm import ProducerStopped, VllmFeed, feed_stats, start_feed
 from .optim import make_optimizer
 from .packing import PackedRows, collate_rows, cut_note, plan_rows
 from .schedule import MicroBatches, epoch_micro_batches, evaluation_micro_batches, updates_per_epoch
@@ -198,7 +199,8 @@ class TrainData:
 
     dataset: PackedRows  # the training rows (sequences packed up to train.max_length)
     collate: Callable[[list[dict]], dict[str, torch.Tensor]]
-    on_device: Callable[[dict], dict]  # a collated batch onto the device (online: the target's states added)
+    # collated batches -> on the device (online: the target's states added; from vLLM: asked for ahead)
+    stream: Callable[[Iterable[dict]], Iterator[dict]]
     val_ids: list[int]  # the held-out sequences
     val_batches: Callable[[], Iterator[dict]]  # this process's validation batches, on the device
     per_epoch: int  # optimizer steps per epoch
@@ -219,6 +221,7 @@ class Training:
     data: TrainData
     total: int  # optimizer steps
     out_dir: Path  # RUN/train
+    feed: VllmFeed | None = None  # online training from vLLM: the producers' clients (train/online_vllm.py)
     step: int = 0  # optimizer steps done
     tokens: int = 0  # trained on by this process (the main process also carries a resumed state's count)
     last: dict = field(default_factory=dict)  # the last step's log entry
@@ -240,19 +243,24 @@ def run_train(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> dic
         return layout.read_done(run_dir, "train")
     t_start = time.perf_counter()
     t = setup(recipe, run_dir)
-    resume(t)
-    wandb = {"wandb": {"dir": str(t.out_dir)}} if recipe.train.report_to == "wandb" else {}
-    t.acc.init_trackers(recipe.name, config=flat_config(recipe.to_dict()), init_kwargs=wandb)
-    train_steps(t, progress)
-    return finish(t, run_dir, t_start)
+    try:
+        resume(t)
+        wandb = {"wandb": {"dir": str(t.out_dir)}} if recipe.train.report_to == "wandb" else {}
+        t.acc.init_trackers(recipe.name, config=flat_config(recipe.to_dict()), init_kwargs=wandb)
+        train_steps(t, progress)
+        return finish(t, run_dir, t_start)
+    finally:
+        if t.feed is not None:  # online from vLLM: the clients closed, the producers stopped
+            t.feed.close()
 
 
 # ---------------------------------------------------------------- setup
 
 
 def setup(recipe: Recipe, run_dir: Path) -> Training:
-    """Everything training needs, in the order it must be made: the target's heads and (online) the target
-    before the Accelerator, the seeded draft, the data, then the prepared module and optimizer."""
+    """Everything training needs, in the order it must be made: the target's heads and (online in
+    transformers) the target before the Accelerator, (online from vLLM) the producers after it, then
+    `_setup_training`."""
     from accelerate.utils import set_seed
 
     from eyas.data.shards import read_index
@@ -266,11 +274,26 @@ def setup(recipe: Recipe, run_dir: Path) -> Training:
     heads = load_head_weights(recipe.target.model, recipe.target.trust_remote_code)
     state = process_state()
     index = read_index(run_dir / "capture")
-    online = None
-    if index.get("mode") == "online":  # the target runs here; loaded before the Accelerator too
-        online = online_target(recipe, index["aux_layer_ids"], state.device)
+    online = feed = None
+    if index.get("mode") == "online" and index.get("backend", "hf") == "hf":  # the target runs here; loaded
+        online = online_target(recipe, index["aux_layer_ids"], state.device)  # before the Accelerator too
     acc = make_accelerator(tr, out_dir)
     set_seed(tr.seed)
+    if index.get("mode") == "online" and index.get("backend") == "vllm":  # producers: train/online_vllm.py
+        from .online import RegeneratedSequences
+
+        feed = start_feed(recipe, run_dir, index, RegeneratedSequences(run_dir).lengths, acc)
+    try:
+        return _setup_training(recipe, run_dir, acc, heads, index, online, feed, out_dir)
+    except BaseException:
+        if feed is not None:
+            feed.close()
+        raise
+
+
+def _setup_training(recipe, run_dir, acc, heads, index, online, feed, out_dir) -> Training:
+    """setup's second half: the seeded draft, the data, the prepared module and optimizer."""
+    tr = recipe.train
 
     draft = build_draft(recipe, run_dir, heads)
     trainable = draft.num_parameters()  # before prepare: ZeRO-3 partitions them
@@ -290,19 +313,24 @@ def setup(recipe: Recipe, run_dir: Path) -> Training:
     )
     if acc.is_fsdp2:
         configure_fsdp2(acc, draft)
-    data = training_data(tr, run_dir, online, acc)
+    data = training_data(tr, run_dir, online, acc, feed)
     total = tr.max_steps or max(1, math.ceil(tr.epochs * data.per_epoch))
     module, opt, sched, params = prepare(tr, acc, module, total)
-    return Training(recipe, acc, module, opt, sched, params, draft.config, trainable, data, total, out_dir)
+    return Training(
+        recipe, acc, module, opt, sched, params, draft.config, trainable, data, total, out_dir, feed=feed
+    )
 
 
 def online_target(recipe: Recipe, aux_layer_ids: list[int], device: torch.device) -> OnlineTarget:
     """`capture.mode: online`: the target (train/online.py's OnlineTarget), which adds its states to
     each micro-batch as capture would have stored them."""
+    from eyas.data.target import check_fits
+
     from .online import OnlineTarget
 
     t = recipe.target
     c = recipe.capture
+    check_fits(t, "set capture.backend: vllm (vLLM's producers make the states on their own GPUs)")
     return OnlineTarget(t.model, t.dtype, device, aux_layer_ids, c.dtype, c.batch_size, t.trust_remote_code)
 
 
@@ -334,18 +362,27 @@ def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str,
 
 
 def training_data(
-    tr: TrainSection, run_dir: Path, online: OnlineTarget | None, acc: Accelerator
+    tr: TrainSection,
+    run_dir: Path,
+    online: OnlineTarget | None,
+    acc: Accelerator,
+    feed: VllmFeed | None = None,
 ) -> TrainData:
-    """The stored sequences (or, `online`, the regenerated ones the target runs over), split into training
-    rows (packed) and held-out validation sequences, dealt to this process."""
+    """The stored sequences (or, online, the regenerated ones the target runs over: here (`online`) or in
+    vLLM's producers (`feed`)), split into training rows (packed) and held-out validation sequences, dealt to
+    this process."""
     from eyas.data.shards import ShardDataset
 
-    if online is not None:
+    if online is not None or feed is not None:
         from .online import RegeneratedSequences
 
-        sequences, on_device = RegeneratedSequences(run_dir), online
+        sequences = RegeneratedSequences(run_dir)
+        stream = feed.stream if feed is not None else partial(map, online)
     else:
-        sequences, on_device = ShardDataset(run_dir / "capture"), partial(to_device, device=acc.device)
+        sequences, stream = (
+            ShardDataset(run_dir / "capture"),
+            partial(map, partial(to_device, device=acc.device)),
+        )
     train_ids, val_ids = held_out_split(tr, len(sequences))
     lengths = [sequences.lengths[i] for i in train_ids]
     if note := cut_note(lengths, tr.max_length):
@@ -359,10 +396,10 @@ def training_data(
     val_lists = evaluation_micro_batches(len(val_ids), tr.batch_size, acc.num_processes, acc.process_index)
 
     def val_batches() -> Iterator[dict]:
-        return map(on_device, MicroBatches(val_rows, val_lists, collate))
+        return stream(MicroBatches(val_rows, val_lists, collate))
 
     per_epoch = updates_per_epoch(len(dataset), tr.batch_size, tr.grad_accum, acc.num_processes)
-    return TrainData(dataset, collate, on_device, val_ids, val_batches, per_epoch)
+    return TrainData(dataset, collate, stream, val_ids, val_batches, per_epoch)
 
 
 def prepare(
@@ -426,24 +463,38 @@ def train_steps(t: Training, progress: bool) -> None:
     skip = (t.step % t.data.per_epoch) * tr.grad_accum  # this rank's micro-batches of a resumed epoch, done
     with StopRequest() as stop:
         t.module.train()
-        while t.step < t.total:
-            loader = epoch_loader(t, epoch, skip)
-            skip = 0
-            for batch in loader:
-                batch = t.data.on_device(batch)  # (online: the target's states added)
-                out = micro_batch(t, batch)
-                n_tok = int(batch["lengths"].sum())
-                t.tokens += n_tok
-                if n_tok:
-                    outs.append(out)
-                if not acc.sync_gradients:
-                    continue
-                end_step(t, epoch, outs, bar, stop)
-                outs = []
-                if t.step >= t.total:
-                    break
-            epoch += 1
+        try:
+            while t.step < t.total:
+                loader = epoch_loader(t, epoch, skip)
+                skip = 0
+                for batch in t.data.stream(loader):  # on the device (online: the target's states added)
+                    out = micro_batch(t, batch)
+                    n_tok = int(batch["lengths"].sum())
+                    t.tokens += n_tok
+                    if n_tok:
+                        outs.append(out)
+                    if not acc.sync_gradients:
+                        continue
+                    end_step(t, epoch, outs, bar, stop)
+                    outs = []
+                    if t.step >= t.total:
+                        break
+                epoch += 1
+        except ProducerStopped as e:
+            raise producer_stopped(t, e) from None
     bar.close()
+
+
+def producer_stopped(t: Training, e: Exception) -> Exception:
+    """Online training from vLLM lost a producer mid-step: one process saves the state at the last finished
+    step (the step it was on is redone on resume); several processes cannot all reach a save (the others
+    wait in a collective), so they resume from the last saved state (train.save_every)."""
+    if t.acc.num_processes == 1:
+        save_state(t.acc, t.state_dir, t.step, t.tokens)
+        return ProducerStopped(
+            f"{e}; the training state at step {t.step}/{t.total} is saved: re-run to resume"
+        )
+    return ProducerStopped(f"{e}; re-run to resume from the last saved state (train.save_every)")
 
 
 def epoch_loader(t: Training, epoch: int, skip: int) -> DataLoader:
@@ -559,6 +610,7 @@ def finish(t: Training, run_dir: Path, t_start: float) -> dict:
         "global_batch_rows": acc.num_processes * tr.grad_accum * tr.batch_size,
         "validation": val,
         "val_sequences": len(t.data.val_ids),
+        "online": feed_stats(t.feed),  # from vLLM: micro-batches fed, how many training waited for
     }
     save_state(acc, t.state_dir, t.step, t.tokens)
     if acc.is_main_process:

@@ -15,19 +15,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from eyas.data.target import count_target, stored_as_mxfp4
 from eyas.errors import as_input
 from eyas.plan.cost import (
     GPUS,
     Assumptions,
     Plan,
+    allreduce,
     capture_bytes_per_token,
     count_draft,
-    count_target,
+    online_split,
     parse_gpus,
     target_config,
     target_replicas,
     throughputs,
     training_memory,
+    vllm_replicas,
 )
 from eyas.plan.report import render
 from eyas.plan.tokens import TurnCount, conversation_tokens
@@ -114,10 +117,20 @@ def plan(recipe: Recipe, gpus: str, run_dir: str | Path | None = None, a: Assump
     tokens = w.sequences * (w.prompt + w.new)
     bpt = capture_bytes_per_token(recipe, cfg, len(draft.config.aux_layer_ids))
     static, act = training_memory(recipe, cfg, draft, a)
-    replicas, per_replica = target_replicas(recipe, target, n_gpu, mem_gb)
+    vllm_held = (
+        target.bytes_mxfp4 if stored_as_mxfp4(cfg) else target.bytes_bf16
+    )  # as vLLM runs the checkpoint
+    replicas, per_replica, replica_fits = vllm_replicas(recipe, vllm_held, n_gpu, mem_gb)
+    if "vllm" not in (recipe.data.backend, recipe.capture.backend):
+        replicas, per_replica = target_replicas(recipe, target, n_gpu, mem_gb)
     regen_tok_s, capture_tok_s, train_tok_s = throughputs(
         recipe, cfg, target, w.measured, a, kind, n_gpu, replicas
     )
+    tr = recipe.train
+    row = tr.max_length if tr.pack else min(tr.max_length, w.prompt + w.new)
+    grads, allreduce_s = allreduce(draft.trainable, n_gpu, kind)
+    tp = recipe.vllm.tensor_parallel_size
+    online = online_split(n_gpu, tp, capture_tok_s / replicas, train_tok_s / n_gpu, tr.epochs * tokens)
     return Plan(
         gpus=f"{n_gpu}x{kind}",
         gpu_memory_gb=mem_gb,
@@ -129,6 +142,7 @@ def plan(recipe: Recipe, gpus: str, run_dir: str | Path | None = None, a: Assump
             "mxfp4": target.bytes_mxfp4 / n_gpu / 1e9,
             "bf16": target.bytes_bf16 / n_gpu / 1e9,
         },
+        replica_fits=replica_fits,
         conversations=w.conversations,
         sequences=round(w.sequences),
         mean_tokens=w.prompt + w.new,
@@ -147,6 +161,12 @@ def plan(recipe: Recipe, gpus: str, run_dir: str | Path | None = None, a: Assump
         train_s=recipe.train.epochs * tokens / train_tok_s,
         train_tok_s=train_tok_s,
         measured=sorted(k for k, v in w.measured.items() if v),
+        read_bytes_s=capture_bytes_per_token(recipe, cfg, len(draft.config.aux_layer_ids), True)
+        * train_tok_s,
+        allreduce_bytes=grads,
+        allreduce_s=allreduce_s,
+        step_s=n_gpu * tr.batch_size * tr.grad_accum * row / train_tok_s,
+        online=online,
         assumptions=a,
         turns=w.turns,
         stages_measured=w.stages_measured,

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from eyas.data.target import TargetCount
 from eyas.plan.tokens import TurnCount
 
 if TYPE_CHECKING:
@@ -25,6 +26,8 @@ if TYPE_CHECKING:
 
 # name: (memory GB, dense bf16 TFLOP/s) -- vendor datasheets (SXM parts)
 GPUS = {"H100": (80, 989), "H200": (141, 989), "B200": (180, 2250), "A100": (80, 312)}
+# name: NVLink GB/s each way per GPU -- vendor datasheets (NVLink 4: 900 GB/s both ways; 5: 1.8 TB/s; 3: 600)
+NVLINK_GB_S = {"H100": 450, "H200": 450, "B200": 900, "A100": 300}
 
 # the hub configs of the gpt-oss targets (openai/gpt-oss-120b, -20b config.json), for planning offline
 KNOWN_TARGETS = {
@@ -42,6 +45,16 @@ GPT_OSS_SHARED = dict(
     sliding_window=128,
     max_position_embeddings=131072,
     tie_word_embeddings=False,
+    # the hub checkpoints store the MoE experts in MXFP4, everything else in bf16
+    quantization_config={
+        "quant_method": "mxfp4",
+        "modules_to_not_convert": [
+            "model.layers.*.self_attn",
+            "model.layers.*.mlp.router",
+            "model.embed_tokens",
+            "lm_head",
+        ],
+    },
     rope_parameters={
         "rope_type": "yarn",
         "factor": 32.0,
@@ -52,8 +65,6 @@ GPT_OSS_SHARED = dict(
         "rope_theta": 150000.0,
     },
 )
-
-MXFP4_BYTES = 4.25 / 8  # e2m1 values (4 bits) + one e8m0 scale byte per 32
 
 
 @dataclass
@@ -83,22 +94,23 @@ class Assumptions:
 
 
 @dataclass
-class TargetCount:
-    """The target's parameters, and the bytes its weights take."""
-
-    params: int
-    expert_params: int  # the MoE experts' weight matrices (what gpt-oss stores in MXFP4)
-    bytes_mxfp4: float  # the experts in MXFP4, the rest in bf16
-    bytes_bf16: int
-
-
-@dataclass
 class DraftCount:
     """The draft's parameters: trainable, and frozen (the target's embedding)."""
 
     trainable: int
     frozen: int
     config: DraftConfig
+
+
+@dataclass
+class OnlineSplit:
+    """Online training from vLLM (capture.mode: online, capture.backend: vllm): the producer : trainer split
+    of the GPUs that trains fastest, and what it comes to."""
+
+    producer_gpus: int  # vLLM replicas x vllm.tensor_parallel_size
+    trainer_gpus: int
+    tok_s: float  # trained tokens/s: the slower of what the producers make and what the trainers take
+    train_s: float  # every epoch runs the target's forward again
 
 
 @dataclass
@@ -113,6 +125,7 @@ class Plan:
     draft_trainable: int
     draft_frozen: int
     target_gb_per_gpu: dict[str, float]  # {"mxfp4": GB, "bf16": GB}: the weights spread over every GPU
+    replica_fits: bool  # a vLLM replica's weights fit its GPUs (vllm.tensor_parallel_size) with 10% headroom
     conversations: int | None  # None: every prompt of the sources, not known before the prompts stage
     sequences: int  # answered turns
     mean_tokens: float  # per sequence: prompt + generated
@@ -131,6 +144,11 @@ class Plan:
     train_s: float
     train_tok_s: float
     measured: list[str]  # the rates --run measured: capture_tok_s, regen_tok_s, train_tok_s
+    read_bytes_s: float  # offline training reads the capture this fast at train_tok_s
+    allreduce_bytes: float  # DDP: the fp32 gradients all-reduced each optimizer step
+    allreduce_s: float  # ring all-reduce over NVLink (the datasheet bandwidth, each way)
+    step_s: float  # one optimizer step at train_tok_s
+    online: OnlineSplit | None  # online training from vLLM on these GPUs; None on one GPU
     assumptions: Assumptions
     turns: TurnCount | None  # counted from --run's prompts stage
     stages_measured: list[str]  # --run's finished stages the figures come from
@@ -160,22 +178,6 @@ def target_config(recipe: Recipe) -> tuple[PretrainedConfig, str]:
         return GptOssConfig(**GPT_OSS_SHARED, **KNOWN_TARGETS[name]), "eyas's built-in copy of its hub config"
 
 
-def count_target(cfg: PretrainedConfig) -> TargetCount:
-    """Parameters of the target, built on the meta device: total, MoE experts' weight matrices (what
-    gpt-oss stores in MXFP4), and bytes in MXFP4 and in bf16."""
-    from transformers import AutoModelForCausalLM
-
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(cfg)
-    total = experts = 0
-    for name, p in model.named_parameters():
-        total += p.numel()
-        if ".experts." in name and not name.endswith("_bias") and p.dim() == 3:
-            experts += p.numel()
-    mxfp4 = experts * MXFP4_BYTES + (total - experts) * 2
-    return TargetCount(params=total, expert_params=experts, bytes_mxfp4=mxfp4, bytes_bf16=2 * total)
-
-
 def count_draft(recipe: Recipe, cfg: PretrainedConfig) -> DraftCount:
     """Parameters of the draft the recipe trains on this target, built on the meta device."""
     from eyas.data.target import text_config
@@ -195,15 +197,16 @@ def count_draft(recipe: Recipe, cfg: PretrainedConfig) -> DraftCount:
     )
 
 
-def capture_bytes_per_token(recipe: Recipe, cfg: PretrainedConfig, n_aux: int) -> int:
-    """Stored capture bytes per token (0 for online capture: nothing is stored)."""
+def capture_bytes_per_token(recipe: Recipe, cfg: PretrainedConfig, n_aux: int, offline: bool = False) -> int:
+    """Stored capture bytes per token (0 for online capture: nothing is stored, unless `offline`: what an
+    offline capture in the recipe's formats would store)."""
     from eyas.data.compact import bytes_per_token
 
     c = recipe.capture
     dtype_bytes = 4 if c.dtype == "float32" else 2
     return (
         0
-        if c.mode == "online"
+        if c.mode == "online" and not offline
         else bytes_per_token(n_aux, cfg.hidden_size, c.aux_format, c.teacher, c.teacher_topk, dtype_bytes)
     )
 
@@ -224,6 +227,37 @@ def training_memory(
     # measured at gpt-oss-120b draft dims: hidden 2880, intermediate 17280
     scale = (2 * draft.config.hidden_size + draft.config.intermediate_size) / (2 * 2880 + 17280)
     return static, per_ts * scale * tr.max_length * tr.batch_size * tr.ttt_steps
+
+
+def vllm_replicas(recipe: Recipe, held_bytes: float, n_gpu: int, gpu_memory_gb: int) -> tuple[int, int, bool]:
+    """vLLM's replicas from the recipe's `vllm` section on `n_gpu` GPUs (every GPU where vllm.devices is
+    unset) -> (replicas, GPUs per replica, whether `held_bytes` fits a replica's GPUs with 10% headroom)."""
+    v = recipe.vllm
+    tp = v.tensor_parallel_size
+    devices = len(v.devices) if v.devices is not None else n_gpu
+    return v.replicas or max(devices // tp, 1), tp, held_bytes <= tp * 0.9 * gpu_memory_gb * 1e9
+
+
+def online_split(n_gpu: int, tp: int, replica_tok_s: float, gpu_train_tok_s: float, tokens_all_epochs: float):
+    """The producer : trainer split of `n_gpu` GPUs (producers in replicas of `tp` GPUs, each making
+    `replica_tok_s`; trainers taking `gpu_train_tok_s` each) that trains fastest -> OnlineSplit, or None
+    where no split leaves a GPU to each side."""
+    best = None
+    for p in range(1, n_gpu // tp + 1):
+        trainers = n_gpu - p * tp
+        if trainers < 1:
+            break
+        rate = min(p * replica_tok_s, trainers * gpu_train_tok_s)
+        if best is None or rate > best.tok_s:
+            best = OnlineSplit(p * tp, trainers, rate, tokens_all_epochs / rate)
+    return best
+
+
+def allreduce(trainable: int, n_gpu: int, kind: str) -> tuple[float, float]:
+    """DDP's gradient all-reduce each optimizer step: (fp32 gradient bytes, seconds of a ring all-reduce
+    over NVLink: each GPU sends and receives 2 (n-1)/n of them)."""
+    grads = 4 * trainable
+    return grads, 2 * (n_gpu - 1) / n_gpu * grads / (NVLINK_GB_S[kind] * 1e9) if n_gpu > 1 else 0.0
 
 
 def target_replicas(recipe: Recipe, target: TargetCount, n_gpu: int, gpu_memory_gb: int) -> tuple[int, int]:

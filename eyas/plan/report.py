@@ -74,15 +74,61 @@ def resource_lines(recipe: Recipe, p: Plan) -> list[str]:
         f"gradients, AdamW, embedding, teacher lm_head + {p.train_activation_gb:,.1f} GB activations at "
         f"max_length {tr.max_length} x batch {tr.batch_size} x TTT {tr.ttt_steps}"
         f"{' (checkpoint_layer)' if tr.checkpoint_layer else ''}: {fits(p, p.train_gb_per_gpu)}",
-        f"target replicas: {p.replicas} of {p.gpus_per_replica} GPU(s) each "
-        f"({'bf16' if recipe.target.weights == 'dequantized' else 'MXFP4'}, 10% headroom), one per "
-        f"{'regeneration shard' if backend == 'hf' else 'server of the fleet'} and per capture shard "
-        f"(`eyas regenerate|capture --shard I/N`, or torchrun)",
+        replicas_line(recipe, p),
         f"time: regeneration {hours(p.regen_s)} at {p.regen_tok_s:,.0f} tok/s ({source(p, 'regen_tok_s')}, "
         f"data.backend {backend}), "
         f"capture {hours(p.capture_s)} at {p.capture_tok_s:,.0f} tok/s ({source(p, 'capture_tok_s')}), "
         f"training {hours(p.train_s)} for {tr.epochs} epoch(s) at {p.train_tok_s:,.0f} tok/s "
         f"({'measured in --run' if 'train_tok_s' in p.measured else 'from the H100 step measurement'})",
+    ]
+
+
+def replicas_line(recipe: Recipe, p: Plan) -> str:
+    """How many replicas of the target regenerate and capture, on how many GPUs each."""
+    backends = (recipe.data.backend, recipe.capture.backend)
+    if "vllm" in backends:
+        used = " and ".join(
+            f"{stage} ({key}.backend vllm)"
+            for stage, key, b in zip(("regeneration", "capture"), ("data", "capture"), backends)
+            if b == "vllm"
+        )
+        fit = "fits" if p.replica_fits else "does NOT fit: raise vllm.tensor_parallel_size"
+        return (
+            f"target replicas: {p.replicas} vLLM engine(s) of {p.gpus_per_replica} GPU(s) each (the vllm "
+            f"section; the checkpoint as stored: {fit} with 10% headroom) for {used}"
+        )
+    return (
+        f"target replicas: {p.replicas} of {p.gpus_per_replica} GPU(s) each "
+        f"({'bf16' if recipe.target.weights == 'dequantized' else 'MXFP4'}, 10% headroom), one per "
+        f"{'regeneration shard' if backends[0] == 'hf' else 'server of the fleet'} and per capture shard "
+        f"(`eyas regenerate|capture --shard I/N`, or torchrun)"
+    )
+
+
+def limits_lines(recipe: Recipe, p: Plan) -> list[str]:
+    """What limits a run on these GPUs: the storage offline training reads and how fast, the gradient
+    all-reduce per step, the online alternative, and which of offline / online is faster."""
+    tr, o = recipe.train, p.online
+    per_token = p.read_bytes_s / p.train_tok_s  # an offline capture's bytes per token
+    none = " (capture.mode: online stores none)" if recipe.capture.mode == "online" else ""
+    lines = [
+        f"storage: an offline capture {per_token * p.tokens / 1e12:,.2f} TB{none}; offline training reads it "
+        f"at {p.read_bytes_s / 1e9:,.2f} GB/s ({per_token:,.0f} bytes/token at {p.train_tok_s:,.0f} tok/s)",
+        f"all-reduce (DDP): {p.allreduce_bytes / 1e9:,.2f} GB of fp32 gradients per optimizer step, "
+        f"{p.allreduce_s * 1e3:,.1f} ms by ring over NVLink (datasheet bandwidth) against a "
+        f"{p.step_s:,.2f} s step ({p.allreduce_s / p.step_s:.1%})",
+    ]
+    if o is None:
+        return lines
+    offline_s = p.capture_s + p.train_s
+    faster = "offline" if offline_s <= o.train_s else "online"
+    given = f", given storage that reads {p.read_bytes_s / 1e9:,.2f} GB/s" if faster == "offline" else ""
+    return lines + [
+        f"online from vLLM (capture.mode: online, capture.backend: vllm): {o.producer_gpus} producer GPU(s) "
+        f"(vllm.devices) : {o.trainer_gpus} trainer GPU(s), {o.tok_s:,.0f} tok/s: training "
+        f"{hours(o.train_s)} for {tr.epochs} epoch(s) (the target's forward every epoch), nothing stored",
+        f"offline or online on {p.gpus}: offline {hours(offline_s)} (capture {hours(p.capture_s)} + training "
+        f"{hours(p.train_s)}), online {hours(o.train_s)}: {faster} is faster{given}",
     ]
 
 
@@ -127,7 +173,7 @@ def assumption_lines(recipe: Recipe, p: Plan) -> list[str]:
         f"GPUs; capture at {a.capture_mfu:.0%} MFU of the target's active parameters per replica; "
         f"regeneration per H100 replica {a.regen_tok_s_hf_h100:.0f} generated tok/s with HF generate, "
         f"{a.regen_tok_s_server_h100:,.0f} through a vLLM/SGLang server (neither measured by eyas at this "
-        "size)",
+        "size); all-reduce at the datasheet NVLink bandwidth each way (what NCCL reaches at best)",
     ]
 
 
@@ -138,6 +184,7 @@ def render(recipe: Recipe, p: Plan) -> str:
             *target_lines(recipe, p),
             data_line(recipe, p),
             *resource_lines(recipe, p),
+            *limits_lines(recipe, p),
             *assumption_lines(recipe, p),
         ]
     )

@@ -69,6 +69,7 @@ class VllmServer:
         max_model_len: int | None = None,
         extra_args: tuple[str, ...] = (),
         log_path: str | Path | None = None,
+        env: dict[str, str] | None = None,
     ):
         self.target, self.draft, self.k = str(target), draft, k
         self.args = ["--dtype", dtype, *extra_args]  # max_model_len None: the target config's
@@ -76,6 +77,7 @@ class VllmServer:
         self.log_path = (
             Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="vllm-", suffix=".log")[1])
         )
+        self.env = dict(env or {})  # e.g. CUDA_VISIBLE_DEVICES: the replica's devices (vllm_fleet.py)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
@@ -93,31 +95,45 @@ class VllmServer:
         spec = speculative_config(self.draft, self.k)
         return cmd + (["--speculative-config", json.dumps(spec)] if spec else [])
 
-    def start(self, timeout_s: float = START_TIMEOUT_S) -> VllmServer:
+    def launch(self) -> None:
+        """Start the server process (its own process group, output to the log); wait_ready() waits for it."""
         python = require_vllm("a vLLM server")
-        env = vllm_environ()
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
-                self.command(python), stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+                self.command(python),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**vllm_environ(), **self.env},
+                start_new_session=True,
             )
-        deadline = time.monotonic() + timeout_s
+
+    def wait_ready(self, deadline: float, who: str | None = None) -> None:
+        """Until /health answers 200; VllmRefused if vLLM exits first, RunError (server stopped) at
+        `deadline` (time.monotonic())."""
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 what = f"the draft {self.draft}" if self.draft else f"the target {self.target}"
                 raise VllmRefused(
-                    f"vLLM exited at start (exit {self.proc.returncode}) serving {what}: "
-                    f"{last_error(self.log())} (full log: {self.log_path})"
+                    f"vLLM{' ' + who if who else ''} exited at start (exit {self.proc.returncode}) serving "
+                    f"{what}: {self.last_error()} (full log: {self.log_path})"
                 )
             try:
                 if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    return self
+                    return
             except httpx.HTTPError:
                 pass
             time.sleep(0.5)
         self.stop()
-        raise RunError(
-            f"vLLM did not answer {self.url}/health within {timeout_s:.0f} s (log: {self.log_path})"
-        )
+        raise RunError(f"vLLM did not answer {self.url}/health in time (log: {self.log_path})")
+
+    def start(self, timeout_s: float = START_TIMEOUT_S) -> VllmServer:
+        self.launch()
+        self.wait_ready(time.monotonic() + timeout_s)
+        return self
+
+    def last_error(self) -> str:
+        return last_error(self.log())
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
