@@ -8,7 +8,10 @@ For every benchmark x temperature x concurrency x draft x shape (chain k or tree
       TTFT / ITL / TPOT percentiles;
     - the same engine without a draft, at the same concurrency and temperature: the baseline;
     - at temperature 0 every output is checked token for token against the target's plain greedy
-      output (Hugging Face `generate`): `lossless`.
+      output (Hugging Face `generate`); where one parts from it, the target is computed again at that
+      token the loop's way and plain decoding's (eval/verdict.py): `lossless` unless a parting is a
+      failure (the target, computed the loop's way, would not emit the loop's token); partings where
+      the target's own computations disagree (bf16) are counted as numerical, with their gaps.
 Then a cost model fitted to every iteration predicts each k / tree at each concurrency and
 recommends one (eval/advice.py). Writes RUN/report.json, RUN/report.md and the PNG plots.
 
@@ -352,7 +355,10 @@ def measure_point(
             eng = Engine(model, draft, shape, max_batch=c, eos_ids=eos, profile=True)
             res = run_engine(eng, point.prompts, point.params, c, bar)
             eng.close()
-            sweep.results.append(result_entry(name, bench, "eyas", c, temp, shape, res, base, point.refs))
+            entry = result_entry(name, bench, "eyas", c, temp, shape, res, base, point.refs)
+            if entry["num_mismatched"]:  # where they part: numerics of the target's shapes, or a failure
+                entry.update(classified(model, point, res, shape.num_draft_tokens))
+            sweep.results.append(entry)
             sweep.cost_runs.append({"shape": shape, "steps": res.steps})
     for name, url in settings.servers:
         from eyas.eval.server_client import run_server  # httpx and prometheus_client: only when asked
@@ -362,6 +368,20 @@ def measure_point(
         sweep.results.append(
             result_entry(name, bench, engine_name, c, temp, None, res, None, point.refs, depth, acc)
         )
+
+
+def classified(model: torch.nn.Module, point: Point, res: LoadResult, width: int) -> dict:
+    """A greedy row's partings from the target's greedy outputs, each classified (eval/verdict.py): lossless
+    with no failure; the numerical ones counted, with their gaps."""
+    from eyas.eval.verdict import verdict
+
+    numerical, failures, partings = verdict(model, point.prompts, res.outputs, point.refs, res.emitted, width)
+    return {
+        "lossless": failures == 0,
+        "numerical_partings": numerical,
+        "failures": failures,
+        "partings": partings,
+    }
 
 
 def build_report(

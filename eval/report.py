@@ -26,7 +26,8 @@ def report_markdown(r: dict) -> str:
         f"- acceptance length τ = **{_f(r['acceptance_length'], 3)}** ({shape_label(r['results'][0])}, "
         f"{r['num_prompts']} prompts): vLLM's definition, 1 + accepted drafts / verifications",
         f"- lossless: {lossless} (at temperature 0, every speculative output == the target's plain greedy "
-        "output, token for token)",
+        "output, token for token, or parts from it only where the target's own computations disagree)"
+        + partings_note(r),
         f"- target mean next-token entropy on its greedy outputs: {_f(r['target_entropy'], 3)} nats",
         "",
         *results_table(r["results"]),
@@ -44,6 +45,20 @@ def report_markdown(r: dict) -> str:
     lines += ["| stage | wall time (s) |", "|---|---|"]
     lines += [f"| {s_} | {t_} |" for s_, t_ in r["stage_times"].items()]
     return "\n".join(lines) + "\n"
+
+
+def partings_note(r: dict) -> str:
+    """'; 2 numerical partings (gaps 0.06, 0.12), 0 failures' over every greedy row, or nothing."""
+    rows = [x for x in r["results"] if x.get("partings") is not None]
+    if not rows:
+        return ""
+    numerical = [p for x in rows for p in x["partings"] if p["kind"] == "numerical"]
+    failures = sum(x["failures"] for x in rows)
+    gaps = ", ".join(f"{p['gap']:.3g}" for p in numerical[:8]) + (", ..." if len(numerical) > 8 else "")
+    return (
+        f"; {len(numerical)} numerical parting(s) (plain decoding's lead of its token over the loop's: "
+        f"{gaps or '—'}), {failures} failure(s) (eval/verdict.py)"
+    )
 
 
 def results_table(results: list[dict]) -> list[str]:
@@ -65,6 +80,7 @@ def results_table(results: list[dict]) -> list[str]:
     for x in results:
         pp = ", ".join(f"{a:.2f}" for a in x["per_position_acceptance"])
         ll = {True: "yes", False: "**no**", None: "—"}[x["lossless"]]
+        ll += f" ({x['numerical_partings']} numerical)" if x.get("numerical_partings") else ""
         lines.append(
             f"| {x['draft']} | {x['engine']} | {x['benchmark']} | {x['temperature']:g} | {x['concurrency']} "
             f"| {shape_label(x)} | {_f(x['acceptance_length'], 3)} "

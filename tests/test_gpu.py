@@ -23,33 +23,29 @@ pytestmark = [
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_lossless_on_cuda(dtype):
     """fp32: exactly plain greedy decoding. bf16: the verification forward (k+1 positions at once)
-    rounds differently from one-token decoding, so the two may part at a near-tie of the target's
-    top two logits, and only there: up to its first difference each output equals greedy, and at
-    that difference the target's top-2 gap is within bf16 rounding (0.125 on logits of about 9)."""
+    rounds differently from one-token decoding, so outputs may part from greedy where the target's top two
+    logits are close; every parting must be numerical (eval/verdict.py: the target computed the loop's
+    way ranks the loop's token first), none a failure. (An H200 once parted at a plain-decoding gap of
+    0.656, past the fixed near-tie bound of 0.125 this test used to allow.)"""
+    from eyas.eval.verdict import verdict
+
     target = tiny_gpt_oss(seed=0, layers=4, hidden=64, window=8)
     draft = draft_for(target, 0).to("cuda", dtype)
     target = target.to("cuda", dtype)
     prompts = [list(range(2, 2 + 20 + i)) for i in range(4)]
     refs = [greedy_generate(target, p, max_new_tokens=32)[0] for p in prompts]
-    parted = 0
     for shape in (TreeShape.chain(1), TreeShape.chain(3), TreeShape.chain(5), TreeShape(3, 2, 6)):
         eng = Engine(target, draft, shape, max_batch=4)
         reqs = eng.run([Request(p, SamplingParams(temperature=0, max_tokens=32)) for p in prompts])
+        outs = [r.tokens for r in reqs]
         if dtype == torch.float32:
-            assert [r.tokens for r in reqs] == refs, shape
+            assert outs == refs, shape
             continue
-        for p, r, ref in zip(prompts, reqs, refs):
-            assert len(r.tokens) == len(ref) == 32
-            first = next((i for i, (a, b) in enumerate(zip(r.tokens, ref)) if a != b), None)
-            if first is None:
-                continue
-            parted += 1
-            with torch.no_grad():
-                logits = target(torch.tensor([p + ref[:first]], device="cuda")).logits[0, -1].float()
-            top2 = logits.topk(2).values
-            assert (top2[0] - top2[1]).item() <= 0.125, (shape, first, top2.tolist())
-            assert {r.tokens[first], ref[first]} <= set(logits.topk(2).indices.tolist()), (shape, first)
-    print(f"bf16 outputs parting from greedy at a near-tie: {parted} of 16" if dtype != torch.float32 else "")
+        numerical, failures, partings = verdict(
+            target, prompts, outs, refs, [r.emitted for r in reqs], shape.num_draft_tokens
+        )
+        print(f"bf16 {shape.label}: {numerical} numerical partings {partings}")
+        assert failures == 0, partings
 
 
 def test_ttt_matches_chain_on_cuda():

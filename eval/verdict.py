@@ -1,0 +1,140 @@
+"""The loop's lossless verdict where the target computes in bf16: a parting classified, not just counted.
+
+Greedy speculative decoding must emit exactly the target's plain greedy output. In fp32 it does, token for
+token. In bf16 it may not, with no bug anywhere: the loop computes every token's logits and cache entries
+in forwards of (k+1) tokens, plain decoding in forwards of one, and bf16 rounds the two differently (on a
+CPU a one-row matmul takes another kernel than a several-row one). Where the top two logits are close,
+the two computations can pick different tokens, and the outputs part there. So at the first token where a
+speculative output parts from the greedy reference, the target is computed again at that token
+(`computations`):
+
+    plain          as plain decoding ran: the prompt prefilled, then one token per forward (its argmax
+                   is the reference's token)
+    verification   the loop's way: everything before the verification that emitted the token prefilled,
+                   then one forward of the verification's width (k + 1; a tree's node count, in a row)
+    stepped        from that prefill, the verification's tokens one per forward (the one-token step)
+
+    numerical   the target computed the loop's way (verification), or stepped from the same prefill,
+                ranks the loop's token first: the target's own computations disagree there
+    failure     neither does: the target would not have emitted that token
+
+`gap` is plain decoding's lead of its token over the loop's (logits), `shift` how far the verification's
+way moves that margin. The report says lossless only with no failure, and gives the numerical partings with
+their gaps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+from eyas.data.target import input_device
+
+
+@dataclass
+class Parting:
+    prompt: int  # index of the prompt in its benchmark
+    at: int  # index of the first differing generated token
+    loop_token: int | None  # None: the loop's output ended there
+    greedy_token: int | None
+    gap: float | None  # one-token step: logit(greedy token) - logit(loop token)
+    shift: float | None  # verification shape's margin - one-token step's margin
+    kind: str  # "numerical" | "failure"
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """The first index where two outputs differ (one ending first counts), None when equal."""
+    if a == b:
+        return None
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def round_start(emitted: list[int], at: int) -> int:
+    """The generated index of the first token the verification that emitted token `at` emitted (0: the
+    prefill's token). `emitted`: tokens per verification, in order; token 0 comes from the prefill."""
+    start = 1
+    for e in emitted:
+        if at < start + e:
+            return start
+        start += e
+    return start
+
+
+@torch.no_grad()
+def _logits(model, cache, ids: list[int], start: int) -> tuple[torch.Tensor, object]:
+    """One forward of `ids` at positions start.. after `cache` -> (fp32 logits (len(ids), V), the cache)."""
+    dev = input_device(model)
+    x = torch.tensor([ids], device=dev)
+    pos = torch.arange(start, start + len(ids), device=dev)[None]
+    out = model(input_ids=x, position_ids=pos, past_key_values=cache, use_cache=True)
+    return out.logits[0].float(), out.past_key_values
+
+
+def _one_at_a_time(model, context: list[int], prefill: int, upto: int) -> torch.Tensor:
+    """Logits (V,) after context[:upto]: a prefill of context[:prefill], then one token per forward."""
+    logits, cache = _logits(model, None, context[:prefill], 0)
+    for j in range(prefill, upto):
+        logits, cache = _logits(model, cache, [context[j]], j)
+    return logits[-1]
+
+
+def computations(
+    model, prompt: list[int], output: list[int], at: int, start: int, width: int
+) -> dict[str, torch.Tensor]:
+    """The target's next-token logits (V,) for generated token `at`, computed three ways:
+
+    plain          as plain greedy decoding ran: the prompt prefilled, then one token per forward
+    verification   the loop's way: everything before the verification that emitted token `at` (it began
+                   at generated token `start`) prefilled, then one forward of `width` tokens: the fed
+                   tokens up to `at`, then the output's next tokens (past its end, its last one again)
+    stepped        from that same prefill, the fed tokens one per forward (the one-token step)"""
+    context, end = prompt + output, len(prompt) + at
+    plain = _one_at_a_time(model, context, len(prompt), end)
+    before = len(prompt) + start - 1 if at else len(prompt) - 1  # the fed tokens begin here
+    if at == 0:  # the prefill emitted it: the prompt in one forward
+        verification = _logits(model, None, prompt, 0)[0][-1]
+    else:
+        block = context[before : before + width]
+        block += block[-1:] * (width - len(block))
+        _, cache = _logits(model, None, context[:before], 0)
+        verification = _logits(model, cache, block, before)[0][end - 1 - before]
+    return {
+        "plain": plain,
+        "verification": verification,
+        "stepped": _one_at_a_time(model, context, before, end),
+    }
+
+
+def classify(
+    model, prompt: list[int], output: list[int], reference: list[int], emitted: list[int], width: int, index=0
+) -> Parting | None:
+    """The parting of a greedy speculative `output` from the greedy `reference` (None: equal)."""
+    at = first_difference(output, reference)
+    if at is None:
+        return None
+    mine = output[at] if at < len(output) else None
+    theirs = reference[at] if at < len(reference) else None
+    if mine is None or theirs is None:  # one output ended where the other went on: the loop stopped wrongly
+        return Parting(index, at, mine, theirs, None, None, "failure")
+    ways = computations(model, prompt, output, at, round_start(emitted, at), width)
+    margins = {k: float(v[mine] - v[theirs]) for k, v in ways.items()}
+    own = any(int(ways[k].argmax()) == mine for k in ("verification", "stepped"))
+    kind = "numerical" if own else "failure"
+    return Parting(
+        index, at, mine, theirs, -margins["plain"], margins["verification"] - margins["plain"], kind
+    )
+
+
+def verdict(model, prompts, outputs, references, emitted, width: int) -> tuple[int, int, list[dict]]:
+    """Every prompt's parting, classified -> (numerical partings, failures, the partings as dicts)."""
+    found = [
+        p
+        for i, (pr, o, r, e) in enumerate(zip(prompts, outputs, references, emitted))
+        if (p := classify(model, pr, o, r, e, width, i)) is not None
+    ]
+    return (
+        sum(p.kind == "numerical" for p in found),
+        sum(p.kind == "failure" for p in found),
+        [asdict(p) for p in found],
+    )

@@ -1,0 +1,87 @@
+"""The greedy loop's verdict in bf16 (eval/verdict.py): where a speculative output parts from plain greedy
+decoding, the parting is classified from the target computed again at that token, numerical (the target's
+own computations disagree there) or a failure (the target would not emit the loop's token)."""
+
+import pytest
+import torch
+from tiny_targets import draft_for, tiny_gpt_oss
+
+from eyas.eval.load import run_engine
+from eyas.eval.report import partings_note
+from eyas.eval.verdict import classify, verdict
+from eyas.serve.decoding.engine import Engine
+from eyas.serve.decoding.reference import greedy_generate
+from eyas.serve.decoding.sampling import SamplingParams
+from eyas.serve.decoding.tree import TreeShape
+
+K, T = 3, 48
+
+
+@pytest.fixture(scope="module")
+def demo_target_bf16():
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from eyas.data.chat import render_prompt
+    from eyas.data.target import resolve_path
+
+    path = resolve_path("eyas-demo")
+    target = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval()
+    prompt = render_prompt(
+        AutoTokenizer.from_pretrained(path), [{"role": "user", "content": "What is 17 + 25?"}]
+    )
+    return target, prompt
+
+
+def loop(target, draft, prompts):
+    eng = Engine(target, draft, TreeShape.chain(K), max_batch=1)
+    res = run_engine(eng, prompts, [SamplingParams(temperature=0, max_tokens=T) for _ in prompts], 1)
+    eng.close()
+    return res
+
+
+def test_real_bf16_partings_are_numerical_and_fp32_has_none():
+    """A random 128-wide gpt-oss (transformers' GptOssForCausalLM, the demo target's class; random weights
+    make close top-two logits common) and a random draft, 16 prompts x 48 tokens at k = 3. In fp32 the loop
+    is exact. In bf16 outputs part from plain greedy decoding (6 of 16 on an AMD EPYC with AVX512-BF16):
+    every parting is numerical, its gap (plain decoding's lead of its token) positive (0.03 to 1.25 there,
+    the verification's way moving the margin by 0.06 to 6.1). A classifier that called every parting a
+    failure, or that took the greedy token for the loop's, fails here."""
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(2, 128, (20 + i,), generator=g).tolist() for i in range(16)]
+    target = tiny_gpt_oss(seed=0, layers=4, hidden=128, window=8)
+    draft = draft_for(target, 0)
+    res = loop(target, draft, prompts)
+    assert res.outputs == [greedy_generate(target, p, T)[0] for p in prompts]  # fp32: exact
+    target, draft = target.to(torch.bfloat16), draft.to(torch.bfloat16)
+    refs = [greedy_generate(target, p, T)[0] for p in prompts]
+    res = loop(target, draft, prompts)
+    numerical, failures, partings = verdict(target, prompts, res.outputs, refs, res.emitted, K + 1)
+    print(f"bf16: {numerical} of 16 outputs part from greedy, all numerical: {partings}")
+    assert (
+        numerical >= 1 and failures == 0 and len(partings) == sum(o != r for o, r in zip(res.outputs, refs))
+    )
+    for p in partings:
+        assert p["loop_token"] == res.outputs[p["prompt"]][p["at"]] != p["greedy_token"]
+        assert p["gap"] > 0  # plain decoding ranks its own token first
+    report = {"results": [{"partings": partings, "failures": failures}]}
+    assert partings_note(report).startswith(f"; {numerical} numerical parting(s) (plain decoding's lead")
+
+
+def test_an_injected_wrong_token_is_a_failure(demo_target_bf16):
+    """The demo target in bf16 and the loop's own output, exact here, with one token replaced by one the
+    target ranks low: a failure, with its gap; the report is then not lossless."""
+    target, prompt = demo_target_bf16
+    draft = draft_for(target.float(), 0).to(target.dtype)  # any draft: the verdict reads the target
+    res = loop(target, draft, [prompt])
+    ref = greedy_generate(target, prompt, T)[0]
+    assert res.outputs == [ref] and len(ref) > 12
+    at = 10
+    with torch.no_grad():
+        logits = target(torch.tensor([prompt + ref[:at]])).logits[0, -1].float()
+    wrong = int(logits.argsort()[len(logits) // 2])  # a middling token: no computation ranks it first
+    bad = ref[:at] + [wrong] + ref[at + 1 :]
+    p = classify(target, prompt, bad, ref, res.emitted[0], K + 1)
+    assert (p.at, p.loop_token, p.greedy_token, p.kind) == (at, wrong, ref[at], "failure")
+    assert p.gap > 1.0 and p.gap == pytest.approx(float(logits[ref[at]] - logits[wrong]), abs=0.25)
+    numerical, failures, _ = verdict(target, [prompt], [bad], [ref], res.emitted, K + 1)
+    assert (numerical, failures) == (0, 1)
