@@ -38,6 +38,7 @@ from eyas.data.target import (
     load_target_config,
     resolve_path,
     server_dtype,
+    stored_as_mxfp4,
     tapped,
     text_config,
 )
@@ -269,10 +270,12 @@ def _load_target(recipe: Recipe, t: TargetSection) -> tuple:
 def _vllm_target(recipe: Recipe, t: TargetSection) -> tuple:
     """What `capture.backend: vllm` needs of the target without loading it here (vLLM does):
     its config, checked against the recipe. -> aux layer ids, the index header, the lm_head weight."""
-    from eyas.serve.external.vllm_env import require_vllm
+    from eyas.serve.external.vllm_env import refuse_mxfp4_without_kernels, require_vllm
 
     require_vllm("capture.backend: vllm")  # before anything is written
-    cfg = text_config(load_target_config(t.model, t.trust_remote_code))
+    config = load_target_config(t.model, t.trust_remote_code)
+    refuse_mxfp4_without_kernels("capture.backend", t.model, stored_as_mxfp4(config))
+    cfg = text_config(config)
     layer_ids = check_against_target(recipe, cfg.num_hidden_layers, cfg.vocab_size)
     lm_head = (
         load_head_weights(t.model, t.trust_remote_code)["lm_head"]

@@ -62,7 +62,7 @@ class VllmCapture:
         self.storage = storage or os.path.join(self.tmp.name, "states")  # where the worker writes states
         self.proc: subprocess.Popen | None = None
         self.conn = None
-        self.asked = 0
+        self._requests()
 
     @classmethod
     def connect(cls, info: dict) -> VllmCapture:
@@ -70,10 +70,17 @@ class VllmCapture:
         self = cls.__new__(cls)
         self.target, self.log_path, self.who = info["target"], Path(info["log"]), info["who"]
         self.address, self.authkey = info["address"], bytes.fromhex(info["authkey"])
-        self.proc, self.tmp, self.asked = None, None, 0
+        self.proc, self.tmp = None, None
+        self._requests()
         self.conn = Client(self.address, authkey=self.authkey)
         self._reply("connecting to")
         return self
+
+    def _requests(self) -> None:
+        self.asked = 0  # the next request's id
+        self.open: list[int] = []  # sent, not yet returned or dropped, oldest first
+        self.stash: dict[int, dict] = {}  # replies received before they were asked for
+        self.dropped: set[int] = set()  # sent, and no longer wanted: their files are deleted on arrival
 
     def info(self) -> dict:
         """What another process needs to `connect` (online training's producers.json)."""
@@ -158,16 +165,40 @@ class VllmCapture:
         self.submit(sequences)
         return self.result()
 
-    def submit(self, sequences: list[list[int]]) -> None:
-        """Send a batch; result() returns its states, batches in the order they were sent (the worker works on
-        them meanwhile)."""
-        self.conn.send({"id": self.asked, "sequences": sequences})
+    def submit(self, sequences: list[list[int]]) -> int:
+        """Send a batch; -> its request id, for result() (the worker works on it meanwhile)."""
+        rid = self.asked
+        self.conn.send({"id": rid, "sequences": sequences})
         self.asked += 1
+        self.open.append(rid)
+        return rid
 
-    def result(self) -> list[torch.Tensor]:
-        """The states of the oldest batch not returned yet: per sequence (T, len(layer_ids), H), read
-        through hs_connectors' file transport (it waits for the writer's lock), the files then deleted."""
-        return [read_states(p) for p in self._reply("capturing")["params"]]
+    def ready(self, rid: int) -> bool:
+        """Whether request `rid`'s reply has arrived (result() would not wait for the worker)."""
+        return rid in self.stash or self.conn.poll(0)
+
+    def result(self, rid: int | None = None) -> list[torch.Tensor]:
+        """The states of request `rid` (default: the oldest not returned), per sequence (T, n_ids, H), read
+        through hs_connectors' file transport (it waits for the writer's lock), the files then deleted.
+        Replies to other requests that arrive first are kept for their own result()."""
+        rid = self.open[0] if rid is None else rid
+        while rid not in self.stash:
+            msg = self._reply("capturing")
+            if msg["id"] in self.dropped:
+                self.dropped.discard(msg["id"])
+                _delete(msg["params"])
+            else:
+                self.stash[msg["id"]] = msg
+        self.open.remove(rid)
+        return [read_states(p) for p in self.stash.pop(rid)["params"]]
+
+    def drop(self, rid: int) -> None:
+        """Request `rid` is no longer wanted (a stream abandoned): its states are deleted, unread."""
+        self.open.remove(rid)
+        if rid in self.stash:
+            _delete(self.stash.pop(rid)["params"])
+        else:
+            self.dropped.add(rid)
 
     def close(self) -> None:
         if self.conn is not None and (self.proc is None or self.proc.poll() is None):
@@ -189,6 +220,12 @@ class VllmCapture:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _delete(params: list[dict]) -> None:
+    for p in params:
+        for f in (p["hidden_states_path"], p["hidden_states_path"] + ".lock"):
+            Path(f).unlink(missing_ok=True)
 
 
 def read_states(params: dict) -> torch.Tensor:

@@ -46,7 +46,15 @@ from eyas.data.chat import (
 )
 from eyas.data.prompts import read_prompts
 from eyas.data.sharding import Shard, Slices, current_shard, target_for_rank
-from eyas.data.target import context_length, input_device, load_recipe_target, resolve_path, server_dtype
+from eyas.data.target import (
+    context_length,
+    input_device,
+    load_recipe_target,
+    load_target_config,
+    resolve_path,
+    server_dtype,
+    stored_as_mxfp4,
+)
 from eyas.io import read_jsonl, write_json, write_jsonl
 from eyas.layout import is_done, mark_done, read_done, require_done, stage_dir
 from eyas.recipes.schema import DataSection, Recipe
@@ -417,8 +425,11 @@ def _through_vllm(d, t, run_dir, parts: list, todo: list[int], *rest, v=None) ->
     spread over them by the server path. Nothing to do: no server started."""
     if not todo:
         return 0, 0.0
+    from eyas.serve.external.vllm_env import refuse_mxfp4_without_kernels
     from eyas.serve.external.vllm_fleet import VllmFleet, engine_args, replicas
 
+    mxfp4 = stored_as_mxfp4(load_target_config(t.model, t.trust_remote_code))
+    refuse_mxfp4_without_kernels("data.backend", t.model, mxfp4)
     where = replicas(v)
     need = min(d.max_prompt_tokens + d.max_new_tokens, context_length(t))
     args = engine_args(v, where[0].kind, need)

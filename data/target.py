@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
 DEMO_TARGET = "eyas-demo"
+FULL_WIDTH_TARGET = "eyas-full-width"  # gpt-oss-120b's widths, 4 layers (eyas/demo_target/full_width.py)
 LAYER_ID_CONVENTION = (
     "vLLM: id k = input of decoder layer k (0-based) = HF hidden_states[k] for k < N; "
     "id N = output of the last decoder layer before the final norm"
@@ -52,6 +53,10 @@ def resolve_path(name: str) -> str:
     anything else is returned unchanged (a path or hub id)."""
     if gguf.is_gguf(name):
         return str(gguf.model_dir(name))
+    if name == FULL_WIDTH_TARGET:
+        from eyas.demo_target.full_width import ensure_full_width_target
+
+        return str(ensure_full_width_target())
     if name == DEMO_TARGET or name.startswith(DEMO_TARGET + "/"):
         from eyas.demo_target.build import ensure_demo_target
 

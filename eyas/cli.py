@@ -9,6 +9,7 @@
     eyas plan RECIPE --gpus 8xH100 [--run DIR] [overrides]  memory, storage and time before anything runs
     eyas verify RUN                                      every file of a run against its size and checksum
     eyas demo-target [--cache-dir DIR] [--force]
+    eyas full-width-target [--force]
     eyas recipe-keys [SECTION]                           every recipe key with its default and description
     eyas install-vllm [--venv DIR]                       vLLM (CPU build) in a venv of its own
     eyas export | import | publish ...                   see `eyas <cmd> --help`

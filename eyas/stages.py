@@ -41,6 +41,7 @@ COMMANDS = {
     "import": "eyas.serve.interchange.importer:main_import",
     "publish": "eyas.serve.interchange.publish:main_publish",
     "demo-target": "eyas.demo_target.build:main_demo_target",
+    "full-width-target": "eyas.demo_target.full_width:main_full_width_target",
     "serve": "eyas.serve.api.server:main_serve",
     "plan": "eyas.plan.command:main_plan",
     "verify": "eyas.integrity:main_verify",

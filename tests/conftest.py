@@ -19,6 +19,7 @@ import pytest  # noqa: E402
 FIRST = [
     "test_real_model.py",
     "test_demo_e2e.py",
+    "test_full_width.py",
     "test_data_multiturn.py",
     "test_vllm_server.py",
     "test_vllm_exports.py",

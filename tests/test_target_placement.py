@@ -265,7 +265,7 @@ def test_hf_backend_refuses_a_target_that_cannot_fit_before_loading_anything(tmp
 
     from eyas.cli import main
     from eyas.data.target import native_bf16_cpu
-    from eyas.plan.cost import GPT_OSS_SHARED, KNOWN_TARGETS
+    from eyas.gpt_oss import GPT_OSS_SHARED, KNOWN_TARGETS
 
     target = tmp_path / "gpt-oss-120b"
     GptOssConfig(**GPT_OSS_SHARED, **KNOWN_TARGETS["openai/gpt-oss-120b"]).save_pretrained(target)

@@ -126,6 +126,7 @@ TRAIN = BASE + [
     "train.batch_size=1",
     "train.log_every=1",
     "train.val_fraction=0.25",
+    "train.val_every=5",  # validations mid-epoch, while training's stream has micro-batches asked for
     "train.ttt_steps=2",
     "eval.k=2",
 ]
@@ -154,11 +155,13 @@ def test_online_training_from_vllm_equals_offline_and_resumes_after_a_producer_d
     vllm_python, regenerated, monkeypatch
 ):
     """`capture.mode: online`, `capture.backend: vllm`: a vLLM producer on core 0 makes the states while
-    training (core 1) consumes them, 4 micro-batches ahead; nothing is stored. Over 2 epochs (12 steps and 2
-    validations) every step's loss equals training on the HF capture's shards, the same sequences in the same
-    order, within 1e-5 (relative; measured 2e-7: vLLM's CPU kernels round differently, fp32), with as many
-    tokens. The producer killed mid-epoch ends training with one line naming it and its log, the state saved
-    at the last finished step; the re-run resumes there and its log equals the uninterrupted one's."""
+    training (core 1) consumes them, 4 micro-batches ahead; nothing is stored. Over 2 epochs (12 steps, and
+    validations at steps 5 and 10, while training's micro-batches are asked for, and at the end) every loss
+    equals training on the HF capture's shards, the same sequences in the same order, within 1e-5
+    (relative; measured 2e-7: vLLM's CPU kernels round differently, fp32), with as many tokens. The
+    producer killed mid-epoch ends training with one line naming it and its log, the state saved at the
+    last finished step; the re-run resumes there (a validation the stop cut short is run first) and its log
+    equals the uninterrupted one's."""
     from eyas.train import online_vllm
 
     offline, off_info = train_log(shutil.copytree(regenerated / "hf", regenerated / "offline"), [])
@@ -166,7 +169,7 @@ def test_online_training_from_vllm_equals_offline_and_resumes_after_a_producer_d
     online, info = train_log(run, ONLINE)
     assert not list((run / "capture").glob("*.safetensors"))
     assert info["tokens_seen"] == off_info["tokens_seen"] and info["steps"] == 12
-    assert info["online"]["producers"] == 1 and info["online"]["micro_batches"] == 14  # 12 + 2 validation
+    assert info["online"]["producers"] == 1 and info["online"]["micro_batches"] == 18  # 12 + 3 x 2 validation
     assert_same_steps(online, offline, rel=1e-5)
     killed = shutil.copytree(regenerated / "run", regenerated / "killed")
     take, taken = online_vllm.VllmFeed._take, []

@@ -95,38 +95,43 @@ class VllmFeed:
 
     def stream(self, batches: Iterable[dict]) -> Iterator[dict]:
         """The collated micro-batches with "aux" and "final" added, on the device, in their order; up to
-        `depth` of them asked for ahead of the one yielded."""
+        `depth` of them asked for ahead of the one yielded. A stream left before its end (training stops
+        at train.max_steps mid-epoch) drops what it had asked for, so another stream (validation) gets its
+        own states."""
         pending: deque = deque()
-        it = iter(batches)
-        for batch in it:
-            pending.append(self._ask(batch))
-            if len(pending) < self.depth:
-                continue
-            yield self._take(pending.popleft())
-        while pending:
-            yield self._take(pending.popleft())
+        try:
+            for batch in batches:
+                pending.append(self._ask(batch))
+                if len(pending) >= self.depth:
+                    yield self._take(pending.popleft())
+            while pending:
+                yield self._take(pending.popleft())
+        finally:
+            for _, _, client, rid in pending:
+                if client is not None:
+                    client.drop(rid)
 
     def _ask(self, batch: dict) -> tuple:
         """Send a micro-batch's sequences (as the rows hold them, cut to the row) to the next producer."""
         segs = row_segments(batch["doc_ids"], batch["lengths"])
         if not segs:  # an empty filler micro-batch: nothing to ask
-            return batch, segs, None
+            return batch, segs, None, None
         client = self.clients[self.turn % len(self.clients)]
         self.turn += 1
         try:
-            client.submit([batch["input_ids"][b, s : s + n].tolist() for b, s, n in segs])
+            rid = client.submit([batch["input_ids"][b, s : s + n].tolist() for b, s, n in segs])
         except OSError:  # its end of the socket is closed
             raise self._stopped(client) from None
-        return batch, segs, client
+        return batch, segs, client, rid
 
     def _take(self, asked: tuple) -> dict:
-        batch, segs, client = asked
+        batch, segs, client, rid = asked
         states = []
         if client is not None:
-            ready = client.conn.poll(0)
+            ready = client.ready(rid)
             t0 = time.perf_counter()
             try:
-                states = client.result()
+                states = client.result(rid)
             except VllmCaptureError:
                 raise self._stopped(client) from None
             self.stats.waited += not ready
@@ -209,10 +214,14 @@ def start_feed(recipe: Recipe, run_dir: Path, index: dict, lengths: list[int], a
 
 def _start_producers(recipe: Recipe, out_dir: Path, index: dict, lengths: list[int], acc):
     """-> (the started CaptureReplicas, the buffer directory)."""
+    from eyas.data.target import stored_as_mxfp4
+    from eyas.serve.external.vllm_env import refuse_mxfp4_without_kernels
     from eyas.serve.external.vllm_fleet import engine_args, replicas
 
     t, where = recipe.target, replicas(recipe.vllm)
-    n_layers = text_config(load_target_config(t.model, t.trust_remote_code)).num_hidden_layers
+    config = load_target_config(t.model, t.trust_remote_code)
+    refuse_mxfp4_without_kernels("capture.backend", t.model, stored_as_mxfp4(config))
+    n_layers = text_config(config).num_hidden_layers
     ids, _, _ = vllm_layer_ids(index["aux_layer_ids"], n_layers)
     longest = min(max(lengths, default=1), recipe.train.max_length) + 1  # rows cut sequences; 1 token asked
     args = engine_args(recipe.vllm, where[0].kind, min(max(longest, 16), context_length(t)))

@@ -224,6 +224,7 @@ class Training:
     feed: VllmFeed | None = None  # online training from vLLM: the producers' clients (train/online_vllm.py)
     step: int = 0  # optimizer steps done
     tokens: int = 0  # trained on by this process (the main process also carries a resumed state's count)
+    loop_s: float = 0.0  # this process's seconds in the step loop (setup and the end not counted)
     last: dict = field(default_factory=dict)  # the last step's log entry
 
     @property
@@ -247,7 +248,11 @@ def run_train(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> dic
         resume(t)
         wandb = {"wandb": {"dir": str(t.out_dir)}} if recipe.train.report_to == "wandb" else {}
         t.acc.init_trackers(recipe.name, config=flat_config(recipe.to_dict()), init_kwargs=wandb)
+        if validation_missed(t):  # the run stopped during the validation of the step it saved
+            run_validation(t)
+        t_loop = time.perf_counter()
         train_steps(t, progress)
+        t.loop_s = time.perf_counter() - t_loop
         return finish(t, run_dir, t_start)
     finally:
         if t.feed is not None:  # online from vLLM: the clients closed, the producers stopped
@@ -447,6 +452,15 @@ def resume(t: Training) -> None:
         io.write_text(t.log_path, "".join(x + "\n" for x in kept))
 
 
+def validation_missed(t: Training) -> bool:
+    """A resumed run whose saved step was due a validation that its log lacks (it stopped during it)."""
+    every = t.recipe.train.val_every
+    if not (every and t.step and t.step % every == 0 and t.step < t.total and t.log_path.is_file()):
+        return False
+    lines = [json.loads(x) for x in t.log_path.read_text().splitlines() if x.strip()]
+    return not any(x["step"] == t.step and "val" in x for x in lines)
+
+
 # ---------------------------------------------------------------- the step loop
 
 
@@ -600,6 +614,7 @@ def finish(t: Training, run_dir: Path, t_start: float) -> dict:
     weights = full_state_dict(acc, t.module)
     info = {
         "wall_s": round(time.perf_counter() - t_start, 2),
+        "loop_s": round(t.loop_s, 2),  # the step loop alone (a resumed run: its own part)
         "steps": t.total,
         "epochs_seen": round(t.step / t.data.per_epoch, 3),
         "tokens_seen": sum_over_processes(acc, t.tokens),

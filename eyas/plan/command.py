@@ -24,8 +24,10 @@ from eyas.plan.cost import (
     allreduce,
     capture_bytes_per_token,
     count_draft,
+    dtype_bytes,
     online_split,
     parse_gpus,
+    process_memory,
     target_config,
     target_replicas,
     throughputs,
@@ -131,6 +133,12 @@ def plan(recipe: Recipe, gpus: str, run_dir: str | Path | None = None, a: Assump
     grads, allreduce_s = allreduce(draft.trainable, n_gpu, kind)
     tp = recipe.vllm.tensor_parallel_size
     online = online_split(n_gpu, tp, capture_tok_s / replicas, train_tok_s / n_gpu, tr.epochs * tokens)
+    # transformers holds the target dequantized (its MXFP4 kernels fetch from the hub: not on an offline
+    # cluster) unless target.weights says mxfp4; eval's loop in eval.target_dtype
+    per_param = dtype_bytes(recipe.target.dtype)
+    held = target.bytes_mxfp4 if recipe.target.weights == "mxfp4" else target.params * per_param
+    eval_bytes = dtype_bytes(recipe.eval.target_dtype or recipe.target.dtype)
+    memory = process_memory(recipe, cfg, draft, a, held, target.params * eval_bytes, eval_bytes)
     return Plan(
         gpus=f"{n_gpu}x{kind}",
         gpu_memory_gb=mem_gb,
@@ -167,6 +175,7 @@ def plan(recipe: Recipe, gpus: str, run_dir: str | Path | None = None, a: Assump
         allreduce_s=allreduce_s,
         step_s=n_gpu * tr.batch_size * tr.grad_accum * row / train_tok_s,
         online=online,
+        process_bytes=memory,
         assumptions=a,
         turns=w.turns,
         stages_measured=w.stages_measured,

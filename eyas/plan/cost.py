@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from eyas.data.target import TargetCount
+from eyas.gpt_oss import GPT_OSS_SHARED, KNOWN_TARGETS
 from eyas.plan.tokens import TurnCount
 
 if TYPE_CHECKING:
@@ -28,43 +29,6 @@ if TYPE_CHECKING:
 GPUS = {"H100": (80, 989), "H200": (141, 989), "B200": (180, 2250), "A100": (80, 312)}
 # name: NVLink GB/s each way per GPU -- vendor datasheets (NVLink 4: 900 GB/s both ways; 5: 1.8 TB/s; 3: 600)
 NVLINK_GB_S = {"H100": 450, "H200": 450, "B200": 900, "A100": 300}
-
-# the hub configs of the gpt-oss targets (openai/gpt-oss-120b, -20b config.json), for planning offline
-KNOWN_TARGETS = {
-    "openai/gpt-oss-120b": {"num_hidden_layers": 36, "num_local_experts": 128},
-    "openai/gpt-oss-20b": {"num_hidden_layers": 24, "num_local_experts": 32},
-}
-GPT_OSS_SHARED = dict(
-    vocab_size=201088,
-    hidden_size=2880,
-    intermediate_size=2880,
-    head_dim=64,
-    num_attention_heads=64,
-    num_key_value_heads=8,
-    num_experts_per_tok=4,
-    sliding_window=128,
-    max_position_embeddings=131072,
-    tie_word_embeddings=False,
-    # the hub checkpoints store the MoE experts in MXFP4, everything else in bf16
-    quantization_config={
-        "quant_method": "mxfp4",
-        "modules_to_not_convert": [
-            "model.layers.*.self_attn",
-            "model.layers.*.mlp.router",
-            "model.embed_tokens",
-            "lm_head",
-        ],
-    },
-    rope_parameters={
-        "rope_type": "yarn",
-        "factor": 32.0,
-        "beta_fast": 32.0,
-        "beta_slow": 1.0,
-        "truncate": False,
-        "original_max_position_embeddings": 4096,
-        "rope_theta": 150000.0,
-    },
-)
 
 
 @dataclass
@@ -149,6 +113,7 @@ class Plan:
     allreduce_s: float  # ring all-reduce over NVLink (the datasheet bandwidth, each way)
     step_s: float  # one optimizer step at train_tok_s
     online: OnlineSplit | None  # online training from vLLM on these GPUs; None on one GPU
+    process_bytes: dict[str, float]  # per stage, eyas's own process (process_memory)
     assumptions: Assumptions
     turns: TurnCount | None  # counted from --run's prompts stage
     stages_measured: list[str]  # --run's finished stages the figures come from
@@ -258,6 +223,35 @@ def allreduce(trainable: int, n_gpu: int, kind: str) -> tuple[float, float]:
     over NVLink: each GPU sends and receives 2 (n-1)/n of them)."""
     grads = 4 * trainable
     return grads, 2 * (n_gpu - 1) / n_gpu * grads / (NVLINK_GB_S[kind] * 1e9) if n_gpu > 1 else 0.0
+
+
+def dtype_bytes(name: str | None) -> int:
+    """Bytes per parameter of a recipe dtype as the planned GPUs hold it (auto: bf16)."""
+    return 4 if name == "float32" else 2
+
+
+def process_memory(
+    recipe: Recipe,
+    cfg: PretrainedConfig,
+    draft: DraftCount,
+    a: Assumptions,
+    held: float,
+    held_eval: float,
+    eval_bytes: int,
+) -> dict[str, float]:
+    """Peak bytes of eyas's own process in each stage, above the interpreter's: `held`, the target as
+    transformers holds it, where the stage runs it in this process (the hf backends, online training's hf
+    target); training's state and activations (training_memory); eval's loop: the target as it holds it
+    (`held_eval`, eval.target_dtype) and the draft, embedding included, in `eval_bytes` per parameter.
+    vLLM's processes are not counted here (vllm.gpu_memory_utilization of each GPU)."""
+    static, act = training_memory(recipe, cfg, draft, a)
+    online_hf = recipe.capture.mode == "online" and recipe.capture.backend == "hf"
+    return {
+        "regenerate": held if recipe.data.backend == "hf" else 0.0,
+        "capture": held if recipe.capture.backend == "hf" and not online_hf else 0.0,
+        "train": static + act + (held if online_hf else 0.0),
+        "eval": held_eval + (draft.trainable + draft.frozen) * eval_bytes,
+    }
 
 
 def target_replicas(recipe: Recipe, target: TargetCount, n_gpu: int, gpu_memory_gb: int) -> tuple[int, int]:

@@ -75,6 +75,8 @@ def resource_lines(recipe: Recipe, p: Plan) -> list[str]:
         f"max_length {tr.max_length} x batch {tr.batch_size} x TTT {tr.ttt_steps}"
         f"{' (checkpoint_layer)' if tr.checkpoint_layer else ''}: {fits(p, p.train_gb_per_gpu)}",
         replicas_line(recipe, p),
+        "memory of eyas's own process (a process's GPUs together; — where vLLM holds the target): "
+        + ", ".join(f"{k} {v / 1e9:,.1f} GB" if v else f"{k} —" for k, v in p.process_bytes.items()),
         f"time: regeneration {hours(p.regen_s)} at {p.regen_tok_s:,.0f} tok/s ({source(p, 'regen_tok_s')}, "
         f"data.backend {backend}), "
         f"capture {hours(p.capture_s)} at {p.capture_tok_s:,.0f} tok/s ({source(p, 'capture_tok_s')}), "

@@ -78,6 +78,29 @@ def vllm_environ() -> dict[str, str]:
     return {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
 
 
+def mxfp4_runs_here() -> bool:
+    """Whether vLLM runs MXFP4 MoE experts (gpt-oss as stored) on this machine: on a GPU, yes; its CPU build
+    only on an x86 CPU with AMX (vllm/model_executor/layers/fused_moe/experts/cpu_moe.py CPUExpertsMxfp4)."""
+    import platform
+
+    import torch
+
+    if torch.cuda.is_available():
+        return True
+    return platform.machine().lower() in ("x86_64", "amd64") and torch.cpu._is_amx_tile_supported()
+
+
+def refuse_mxfp4_without_kernels(key: str, target: str, mxfp4: bool) -> None:
+    """InputError naming `key` (data.backend / capture.backend) where `target` stores MXFP4 experts (`mxfp4`)
+    and vLLM cannot run them here: a CPU without AMX (instead of vLLM's own refusal, after it has started)."""
+    if mxfp4 and not mxfp4_runs_here():
+        raise InputError(
+            f"{key}: vllm: {target} stores its MoE experts in MXFP4, and vLLM's CPU build runs MXFP4 only on "
+            f"a CPU with AMX (Intel Xeon 4th generation and later), which this one lacks; set {key}: hf "
+            "(transformers dequantizes them) or run on a GPU"
+        )
+
+
 def require_vllm(what: str) -> str:
     """The vLLM Python, or VllmMissing naming `what` needs it (e.g. "capture.backend: vllm")."""
     python = find_vllm_python()

@@ -1,0 +1,167 @@
+"""Every stage at gpt-oss-120b's widths on this machine: the full-width target (`eyas-full-width`:
+gpt-oss-120b's config but 2 layers and 4 MXFP4-stored experts) with recipes/gpt-oss-120b.yaml's draft, each
+stage in its own process, its peak memory against `eyas plan`'s prediction for that process.
+
+    python benchmarks/bench_full_width.py [--out runs/bench-full-width] [key.sub=value ...]
+
+Stages: prompts, regenerate, capture, vocab, train (offline), then online training on a copy (capture.mode
+online: vLLM's producers where vLLM runs MXFP4 here, else the target in the training process), eval,
+`eyas export --format eagle3`, `eyas publish --dry-run`, and vLLM loading the target with the export and
+decoding with it (on a CPU without AMX, where vLLM's CPU build has no MXFP4 kernel, a bf16 copy of the
+target). Peak memory is each process's maximum resident set (os.wait4), less the interpreter's own (a
+process that imports eyas's stages); the prediction is eyas/plan/cost.py `process_memory` with the target
+as this machine holds it (data/target.py `held_bytes`). Prints the table, the capture's bytes per token
+and the draft's parameters, both exact against `eyas plan`'s gpt-oss-120b figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+EYAS = [sys.executable, "-m", "eyas"]
+BASELINE = "import eyas.train.trainer, eyas.eval.evaluate, eyas.data.capture, eyas.data.regenerate"
+
+
+def measured(cmd: list[str], env=None) -> tuple[float, float]:
+    """Run `cmd`; -> (seconds, its peak resident bytes). A failure stops the benchmark."""
+    t0 = time.time()
+    proc = subprocess.Popen(cmd, env=env)
+    _, status, usage = os.wait4(proc.pid, 0)
+    if status != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({status})")
+    return time.time() - t0, usage.ru_maxrss * 1024
+
+
+def predictions(recipe) -> dict[str, float]:
+    """eyas plan's process memory for the recipe, the target as this machine holds it."""
+    import torch
+
+    from eyas.data.target import held_bytes, pick_device, pick_dtype
+    from eyas.eval.evaluate import eval_target
+    from eyas.plan.cost import Assumptions, count_draft, process_memory, target_config
+
+    cfg, _ = target_config(recipe)
+    held, _ = held_bytes(recipe.target)
+    held_eval, _ = held_bytes(eval_target(recipe))
+    eval_dtype = pick_dtype(eval_target(recipe).dtype, pick_device("cpu"))
+    per_param = 2 if eval_dtype == torch.bfloat16 else 4  # the loop holds an fp16 target's draft in fp32
+    return process_memory(recipe, cfg, count_draft(recipe, cfg), Assumptions(), held, held_eval, per_param)
+
+
+def vllm_loads(run: Path, export: Path, out: Path) -> dict:
+    """vLLM with the target and the eagle3 export, greedy, 8 tokens on 2 prompts -> what it reported."""
+    from eyas.data.regenerate import read_sequences
+    from eyas.data.target import resolve_path
+    from eyas.serve.external.vllm_env import mxfp4_runs_here
+    from eyas.serve.external.vllm_jobs import run_offline
+
+    target = resolve_path("eyas-full-width")
+    if not mxfp4_runs_here():
+        target = bf16_copy(Path(target), out / "target-bf16")
+    prompts = [s["input_ids"][: s["prompt_len"]] for s in read_sequences(run)[:2]]
+    spec = {"model": str(export), "method": "eagle3", "num_speculative_tokens": 2}
+    res = run_offline(
+        target,
+        [{"name": "eagle3", "speculative_config": spec}],
+        prompts,
+        {"temperature": 0.0, "max_tokens": 8},
+        dtype="bfloat16",
+        max_model_len=512,
+        log_path=out / "vllm.log",
+    )["eagle3"]
+    if "error" in res:
+        raise SystemExit(f"vLLM refused the export: {res['error']}")
+    return {
+        "target": str(target),
+        "outputs": res["outputs"],
+        "counters": res["counters"],
+        "init_s": res["init_s"],
+    }
+
+
+def bf16_copy(src: Path, dst: Path) -> str:
+    """The target with its experts dequantized to bf16 and no quantization_config (what vLLM's CPU build can
+    run without AMX), written once."""
+    if (dst / "config.json").is_file():
+        return str(dst)
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16)
+    dst.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(dst / "model.safetensors"))
+    cfg = AutoConfig.from_pretrained(src).to_dict()
+    cfg.pop("quantization_config", None)
+    (dst / "config.json").write_text(json.dumps(cfg))
+    for f in src.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens", "chat_template", "generation_config")):
+            shutil.copy(f, dst / f.name)
+    return str(dst)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="runs/bench-full-width")
+    p.add_argument("overrides", nargs="*", help="recipe overrides (key.sub=value)")
+    args = p.parse_args(argv)
+    from eyas.demo_target.full_width import ensure_full_width_target, run_overrides
+    from eyas.layout import read_done
+    from eyas.plan.command import plan
+    from eyas.recipes.load import load_recipe
+
+    ensure_full_width_target()
+    out = Path(args.out)
+    shutil.rmtree(out, ignore_errors=True)
+    run, over = out / "run", run_overrides() + args.overrides
+    recipe = load_recipe("gpt-oss-120b", over)
+    base = measured([sys.executable, "-c", BASELINE])[1]
+    rows = {"prompts": measured([*EYAS, "prompts", "gpt-oss-120b", "--out", str(run), *over])}
+    for stage in ("regenerate", "capture", "vocab", "train", "eval"):
+        rows[stage] = measured([*EYAS, stage, str(run), "--no-progress"])
+    online = out / "online"
+    shutil.copytree(
+        run, online, ignore=shutil.ignore_patterns("capture", "vocab", "train", "eval*", "report*")
+    )
+    more = ["capture.mode=online"] + (["vllm.devices=[0]"] if "capture.backend=vllm" in over else [])
+    for stage in ("capture", "vocab", "train"):
+        rows[f"online {stage}"] = measured([*EYAS, stage, str(online), "--no-progress", *more])
+    export = out / "export"
+    rows["export"] = measured([*EYAS, "export", str(run), "--format", "eagle3", "--out", str(export)])
+    rows["publish --dry-run"] = measured([*EYAS, "publish", str(run), "--repo", "someone/draft", "--dry-run"])
+    vllm = vllm_loads(run, export, out)
+    predicted = predictions(recipe) | {
+        "online train": predictions(load_recipe("gpt-oss-120b", over + more))["train"]
+    }
+    print(f"\ninterpreter with eyas's stages imported: {base / 1e9:.2f} GB")
+    print("| stage | wall s | peak GB | above the interpreter GB | eyas plan GB | ratio |")
+    print("|---|---|---|---|---|---|")
+    for name, (secs, peak) in rows.items():
+        pred = predicted.get(name)
+        ratio = f"{(peak - base) / pred:.2f}" if pred else "—"
+        shown = f"{pred / 1e9:.2f}" if pred else "—"
+        print(f"| {name} | {secs:.0f} | {peak / 1e9:.2f} | {(peak - base) / 1e9:.2f} | {shown} | {ratio} |")
+    p120 = plan(load_recipe("gpt-oss-120b"), "8xH100")
+    index = json.loads((run / "capture" / "index.json").read_text())
+    trained = read_done(run, "train")["trainable_parameters"]
+    print(
+        f"capture: {index['bytes_per_token']:.1f} bytes/token stored (eyas plan, gpt-oss-120b: "
+        f"{p120.capture_bytes_per_token:,}); draft: {trained:,} trainable "
+        f"(eyas plan: {p120.draft_trainable:,})"
+    )
+    print(
+        f"vLLM: {vllm['target']} with the eagle3 export loaded in {vllm['init_s']} s; outputs "
+        f"{vllm['outputs']}; spec-decode counters {vllm['counters']}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
