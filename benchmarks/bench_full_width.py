@@ -8,7 +8,7 @@ Stages: prompts, regenerate, capture, vocab, train (offline), then online traini
 online: vLLM's producers where vLLM runs MXFP4 here, else the target in the training process), eval,
 `eyas export --format eagle3`, `eyas publish --dry-run`, and vLLM loading the target with the export and
 decoding with it (on a CPU without AMX, where vLLM's CPU build has no MXFP4 kernel, a bf16 copy of the
-target). Peak memory is each process's maximum resident set (os.wait4), less the interpreter's own (a
+target). Peak memory is each process's maximum resident set (GNU time's %M), less the interpreter's own (a
 process that imports eyas's stages); the prediction is eyas/plan/cost.py `process_memory` with the target
 as this machine holds it (data/target.py `held_bytes`). Prints the table, the capture's bytes per token
 and the draft's parameters, both exact against `eyas plan`'s gpt-oss-120b figures.
@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -29,14 +29,15 @@ EYAS = [sys.executable, "-m", "eyas"]
 BASELINE = "import eyas.train.trainer, eyas.eval.evaluate, eyas.data.capture, eyas.data.regenerate"
 
 
-def measured(cmd: list[str], env=None) -> tuple[float, float]:
-    """Run `cmd`; -> (seconds, its peak resident bytes). A failure stops the benchmark."""
+def measured(cmd: list[str]) -> tuple[float, float]:
+    """Run `cmd` under GNU time; -> (seconds, its peak resident bytes). A failure stops the benchmark. (Not
+    os.wait4 on a child of this process: Linux counts in a child's peak the memory of the process it was
+    forked from.)"""
     t0 = time.time()
-    proc = subprocess.Popen(cmd, env=env)
-    _, status, usage = os.wait4(proc.pid, 0)
-    if status != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed ({status})")
-    return time.time() - t0, usage.ru_maxrss * 1024
+    with tempfile.NamedTemporaryFile("r") as peak:
+        if subprocess.run(["/usr/bin/time", "-f", "%M", "-o", peak.name, *cmd]).returncode != 0:
+            raise SystemExit(f"{' '.join(cmd)} failed")
+        return time.time() - t0, int(peak.read().split()[-1]) * 1024
 
 
 def predictions(recipe) -> dict[str, float]:

@@ -55,6 +55,7 @@ SPECIAL_TOKEN_IDS = {
 }
 # the hub config's values the shared ones above leave at transformers' defaults, or set otherwise
 HUB_CONFIG_REST = {
+    "architectures": ["GptOssForCausalLM"],  # what vLLM picks the model class by
     "eos_token_id": 200002,
     "pad_token_id": 199999,
     "router_aux_loss_coef": 0.9,

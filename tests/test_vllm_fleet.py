@@ -68,3 +68,19 @@ def test_engine_arguments():
     assert engine_args(load_recipe({"vllm": {"max_model_len": 8192}}).vllm, "cpu", 4096) == [
         "--tensor-parallel-size", "1", "--max-model-len", "8192",
     ]  # fmt: skip
+
+
+def test_mxfp4_on_a_cpu_vllm_cannot_run_it_is_refused_up_front(monkeypatch):
+    """vLLM's CPU build runs MXFP4 experts only with AMX: without it (this machine's answer replaced, as a CPU
+    without AMX answers) the vLLM backends are refused before vLLM starts, naming the key and the fix."""
+    from eyas.serve.external import vllm_env
+
+    monkeypatch.setattr(vllm_env, "mxfp4_runs_here", lambda: False)
+    with pytest.raises(InputError) as e:
+        vllm_env.refuse_mxfp4_without_kernels("capture.backend", "openai/gpt-oss-120b", mxfp4=True)
+    assert str(e.value) == (
+        "capture.backend: vllm: openai/gpt-oss-120b stores its MoE experts in MXFP4, and vLLM's CPU build "
+        "runs MXFP4 only on a CPU with AMX (Intel Xeon 4th generation and later), which this one lacks; set "
+        "capture.backend: hf (transformers dequantizes them) or run on a GPU"
+    )
+    vllm_env.refuse_mxfp4_without_kernels("capture.backend", "eyas-demo", mxfp4=False)  # bf16: no refusal

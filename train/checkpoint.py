@@ -14,13 +14,14 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 from eyas import io
 from eyas.data.target import LAYER_ID_CONVENTION
 from eyas.errors import InputError
 
-from .model import DraftConfig, Eagle3Draft
+from .model import DraftConfig, Eagle3Draft, Rotary
 
 
 def save_draft(
@@ -75,6 +76,19 @@ def read_config(path: str | Path) -> DraftConfig:
     return DraftConfig(**raw["eyas"]["draft_config"])
 
 
+CHUNK_BYTES = 256 * 2**20  # a tensor of the file is read this much at a time (the embedding: 2.3 GB in fp32)
+
+
+def _copy_in_slices(param: torch.Tensor, stored) -> None:
+    """Copy a safetensors slice into `param` (casting to its dtype), CHUNK_BYTES of rows at a time."""
+    if param.dim() == 0 or param.numel() * 4 <= CHUNK_BYTES:
+        param.copy_(stored[:] if param.dim() else stored[...])
+        return
+    rows = max(1, CHUNK_BYTES // (4 * param[0].numel()))
+    for i in range(0, param.shape[0], rows):
+        param[i : i + rows].copy_(stored[i : i + rows])
+
+
 def load_draft(
     path: str | Path,
     device: str | torch.device = "cpu",
@@ -85,19 +99,30 @@ def load_draft(
     (or it is read from the target named in the config)."""
     path = Path(path)
     cfg = read_config(path)
-    state = load_file(str(path / "model.safetensors"))
-    if "embed_tokens.weight" not in state:
-        if embed is None:
-            if not cfg.target_model:
-                raise ValueError(f"{path}: no embed_tokens.weight and no target_model to read it from")
-            from eyas.data.target import load_head_weights
+    # built without initialising (on the meta device), given storage in `dtype` on `device`, then the
+    # checkpoint's tensors copied in one at a time: beside the draft, at most one tensor of the file in memory
+    # (a built, initialised fp32 draft and the whole file would be 7 GB more at gpt-oss-120b's widths)
+    with torch.device("meta"):
+        draft = Eagle3Draft(cfg)
+    draft = draft.to(dtype=dtype).to_empty(device=device)
+    draft.rotary = Rotary(cfg)  # the one tensor made outside parameters and buffers (inv_freq)
+    own = draft.state_dict()
+    with safe_open(str(path / "model.safetensors"), "pt") as f:
+        stored = set(f.keys())
+        if "embed_tokens.weight" not in stored:  # the target's, given or read from it
+            if embed is None:
+                if not cfg.target_model:
+                    raise ValueError(f"{path}: no embed_tokens.weight and no target_model to read it from")
+                from eyas.data.target import load_head_weights
 
-            embed = load_head_weights(cfg.target_model)["embed"]
-        state["embed_tokens.weight"] = embed
-    draft = Eagle3Draft(cfg)
-    missing, unexpected = draft.load_state_dict(state, strict=False)
-    if missing or unexpected:
-        raise ValueError(
-            f"{path}: checkpoint does not match the draft (missing {missing}, unexpected {unexpected})"
-        )
-    return draft.to(device=device, dtype=dtype)
+                embed = load_head_weights(cfg.target_model)["embed"]
+            own["embed_tokens.weight"].copy_(embed)
+        missing = sorted(own.keys() - stored - {"embed_tokens.weight"})
+        unexpected = sorted(stored - own.keys())
+        if missing or unexpected:
+            raise ValueError(
+                f"{path}: checkpoint does not match the draft (missing {missing}, unexpected {unexpected})"
+            )
+        for name in stored:
+            _copy_in_slices(own[name], f.get_slice(name))
+    return draft

@@ -36,7 +36,7 @@ from eyas.recipes.schema import Recipe
 
 from .checkpoint import load_draft, save_draft
 from .distributed import accelerator_kwargs, check_deepspeed, configure_fsdp2, full_state_dict, process_state
-from .model import OPTIONS, DraftConfig, Eagle3Draft
+from .model import OPTIONS, DraftConfig, Eagle3Draft, Rotary
 from .online_vllm import ProducerStopped, VllmFeed, feed_stats, start_feed
 from .optim import make_optimizer
 from .packing import PackedRows, collate_rows, cut_note, plan_rows
@@ -631,8 +631,12 @@ def finish(t: Training, run_dir: Path, t_start: float) -> dict:
     if acc.is_main_process:
         from .curves import plot_curves
 
-        final = Eagle3Draft(t.draft_config)
-        final.load_state_dict({k[len("draft.") :]: v for k, v in weights.items() if k.startswith("draft.")})
+        with torch.device("meta"):  # no second, initialised draft: it takes the gathered tensors as they are
+            final = Eagle3Draft(t.draft_config)
+        final.load_state_dict(
+            {k[len("draft.") :]: v for k, v in weights.items() if k.startswith("draft.")}, assign=True
+        )
+        final.rotary = Rotary(t.draft_config)
         plot_curves(t.log_path, t.out_dir / "curves.png")
         save_draft(
             final,

@@ -33,7 +33,7 @@ import torch
 from eyas.cache import build_once, cache_root
 from eyas.gpt_oss import GENERATION_EOS_IDS, GPT_OSS_SHARED, HUB_CONFIG_REST, SPECIAL_TOKEN_IDS
 
-VERSION = 4  # bump with any change to what a build produces (and the cache dir name)
+VERSION = 5  # bump with any change to what a build produces (and the cache dir name)
 CACHE_NAME = f"full-width-target-v{VERSION}"
 MARKER = "eyas_full_width.json"
 # 4 layers: three aux states for the draft's fc that every engine takes, as gpt-oss-120b's [2, 18, 33] are

@@ -81,9 +81,9 @@ def check_draft(draft: Eagle3Draft) -> None:
 
 
 def _local_target_dir(target: str) -> Path | None:
-    from eyas.data.target import DEMO_TARGET, resolve_path
+    from eyas.data.target import DEMO_TARGET, FULL_WIDTH_TARGET, resolve_path
 
-    if target == DEMO_TARGET or target.startswith(DEMO_TARGET + "/"):
+    if target in (DEMO_TARGET, FULL_WIDTH_TARGET) or target.startswith(DEMO_TARGET + "/"):
         return Path(resolve_path(target))
     return Path(target) if Path(target).is_dir() else None
 
