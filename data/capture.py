@@ -30,15 +30,11 @@ from eyas.data.shards import INDEX, shard_name, write_shard
 from eyas.data.target import (
     LAYER_ID_CONVENTION,
     StopForward,
-    context_length,
     input_device,
-    load_final_norm,
     load_head_weights,
     load_recipe_target,
     load_target_config,
-    resolve_path,
-    server_dtype,
-    stored_as_mxfp4,
+    refuse_vllm_mxfp4,
     tapped,
     text_config,
 )
@@ -270,12 +266,11 @@ def _load_target(recipe: Recipe, t: TargetSection) -> tuple:
 def _vllm_target(recipe: Recipe, t: TargetSection) -> tuple:
     """What `capture.backend: vllm` needs of the target without loading it here (vLLM does):
     its config, checked against the recipe. -> aux layer ids, the index header, the lm_head weight."""
-    from eyas.serve.external.vllm_env import refuse_mxfp4_without_kernels, require_vllm
+    from eyas.serve.external.vllm_env import require_vllm
 
     require_vllm("capture.backend: vllm")  # before anything is written
-    config = load_target_config(t.model, t.trust_remote_code)
-    refuse_mxfp4_without_kernels("capture.backend", t.model, stored_as_mxfp4(config))
-    cfg = text_config(config)
+    refuse_vllm_mxfp4(t, "capture.backend")
+    cfg = text_config(load_target_config(t.model, t.trust_remote_code))
     layer_ids = check_against_target(recipe, cfg.num_hidden_layers, cfg.vocab_size)
     lm_head = (
         load_head_weights(t.model, t.trust_remote_code)["lm_head"]
@@ -412,27 +407,18 @@ def _capture_batches_vllm(
 ) -> tuple[int, float]:
     """As _capture_batches, the states coming from vLLM's forward (data/capture_vllm.py): a worker per
     replica of the recipe's `vllm` section, each on its own batches, the batches stored in their order."""
-    from eyas.data.capture_vllm import CaptureReplicas, split_states, vllm_layer_ids
-    from eyas.serve.external.vllm_fleet import engine_args, replicas
+    from eyas.data.capture_vllm import StateSplit, replicas_for
 
     c = recipe.capture
-    cfg = text_config(load_target_config(t.model, t.trust_remote_code))
-    ids, aux_at, final_at = vllm_layer_ids(layer_ids, cfg.num_hidden_layers)
-    norm = load_final_norm(t.model, t.trust_remote_code)
+    split = StateSplit(t, layer_ids)
     done, new_tokens = out.num_sequences, 0
     todo = batches[done // c.batch_size :]
-    where = replicas(recipe.vllm)
-    longest = max((len(s["input_ids"]) for b in todo for s in b), default=1) + 1  # and the 1 token asked
-    args = engine_args(recipe.vllm, where[0].kind, min(max(longest, 16), context_length(t)))
-    target = resolve_path(t.model)
-    with CaptureReplicas(target, ids, server_dtype(t.dtype), where, args, out.out_dir, label) as vllm:
+    longest = max((len(s["input_ids"]) for b in todo for s in b), default=1)
+    with replicas_for(recipe, split.ids, longest, out.out_dir, label) as vllm:
         t_start = time.time()  # the replicas are up: from here on, capture's speed
         for j, states in vllm.in_order([[s["input_ids"] for s in b] for b in todo]):
             j += done // c.batch_size
-            stored = [
-                stored_form(*split_states(x, aux_at, final_at, norm), c, len(layer_ids), lm_head)
-                for x in states
-            ]
+            stored = [stored_form(*split(x), c, len(layer_ids), lm_head) for x in states]
             new_tokens += _add_batch(out, batches[j], j * c.batch_size, done, stored, c, bar, per_row=True)
     return new_tokens, time.time() - t_start
 

@@ -27,6 +27,14 @@ from pathlib import Path
 
 import torch
 
+from eyas.data.target import (
+    context_length,
+    load_final_norm,
+    load_target_config,
+    resolve_path,
+    server_dtype,
+    text_config,
+)
 from eyas.errors import InputError, RunError
 from eyas.serve.external.vllm_env import require_vllm, vllm_environ
 from eyas.serve.external.vllm_server import last_error
@@ -313,6 +321,33 @@ def vllm_layer_ids(aux_ids: list[int], num_layers: int) -> tuple[list[int], list
     -> (ids, where each aux id is among them, where N is)."""
     ids = sorted({*aux_ids, num_layers})
     return ids, [ids.index(k) for k in aux_ids], ids.index(num_layers)
+
+
+class StateSplit:
+    """What vLLM returns per sequence, states (T, n_ids, H) of its ids (the aux ids and N, ascending), split
+    into what eyas trains on: `split(states)` -> aux (1, T, n_aux*H) in the aux ids' order, final (1, T, H)
+    = the target's own final norm of id N. `ids`: the ids to ask vLLM for."""
+
+    def __init__(self, t, layer_ids: list[int]):
+        cfg = text_config(load_target_config(t.model, t.trust_remote_code))
+        self.ids, self.aux_at, self.final_at = vllm_layer_ids(layer_ids, cfg.num_hidden_layers)
+        self.norm = load_final_norm(t.model, t.trust_remote_code)
+
+    def __call__(self, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return split_states(states, self.aux_at, self.final_at, self.norm)
+
+
+def replicas_for(recipe, ids: list[int], longest: int, log_dir: Path, label: str = "", storage=None):
+    """A (not yet started) CaptureReplicas of the recipe's target over its `vllm` section, asking for the
+    vLLM ids `ids`, its context long enough for `longest`-token sequences (and the one token asked)."""
+    from eyas.serve.external.vllm_fleet import engine_args, replicas
+
+    t, where = recipe.target, replicas(recipe.vllm)
+    need = min(max(longest + 1, 16), context_length(t))
+    args = engine_args(recipe.vllm, where[0].kind, need)
+    return CaptureReplicas(
+        resolve_path(t.model), ids, server_dtype(t.dtype), where, args, log_dir, label, storage
+    )
 
 
 def split_states(

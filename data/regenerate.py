@@ -50,10 +50,9 @@ from eyas.data.target import (
     context_length,
     input_device,
     load_recipe_target,
-    load_target_config,
+    refuse_vllm_mxfp4,
     resolve_path,
     server_dtype,
-    stored_as_mxfp4,
 )
 from eyas.io import read_jsonl, write_json, write_jsonl
 from eyas.layout import is_done, mark_done, read_done, require_done, stage_dir
@@ -419,17 +418,15 @@ def _through_hf(
     return new_tokens, gen_s
 
 
-def _through_vllm(d, t, run_dir, parts: list, todo: list[int], *rest, v=None) -> tuple[int, float]:
+def _through_vllm(d, t, run_dir, parts: list, todo: list[int], *rest, v) -> tuple[int, float]:
     """`data.backend: vllm`: a vLLM server per replica of the recipe's `vllm` section (serve/external/
     vllm_fleet.py: 127.0.0.1, the target's dtype, checked while they serve, stopped when done), the prompts
     spread over them by the server path. Nothing to do: no server started."""
     if not todo:
         return 0, 0.0
-    from eyas.serve.external.vllm_env import refuse_mxfp4_without_kernels
     from eyas.serve.external.vllm_fleet import VllmFleet, engine_args, replicas
 
-    mxfp4 = stored_as_mxfp4(load_target_config(t.model, t.trust_remote_code))
-    refuse_mxfp4_without_kernels("data.backend", t.model, mxfp4)
+    refuse_vllm_mxfp4(t, "data.backend")
     where = replicas(v)
     need = min(d.max_prompt_tokens + d.max_new_tokens, context_length(t))
     args = engine_args(v, where[0].kind, need)

@@ -370,6 +370,15 @@ def load_target_config(name: str, trust_remote_code: bool = False, key: str = "t
         return AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
 
 
+def refuse_vllm_mxfp4(t, key: str) -> None:
+    """Before vLLM starts: an InputError naming `key` (data.backend / capture.backend) where the recipe's
+    target section `t` stores MXFP4 experts that vLLM cannot run on this machine (vllm_env.py says)."""
+    from eyas.serve.external.vllm_env import refuse_mxfp4_without_kernels
+
+    mxfp4 = stored_as_mxfp4(load_target_config(t.model, t.trust_remote_code))
+    refuse_mxfp4_without_kernels(key, t.model, mxfp4)
+
+
 def context_length(t) -> int:
     """The longest context the recipe's target section `t` takes (its config's max_position_embeddings)."""
     cfg = text_config(load_target_config(t.model, t.trust_remote_code))

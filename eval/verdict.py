@@ -38,8 +38,8 @@ class Parting:
     at: int  # index of the first differing generated token
     loop_token: int | None  # None: the loop's output ended there
     greedy_token: int | None
-    gap: float | None  # one-token step: logit(greedy token) - logit(loop token)
-    shift: float | None  # verification shape's margin - one-token step's margin
+    gap: float | None  # plain decoding's logit(greedy token) - logit(loop token)
+    shift: float | None  # the verification's margin - plain decoding's margin
     kind: str  # "numerical" | "failure"
 
 

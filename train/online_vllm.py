@@ -37,21 +37,7 @@ from pathlib import Path
 import torch
 
 from eyas.data.capture import DTYPES
-from eyas.data.capture_vllm import (
-    CaptureReplicas,
-    VllmCapture,
-    VllmCaptureError,
-    split_states,
-    vllm_layer_ids,
-)
-from eyas.data.target import (
-    context_length,
-    load_final_norm,
-    load_target_config,
-    resolve_path,
-    server_dtype,
-    text_config,
-)
+from eyas.data.capture_vllm import CaptureReplicas, StateSplit, VllmCapture, VllmCaptureError, replicas_for
 from eyas.errors import InputError, RunError
 from eyas.io import read_json, write_json
 from eyas.recipes.schema import Recipe
@@ -81,10 +67,7 @@ class VllmFeed:
     """This process's clients of the producers, and what turns their states into training batches."""
 
     def __init__(self, recipe: Recipe, index: dict, producers: list[dict], device: torch.device):
-        t = recipe.target
-        n_layers = text_config(load_target_config(t.model, t.trust_remote_code)).num_hidden_layers
-        _, self.aux_at, self.final_at = vllm_layer_ids(index["aux_layer_ids"], n_layers)
-        self.norm = load_final_norm(t.model, t.trust_remote_code)
+        self.split = StateSplit(recipe.target, index["aux_layer_ids"])
         self.dtype, self.device = DTYPES[recipe.capture.dtype], device
         self.depth = recipe.capture.online_prefetch
         self.clients = [VllmCapture.connect(p) for p in producers]
@@ -144,11 +127,11 @@ class VllmFeed:
         """aux (B, T, n_aux*H) and final (B, T, H) in capture.dtype, each sequence's (n, n_ids, H) states
         split as the offline vLLM capture splits them (final = the target's norm of id N)."""
         B, T = batch["input_ids"].shape
-        H = self.norm.weight.shape[0]
-        aux = torch.zeros(B, T, len(self.aux_at) * H, dtype=self.dtype)
+        H = self.split.norm.weight.shape[0]
+        aux = torch.zeros(B, T, len(self.split.aux_at) * H, dtype=self.dtype)
         final = torch.zeros(B, T, H, dtype=self.dtype)
         for (b, s, n), x in zip(segs, states):
-            a, f = split_states(x, self.aux_at, self.final_at, self.norm)  # (1, n, n_aux*H), (1, n, H)
+            a, f = self.split(x)  # (1, n, n_aux*H), (1, n, H)
             aux[b, s : s + n], final[b, s : s + n] = a[0].to(self.dtype), f[0].to(self.dtype)
         return {
             **{k: v.to(self.device) for k, v in batch.items()},
@@ -214,22 +197,14 @@ def start_feed(recipe: Recipe, run_dir: Path, index: dict, lengths: list[int], a
 
 def _start_producers(recipe: Recipe, out_dir: Path, index: dict, lengths: list[int], acc):
     """-> (the started CaptureReplicas, the buffer directory)."""
-    from eyas.data.target import stored_as_mxfp4
-    from eyas.serve.external.vllm_env import refuse_mxfp4_without_kernels
-    from eyas.serve.external.vllm_fleet import engine_args, replicas
+    from eyas.data.target import refuse_vllm_mxfp4
 
-    t, where = recipe.target, replicas(recipe.vllm)
-    config = load_target_config(t.model, t.trust_remote_code)
-    refuse_mxfp4_without_kernels("capture.backend", t.model, stored_as_mxfp4(config))
-    n_layers = text_config(config).num_hidden_layers
-    ids, _, _ = vllm_layer_ids(index["aux_layer_ids"], n_layers)
-    longest = min(max(lengths, default=1), recipe.train.max_length) + 1  # rows cut sequences; 1 token asked
-    args = engine_args(recipe.vllm, where[0].kind, min(max(longest, 16), context_length(t)))
+    refuse_vllm_mxfp4(recipe.target, "capture.backend")
+    ids = StateSplit(recipe.target, index["aux_layer_ids"]).ids
+    longest = min(max(lengths, default=1), recipe.train.max_length)  # rows cut sequences
     shm = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
     buffer = tempfile.mkdtemp(prefix="eyas-online-", dir=shm or out_dir)
-    owner = CaptureReplicas(
-        resolve_path(t.model), ids, server_dtype(t.dtype), where, args, out_dir, "producer", storage=buffer
-    )
+    owner = replicas_for(recipe, ids, longest, out_dir, "producer", storage=buffer)
     owner.__enter__()
     return owner, buffer
 
