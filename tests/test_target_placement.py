@@ -108,15 +108,9 @@ def make_mxfp4_target(path):
                 stored[k] = v
         f.unlink()
     save_file(stored, path / "model.safetensors", metadata={"format": "pt"})
-    cfg["quantization_config"] = {
-        "quant_method": "mxfp4",
-        "modules_to_not_convert": [
-            "model.layers.*.self_attn",
-            "model.layers.*.mlp.router",
-            "model.embed_tokens",
-            "lm_head",
-        ],
-    }
+    from eyas.gpt_oss import GPT_OSS_SHARED
+
+    cfg["quantization_config"] = GPT_OSS_SHARED["quantization_config"]  # the hub checkpoint's
     (path / "config.json").write_text(json.dumps(cfg))
     return path
 
