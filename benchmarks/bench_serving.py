@@ -35,7 +35,7 @@ from eyas.recipes.load import load_recipe
 from eyas.serve.decoding.engine import Engine
 from eyas.serve.decoding.sampling import SamplingParams
 from eyas.serve.decoding.tree import TreeShape
-from eyas.train.checkpoint import load_draft
+from eyas.train.checkpoint import load_draft_beside
 
 
 @dataclass
@@ -163,8 +163,7 @@ def run_setup(args: argparse.Namespace) -> Setup:
     recipe = load_recipe(run / layout.RECIPE, [f"target.device={args.device}"] if args.device else [])
     model, tok = load_recipe_target(recipe.target)
     dev = input_device(model)  # a run whose target.device_map splits it: the loop runs on the input device
-    dtype = next(model.parameters()).dtype
-    draft = load_draft(run / layout.FINAL_CHECKPOINT, device=dev, dtype=dtype).eval()
+    draft = load_draft_beside(run / layout.FINAL_CHECKPOINT, model)
     prompts = [render_prompt(tok, m) for m in held_out(run, args.prompts).messages]
     return Setup(model, draft, set(eos_token_ids(model, tok)), prompts, f"{recipe.target.model} ({run})", dev)
 

@@ -46,7 +46,7 @@ from eyas.serve.decoding.reference import greedy_generate
 from eyas.serve.decoding.sampling import SamplingParams
 from eyas.serve.decoding.tree import TreeShape
 from eyas.stages import STAGE_ORDER
-from eyas.train.checkpoint import load_draft
+from eyas.train.checkpoint import load_draft_beside
 from eyas.train.model import Eagle3Draft
 
 
@@ -241,12 +241,9 @@ def resolve_settings(
 
 
 def load_drafts(drafts: list[tuple[str, str]], model: torch.nn.Module) -> list[tuple[str, Eagle3Draft]]:
-    """Each (name, checkpoint dir) loaded where the target's input ids go (the serving loop keeps its
-    per-row state there), in the target's dtype (float32 for a float16 target)."""
-    dtype = next(model.parameters()).dtype
-    dtype = dtype if dtype != torch.float16 else torch.float32
-    device = input_device(model)
-    return [(name, load_draft(path, device=device, dtype=dtype).eval()) for name, path in drafts]
+    """Each (name, checkpoint dir) loaded beside the target (train/checkpoint.py load_draft_beside: where its
+    input ids go, in its dtype, its embedding shared)."""
+    return [(name, load_draft_beside(path, model)) for name, path in drafts]
 
 
 def resolve_benchmarks(

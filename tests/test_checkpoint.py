@@ -108,3 +108,31 @@ def test_overwrite_is_atomic(tmp_path, monkeypatch):
         save_draft(random_draft(1), tmp_path / "ckpt", dtype=torch.float32)
     assert torch.equal(logits_of(load_draft(tmp_path / "ckpt")), logits_of(d))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_loaded_beside_a_target_its_embedding_is_the_targets_own_tensor(tmp_path, dtype):
+    """load_draft_beside: the draft in the target's dtype (float32 beside a float16 target) with the target's
+    input embedding as its own (the same storage where the dtypes agree: no second vocab x H copy, 1.16 GB at
+    gpt-oss-120b's widths in bf16), and the logits of the draft the file holds."""
+    from eyas.train.checkpoint import load_draft_beside
+
+    d = random_draft()
+    save_draft(d, tmp_path / "ckpt", dtype=torch.float32)
+
+    class Target(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(101, 32).to(dtype)
+            self.embed.weight.data.copy_(d.embed_tokens.weight)
+
+        def get_input_embeddings(self):
+            return self.embed
+
+    target = Target()
+    back = load_draft_beside(tmp_path / "ckpt", target)
+    want = torch.float32 if dtype == torch.float16 else dtype
+    assert {p.dtype for p in back.parameters()} == {want} and not back.training
+    shares = back.embed_tokens.weight.data_ptr() == target.embed.weight.data_ptr()
+    assert shares == (dtype != torch.float16)
+    assert torch.equal(logits_of(back), logits_of(load_draft(tmp_path / "ckpt", dtype=want)))

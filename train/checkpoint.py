@@ -95,8 +95,10 @@ def load_draft(
     dtype: torch.dtype = torch.float32,
     embed: torch.Tensor | None = None,
 ) -> Eagle3Draft:
-    """Load an eyas checkpoint. Without embed_tokens in the file, pass the target's as `embed`
-    (or it is read from the target named in the config)."""
+    """Load an eyas checkpoint. `embed` (vocab, H), the target's input embedding, which the draft's frozen
+    embed_tokens equals: taken as it is (shared, not copied; the file's copy not read) where it has `dtype`
+    and lives on `device`, else copied in; without it and without embed_tokens in the file, read from the
+    target named in the config."""
     path = Path(path)
     cfg = read_config(path)
     # built without initialising (on the meta device), given storage in `dtype` on `device`, then the
@@ -104,18 +106,23 @@ def load_draft(
     # (a built, initialised fp32 draft and the whole file would be 7 GB more at gpt-oss-120b's widths)
     with torch.device("meta"):
         draft = Eagle3Draft(cfg)
+    shared = embed is not None and embed.dtype == dtype and embed.device == torch.device(device)
+    if shared:  # no storage of its own (gpt-oss-120b's: 1.16 GB in bf16)
+        draft.embed_tokens.weight = None
     draft = draft.to(dtype=dtype).to_empty(device=device)
     draft.rotary = Rotary(cfg)  # the one tensor made outside parameters and buffers (inv_freq)
+    if shared:
+        draft.embed_tokens.weight = torch.nn.Parameter(embed.detach(), requires_grad=False)
     own = draft.state_dict()
     with safe_open(str(path / "model.safetensors"), "pt") as f:
         stored = set(f.keys())
-        if "embed_tokens.weight" not in stored:  # the target's, given or read from it
-            if embed is None:
-                if not cfg.target_model:
-                    raise ValueError(f"{path}: no embed_tokens.weight and no target_model to read it from")
-                from eyas.data.target import load_head_weights
+        if embed is None and "embed_tokens.weight" not in stored:
+            if not cfg.target_model:
+                raise ValueError(f"{path}: no embed_tokens.weight and no target_model to read it from")
+            from eyas.data.target import load_head_weights
 
-                embed = load_head_weights(cfg.target_model)["embed"]
+            embed = load_head_weights(cfg.target_model)["embed"]
+        if embed is not None and not shared:
             own["embed_tokens.weight"].copy_(embed)
         missing = sorted(own.keys() - stored - {"embed_tokens.weight"})
         unexpected = sorted(stored - own.keys())
@@ -123,6 +130,20 @@ def load_draft(
             raise ValueError(
                 f"{path}: checkpoint does not match the draft (missing {missing}, unexpected {unexpected})"
             )
-        for name in stored:
+        for name in stored - ({"embed_tokens.weight"} if embed is not None else set()):
             _copy_in_slices(own[name], f.get_slice(name))
     return draft
+
+
+def load_draft_beside(path: str | Path, model: torch.nn.Module) -> Eagle3Draft:
+    """An eyas checkpoint loaded to run beside the target `model` (the serving loop, eval, `eyas serve`): in
+    the target's dtype (float32 for a float16 target), where its input ids go, its embedding the target's own
+    tensor where it has the draft's dtype and is not offloaded by a device_map (else the file's copy); in
+    eval mode."""
+    from eyas.data.target import input_device
+
+    dtype = next(model.parameters()).dtype
+    dtype = dtype if dtype != torch.float16 else torch.float32
+    embed = model.get_input_embeddings().weight
+    embed = embed if embed.device.type != "meta" and embed.dtype == dtype else None
+    return load_draft(path, device=input_device(model), dtype=dtype, embed=embed).eval()

@@ -242,7 +242,8 @@ def process_memory(
     """Peak bytes of eyas's own process in each stage, above the interpreter's: `held`, the target as
     transformers holds it, where the stage runs it in this process (the hf backends, online training's hf
     target); training's state and activations (training_memory); eval's loop: the target as it holds it
-    (`held_eval`, eval.target_dtype) and the draft, embedding included, in `eval_bytes` per parameter.
+    (`held_eval`, eval.target_dtype) and the draft but its embedding (the target's), in `eval_bytes` per
+    parameter.
     vLLM's processes are not counted here (vllm.gpu_memory_utilization of each GPU)."""
     static, act = training_memory(recipe, cfg, draft, a)
     online_hf = recipe.capture.mode == "online" and recipe.capture.backend == "hf"
@@ -250,7 +251,8 @@ def process_memory(
         "regenerate": held if recipe.data.backend == "hf" else 0.0,
         "capture": held if recipe.capture.backend == "hf" and not online_hf else 0.0,
         "train": static + act + (held if online_hf else 0.0),
-        "eval": held_eval + (draft.trainable + draft.frozen) * eval_bytes,
+        # the draft's embedding is the target's own tensor (train/checkpoint.py load_draft_beside)
+        "eval": held_eval + (draft.trainable + draft.frozen - cfg.vocab_size * cfg.hidden_size) * eval_bytes,
     }
 
 

@@ -77,21 +77,16 @@ def build_served(
     speculate: bool = True,
 ) -> Served:
     """Load the target (as every stage does) and the draft; start the engine thread."""
-    import torch
-
     from eyas.data.chat import eos_token_ids
-    from eyas.data.target import input_device, load_recipe_target, resolve_path
-    from eyas.train.checkpoint import load_draft
+    from eyas.data.target import load_recipe_target, resolve_path
+    from eyas.train.checkpoint import load_draft_beside
 
     model, tok = load_recipe_target(recipe.target)
     eos = set(eos_token_ids(model, tok))
     engines = {"plain": Engine(model, max_batch=max_num_seqs, eos_ids=eos, max_model_len=max_model_len)}
     draft = None
     if draft_dir is not None and speculate:
-        dtype = next(model.parameters()).dtype
-        draft = load_draft(
-            draft_dir, device=input_device(model), dtype=dtype if dtype != torch.float16 else torch.float32
-        ).eval()
+        draft = load_draft_beside(draft_dir, model)
         engines["spec"] = Engine(
             model, draft, shape, max_batch=max_num_seqs, eos_ids=eos, max_model_len=max_model_len
         )
