@@ -247,6 +247,12 @@ class TrainSection(Section):
     grad_accum: int = Field(1, ge=1, description="gradient accumulation steps")
     max_length: int = Field(2048, ge=2, description="tokens per row; longer sequences are truncated")
     pack: bool = Field(False, description="several sequences per row (document mask, per-sequence positions)")
+    sequence_parallel: int = Field(
+        1,
+        ge=1,
+        description="processes one row is spread over (Ulysses, train/sequence_parallel.py): it divides the "
+        "draft's query and key/value heads and the process count (P x D processes: D rows at a time)",
+    )
     attention: Attention = Field("auto", description="TTT attention")
     checkpoint_layer: bool = Field(False, description="recompute each step's layer in backward: less memory")
     compile: Literal["auto", "on", "off"] = Field("auto", description="torch.compile the norms and MLP")

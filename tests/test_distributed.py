@@ -14,7 +14,9 @@
 * a 2-process run killed (SIGKILL, the whole process group) after a state save resumes to the
   bit-identical weights of an uninterrupted 2-process run: DDP, and FSDP2 and ZeRO-3, whose saved
   state is sharded;
-* SIGTERM to torchrun: both ranks stop at the same step and save it; the re-run resumes to the same weights.
+* SIGTERM to torchrun: both ranks stop at the same step and save it; the re-run resumes to the same weights;
+* sequence parallelism (train.sequence_parallel=2) on 2 processes and on 2 x 2 equals 1 process, and a killed
+  run of it resumes to the same weights (a row over P processes against one process: test_sequence_parallel).
 """
 
 import json
@@ -177,13 +179,20 @@ def test_ddp_equals_one_process_with_the_same_global_batch(base, two_procs, one_
     assert_close_weights(weights(two_procs), weights(one))
 
 
+def online_base(base) -> Path:
+    """The base run with capture.mode online (nothing stored: the target runs inside training)."""
+    root, recipe = base
+    src = root / "online-base"
+    if not src.exists():
+        shutil.copytree(root / "base", src, ignore=shutil.ignore_patterns("capture"))
+        run_all(load_recipe(recipe, ["capture.mode=online"]), src, stages=("capture",), progress=False)
+    return src
+
+
 def test_online_mode_under_ddp_equals_one_process(base):
     """`capture.mode: online` on 2 processes: each runs the target on its own micro-batches; the weights equal
     a 1-process online run's with the same global batch (within 2e-6, as DDP), and nothing is stored."""
-    root, recipe = base
-    src = root / "online-base"
-    shutil.copytree(root / "base", src, ignore=shutil.ignore_patterns("capture"))
-    run_all(load_recipe(recipe, ["capture.mode=online"]), src, stages=("capture",), progress=False)
+    src = online_base(base)
     assert not list((src / "capture").glob("*.safetensors"))
     two = train(base, "online-ddp", 2, "train.grad_accum=1", "capture.mode=online", source="online-base")
     one = train(base, "online-single", 1, "train.grad_accum=2", "capture.mode=online", source="online-base")
@@ -224,15 +233,12 @@ def test_accelerate_launch_with_the_shipped_ddp_config(base, two_procs):
         assert torch.equal(a[k], b[k]), k
 
 
-@pytest.mark.parametrize("config", [None, "fsdp2", "zero3"], ids=["ddp", "fsdp2", "zero3"])
-def test_killed_two_process_run_resumes_to_the_same_weights(base, two_procs, config):
-    if config == "zero3":
-        pytest.importorskip("deepspeed")
+def kill_and_resume(base, name: str, over: tuple, config=None, total=None):
+    """A 2-process run SIGKILLed (torchrun and both workers) after its first state save, then re-run: it
+    resumes from the saved step and logs every step once -> the run."""
     root, recipe = base
-    name = f"killed-{config or 'ddp'}"
     run = root / name
     shutil.copytree(root / "base", run)
-    over = ("train.grad_accum=1", "train.save_every=2")
     proc = subprocess.Popen(
         command(recipe, run, 2, *over, config=config),
         env={**ENV, **CPU_ENV.get(config, {})},
@@ -248,19 +254,48 @@ def test_killed_two_process_run_resumes_to_the_same_weights(base, two_procs, con
     proc.wait()
     assert not layout.is_done(run, "train"), "the run finished before it could be killed"
     saved = json.loads(step_file.read_text())["step"]
-    total = layout.read_done(two_procs, "train")["steps"]
     assert 2 <= saved < total
     train(base, name, 2, *over, config=config)  # resumes from the saved step
     log = [json.loads(x) for x in (run / "train" / "log.jsonl").read_text().splitlines()]
-    assert [e["step"] for e in log if "loss" in e] == list(
-        range(1, total + 1)
-    )  # steps redone are logged once
+    assert [e["step"] for e in log if "loss" in e] == list(range(1, total + 1))  # steps redone: logged once
+    return run
+
+
+@pytest.mark.parametrize("config", [None, "fsdp2", "zero3"], ids=["ddp", "fsdp2", "zero3"])
+def test_killed_two_process_run_resumes_to_the_same_weights(base, two_procs, config):
+    if config == "zero3":
+        pytest.importorskip("deepspeed")
+    over = ("train.grad_accum=1", "train.save_every=2")
+    total = layout.read_done(two_procs, "train")["steps"]
+    run = kill_and_resume(base, f"killed-{config or 'ddp'}", over, config, total)
     # against the uninterrupted run of the same launcher (DDP: two_procs; the others ran in the test above,
     # or run here when this test runs alone)
     uninterrupted = (
         two_procs if config is None else train(base, config, 2, "train.grad_accum=1", config=config)
     )
     a, b = weights(run), weights(uninterrupted)
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+def test_online_sequence_parallel_equals_one_process(base):
+    """capture.mode online with train.sequence_parallel=2: each process runs the target over the whole row and
+    keeps its shard; the weights equal a 1-process online run's (within 2e-6)."""
+    online_base(base)
+    over = ("train.grad_accum=2", "capture.mode=online")
+    sp = train(base, "online-sp2", 2, *over, "train.sequence_parallel=2", source="online-base")
+    one = train(base, "online-single", 1, *over, source="online-base")
+    assert layout.read_done(sp, "train")["tokens_seen"] == layout.read_done(one, "train")["tokens_seen"] > 0
+    assert_close_weights(weights(sp), weights(one))
+
+
+def test_killed_sequence_parallel_run_resumes_to_the_same_weights(base, one_proc):
+    """train.sequence_parallel=2 on 2 processes, killed after a save and re-run: the bit-identical weights of
+    the uninterrupted sequence-parallel run."""
+    over = ("train.grad_accum=2", "train.sequence_parallel=2", "train.save_every=2")
+    total = layout.read_done(one_proc, "train")["steps"]
+    run = kill_and_resume(base, "killed-sp2", over, None, total)
+    a, b = weights(run), weights(train(base, "sp2-2", 2, *over[:2]))
     for k in a:
         assert torch.equal(a[k], b[k]), k
 
@@ -309,3 +344,32 @@ def test_micro_batches_cover_every_row_once_per_epoch(rows, b, a, world):
         dealt = sorted(i for p in per for mb in p[s * a : (s + 1) * a] for i in mb)
         assert dealt == sorted(i for mb in one[s * a * world : (s + 1) * a * world] for i in mb)
     assert epoch_micro_batches(rows, b, a, world, 0, seed=3, epoch=2) != per[0] or rows <= b
+
+
+def test_sequence_parallel_equals_one_process(base, one_proc):
+    """train.sequence_parallel=2 (each row over 2 processes, train/sequence_parallel.py), on 2 processes
+    (P = 2, D = 1) with grad_accum 2 and on 4 (P = 2 x D = 2) with grad_accum 1: the steps, tokens and
+    validation of the 1-process run with the same global batch, its logged losses (D = 1; within 1e-5), and
+    its weights within 2e-6 of each tensor's largest (fp32; the all-to-all and all-reduce sum in another
+    order)."""
+    ref = layout.read_done(one_proc, "train")
+    ref_log = [json.loads(x) for x in (one_proc / "train" / "log.jsonl").read_text().splitlines()]
+    for nproc, accum in ((2, 2), (4, 1)):
+        run = train(base, f"sp2-{nproc}", nproc, f"train.grad_accum={accum}", "train.sequence_parallel=2")
+        done = layout.read_done(run, "train")
+        assert (done["num_processes"], done["sequence_parallel"]) == (nproc, 2)
+        assert (done["steps"], done["tokens_seen"], done["global_batch_rows"]) == (
+            ref["steps"],
+            ref["tokens_seen"],
+            ref["global_batch_rows"],
+        )
+        log = [json.loads(x) for x in (run / "train" / "log.jsonl").read_text().splitlines()]
+        losses = [[e["loss"] for e in x if "loss" in e] for x in (log, ref_log)]
+        assert len(losses[0]) == ref["steps"]
+        if nproc == 2:  # the main process's rows are the whole step's (D = 1)
+            assert losses[0] == pytest.approx(losses[1], rel=1e-5)
+        assert done["validation"]["positions"] == ref["validation"]["positions"] > 0
+        assert done["validation"]["replayed_tau"] == pytest.approx(
+            ref["validation"]["replayed_tau"], rel=1e-6
+        )
+        assert_close_weights(weights(run), weights(one_proc))

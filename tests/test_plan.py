@@ -96,6 +96,12 @@ def test_long_context_plan_scales_activations_and_training_rate():
     act = a.act_bytes_per_token_step_checkpointed * 65536 * r.train.batch_size * r.train.ttt_steps
     assert p.train_activation_gb * 1e9 == pytest.approx(act)
     assert p.train_tok_s == pytest.approx(8 * 15.8e3 * 7 / r.train.ttt_steps)  # held at the 32K rate
+    # each row over 4 GPUs (train.sequence_parallel): a GPU holds a quarter of its tokens' activations
+    r4 = load_recipe("gpt-oss-120b-long-context", ["train.sequence_parallel=4"])
+    sp = plan(r4, "8xH200")
+    assert sp.train_activation_gb == pytest.approx(p.train_activation_gb / 4)
+    assert sp.train_static_gb == pytest.approx(p.train_static_gb)
+    assert "max_length 65536 / 4 GPUs (train.sequence_parallel) x batch 1" in render(r4, sp)
 
 
 @pytest.mark.parametrize(

@@ -41,6 +41,7 @@ from .online_vllm import ProducerStopped, VllmFeed, feed_stats, start_feed
 from .optim import make_optimizer
 from .packing import PackedRows, collate_rows, cut_note, plan_rows
 from .schedule import MicroBatches, epoch_micro_batches, evaluation_micro_batches, updates_per_epoch
+from .sequence_parallel import SequenceParallel, check_heads
 from .state import load_latest, save_state, sum_over_processes
 from .ttt import TTTModule, TTTOutput, model_inputs, simulated_tau
 from .validation import held_out_split, sampled_at_t1, validate
@@ -161,7 +162,7 @@ def step_metrics(outs: list) -> dict:
     n, right, base, cond = tot("step_count"), tot("step_right"), tot("step_cond_base"), tot("step_cond_right")
     cond_acc = [c / max(b, 1) for c, b in zip(cond, base)]
     return {
-        "loss": sum(float(o.loss.detach()) for o in outs) / len(outs),
+        "loss": sum(o.loss_value for o in outs) / len(outs),
         "acc": [r / max(c, 1) for r, c in zip(right, n)],
         "cond_acc": cond_acc,
         "step_loss": [x / len(outs) for x in tot("step_loss")],
@@ -222,14 +223,23 @@ class Training:
     total: int  # optimizer steps
     out_dir: Path  # RUN/train
     feed: VllmFeed | None = None  # online training from vLLM: the producers' clients (train/online_vllm.py)
+    sp: SequenceParallel | None = None  # train.sequence_parallel > 1: this process's shard of each row
     step: int = 0  # optimizer steps done
-    tokens: int = 0  # trained on by this process (the main process also carries a resumed state's count)
+    tokens: int = 0  # trained on by this process (the main process also carries a resumed state's count);
+    # under sequence parallelism by the first process of each group
     loop_s: float = 0.0  # this process's seconds in the step loop (setup and the end not counted)
     last: dict = field(default_factory=dict)  # the last step's log entry
 
     @property
     def log_path(self) -> Path:
         return self.out_dir / "log.jsonl"
+
+    @property
+    def dp(self) -> tuple[int, int]:
+        """(D, this process's index among them): the processes dealt different rows."""
+        if self.sp is not None:
+            return self.sp.dp_size, self.sp.dp_rank
+        return self.acc.num_processes, self.acc.process_index
 
     @property
     def state_dir(self) -> Path:
@@ -302,6 +312,11 @@ def _setup_training(recipe, run_dir, acc, heads, index, online, feed, out_dir) -
 
     draft = build_draft(recipe, run_dir, heads)
     trainable = draft.num_parameters()  # before prepare: ZeRO-3 partitions them
+    sp = None
+    if tr.sequence_parallel > 1:
+        c = draft.config
+        check_heads(tr.sequence_parallel, c.num_attention_heads, c.num_key_value_heads)
+        sp = SequenceParallel.build(tr.sequence_parallel, tr.ttt_steps, acc.device.type)
     if compile_math(tr.compile, acc):
         draft.compile_math()
     # the target's lm_head turns stored final states into the teacher; a top-k capture needs none
@@ -315,14 +330,15 @@ def _setup_training(recipe, run_dir, acc, heads, index, online, feed, out_dir) -
         tr.checkpoint_layer,
         tr.loss,
         sampled_at_t1(recipe.data),
+        sp,
     )
     if acc.is_fsdp2:
         configure_fsdp2(acc, draft)
-    data = training_data(tr, run_dir, online, acc, feed)
+    data = training_data(tr, run_dir, online, acc, feed, sp)
     total = tr.max_steps or max(1, math.ceil(tr.epochs * data.per_epoch))
     module, opt, sched, params = prepare(tr, acc, module, total)
     return Training(
-        recipe, acc, module, opt, sched, params, draft.config, trainable, data, total, out_dir, feed=feed
+        recipe, acc, module, opt, sched, params, draft.config, trainable, data, total, out_dir, feed, sp
     )
 
 
@@ -372,10 +388,11 @@ def training_data(
     online: OnlineTarget | None,
     acc: Accelerator,
     feed: VllmFeed | None = None,
+    sp: SequenceParallel | None = None,
 ) -> TrainData:
     """The stored sequences (or, online, the regenerated ones the target runs over: here (`online`) or in
     vLLM's producers (`feed`)), split into training rows (packed) and held-out validation sequences, dealt to
-    this process."""
+    this process (under sequence parallelism: to its group, each batch cut to this process's window)."""
     from eyas.data.shards import ShardDataset
 
     if online is not None or feed is not None:
@@ -397,13 +414,16 @@ def training_data(
     collate = partial(collate_rows, max_length=tr.max_length)
     # validation batches dealt to ranks like training's, padded so every rank runs as many forwards
     # (a wrapped module's forward may hold collectives: a rank with one batch fewer would hang the rest)
+    if sp is not None:  # the rows whole until here (online: the target's states of the whole row)
+        stream = partial(lambda s, b: map(sp.window, s(b)), stream)
+    world, rank = (sp.dp_size, sp.dp_rank) if sp is not None else (acc.num_processes, acc.process_index)
     val_rows = PackedRows(sequences, [[i] for i in val_ids])
-    val_lists = evaluation_micro_batches(len(val_ids), tr.batch_size, acc.num_processes, acc.process_index)
+    val_lists = evaluation_micro_batches(len(val_ids), tr.batch_size, world, rank)
 
     def val_batches() -> Iterator[dict]:
         return stream(MicroBatches(val_rows, val_lists, collate))
 
-    per_epoch = updates_per_epoch(len(dataset), tr.batch_size, tr.grad_accum, acc.num_processes)
+    per_epoch = updates_per_epoch(len(dataset), tr.batch_size, tr.grad_accum, world)
     return TrainData(dataset, collate, stream, val_ids, val_batches, per_epoch)
 
 
@@ -484,7 +504,7 @@ def train_steps(t: Training, progress: bool) -> None:
                 for batch in t.data.stream(loader):  # on the device (online: the target's states added)
                     out = micro_batch(t, batch)
                     n_tok = int(batch["lengths"].sum())
-                    t.tokens += n_tok
+                    t.tokens += n_tok if t.sp is None or t.sp.rank == 0 else 0
                     if n_tok:
                         outs.append(out)
                     if not acc.sync_gradients:
@@ -516,10 +536,8 @@ def epoch_loader(t: Training, epoch: int, skip: int) -> DataLoader:
     workers that leave SIGINT / SIGTERM to this process)."""
     from torch.utils.data import DataLoader
 
-    tr, acc, d = t.recipe.train, t.acc, t.data
-    batches = epoch_micro_batches(
-        len(d.dataset), tr.batch_size, tr.grad_accum, acc.num_processes, acc.process_index, tr.seed, epoch
-    )[skip:]
+    tr, d = t.recipe.train, t.data
+    batches = epoch_micro_batches(len(d.dataset), tr.batch_size, tr.grad_accum, *t.dp, tr.seed, epoch)[skip:]
     return DataLoader(
         MicroBatches(d.dataset, batches, d.collate),
         batch_size=None,
@@ -590,7 +608,7 @@ def run_validation(t: Training) -> dict | None:
     held-out sequences."""
     if not t.data.val_ids:
         return None
-    val = validate(t.module, t.data.val_batches(), t.acc, t.recipe.train.ttt_steps)
+    val = validate(t.module, t.data.val_batches(), t.acc, t.recipe.train.ttt_steps, t.sp)
     if t.acc.is_main_process:
         append_log(t.log_path, {"step": t.step, "val": val})
     t.acc.log(tracker_metrics(val, "val"), step=t.step)
@@ -622,7 +640,8 @@ def finish(t: Training, run_dir: Path, t_start: float) -> dict:
         "last": t.last,
         "mixed_precision": acc.mixed_precision,
         "num_processes": acc.num_processes,
-        "global_batch_rows": acc.num_processes * tr.grad_accum * tr.batch_size,
+        "sequence_parallel": tr.sequence_parallel,
+        "global_batch_rows": t.dp[0] * tr.grad_accum * tr.batch_size,
         "validation": val,
         "val_sequences": len(t.data.val_ids),
         "online": feed_stats(t.feed),  # from vLLM: micro-batches fed, how many training waited for

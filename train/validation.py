@@ -57,8 +57,9 @@ def held_out_split(tr, num_sequences: int) -> tuple[list[int], list[int]]:
 
 
 @torch.no_grad()
-def validate(module, batches, accelerator, ttt_steps: int) -> dict:
-    """Sum TTT counts over `batches` (this process's share) and over processes -> metrics dict."""
+def validate(module, batches, accelerator, ttt_steps: int, sp=None) -> dict:
+    """Sum TTT counts over `batches` (this process's share) and over processes -> metrics dict. Under
+    sequence parallelism (`sp`) each process of a group holds its rows' whole counts: the first adds them."""
     counts = torch.zeros(8, ttt_steps, dtype=torch.float64, device=accelerator.device)
     loss_sum = torch.zeros((), dtype=torch.float64, device=accelerator.device)
     n_batches = 0
@@ -67,7 +68,7 @@ def validate(module, batches, accelerator, ttt_steps: int) -> dict:
     for batch in batches:
         batch = {k: v.to(accelerator.device) for k, v in batch.items()}
         out = module(**model_inputs(batch))
-        if int(batch["lengths"].sum()) == 0:
+        if int(batch["lengths"].sum()) == 0 or (sp is not None and sp.rank):
             continue  # an empty filler batch (train/schedule.py): it ran only to keep processes in step
         counts += torch.tensor(
             [
@@ -82,7 +83,7 @@ def validate(module, batches, accelerator, ttt_steps: int) -> dict:
             dtype=torch.float64,
             device=counts.device,
         )
-        loss_sum += float(out.loss)
+        loss_sum += out.loss_value
         n_batches += 1
     module.train(was_training)
     counts = accelerator.reduce(counts, reduction="sum")

@@ -181,7 +181,8 @@ def training_memory(
 ) -> tuple[float, float]:
     """Draft training bytes per GPU (DDP: everything replicated) -> (static, activations). Static: fp32
     weights, gradients and AdamW state, the fp32 embedding, the teacher lm_head (teacher final).
-    Activations: the measured bytes per token per TTT step, scaled by the draft's layer width."""
+    Activations: the measured bytes per token per TTT step, scaled by the draft's layer width, for the
+    tokens of a row one GPU holds (train.sequence_parallel P: T / P of each; train/sequence_parallel.py)."""
     tr = recipe.train
     static = (
         16 * draft.trainable
@@ -191,7 +192,8 @@ def training_memory(
     per_ts = a.act_bytes_per_token_step_checkpointed if tr.checkpoint_layer else a.act_bytes_per_token_step
     # measured at gpt-oss-120b draft dims: hidden 2880, intermediate 17280
     scale = (2 * draft.config.hidden_size + draft.config.intermediate_size) / (2 * 2880 + 17280)
-    return static, per_ts * scale * tr.max_length * tr.batch_size * tr.ttt_steps
+    tokens = math.ceil(tr.max_length / tr.sequence_parallel)
+    return static, per_ts * scale * tokens * tr.batch_size * tr.ttt_steps
 
 
 def vllm_replicas(recipe: Recipe, held_bytes: float, n_gpu: int, gpu_memory_gb: int) -> tuple[int, int, bool]:

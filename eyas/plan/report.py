@@ -11,6 +11,11 @@ if TYPE_CHECKING:
     from eyas.recipes.schema import Recipe
 
 
+def sp_note(size: int) -> str:
+    """' / P GPUs' where each row is spread over P GPUs (train.sequence_parallel)."""
+    return f" / {size} GPUs (train.sequence_parallel)" if size > 1 else ""
+
+
 def hours(seconds: float) -> str:
     return f"{seconds / 3600:,.1f} h" if seconds >= 3600 else f"{seconds / 60:,.1f} min"
 
@@ -72,7 +77,8 @@ def resource_lines(recipe: Recipe, p: Plan) -> list[str]:
         f"{recipe.capture.teacher}) = {p.capture_bytes / 1e12:,.2f} TB",
         f"training memory per GPU (DDP): {p.train_gb_per_gpu:,.1f} GB = {p.train_static_gb:,.1f} GB weights, "
         f"gradients, AdamW, embedding, teacher lm_head + {p.train_activation_gb:,.1f} GB activations at "
-        f"max_length {tr.max_length} x batch {tr.batch_size} x TTT {tr.ttt_steps}"
+        f"max_length {tr.max_length}{sp_note(tr.sequence_parallel)} x batch {tr.batch_size} "
+        f"x TTT {tr.ttt_steps}"
         f"{' (checkpoint_layer)' if tr.checkpoint_layer else ''}: {fits(p, p.train_gb_per_gpu)}",
         replicas_line(recipe, p),
         "memory of eyas's own process (a process's GPUs together; — where vLLM holds the target): "

@@ -1,0 +1,84 @@
+"""Sequence parallelism (train/sequence_parallel.py): one packed row of >= 4K tokens spread over P = 2 and 4
+CPU processes (gloo, torchrun) gives the loss, the counts, the replayed chains and the gradients of one
+process over the whole row (tests/sp_worker.py runs both in the same processes). Tolerances, fp32: the loss
+within 1e-6 relative; every gradient within 2e-6 of its tensor's largest entry (measured <= 3e-7: the
+all-to-all and all-reduce add in another order); counts and run_length exact."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_distributed import ENV, free_port
+
+WORKER = Path(__file__).with_name("sp_worker.py")
+ALL_OPTIONS = ["num_layers=2", "norm_before_fc=1", "norm_before_residual=1", "norm_output=1"]
+CASES = {
+    # P, T (4099: padded to a multiple of P), options
+    "P2-plain": (2, 4096, []),
+    "P2-every-option-checkpointed": (2, 4099, [*ALL_OPTIONS, "checkpoint_layer=1"]),
+    "P4-every-option": (4, 4096, ALL_OPTIONS),
+    "P2-chunked-lk": (2, 4096, ["attention=chunked", "loss=lk", "docs=9"]),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_row_over_p_processes_equals_one_process(tmp_path, case):
+    P, T, opts = CASES[case]
+    out = tmp_path / "result.json"
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc_per_node={P}",
+        "--master_addr=127.0.0.1",
+        f"--master_port={free_port()}",
+        str(WORKER),
+        str(out),
+        str(T),
+        *opts,
+    ]
+    r = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(out.read_text())
+    assert res["loss"][1] == pytest.approx(res["loss"][0], rel=1e-6)
+    assert res["step_loss"][1] == pytest.approx(res["step_loss"][0], rel=1e-6)
+    assert res["counts"][1] == res["counts"][0] and res["counts"][0][0][0] > 1000
+    assert res["sampled"][1] == pytest.approx(res["sampled"][0], rel=1e-6)
+    assert res["run_length_equal"] and not res["missing"]
+    for name, (diff, largest) in res["grads"].items():
+        assert largest > 0 and diff <= 2e-6 * largest, name
+
+
+def test_a_sequence_parallel_size_that_does_not_divide_the_heads_is_one_error_line(tmp_path):
+    """train.sequence_parallel must divide the draft's heads (Ulysses gives each process whole heads)."""
+    import yaml
+    from data_fixtures import make_tiny_target, tiny_recipe, write_prompts
+
+    from eyas.pipeline import run_all
+    from eyas.recipes.load import load_recipe
+
+    target = make_tiny_target(tmp_path / "target", num_layers=4)  # 4 heads, 2 key/value heads
+    raw = tiny_recipe(target, write_prompts(tmp_path / "prompts.jsonl", 8))
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(raw))
+    run = tmp_path / "run"
+    run_all(
+        load_recipe(tmp_path / "recipe.yaml"),
+        run,
+        stages=("prompts", "regenerate", "capture", "vocab"),
+        progress=False,
+    )
+    r = subprocess.run(
+        [sys.executable, "-m", "eyas", "train", str(run), "--no-progress", "train.sequence_parallel=3"],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode != 0 and not (run / "train" / "checkpoint-final").exists()
+    errors = [x for x in r.stderr.splitlines() if x.startswith("eyas: error:")]
+    assert errors == [
+        "eyas: error: train.sequence_parallel=3 must divide the draft's attention heads "
+        "(draft.num_attention_heads=4, draft.num_key_value_heads=2): each process attends over whole heads"
+    ]
