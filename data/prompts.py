@@ -41,6 +41,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from eyas.data.long_text import describe, is_long_text
+from eyas.data.long_text import records as long_text_records
 from eyas.data.target import resolve_path
 from eyas.errors import InputError
 from eyas.io import read_jsonl, write_jsonl
@@ -170,12 +172,15 @@ def _convert(records: Iterable, where: Callable[[int], str]) -> list[list[dict]]
 def load_conversations(
     source: str, split: str = "train", hub_config: str | None = None, key: str = "data.prompts"
 ) -> list[list[dict]]:
-    """All conversations of a local .jsonl/.json file or a hub dataset ("org/name").
+    """All conversations of a local .jsonl/.json file, a hub dataset ("org/name") or a built-in long-prompt
+    set (stdlib-long, stdlib-long-Nk: data/long_text.py).
 
     -> one list of {"role", "content"} messages per record. A malformed JSON line fails with
     the file and line number, a record without a usable user turn with the file and its
     line (.jsonl) or record number (.json, hub)."""
     path = Path(source)
+    if is_long_text(source):  # built in: long prompts from the stdlib's sources (data/long_text.py)
+        return _convert(long_text_records(source, split), lambda i: f"{describe(source, split)}: record {i}")
     if path.is_file():
         if path.suffix == ".jsonl":
             rows = read_jsonl(path, user_file=True)

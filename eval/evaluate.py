@@ -38,7 +38,7 @@ from eyas.data import chat
 from eyas.data.target import describe_placement, input_device, load_recipe_target
 from eyas.eval import advice
 from eyas.eval.benchmarks import Benchmark, held_out, load_benchmark
-from eyas.eval.load import LoadResult, acceptance, pct, run_engine
+from eyas.eval.load import LoadResult, acceptance, by_length, pct, run_engine
 from eyas.eval.report import report_markdown
 from eyas.recipes.schema import Recipe
 from eyas.serve.decoding.engine import Engine, Request
@@ -112,8 +112,10 @@ def result_entry(
     refs: list[list[int]] | None,
     depth: int | None = None,
     acc: dict | None = None,
+    lengths: list[int] | None = None,
 ) -> dict:
-    """One row of report.json `results`. `acc`: acceptance read from an external server's counters."""
+    """One row of report.json `results`. `acc`: acceptance read from an external server's counters;
+    `lengths`: each prompt's tokens (eyas's loop: the row's τ by prompt length, `by_length`)."""
     depth = depth if depth is not None else (shape.steps if shape else 0)
     if acc is None:
         acc = (
@@ -159,6 +161,8 @@ def result_entry(
             c: acceptance(res.emitted, res.accepted, depth, [x == c for x in bench.categories])
             for c in sorted({c for c in bench.categories if c})
         }
+    if res.emitted is not None and lengths:
+        entry["by_length"] = by_length(res.emitted, res.accepted, depth, lengths)
     return entry
 
 
@@ -352,7 +356,8 @@ def measure_point(
             eng = Engine(model, draft, shape, max_batch=c, eos_ids=eos, profile=True)
             res = run_engine(eng, point.prompts, point.params, c, bar)
             eng.close()
-            entry = result_entry(name, bench, "eyas", c, temp, shape, res, base, point.refs)
+            lengths = [len(p) for p in point.prompts]
+            entry = result_entry(name, bench, "eyas", c, temp, shape, res, base, point.refs, lengths=lengths)
             if entry["num_mismatched"]:  # where they part: numerics of the target's shapes, or a failure
                 entry.update(classified(model, point, res, shape.num_draft_tokens))
             sweep.results.append(entry)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from eyas.eval.buckets import bucket_order, length_bucket
 from eyas.serve.decoding.engine import Engine, Request
 from eyas.serve.decoding.sampling import SamplingParams
 
@@ -95,6 +96,12 @@ def acceptance(
         "cut_verifications": sum(x == y for ei, ai in zip(e, a) for x, y in zip(ei, ai)),  # cut early
         "num_prompts": len(rows),
     }
+
+
+def by_length(emitted: list[list[int]], accepted: list[list[int]], depth: int, lengths: list[int]) -> dict:
+    """acceptance() per prompt-length bucket (length_bucket of each prompt's token count), shortest first."""
+    labels = [length_bucket(n) for n in lengths]
+    return {b: acceptance(emitted, accepted, depth, [x == b for x in labels]) for b in bucket_order(labels)}
 
 
 def request_latencies(

@@ -3,6 +3,8 @@ recommendation_table also serve the model card (serve/interchange/model_card.py)
 
 from __future__ import annotations
 
+from eyas.eval.buckets import bucket_order
+
 
 def _f(x, digits: int = 2) -> str:
     return f"{x:.{digits}f}" if isinstance(x, (int, float)) and not isinstance(x, bool) else "—"
@@ -32,6 +34,7 @@ def report_markdown(r: dict) -> str:
         "",
         *results_table(r["results"]),
         *category_table(r["results"]),
+        *length_table(r["results"]),
         *training_table(r["results"]),
         "",
         "## Recommendation",
@@ -110,6 +113,35 @@ def category_table(results: list[dict]) -> list[str]:
         lines.append(
             f"| {x['draft']} | {x['benchmark']} | {x['temperature']:g} | {x['concurrency']} | "
             f"{shape_label(x)} | " + taus + " |"
+        )
+    return lines
+
+
+def length_table(results: list[dict]) -> list[str]:
+    """## τ by prompt length, for the rows whose prompts span more than one length bucket; else none. Each
+    cell: τ, the per-position acceptance, and the prompts in the bucket."""
+    rows = [x for x in results if len(x.get("by_length") or {}) > 1]
+    if not rows:
+        return []
+    names = bucket_order(b for x in rows for b in x["by_length"])
+    lines = [
+        "",
+        "## τ by prompt length",
+        "",
+        "τ (per-position acceptance; prompts) per bucket of prompt tokens (K = 1,024).",
+        "",
+        "| draft | benchmark | T | C | shape | " + " | ".join(names) + " |",
+        "|---|---|---|---|---|" + "---|" * len(names),
+    ]
+    for x in rows:
+        cells = []
+        for b in names:
+            v = x["by_length"].get(b)
+            pos = " ".join(_f(p, 2) for p in (v or {}).get("per_position_acceptance") or [])
+            cells.append(f"{_f(v['acceptance_length'], 3)} ({pos}; {v['num_prompts']})" if v else "—")
+        lines.append(
+            f"| {x['draft']} | {x['benchmark']} | {x['temperature']:g} | {x['concurrency']} | "
+            f"{shape_label(x)} | " + " | ".join(cells) + " |"
         )
     return lines
 

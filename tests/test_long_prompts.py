@@ -1,0 +1,96 @@
+"""Long prompts from the Python standard library's sources (data/long_text.py) and τ by prompt length
+(eval: `by_length` in every row of eyas's loop, report.md's "τ by prompt length")."""
+
+import json
+import re
+import shutil
+
+import pytest
+
+from eyas.data.long_text import GENERAL, QUESTIONS, SMALLEST, cap_chars, documents, records, splits
+
+DOC = re.compile(
+    r"^Here is part of Python's standard library \(([\w.]+)\):\n\n```python\n(.*)\n```\n\n(.+)$", re.S
+)
+
+
+def parsed(rows: list[dict]) -> list[tuple[str, str, str]]:
+    """-> (document, excerpt, question) of each record."""
+    out = []
+    for r in rows:
+        m = DOC.match(r["prompt"])
+        assert m, r["prompt"][:200]
+        out.append(m.groups())
+    return out
+
+
+@pytest.mark.parametrize("source", ["stdlib-long-8k", "stdlib-long"])
+def test_stdlib_sets_split_by_document_and_span_doubling_sizes(source):
+    """Train and test quote disjoint documents, each excerpt is a piece of its document's text of one of the
+    doubling sizes (whole lines: at most its size), each prompt ends with a question (about a function the
+    excerpt defines where it defines one), and the set is the same on every call."""
+    docs = documents()
+    by_split = {s: parsed(records(source, s)) for s in ("train", "test")}
+    assert records(source, "test") == records(source, "test")
+    names = {s: {d for d, _, _ in rows} for s, rows in by_split.items()}
+    assert names["train"] and names["test"] and not names["train"] & names["test"]
+    assert all(splits(docs)[d] == s for s, ns in names.items() for d in ns)
+    sizes = [SMALLEST * 2**i for i in range(20) if SMALLEST * 2**i <= cap_chars(source)]
+    for s, rows in by_split.items():
+        for doc, excerpt, question in rows:
+            assert excerpt in docs[doc]
+            assert any(size // 2 < len(excerpt) <= size for size in sizes), (doc, len(excerpt))
+            asked = re.findall(r"`(\w+)`", question)  # a function the excerpt defines, or none
+            assert question in {q.format(name=n) for q in QUESTIONS for n in asked} | {GENERAL}
+            assert all(re.search(rf"def {n}\s*\(", excerpt) for n in asked)
+    longest = max(len(e) for _, e, _ in by_split["test"])
+    assert longest > sizes[-1] // 2  # the test split reaches the largest size
+
+
+def test_the_prompts_stage_takes_the_train_split():
+    """data.prompts: stdlib-long-Nk reads the train split only."""
+    from eyas.data.prompts import load_conversations
+
+    convs = load_conversations("stdlib-long-2k")
+    test_docs = {d for d, _, _ in parsed(records("stdlib-long-2k", "test"))}
+    assert len(convs) == len(records("stdlib-long-2k", "train")) > 100
+    asked = parsed([{"prompt": c[0]["content"]} for c in convs])
+    assert not {d for d, _, _ in asked} & test_docs
+
+
+def test_eval_reports_tau_by_prompt_length(demo_run, tmp_path):
+    """The demo's draft over 3 stdlib-long prompts (1-2K tokens with the demo's tokenizer) and 3 short ones:
+    each row's by_length splits its prompts into the two buckets, whose verifications and accepted drafts
+    add up to the row's; report.md has the table."""
+    from eyas.cli import main
+
+    run = tmp_path / "run"
+    shutil.copytree(demo_run, run, ignore=shutil.ignore_patterns("capture"))
+    short = ["Write a haiku about rivers.", "What is 12 times 7?", "Name three colors of the rainbow."]
+    rows = [{"prompt": r["prompt"]} for r in records("stdlib-long-1k", "test")[:3]] + [
+        {"prompt": p} for p in short
+    ]
+    prompts = tmp_path / "mixed.jsonl"
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = [
+        "eval",
+        str(run),
+        "--prompts",
+        f"mixed={prompts}",
+        "--k",
+        "3",
+        "--temperature",
+        "0",
+        "--no-progress",
+    ]
+    assert main([*args, "--concurrency", "1"]) == 0
+    report = json.loads((run / "report.json").read_text())
+    (row,) = [r for r in report["results"] if r["engine"] == "eyas"]
+    b = row["by_length"]
+    assert list(b) == ["<1K", "1-2K"] and [v["num_prompts"] for v in b.values()] == [3, 3]
+    assert sum(v["target_forwards"] for v in b.values()) == row["target_forwards"]
+    accepted = sum((v["acceptance_length"] - 1) * v["target_forwards"] for v in b.values())
+    assert accepted == pytest.approx((row["acceptance_length"] - 1) * row["target_forwards"], abs=1e-9)
+    assert all(len(v["per_position_acceptance"]) == 3 for v in b.values())
+    md = (run / "report.md").read_text()
+    assert "## τ by prompt length" in md and "| draft | benchmark | T | C | shape | <1K | 1-2K |" in md
