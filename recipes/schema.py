@@ -227,6 +227,12 @@ class DraftSection(Section):
     norm_before_fc: bool = Field(False, description="one RMSNorm over the concatenated aux states before fc")
     norm_before_residual: bool = Field(False, description="first layer: the residual is hidden_norm(h)")
     num_layers: int = Field(1, ge=1, description="decoder layers")
+    sliding_window: int | None = Field(
+        None,
+        ge=2,
+        description="attend over the last this many positions only, in training, eyas's loop and the "
+        "export (vLLM reads it; SGLang and TensorRT-LLM exports are refused); null: full attention",
+    )
     norm_output: bool = Field(
         False, description="the next TTT / draft step's h is the final norm's output (speculators' default)"
     )
@@ -333,6 +339,11 @@ class Recipe(Section):
         in_training = self.capture.mode == "online" and self.capture.backend == "hf"
         check(self.target.device_map is None or not in_training, "target.device_map", why)
         past = f"past what TTT trained (train.ttt_steps={t})"
+        w = self.draft.sliding_window
+        window = (
+            f"draft.sliding_window={w} must exceed train.ttt_steps={t}: a chain's own drafts stay in view"
+        )
+        check(w is None or w > t, "draft.sliding_window", window)
         check(self.eval.k <= t, "eval.k", f"k={self.eval.k} drafts {past}")
         for i, k in enumerate(self.eval.more_k):
             check(1 <= k <= t, f"eval.more_k[{i}]", f"k={k} must be in 1..train.ttt_steps={t}")

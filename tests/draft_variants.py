@@ -8,6 +8,7 @@
     num_layers_2    + a plain Llama layer `layers.1` whose o_proj / down_proj are small: near identity
     norm_output     the same weights, each chained step fed the final norm's output instead of the prenorm
                     one (speculators 0.9's default; changes every position after the first)
+    sliding_window  the same weights attending over the last 16 positions (draft.sliding_window)
 
 Each is a real, different draft (no option collapses to the plain one), and each still proposes
 what the trained draft proposes most of the time, so per-position acceptance at k >= 3 is far
@@ -70,4 +71,6 @@ def variants(draft: Eagle3Draft, num_target_layers: int, sample_aux: torch.Tenso
             lin.weight.normal_(0, 1 / lin.weight.shape[1] ** 0.5)
     out["num_layers_2"] = deep
     out["norm_output"] = _derive(draft, 5, norm_output=True)
+    # the same weights attending over the last 16 positions only (prompts here run 30-100 tokens, answers 48)
+    out["sliding_window"] = _derive(draft, 6, sliding_window=16)
     return out

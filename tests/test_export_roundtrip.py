@@ -109,6 +109,11 @@ def test_engine_refusals_name_the_engine_and_reason(tmp_path, target):
         ),
         ({"norm_before_fc": True}, [], ["needs vLLM with PR #36545", "needs SGLang with PR #32334"]),
         (
+            {"sliding_window": 16},
+            ["SGLang: sliding_window 16", "TensorRT-LLM: sliding_window 16"],
+            [],
+        ),
+        (
             {"aux": (4, 6, 8)},
             ["SGLang: aux layer id 8 (the last layer's output)"],
             ["needs vLLM with PR #36063"],
@@ -136,6 +141,7 @@ def test_option_refusals_and_versions(tmp_path, target, options, refused, needs)
         assert any(n in note for note in result.notes), (n, result.notes)
     reread = import_draft(tmp_path / "out", tmp_path / "back", target=str(target))
     assert same_outputs(load_draft(ckpt), load_draft(reread))
+    assert load_draft(reread).config == load_draft(ckpt).config  # every option read back, the window too
     spec = export(ckpt, "speculators", tmp_path / "spec")  # vLLM serves every option
     assert "embed_tokens.weight" in load_file(str(spec.path / "model.safetensors"))  # carried by default
 

@@ -73,6 +73,9 @@ def test_wrong_type_is_named(raw, key):
         ({"vllm": {"devices": [1, 1]}}, "vllm.devices"),
         ({"vllm": {"tensor_parallel_size": 0}}, "vllm.tensor_parallel_size"),
         ({"vllm": {"gpu_memory_utilization": 1.5}}, "vllm.gpu_memory_utilization"),
+        ({"draft": {"sliding_window": 7}, "train": {"ttt_steps": 7}}, "draft.sliding_window"),
+        ({"draft": {"sliding_window": 1}}, "draft.sliding_window"),
+        ({"train": {"sequence_parallel": 0}}, "train.sequence_parallel"),
     ],
 )
 def test_impossible_value_is_named(raw, key):

@@ -1,5 +1,6 @@
 """TTT step j must produce the logits the inference-time drafting loop produces (fp32, <= 1e-4), with
-the dense reference attention and the O(T) chunked one, for every draft option (train/model.py)."""
+the dense reference attention and the O(T) chunked one, for every draft option (train/model.py), the
+sliding window included."""
 
 import pytest
 import torch
@@ -14,6 +15,8 @@ OPTIONS = {
     "norm_before_residual": {"norm_before_residual": True},
     "two_layers": {"num_layers": 2},
     "norm_output": {"norm_output": True},
+    # a query at position p sees keys p - 7 .. p: in 13 positions and 7 steps most chains lose old keys
+    "sliding_window": {"sliding_window": 8},
     "four_aux_and_all": {
         "aux_layer_ids": [1, 2, 3, 4],
         "norm_before_fc": True,
@@ -63,6 +66,7 @@ CASES = [
     for seed, rope in ((0, None), (1, YARN))
 ]
 CASES += [(2, YARN, "chunked", option) for option in OPTIONS if option != "plain"]
+CASES += [(4, None, "dense", "sliding_window")]
 
 
 @pytest.mark.parametrize("seed,rope,attention,option", CASES)

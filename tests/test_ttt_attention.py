@@ -57,6 +57,37 @@ def test_o_t_attention_equals_dense(impl, tile, monkeypatch):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("tile", [4, 7])
+def test_chunked_sliding_window_equals_dense_and_drops_old_keys(tile, monkeypatch):
+    """draft.sliding_window: chunked (skipping tiles wholly older than the window) == dense in output and
+    gradients, and the window changes the output (dense without it); sdpa refuses a window, auto takes
+    chunked for it on CPU."""
+    monkeypatch.setattr(A, "tile_size", lambda *a: tile)
+    g = torch.Generator().manual_seed(tile)
+    B, nh, nkv, T, d, W = 2, 6, 2, 29, 8, 6
+    doc = packed_docs(B, T, g)
+    for n_steps in (1, 3):
+        q = torch.randn(B, nh, T, d, generator=g, requires_grad=True)
+        keys = [torch.randn(B, nkv, T, d, generator=g, requires_grad=True) for _ in range(n_steps)]
+        values = [torch.randn(B, nkv, T, d, generator=g, requires_grad=True) for _ in range(n_steps)]
+        w = torch.randn(B, nh, T, d, generator=g)
+        outs, grads = [], []
+        for name, window in (("dense", W), ("chunked", W), ("dense", None)):
+            o = A.ttt_attention(name, q, keys, values, doc, 0.3, window)
+            (o * w).sum().backward()
+            outs.append(o.detach())
+            grads.append([t.grad.clone() for t in (q, *keys, *values)])
+            for t in (q, *keys, *values):
+                t.grad = None
+        torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-5)
+        for a, b in zip(grads[1], grads[0]):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+        assert (outs[0] - outs[2]).abs().max() > 1e-3  # the window hid keys some queries saw without it
+    with pytest.raises(ValueError, match="sdpa"):
+        A.resolve("sdpa", torch.device("cpu"), W)
+    assert A.resolve("auto", torch.device("cpu"), W) == "chunked"
+
+
 def test_o_t_bf16_as_accurate_as_dense_bf16(monkeypatch):
     """In bf16 the chunked and sdpa paths' output and gradients are as close to the fp32 reference as the
     dense

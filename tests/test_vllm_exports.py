@@ -16,7 +16,9 @@ differently from HF's eager ones, and the draft carries that difference through 
 steps, where an argmax flips at a near-tie. Measured on the demo draft: the plain draft and 4 aux
 states equal exactly at every position; norm_before_fc and aux id N differ by 2 and 3 of about
 200 drafts at positions 2-3 (their smallest top-2 logit gap on these prompts is 1.2e-3 and 1.4e-3,
-the exact ones' 4e-3 and 5e-3).
+the exact ones' 4e-3 and 5e-3). The 16-position sliding window (vLLM reads `layer_types` +
+`sliding_window`): 179 / 62 / 16 accepted in vLLM, 179 / 61 / 16 in eyas's loop, of 347 drafts (the
+plain draft: 163 / 139 / 114 of 191), so the window is honoured, not ignored.
 """
 
 import json

@@ -44,15 +44,21 @@ import torch
 IMPLEMENTATIONS = ("auto", "dense", "chunked", "sdpa", "flex")
 
 
-def resolve(impl: str, device: torch.device) -> str:
-    """`auto` -> flex on CUDA (where FlexAttention compiles), sdpa on CPU, chunked elsewhere."""
+def resolve(impl: str, device: torch.device, window: int | None = None) -> str:
+    """`auto` -> flex on CUDA (where FlexAttention compiles), sdpa on CPU (chunked with a window: the
+    kernel has none), chunked elsewhere."""
     if impl == "sdpa" and device.type != "cpu":
         raise ValueError(f"train.attention: sdpa is torch's CPU kernel; on {device.type} use flex or chunked")
+    if impl == "sdpa" and window:
+        raise ValueError(
+            "train.attention: sdpa (torch's flash CPU kernel) has no sliding window; with "
+            "draft.sliding_window use chunked (or auto)"
+        )
     if impl != "auto":
         return impl
     if device.type == "cuda" and flex_available():
         return "flex"
-    return "sdpa" if device.type == "cpu" and sdpa_available() else "chunked"
+    return "sdpa" if device.type == "cpu" and sdpa_available() and not window else "chunked"
 
 
 def flex_available() -> bool:
@@ -70,37 +76,49 @@ def ttt_attention(
     values: list[torch.Tensor],
     doc: torch.Tensor,
     scale: float,
+    window: int | None = None,
 ) -> torch.Tensor:
-    if impl == "dense":
-        return dense(q, keys, values, doc, scale)
-    if impl == "chunked":
-        return chunked(q, keys, values, doc, scale)
+    """`window` (draft.sliding_window): the query of step j = len(keys) - 1 at index i sits at position i + j
+    and sees step-0 keys at indices t > i + j - window only (its own chain's keys are nearer)."""
+    fn = {"dense": dense, "chunked": chunked, "sdpa": sdpa, "flex": flex}.get(impl)
+    if fn is None:
+        raise ValueError(f"unknown TTT attention {impl!r} (expected one of {', '.join(IMPLEMENTATIONS[1:])})")
     if impl == "sdpa":
-        return sdpa(q, keys, values, doc, scale)
-    if impl == "flex":
-        return flex(q, keys, values, doc, scale)
-    raise ValueError(f"unknown TTT attention {impl!r} (expected one of {', '.join(IMPLEMENTATIONS[1:])})")
+        if window:
+            raise ValueError("the sdpa TTT attention has no sliding window (train/attention.py resolve)")
+        return fn(q, keys, values, doc, scale)
+    return fn(q, keys, values, doc, scale, oldest_offset(len(keys) - 1, window))
 
 
-def visible(doc_q: torch.Tensor, doc_k: torch.Tensor, q0: int, k0: int) -> torch.Tensor:
-    """Step-0 visibility of keys k0.. to queries q0..: causal and same document.
-    doc_q (B, C_q), doc_k (B, C_k) -> (B, C_q, C_k) bool."""
+def oldest_offset(j: int, window: int | None) -> int | None:
+    """Step j's window as an offset: step-0 key t is visible to index i only if t > i + offset (None: all)."""
+    return j - window if window else None
+
+
+def visible(
+    doc_q: torch.Tensor, doc_k: torch.Tensor, q0: int, k0: int, offset: int | None = None
+) -> torch.Tensor:
+    """Step-0 visibility of keys k0.. to queries q0..: causal, same document, and (`offset`, a window) newer
+    than index + offset. doc_q (B, C_q), doc_k (B, C_k) -> (B, C_q, C_k) bool."""
     qi = torch.arange(q0, q0 + doc_q.shape[1], device=doc_q.device)
     ki = torch.arange(k0, k0 + doc_k.shape[1], device=doc_k.device)
-    return (ki[None, :] <= qi[:, None])[None] & (doc_k[:, None, :] == doc_q[:, :, None])
+    seen = ki[None, :] <= qi[:, None]
+    if offset is not None:
+        seen = seen & (ki[None, :] > qi[:, None] + offset)
+    return seen[None] & (doc_k[:, None, :] == doc_q[:, :, None])
 
 
 # --------------------------------------------------------------------------- dense (reference)
 
 
-def dense(q, keys, values, doc, scale):
+def dense(q, keys, values, doc, scale, offset=None):
     """(B, nh, T, T) scores against the step-0 keys plus one diagonal score per later step."""
     rep = q.shape[1] // keys[0].shape[1]
     keys = [k.repeat_interleave(rep, dim=1) for k in keys]
     values = [v.repeat_interleave(rep, dim=1) for v in values]
     T = q.shape[2]
     s0 = (q @ keys[0].transpose(-1, -2)) * scale  # (B, nh, T, T)
-    s0 = s0.masked_fill(~visible(doc, doc, 0, 0)[:, None], float("-inf"))
+    s0 = s0.masked_fill(~visible(doc, doc, 0, 0, offset)[:, None], float("-inf"))
     diag = [((q * k).sum(-1) * scale)[..., None] for k in keys[1:]]  # each (B, nh, T, 1)
     p = torch.softmax(torch.cat([s0, *diag], dim=-1).float(), dim=-1).to(q.dtype)
     o = p[..., :T] @ values[0]
@@ -120,9 +138,10 @@ def tile_size(B: int, nh: int, T: int, budget: int = 1 << 24) -> int:
     return min(c, max(16, T))
 
 
-def _tiles(doc: torch.Tensor, T: int, C: int):
+def _tiles(doc: torch.Tensor, T: int, C: int, offset: int | None = None):
     """(q0, q1, [(k0, k1), ...]) for every query tile, keeping only key tiles some query of the tile
-    can see: at or before the diagonal, and not wholly in earlier documents (doc is non-decreasing)."""
+    can see: at or before the diagonal, not wholly in earlier documents (doc is non-decreasing), and not
+    wholly older than the window (`offset`)."""
     doc = doc.cpu()  # one copy, no device sync per tile
     for q0 in range(0, T, C):
         q1 = min(T, q0 + C)
@@ -131,6 +150,8 @@ def _tiles(doc: torch.Tensor, T: int, C: int):
         for k0 in range(0, q1, C):
             k1 = min(q1, k0 + C)
             if bool((doc[:, k1 - 1] < first_doc).all()):  # every key of the tile is in an earlier document
+                continue
+            if offset is not None and k1 - 1 <= q0 + offset:  # every key too old for every query of the tile
                 continue
             ks.append((k0, k1))
         yield q0, q1, ks
@@ -142,7 +163,7 @@ class _ChunkedTTTAttention(torch.autograd.Function):
     with q grouped as (B, nkv, r, T, d) so KV heads are never repeated."""
 
     @staticmethod
-    def forward(ctx, q, doc, scale, n_diag, k0, v0, *diag):
+    def forward(ctx, q, doc, scale, offset, n_diag, k0, v0, *diag):
         B, nh, T, d = q.shape
         nkv = k0.shape[1]
         r = nh // nkv
@@ -151,14 +172,15 @@ class _ChunkedTTTAttention(torch.autograd.Function):
         C = tile_size(B, nh, T)
         o = torch.empty_like(qg)
         lse = torch.empty(B, nkv, r, T, dtype=torch.float32, device=q.device)
-        for q0, q1, ktiles in _tiles(doc, T, C):
+        for q0, q1, ktiles in _tiles(doc, T, C, offset):
             qb = qg[:, :, :, q0:q1]  # (B, nkv, r, c, d)
             m = torch.full(qb.shape[:-1], float("-inf"), dtype=torch.float32, device=q.device)  # running max
             l = torch.zeros_like(m)  # running sum of exp
             acc = torch.zeros(qb.shape, dtype=torch.float32, device=q.device)  # running sum of p v
             for a, b in ktiles:
                 s = (qb @ k0[:, :, None, a:b].transpose(-1, -2)).float() * scale  # (B, nkv, r, c, c_k)
-                s = s.masked_fill(~visible(doc[:, q0:q1], doc[:, a:b], q0, a)[:, None, None], float("-inf"))
+                seen = visible(doc[:, q0:q1], doc[:, a:b], q0, a, offset)
+                s = s.masked_fill(~seen[:, None, None], float("-inf"))
                 m_new = torch.maximum(m, s.amax(-1))
                 m_use = m_new.masked_fill(m_new == float("-inf"), 0.0)  # rows that have seen no key yet
                 p = torch.exp(s - m_use[..., None])
@@ -179,7 +201,7 @@ class _ChunkedTTTAttention(torch.autograd.Function):
             o[:, :, :, q0:q1] = (acc / l[..., None]).to(o.dtype)
             lse[:, :, :, q0:q1] = m + torch.log(l)
         ctx.save_for_backward(q, doc, o, lse, k0, v0, *diag)
-        ctx.scale, ctx.n_diag, ctx.C = scale, n_diag, C
+        ctx.scale, ctx.n_diag, ctx.C, ctx.offset = scale, n_diag, C, offset
         # the dtype the tile matmuls above ran in (autocast's, where it is on), for backward to recompute
         # the same scores: backward runs outside autocast, where q and k may hold different dtypes
         dev = q.device.type
@@ -190,7 +212,7 @@ class _ChunkedTTTAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do):
         q, doc, o, lse, k0, v0, *diag = ctx.saved_tensors
-        scale, n_diag, C = ctx.scale, ctx.n_diag, ctx.C
+        scale, n_diag, C, offset = ctx.scale, ctx.n_diag, ctx.C, ctx.offset
         kd, vd = diag[:n_diag], diag[n_diag:]
         B, nh, T, d = q.shape
         nkv = k0.shape[1]
@@ -204,14 +226,15 @@ class _ChunkedTTTAttention(torch.autograd.Function):
         dkd = [torch.zeros(k.shape, **f32) for k in kd]
         dvd = [torch.zeros(v.shape, **f32) for v in vd]
         mm = ctx.mm
-        for q0, q1, ktiles in _tiles(doc, T, C):
+        for q0, q1, ktiles in _tiles(doc, T, C, offset):
             qb, dob = qg[:, :, :, q0:q1], dog[:, :, :, q0:q1]
             lse_b, D_b = lse[:, :, :, q0:q1, None], D[:, :, :, q0:q1, None]
             dob32 = dob.float()
             for a, b in ktiles:
                 kb, vb = k0[:, :, None, a:b], v0[:, :, None, a:b]  # (B, nkv, 1, c_k, d)
                 s = (qb.to(mm) @ kb.to(mm).transpose(-1, -2)).float() * scale
-                s = s.masked_fill(~visible(doc[:, q0:q1], doc[:, a:b], q0, a)[:, None, None], float("-inf"))
+                seen = visible(doc[:, q0:q1], doc[:, a:b], q0, a, offset)
+                s = s.masked_fill(~seen[:, None, None], float("-inf"))
                 p = torch.exp(s - lse_b)  # (B, nkv, r, c, c_k), the forward's probabilities
                 dv0[:, :, a:b] += torch.einsum("bgrck,bgrcd->bgkd", p, dob32)
                 dp = (dob.to(mm) @ vb.to(mm).transpose(-1, -2)).float()
@@ -226,14 +249,14 @@ class _ChunkedTTTAttention(torch.autograd.Function):
                 ds = p * ((dob32 * vb).sum(-1, keepdim=True) - D_b) * scale
                 dq[:, :, :, q0:q1] += ds * kb
                 dkd[m][:, :, q0:q1] += (ds * qb.float()).sum(2)
-        grads = [dq.view(B, nh, T, d).to(q.dtype), None, None, None, dk0.to(k0.dtype), dv0.to(v0.dtype)]
+        grads = [dq.view(B, nh, T, d).to(q.dtype), None, None, None, None, dk0.to(k0.dtype), dv0.to(v0.dtype)]
         grads += [g.to(k.dtype) for g, k in zip(dkd, kd)] + [g.to(v.dtype) for g, v in zip(dvd, vd)]
         return tuple(grads)
 
 
-def chunked(q, keys, values, doc, scale):
+def chunked(q, keys, values, doc, scale, offset=None):
     return _ChunkedTTTAttention.apply(
-        q, doc, scale, len(keys) - 1, keys[0], values[0], *keys[1:], *values[1:]
+        q, doc, scale, offset, len(keys) - 1, keys[0], values[0], *keys[1:], *values[1:]
     )
 
 
@@ -365,7 +388,7 @@ def _compiled():
     return _FLEX["attention"], _FLEX["block_mask"]
 
 
-def flex(q, keys, values, doc, scale):
+def flex(q, keys, values, doc, scale, offset=None):
     attention, block_mask = _compiled()
     B, nh, T, d = q.shape
     Tp = -(-T // FLEX_BLOCK) * FLEX_BLOCK
@@ -382,6 +405,8 @@ def flex(q, keys, values, doc, scale):
     def mask_mod(b, h, q_idx, kv_idx):
         step, t = kv_idx // Tp, kv_idx % Tp
         prefix = (t <= q_idx) & (doc[b, t] == doc[b, q_idx])  # step 0: causal, same document
+        if offset is not None:  # and within the window
+            prefix = prefix & (t > q_idx + offset)
         return torch.where(step == 0, prefix, t == q_idx)  # steps 1..j: the query's own index
 
     bm = block_mask(mask_mod, B, None, Tp, n * Tp, device=q.device)

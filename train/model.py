@@ -51,7 +51,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-OPTIONS = ("norm_before_fc", "norm_before_residual", "num_layers", "norm_output")  # recipe `draft` switches
+# recipe `draft` switches
+OPTIONS = ("norm_before_fc", "norm_before_residual", "num_layers", "norm_output", "sliding_window")
 
 
 @dataclass
@@ -75,6 +76,9 @@ class DraftConfig:
     norm_before_residual: bool = False  # first layer: residual = hidden_norm(h) instead of h
     num_layers: int = 1  # decoder layers (the first takes [embed ‖ h], the rest are plain Llama layers)
     norm_output: bool = False  # the next step's h is norm(h_out) instead of h_out
+    # attention over the last `sliding_window` positions only (a query at position p sees keys at p - W + 1
+    # .. p, as transformers' and vLLM's windows); None: all of them
+    sliding_window: int | None = None
 
     def __post_init__(self):
         if self.target_hidden_size is None:
@@ -381,7 +385,8 @@ class Eagle3Draft(nn.Module):
         position_ids (B, T): absolute positions of these new entries;
         cache: `KVCache` (one sequence) or the serving loop's per-row cache, whose `update(k, v, layer)`
         returns every key/value of that layer the new entries may attend to;
-        attn_mask (B, T, L) bool: which of those each new entry sees (None: causal over `KVCache`);
+        attn_mask (B, T, L) bool: which of those each new entry sees (None: causal over `KVCache`, within
+        config.sliding_window; the serving loop's masks apply the window themselves, serve/decoding/masks.py);
         logits_to_keep: logits for the last that many positions only (0: all).
         Returns (the next step's h (B, T, H): `feedback(prenorm)`, logits (B, T or logits_to_keep, V_d));
         appends T entries to `cache`.
@@ -392,9 +397,12 @@ class Eagle3Draft(nn.Module):
                 k_all, v_all = cache.update(k, v, layer)
                 mask = attn_mask
                 if mask is None:
-                    # causal: new entry i sees every cached entry and new entries <= i
+                    # causal: new entry i sees every cached entry and new entries <= i (and, with a window,
+                    # none older than the window: a KVCache slot is its position)
                     T, L = q.shape[2], k_all.shape[2]
                     mask = torch.ones(T, L, dtype=torch.bool, device=q.device).tril(diagonal=L - T)
+                    if self.config.sliding_window:
+                        mask = mask.triu(diagonal=L - T - self.config.sliding_window + 1)
                 else:
                     mask = mask[:, None]  # (B, 1, T, L): the same for every head
                 return F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask)

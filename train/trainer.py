@@ -72,6 +72,7 @@ def draft_config(recipe: Recipe, tcfg, aux_layer_ids: list[int], draft_vocab_siz
         norm_before_residual=d.norm_before_residual,
         num_layers=d.num_layers,
         norm_output=d.norm_output,
+        sliding_window=d.sliding_window,
     )
 
 

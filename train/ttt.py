@@ -205,7 +205,8 @@ def ttt_forward(
     B, T = input_ids.shape
     lo, hi, ext = sp.bounds(T) if sp is not None else (0, T, T)
     scale = attention_scale(draft.midlayer.self_attn.head_dim)
-    impl = resolve(attention, input_ids.device)
+    window = draft.config.sliding_window
+    impl = resolve(attention, input_ids.device, window)
     pos = positions_in_doc(doc_ids)[:, lo:hi]  # (B, n) RoPE positions, restarting per packed sequence
 
     hidden = draft.fuse(aux)  # (B, n, H) step-0 input
@@ -218,7 +219,7 @@ def ttt_forward(
     for j in range(ttt_steps):
         embeds = draft.embed_tokens(shift(batch[0], 1 + j)[:, : hi - lo]).to(hidden.dtype)  # of x_{i+1+j}
         cos, sin = draft.rotary(pos + j, hidden.dtype)
-        run = (impl, scale, sp, doc_ids, embeds, cos, sin)
+        run = (impl, scale, window, sp, doc_ids, embeds, cos, sin)
         prenorm = draft_step(draft, hidden, kv, run, checkpoint_layer)  # (B, T, H)
         hidden = draft.feedback(prenorm)  # the next step's input
         if target is None or keep_logits:
@@ -253,11 +254,11 @@ def draft_step(
 ) -> torch.Tensor:
     """Step j through every decoder layer; each layer attends over its own keys of every step so far and
     appends this step's. hidden (B, n, H) (n = T, or the shard's tokens under sp); kv: per layer ([keys],
-    [values]) (B, n_kv, T, d) per step (sp: n_kv / P heads); run: (impl, scale, sp, doc_ids, embeds, cos,
-    sin). -> (B, n, H) the step's prenorm output."""
-    impl, scale, sp, doc_ids, embeds, cos, sin = run
+    [values]) (B, n_kv, T, d) per step (sp: n_kv / P heads); run: (impl, scale, window, sp, doc_ids, embeds,
+    cos, sin). -> (B, n, H) the step's prenorm output."""
+    impl, scale, window, sp, doc_ids, embeds, cos, sin = run
     for layer, (keys, values) in zip(draft.decoder_layers, kv, strict=True):
-        args = (layer, impl, scale, sp, doc_ids, hidden, embeds, cos, sin, *keys, *values)
+        args = (layer, impl, scale, window, sp, doc_ids, hidden, embeds, cos, sin, *keys, *values)
         if checkpoint_layer and torch.is_grad_enabled():
             hidden, k, v = torch.utils.checkpoint.checkpoint(layer_step, *args, use_reentrant=False)
         else:
@@ -340,17 +341,17 @@ def score_step(
     return loss_j, stats, after
 
 
-def layer_step(layer, impl: str, scale: float, sp, doc_ids, hidden, embeds, cos, sin, *kv):
+def layer_step(layer, impl: str, scale: float, window, sp, doc_ids, hidden, embeds, cos, sin, *kv):
     """One TTT step of the decoder layer. hidden, embeds (B, n, H); kv: keys then values of the earlier
-    steps (B, n_kv, T, d); doc_ids (B, T); sp: None (n = T) or train/sequence_parallel.py's (the attention
-    over every token and this rank's heads: kv in that layout). -> (prenorm output (B, n, H), this step's
-    keys, values as attention saw them)."""
+    steps (B, n_kv, T, d); doc_ids (B, T); window: draft.sliding_window (None: full attention); sp: None
+    (n = T) or train/sequence_parallel.py's (the attention over every token and this rank's heads: kv in
+    that layout). -> (prenorm output (B, n, H), this step's keys, values as attention saw them)."""
     n = len(kv) // 2
     seen = []
 
     def local(q, k, v):  # scores against the step-0 prefix (causal, same sequence) and the index's own chain
         seen.append((k, v))
-        return ttt_attention(impl, q, [*kv[:n], k], [*kv[n:], v], doc_ids, scale)
+        return ttt_attention(impl, q, [*kv[:n], k], [*kv[n:], v], doc_ids, scale, window)
 
     # through forward: FSDP / ZeRO-3 hooks
     out, _, _ = layer(embeds, hidden, cos, sin, local if sp is None else sp.attend(local), repeat_kv=False)

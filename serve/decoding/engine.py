@@ -234,7 +234,8 @@ class Engine:
         self, row0: int, ids, hidden, pos, committed, spec_slots, spec_pos, vis, kv_len, last_only: bool
     ):
         q = ids.shape[1]
-        allowed = M.attention_allowed(committed, spec_slots, spec_pos, vis, kv_len)
+        window = self.draft.config.sliding_window  # the draft's own window (draft.sliding_window), if any
+        allowed = M.attention_allowed(committed, spec_slots, spec_pos, vis, kv_len, window)
         self.dcache.plan(row0, spec_slots[:, -q:], kv_len)
         return self.draft.step(
             ids, hidden, pos, self.dcache, attn_mask=allowed, logits_to_keep=1 if last_only else 0

