@@ -73,10 +73,10 @@ def test_ttt_matches_chain_on_cuda():
             assert (logits[0, 0] - out.logits[j][0, 4]).abs().max().item() <= 1e-4
 
 
-@pytest.mark.parametrize("T", [37, 300])
-def test_flex_and_chunked_attention_equal_dense_on_cuda(T):
-    """FlexAttention (block mask, GQA, packing, T not a multiple of its 128 tile) and the chunked path
-    against the dense reference: output and gradients, fp32, within 1e-4 relative."""
+@pytest.mark.parametrize("T,window", [(37, None), (300, None), (300, 40)])
+def test_flex_and_chunked_attention_equal_dense_on_cuda(T, window):
+    """FlexAttention (block mask, GQA, packing, T not a multiple of its 128 tile, a sliding window) and the
+    chunked path against the dense reference: output and gradients, fp32, within 1e-4 relative."""
     from test_ttt_attention import packed_docs
 
     from eyas.train import attention as A
@@ -90,7 +90,7 @@ def test_flex_and_chunked_attention_equal_dense_on_cuda(T):
         w = torch.randn(B, nh, T, d, generator=g).cuda()
         res = {}
         for impl in ("dense", "chunked", "flex"):
-            o = A.ttt_attention(impl, q, keys, values, doc, 0.125)
+            o = A.ttt_attention(impl, q, keys, values, doc, 0.125, window)
             (o * w).sum().backward()
             res[impl] = [o.detach()] + [t.grad.clone() for t in (q, *keys, *values)]
             for t in (q, *keys, *values):
