@@ -6,8 +6,8 @@ DDP does) from the reference's, next to the reference's largest entry.
 
     python -m torch.distributed.run --nproc_per_node P tests/sp_worker.py OUT T [key=value ...]
 
-key=value: draft options (norm_before_fc, norm_before_residual, norm_output: 0/1; num_layers), attention,
-checkpoint_layer (0/1), loss (kl | lk | ce), docs (sequences packed in the row).
+key=value: draft options (norm_before_fc, norm_before_residual, norm_output: 0/1; num_layers, sliding_window),
+attention, checkpoint_layer (0/1), loss (kl | lk | ce), docs (sequences packed in the row).
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ def draft(opts: dict) -> Eagle3Draft:
         norm_before_residual=bool(opts.get("norm_before_residual", 0)),
         norm_output=bool(opts.get("norm_output", 0)),
         num_layers=int(opts.get("num_layers", 1)),
+        sliding_window=int(opts.get("sliding_window", 0)) or None,
     )
     d = Eagle3Draft(cfg)
     for p in d.parameters():  # away from the initial zeros / ones, so every option changes the outputs

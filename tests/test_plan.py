@@ -102,6 +102,8 @@ def test_long_context_plan_scales_activations_and_training_rate():
     assert sp.train_activation_gb == pytest.approx(p.train_activation_gb / 4)
     assert sp.train_static_gb == pytest.approx(p.train_static_gb)
     assert "max_length 65536 / 4 GPUs (train.sequence_parallel) x batch 1" in render(r4, sp)
+    with pytest.raises(ValueError, match=r"^train.sequence_parallel=3 must divide the draft's attention"):
+        plan(load_recipe("gpt-oss-120b-long-context", ["train.sequence_parallel=3"]), "8xH200")
 
 
 @pytest.mark.parametrize(

@@ -16,10 +16,9 @@ WORKER = Path(__file__).with_name("sp_worker.py")
 ALL_OPTIONS = ["num_layers=2", "norm_before_fc=1", "norm_before_residual=1", "norm_output=1"]
 CASES = {
     # P, T (4099: padded to a multiple of P), options
-    "P2-plain": (2, 4096, []),
     "P2-every-option-checkpointed": (2, 4099, [*ALL_OPTIONS, "checkpoint_layer=1"]),
     "P4-every-option": (4, 4096, ALL_OPTIONS),
-    "P2-chunked-lk": (2, 4096, ["attention=chunked", "loss=lk", "docs=9"]),
+    "P2-window-lk": (2, 4096, ["sliding_window=512", "loss=lk", "docs=9"]),  # a window: chunked attention
 }
 
 
