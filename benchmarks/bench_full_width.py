@@ -136,7 +136,9 @@ def main(argv=None) -> int:
         rows[f"online {stage}"] = measured([*EYAS, stage, str(online), "--no-progress", *more])
     export = out / "export"
     rows["export"] = measured([*EYAS, "export", str(run), "--format", "eagle3", "--out", str(export)])
-    rows["publish --dry-run"] = measured([*EYAS, "publish", str(run), "--repo", "someone/draft", "--dry-run"])
+    publish = [*EYAS, "publish", str(run), "--repo", "someone/draft", "--dry-run"]
+    publish += ["--out", str(out / "publish")]
+    rows["publish --dry-run"] = measured(publish)
     vllm = vllm_loads(run, export, out)
     predicted = predictions(recipe) | {
         "online train": predictions(load_recipe("gpt-oss-120b", over + more))["train"]

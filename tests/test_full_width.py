@@ -90,4 +90,5 @@ def test_every_stage_at_full_width(full_width_run, tmp_path):
     eyas(["export", str(run), "--format", "eagle3", "--out", str(out)])
     cfg = json.loads((out / "config.json").read_text())
     assert (cfg["hidden_size"], cfg["draft_vocab_size"], cfg["intermediate_size"]) == (2880, 32000, 17280)
-    eyas(["publish", str(run), "--repo", "someone/full-width-draft", "--dry-run"])
+    folder = tmp_path / "publish"
+    eyas(["publish", str(run), "--repo", "someone/full-width-draft", "--dry-run", "--out", str(folder)])

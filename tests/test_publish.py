@@ -1,6 +1,7 @@
 """`eyas publish`: dry-run folder with a model card of the run's measurements; hub calls; token errors."""
 
 import json
+import os
 from pathlib import Path
 
 import huggingface_hub
@@ -145,3 +146,24 @@ def test_card_names_the_data_temperature_and_effort_weights():
         "- `data.temperature`: 1.0",
         "- `data.reasoning_effort`: {'low': 4, 'medium': 4, 'high': 2}",
     ]
+
+
+def test_a_temporary_folder_is_removed_after_the_upload_and_kept_after_a_dry_run(run, tmp_path, monkeypatch):
+    """Without --out the folder is built in a temporary directory: an upload removes it once the hub has it
+    (at gpt-oss-120b's widths it holds gigabytes), a dry run keeps it (its path is what it prints)."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(huggingface_hub, "get_token", lambda: "hf_test")
+    monkeypatch.setattr(huggingface_hub.HfApi, "create_repo", lambda self, repo_id, **kw: "u")
+    seen = []
+    monkeypatch.setattr(
+        huggingface_hub.HfApi,
+        "upload_folder",
+        lambda self, **kw: seen.append(sorted(os.listdir(kw["folder_path"]))),
+    )
+    published = publish(run, "acme/tiny-eagle3")
+    assert seen and "model.safetensors" in seen[0] and published.folder is None
+    assert not list(tmp_path.glob("eyas-publish-*"))
+    dry = publish(run, "acme/tiny-eagle3", dry_run=True)
+    assert dry.folder.is_dir() and dry.folder.parent.name.startswith("eyas-publish-")

@@ -32,7 +32,7 @@ class PublishError(InputError, ValueError):
 
 @dataclass
 class Published:
-    folder: Path
+    folder: Path | None  # the folder built; None after an upload from a temporary one (removed)
     url: str | None  # None for a dry run
 
 
@@ -67,7 +67,10 @@ def publish(
     token = None if dry_run else hub_token()
     finished = load_run(run)
     k = num_speculative_tokens or finished.report.get("k") or 3
-    folder = Path(out) if out else Path(tempfile.mkdtemp(prefix="eyas-publish-")) / repo.split("/")[-1]
+    # without --out: a temporary folder, kept after a dry run (its path is what the dry run prints), removed
+    # after an upload (at gpt-oss-120b's widths it holds gigabytes)
+    temp = None if out else Path(tempfile.mkdtemp(prefix="eyas-publish-"))
+    folder = Path(out) if out else temp / repo.split("/")[-1]
     result = export(finished.checkpoint, "eagle3", folder, num_speculative_tokens=k, engines=engines)
     (folder / "README.md").write_text(render_model_card(finished, repo, result, k, license))
     shutil.copyfile(finished.root / "report.json", folder / "eyas_report.json")
@@ -75,6 +78,17 @@ def publish(
     if dry_run:
         return Published(folder=folder, url=None)
 
+    try:
+        repo_url = upload(folder, repo, token, private, revision, finished.root.name)
+    finally:
+        if temp is not None:
+            shutil.rmtree(temp, ignore_errors=True)
+    url = str(repo_url) + (f"/tree/{revision}" if revision else "")
+    return Published(folder=folder if temp is None else None, url=url)
+
+
+def upload(folder: Path, repo: str, token: str, private: bool, revision: str | None, run_name: str):
+    """`folder` to the hub repo `repo` (created if new; `revision`: a branch of it) -> the repo's url."""
     from huggingface_hub import HfApi, constants
 
     # HF_ENDPOINT: a hub mirror or a private hub (read here, not at import, so it can be set per call)
@@ -89,10 +103,9 @@ def publish(
             folder_path=str(folder),
             revision=revision,
             repo_type="model",
-            commit_message=f"eyas publish {finished.root.name}",
+            commit_message=f"eyas publish {run_name}",
         )
-    url = str(repo_url) + (f"/tree/{revision}" if revision else "")
-    return Published(folder=folder, url=url)
+    return repo_url
 
 
 def transport_errors() -> tuple[type, ...]:
