@@ -173,7 +173,14 @@ def pad_rows(batch: dict[str, torch.Tensor], multiple: int) -> dict[str, torch.T
 def _init_deepspeed_comm() -> None:
     """DeepSpeed's all-to-all runs through deepspeed.comm, which wraps the process group already made
     (accelerate's); under a DeepSpeed launch accelerate has done this."""
-    import deepspeed.comm
+    try:
+        import deepspeed.comm
+    except ImportError:
+        raise RecipeError(
+            "train.sequence_parallel: its all-to-all attention is DeepSpeed's DistributedAttention, and "
+            "DeepSpeed is not installed: DS_BUILD_OPS=0 pip install --no-build-isolation 'deepspeed>=0.17' "
+            "(eyas's train extra)"
+        ) from None
 
     if not deepspeed.comm.is_initialized():
         deepspeed.comm.init_distributed(dist_backend=dist.get_backend(), dist_init_required=False)
