@@ -95,26 +95,27 @@ def results_table(results: list[dict]) -> list[str]:
     return lines
 
 
+def row_table(title: str, names: list[str], rows: list[tuple[dict, list[str]]], intro: str = "") -> list[str]:
+    """A "## title" table of result rows (draft, benchmark, T, C, shape) with one column per name."""
+    lines = ["", f"## {title}", "", *([intro, ""] if intro else [])]
+    lines += ["| draft | benchmark | T | C | shape | " + " | ".join(names) + " |"]
+    lines += ["|---|---|---|---|---|" + "---|" * len(names)]
+    for x, cells in rows:
+        lines.append(
+            f"| {x['draft']} | {x['benchmark']} | {x['temperature']:g} | {x['concurrency']} | "
+            f"{shape_label(x)} | " + " | ".join(cells) + " |"
+        )
+    return lines
+
+
 def category_table(results: list[dict]) -> list[str]:
     """## τ by category, for the rows measured on a benchmark with categories (MT-bench); else none."""
     cats = [x for x in results if x.get("by_category")]
     if not cats:
         return []
     names = list(cats[0]["by_category"])
-    lines = [
-        "",
-        "## τ by category",
-        "",
-        "| draft | benchmark | T | C | shape | " + " | ".join(names) + " |",
-        "|---|---|---|---|---|" + "---|" * len(names),
-    ]
-    for x in cats:
-        taus = " | ".join(_f(v["acceptance_length"], 3) for v in x["by_category"].values())
-        lines.append(
-            f"| {x['draft']} | {x['benchmark']} | {x['temperature']:g} | {x['concurrency']} | "
-            f"{shape_label(x)} | " + taus + " |"
-        )
-    return lines
+    rows = [(x, [_f(v["acceptance_length"], 3) for v in x["by_category"].values()]) for x in cats]
+    return row_table("τ by category", names, rows)
 
 
 def length_table(results: list[dict]) -> list[str]:
@@ -124,26 +125,21 @@ def length_table(results: list[dict]) -> list[str]:
     if not rows:
         return []
     names = bucket_order(b for x in rows for b in x["by_length"])
-    lines = [
-        "",
-        "## τ by prompt length",
-        "",
-        "τ (per-position acceptance; prompts) per bucket of prompt tokens (K = 1,024).",
-        "",
-        "| draft | benchmark | T | C | shape | " + " | ".join(names) + " |",
-        "|---|---|---|---|---|" + "---|" * len(names),
-    ]
-    for x in rows:
-        cells = []
-        for b in names:
-            v = x["by_length"].get(b)
-            pos = " ".join(_f(p, 2) for p in (v or {}).get("per_position_acceptance") or [])
-            cells.append(f"{_f(v['acceptance_length'], 3)} ({pos}; {v['num_prompts']})" if v else "—")
-        lines.append(
-            f"| {x['draft']} | {x['benchmark']} | {x['temperature']:g} | {x['concurrency']} | "
-            f"{shape_label(x)} | " + " | ".join(cells) + " |"
-        )
-    return lines
+    intro = "τ (per-position acceptance; prompts) per bucket of prompt tokens (K = 1,024)."
+    return row_table(
+        "τ by prompt length",
+        names,
+        [(x, [length_cell(x["by_length"].get(b)) for b in names]) for x in rows],
+        intro,
+    )
+
+
+def length_cell(v: dict | None) -> str:
+    """One bucket of a row: τ (per-position acceptance; prompts), or — where the row has no prompt there."""
+    if not v:
+        return "—"
+    pos = " ".join(_f(p, 2) for p in v.get("per_position_acceptance") or [])
+    return f"{_f(v['acceptance_length'], 3)} ({pos}; {v['num_prompts']})"
 
 
 def training_table(results: list[dict]) -> list[str]:

@@ -29,6 +29,18 @@ def packed_docs(B, T, g):
     return doc
 
 
+def outputs_and_grads(runs, q, keys, values, doc, w):
+    """[(impl, window)] -> per run [output, then the gradients of q, keys, values] of sum(o * w)."""
+    out = []
+    for name, window in runs:
+        o = A.ttt_attention(name, q, keys, values, doc, 0.3, window)
+        (o * w).sum().backward()
+        out.append([o.detach()] + [t.grad.clone() for t in (q, *keys, *values)])
+        for t in (q, *keys, *values):
+            t.grad = None
+    return out
+
+
 @pytest.mark.parametrize(
     "impl,tile", [("chunked", 4), ("chunked", 7), ("chunked", 64), ("sdpa", None), ("sdpa-unpacked", None)]
 )
@@ -44,16 +56,8 @@ def test_o_t_attention_equals_dense(impl, tile, monkeypatch):
         keys = [torch.randn(B, nkv, T, d, generator=g, requires_grad=True) for _ in range(n_steps)]
         values = [torch.randn(B, nkv, T, d, generator=g, requires_grad=True) for _ in range(n_steps)]
         w = torch.randn(B, nh, T, d, generator=g)
-        outs, grads = [], []
-        for name in ("dense", impl):
-            o = A.ttt_attention(name, q, keys, values, doc, 0.3)
-            (o * w).sum().backward()
-            outs.append(o.detach())
-            grads.append([t.grad.clone() for t in (q, *keys, *values)])
-            for t in (q, *keys, *values):
-                t.grad = None
-        torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-5)
-        for a, b in zip(grads[1], grads[0]):
+        ref, got = outputs_and_grads([("dense", None), (impl, None)], q, keys, values, doc, w)
+        for a, b in zip(got, ref):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
@@ -71,18 +75,11 @@ def test_chunked_sliding_window_equals_dense_and_drops_old_keys(tile, monkeypatc
         keys = [torch.randn(B, nkv, T, d, generator=g, requires_grad=True) for _ in range(n_steps)]
         values = [torch.randn(B, nkv, T, d, generator=g, requires_grad=True) for _ in range(n_steps)]
         w = torch.randn(B, nh, T, d, generator=g)
-        outs, grads = [], []
-        for name, window in (("dense", W), ("chunked", W), ("dense", None)):
-            o = A.ttt_attention(name, q, keys, values, doc, 0.3, window)
-            (o * w).sum().backward()
-            outs.append(o.detach())
-            grads.append([t.grad.clone() for t in (q, *keys, *values)])
-            for t in (q, *keys, *values):
-                t.grad = None
-        torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-5)
-        for a, b in zip(grads[1], grads[0]):
+        runs = [("dense", W), ("chunked", W), ("dense", None)]
+        ref, got, full = outputs_and_grads(runs, q, keys, values, doc, w)
+        for a, b in zip(got, ref):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
-        assert (outs[0] - outs[2]).abs().max() > 1e-3  # the window hid keys some queries saw without it
+        assert (ref[0] - full[0]).abs().max() > 1e-3  # the window hid keys some queries saw without it
     with pytest.raises(ValueError, match="sdpa"):
         A.resolve("sdpa", torch.device("cpu"), W)
     assert A.resolve("auto", torch.device("cpu"), W) == "chunked"
