@@ -47,7 +47,7 @@ def loop_row(model, tok, draft_dir, prompts, sampling: dict, k: int, c: int) -> 
 
 def vllm_row(url: str, prompts, sampling: dict, c: int) -> dict:
     params = [SamplingParams(**{**sampling, "seed": i}) for i in range(len(prompts))]
-    res, _, _, acc = run_server(url, prompts, params, c)
+    res, _, _, acc, _ = run_server(url, prompts, params, c)
     return {
         "tau": acc["acceptance_length"],
         "tokens_per_forward": acc["tokens_per_forward"],

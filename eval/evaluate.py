@@ -38,7 +38,7 @@ from eyas.data import chat
 from eyas.data.target import describe_placement, input_device, load_recipe_target
 from eyas.eval import advice
 from eyas.eval.benchmarks import Benchmark, held_out, load_benchmark
-from eyas.eval.load import LoadResult, acceptance, by_length, pct, run_engine
+from eyas.eval.load import LoadResult, acceptance, by_length, draft_time_by_prompt, pct, run_engine
 from eyas.eval.report import report_markdown
 from eyas.recipes.schema import Recipe
 from eyas.serve.decoding.engine import Engine, Request
@@ -162,7 +162,8 @@ def result_entry(
             for c in sorted({c for c in bench.categories if c})
         }
     if res.emitted is not None and lengths:
-        entry["by_length"] = by_length(res.emitted, res.accepted, depth, lengths)
+        rounds = draft_time_by_prompt(res.steps) if concurrency == 1 else None
+        entry["by_length"] = by_length(res.emitted, res.accepted, depth, lengths, rounds)
     return entry
 
 
@@ -366,10 +367,11 @@ def measure_point(
         from eyas.eval.server_client import run_server  # httpx and prometheus_client: only when asked
 
         bar.set_postfix_str(point.label(f"server {name}"))
-        res, engine_name, depth, acc = run_server(url, point.prompts, point.params, c, bar)
-        sweep.results.append(
-            result_entry(name, bench, engine_name, c, temp, None, res, None, point.refs, depth, acc)
-        )
+        res, engine_name, depth, acc, per_length = run_server(url, point.prompts, point.params, c, bar)
+        entry = result_entry(name, bench, engine_name, c, temp, None, res, None, point.refs, depth, acc)
+        if per_length:
+            entry["by_length"] = per_length
+        sweep.results.append(entry)
 
 
 def classified(model: torch.nn.Module, point: Point, res: LoadResult, width: int) -> dict:

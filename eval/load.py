@@ -98,10 +98,38 @@ def acceptance(
     }
 
 
-def by_length(emitted: list[list[int]], accepted: list[list[int]], depth: int, lengths: list[int]) -> dict:
-    """acceptance() per prompt-length bucket (length_bucket of each prompt's token count), shortest first."""
+def by_length(
+    emitted: list[list[int]],
+    accepted: list[list[int]],
+    depth: int,
+    lengths: list[int],
+    draft_rounds: list[tuple[float, int]] | None = None,
+) -> dict:
+    """acceptance() per prompt-length bucket (length_bucket of each prompt's token count), shortest first;
+    with `draft_rounds` (each prompt's draft seconds and rounds: draft_time_by_prompt) also the bucket's
+    draft time per round, `draft_ms_per_round`."""
     labels = [length_bucket(n) for n in lengths]
-    return {b: acceptance(emitted, accepted, depth, [x == b for x in labels]) for b in bucket_order(labels)}
+    out = {b: acceptance(emitted, accepted, depth, [x == b for x in labels]) for b in bucket_order(labels)}
+    for b, entry in out.items() if draft_rounds else ():
+        mine = [draft_rounds[i] for i, x in enumerate(labels) if x == b]
+        entry["draft_ms_per_round"] = 1e3 * sum(s for s, _ in mine) / max(sum(n for _, n in mine), 1)
+    return out
+
+
+def draft_time_by_prompt(steps: list) -> list[tuple[float, int]] | None:
+    """One request at a time (every step one row, prompts in order): each prompt's (seconds of its decode
+    steps outside the target's verification, decode steps): the draft's tree, its step over the accepted
+    path and the bookkeeping. None when requests shared steps (concurrency > 1: no step is one prompt's)."""
+    if not steps or any(s.rows != 1 for s in steps):
+        return None
+    out: list[list] = []
+    for s in steps:
+        if s.kind == "prefill":
+            out.append([0.0, 0])
+        else:
+            out[-1][0] += s.total_s - s.target_s
+            out[-1][1] += 1
+    return [(t, n) for t, n in out]
 
 
 def request_latencies(

@@ -120,12 +120,16 @@ def category_table(results: list[dict]) -> list[str]:
 
 def length_table(results: list[dict]) -> list[str]:
     """## τ by prompt length, for the rows whose prompts span more than one length bucket; else none. Each
-    cell: τ, the per-position acceptance, and the prompts in the bucket."""
+    cell: τ, the per-position acceptance, the prompts in the bucket and (one request at a time) the draft's
+    time per round."""
     rows = [x for x in results if len(x.get("by_length") or {}) > 1]
     if not rows:
         return []
     names = bucket_order(b for x in rows for b in x["by_length"])
-    intro = "τ (per-position acceptance; prompts) per bucket of prompt tokens (K = 1,024)."
+    intro = (
+        "τ (per-position acceptance; prompts; at concurrency 1 the draft's time per round) per bucket of "
+        "prompt tokens (K = 1,024)."
+    )
     return row_table(
         "τ by prompt length",
         names,
@@ -135,11 +139,13 @@ def length_table(results: list[dict]) -> list[str]:
 
 
 def length_cell(v: dict | None) -> str:
-    """One bucket of a row: τ (per-position acceptance; prompts), or — where the row has no prompt there."""
+    """One bucket of a row: τ (per-position acceptance; prompts[; draft ms per round]), or — where the row has
+    no prompt there."""
     if not v:
         return "—"
     pos = " ".join(_f(p, 2) for p in v.get("per_position_acceptance") or [])
-    return f"{_f(v['acceptance_length'], 3)} ({pos}; {v['num_prompts']})"
+    ms = f"; {v['draft_ms_per_round']:.1f} ms" if v.get("draft_ms_per_round") is not None else ""
+    return f"{_f(v['acceptance_length'], 3)} ({pos}; {v['num_prompts']}{ms})"
 
 
 def training_table(results: list[dict]) -> list[str]:

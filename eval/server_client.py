@@ -28,6 +28,7 @@ import time
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from eyas.eval.buckets import bucket_order, length_bucket
 from eyas.eval.load import LoadResult
 from eyas.serve.decoding.sampling import SamplingParams
 
@@ -125,16 +126,30 @@ async def _all(url: str, model: str, prompts, params, concurrency: int, bar) -> 
 
 def run_server(
     url: str, prompts: list[list[int]], params: list[SamplingParams], concurrency: int, bar=None
-) -> tuple[LoadResult, str, int, dict | None]:
-    """-> (load result, engine name, draft depth, acceptance dict or None when the server reports none)."""
+) -> tuple[LoadResult, str, int, dict | None, dict | None]:
+    """-> (load result, engine name, draft depth, acceptance dict or None when the server reports none,
+    acceptance per prompt-length bucket or None when the prompts fall in one bucket).
+
+    Prompts of several length buckets (eval/buckets.py) are sent one bucket at a time, shortest first, with
+    the counters read between buckets: vLLM's counters are the server's, so a bucket's acceptance is their
+    change over its own requests (the buckets' requests do not overlap in time)."""
     from eyas.eval.load import request_latencies
 
     url = base_url(url)
+    labels = [length_bucket(len(p)) for p in prompts]
+    groups = {b: [i for i, x in enumerate(labels) if x == b] for b in bucket_order(labels)}
+    runs: list[dict] = [{}] * len(prompts)
     with httpx.Client(timeout=30) as c:
         card = c.get(f"{url}/v1/models").json()["data"][0]
-        before = scrape(c, url)
-        runs, t0 = asyncio.run(_all(url, card["id"], prompts, params, concurrency, bar))
-        after = scrape(c, url)
+        marks, t0 = [scrape(c, url)], None
+        for idx in groups.values():
+            out, t = asyncio.run(
+                _all(url, card["id"], [prompts[i] for i in idx], [params[i] for i in idx], concurrency, bar)
+            )
+            t0 = t if t0 is None else t0
+            for i, r in zip(idx, out):
+                runs[i] = r
+            marks.append(scrape(c, url))
     engine = {"eyas": "eyas-serve", "vllm": "vllm", "sglang": "sglang"}.get(card.get("owned_by"), "server")
     wall = max(r["times"][-1] for r in runs if r["times"]) - t0
     res = LoadResult(outputs=[r["tokens"] for r in runs], wall_s=wall, ttft_s=[], itl_s=[], tpot_s=[])
@@ -145,30 +160,44 @@ def run_server(
         res.itl_s += itl
         if tpot is not None:
             res.tpot_s.append(tpot)
-    acc, depth = None, 0
+    acc, depth = server_acceptance(marks[0], marks[-1], runs)
+    if engine == "server" and acc is not None and acc["acceptance_length"] is None:
+        engine = "sglang"
+    per = None
+    if len(groups) > 1 and acc is not None:
+        per = {
+            b: server_acceptance(marks[j], marks[j + 1], [runs[i] for i in idx])[0]
+            for j, (b, idx) in enumerate(groups.items())
+        }
+    return res, engine, depth, acc, per
+
+
+def server_acceptance(before: dict, after: dict, runs: list[dict]) -> tuple[dict | None, int]:
+    """Acceptance of `runs` (their responses) from the counters' change `before` -> `after` (vLLM, eyas
+    serve) or else from each response's verify count (SGLang) -> (acceptance dict or None, draft depth)."""
     if after:
         drafts = after["drafts"] - before.get("drafts", 0)
         depth = len(after["per_pos"])
-        if drafts > 0:
-            accepted = after["accepted"] - before.get("accepted", 0)
-            pp = [(after["per_pos"][i] - before.get("per_pos", {}).get(i, 0)) / drafts for i in range(depth)]
-            acc = {
-                "acceptance_length": 1 + accepted / drafts,
-                "tokens_per_forward": sum(len(r["tokens"]) - 1 for r in runs if r["tokens"]) / drafts,
-                "per_position_acceptance": pp,
-                "target_forwards": int(drafts),
-                "cut_verifications": None,
-                "num_prompts": len(prompts),
-            }
-    elif all(r["verify_ct"] for r in runs):
-        ct = sum(r["verify_ct"] for r in runs)
-        acc = {
-            "acceptance_length": None,
-            "tokens_per_forward": sum(len(r["tokens"]) - 1 for r in runs) / ct,
-            "per_position_acceptance": [],
-            "target_forwards": ct,
+        if drafts <= 0:
+            return None, depth
+        accepted = after["accepted"] - before.get("accepted", 0)
+        pp = [(after["per_pos"][i] - before.get("per_pos", {}).get(i, 0)) / drafts for i in range(depth)]
+        return {
+            "acceptance_length": 1 + accepted / drafts,
+            "tokens_per_forward": sum(len(r["tokens"]) - 1 for r in runs if r["tokens"]) / drafts,
+            "per_position_acceptance": pp,
+            "target_forwards": int(drafts),
             "cut_verifications": None,
-            "num_prompts": len(prompts),
-        }
-        engine = "sglang" if engine == "server" else engine
-    return res, engine, depth, acc
+            "num_prompts": len(runs),
+        }, depth
+    if not all(r["verify_ct"] for r in runs):
+        return None, 0
+    ct = sum(r["verify_ct"] for r in runs)
+    return {
+        "acceptance_length": None,
+        "tokens_per_forward": sum(len(r["tokens"]) - 1 for r in runs) / ct,
+        "per_position_acceptance": [],
+        "target_forwards": ct,
+        "cut_verifications": None,
+        "num_prompts": len(runs),
+    }, 0

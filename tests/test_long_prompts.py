@@ -92,5 +92,27 @@ def test_eval_reports_tau_by_prompt_length(demo_run, tmp_path):
     accepted = sum((v["acceptance_length"] - 1) * v["target_forwards"] for v in b.values())
     assert accepted == pytest.approx((row["acceptance_length"] - 1) * row["target_forwards"], abs=1e-9)
     assert all(len(v["per_position_acceptance"]) == 3 for v in b.values())
+    assert all(v["draft_ms_per_round"] > 0 for v in b.values())  # concurrency 1: each round is one prompt's
     md = (run / "report.md").read_text()
     assert "## τ by prompt length" in md and "| draft | benchmark | T | C | shape | <1K | 1-2K |" in md
+    assert f"; 3; {b['<1K']['draft_ms_per_round']:.1f} ms)" in md
+
+
+def test_draft_time_by_prompt_splits_rounds_at_each_prefill():
+    """One request at a time: each prompt's decode steps (those after its prefill) give its draft seconds
+    (a step's time outside the target's verification) and rounds; by_length averages them per round over
+    a bucket. A step of two rows (concurrency > 1) belongs to no one prompt: None."""
+    from eyas.eval.load import by_length, draft_time_by_prompt
+    from eyas.serve.decoding.engine import StepStats
+
+    def step(kind, target_s, total_s, rows=1):
+        return StepStats(kind, rows, 4, 100, target_s, total_s, 1)
+
+    steps = [step("prefill", 0.5, 0.5), step("decode", 0.1, 0.4), step("decode", 0.1, 0.2)]
+    steps += [step("prefill", 0.9, 0.9), step("decode", 0.2, 0.8)]
+    rounds = draft_time_by_prompt(steps)
+    assert rounds == [(pytest.approx(0.4), 2), (pytest.approx(0.6), 1)]
+    out = by_length([[2, 2], [3]], [[1, 1], [2]], 3, [100, 1500], rounds)
+    assert out["<1K"]["draft_ms_per_round"] == pytest.approx(200.0)
+    assert out["1-2K"]["draft_ms_per_round"] == pytest.approx(600.0)
+    assert draft_time_by_prompt([step("prefill", 0.5, 0.5, rows=2), step("decode", 0.1, 0.4, rows=2)]) is None

@@ -254,15 +254,19 @@ def test_models_health_and_metrics(server):
 
 def test_eval_reads_acceptance_from_the_server(demo, server, tmp_path, capsys):
     """`eyas eval RUN --server URL`: the built-in loop and the server (the same draft, k and prompts)
-    sit side by side; the server's Prometheus counters give the acceptance the loop measured."""
+    sit side by side; the server's Prometheus counters give the acceptance the loop measured, in all and
+    per prompt-length bucket (two stdlib-long prompts of 1-2K tokens: the server gets one bucket at a time
+    and reads its counters between them)."""
     from eyas.cli import main
+    from eyas.data.long_text import records
     from eyas.recipes.load import dump_recipe, load_recipe
 
     _, _, _, root = demo
     run = tmp_path / "run"
     (run / "prompts").mkdir(parents=True)
+    long = [[{"role": "user", "content": r["prompt"]}] for r in records("stdlib-long-1k", "test")[:2]]
     (run / "prompts" / "eval.jsonl").write_text(
-        "".join(json.dumps({"id": str(i), "messages": m}) + "\n" for i, m in enumerate(MESSAGES))
+        "".join(json.dumps({"id": str(i), "messages": m}) + "\n" for i, m in enumerate(MESSAGES + long))
     )
     import shutil
 
@@ -293,6 +297,13 @@ def test_eval_reads_acceptance_from_the_server(demo, server, tmp_path, capsys):
     # vLLM's formula: 1 + accepted / drafts
     assert theirs["acceptance_length"] == pytest.approx(1 + sum(ours["per_position_acceptance"]), abs=1e-12)
     assert theirs["target_forwards"] == ours["target_forwards"]
+    assert list(theirs["by_length"]) == list(ours["by_length"]) == ["<1K", "1-2K"]
+    for b, v in ours["by_length"].items():
+        assert theirs["by_length"][b]["target_forwards"] == v["target_forwards"]
+        assert theirs["by_length"][b]["num_prompts"] == v["num_prompts"] == {"<1K": 4, "1-2K": 2}[b]
+        assert theirs["by_length"][b]["per_position_acceptance"] == pytest.approx(
+            v["per_position_acceptance"], abs=1e-12
+        )
     assert theirs["output_tokens_per_s"] > 0 and theirs["ttft_ms_p50"] > 0 and theirs["k"] == K
     assert "eyas-serve" in (run / "report.md").read_text()
 
@@ -312,7 +323,7 @@ def test_sglang_verify_counts_give_the_loops_tau(demo, server, monkeypatch):
     prompts = [render_prompt(tok, m) for m in MESSAGES]
     params = [SamplingParams(temperature=0, max_tokens=40) for _ in prompts]
     monkeypatch.setattr(server_client, "scrape", lambda client, url: {})
-    res, engine, _, acc = server_client.run_server(f"{server}/v1", prompts, params, concurrency=2)
+    res, engine, _, acc, _ = server_client.run_server(f"{server}/v1", prompts, params, concurrency=2)
     assert engine == "eyas-serve" and acc["per_position_acceptance"] == []
     draft = load_draft(root / "draft", device="cpu", dtype=torch.float32).eval()
     ours = run_engine(Engine(model, draft, TreeShape.chain(K), max_batch=2, eos_ids=eos), prompts, params, 2)
