@@ -89,11 +89,11 @@ def test_gpt_oss_120b_plan_on_8xh100_matches_hand_computation():
 
 
 def test_long_context_plan_scales_activations_and_training_rate():
-    r = load_recipe("gpt-oss-120b-long-context")
+    r = load_recipe("gpt-oss-120b-long-context", ["train.sequence_parallel=1"])
     p = plan(r, "8xH200")
     a = Assumptions()
-    assert r.train.checkpoint_layer and r.train.max_length == 65536
-    act = a.act_bytes_per_token_step_checkpointed * 65536 * r.train.batch_size * r.train.ttt_steps
+    assert r.train.checkpoint_layer and r.train.max_length == 131072
+    act = a.act_bytes_per_token_step_checkpointed * 131072 * r.train.batch_size * r.train.ttt_steps
     assert p.train_activation_gb * 1e9 == pytest.approx(act)
     assert p.train_tok_s == pytest.approx(8 * 15.8e3 * 7 / r.train.ttt_steps)  # held at the 32K rate
     # each row over 4 GPUs (train.sequence_parallel): a GPU holds a quarter of its tokens' activations
@@ -101,7 +101,8 @@ def test_long_context_plan_scales_activations_and_training_rate():
     sp = plan(r4, "8xH200")
     assert sp.train_activation_gb == pytest.approx(p.train_activation_gb / 4)
     assert sp.train_static_gb == pytest.approx(p.train_static_gb)
-    assert "max_length 65536 / 4 GPUs (train.sequence_parallel) x batch 1" in render(r4, sp)
+    assert "max_length 131072 / 4 GPUs (train.sequence_parallel) x batch 1" in render(r4, sp)
+    assert load_recipe("gpt-oss-120b-long-context").train.sequence_parallel == 2  # 128K rows: 64K per GPU
     with pytest.raises(ValueError, match=r"^train.sequence_parallel=3 must divide the draft's attention"):
         plan(load_recipe("gpt-oss-120b-long-context", ["train.sequence_parallel=3"]), "8xH200")
 

@@ -192,3 +192,40 @@ def test_online_training_from_vllm_equals_offline_and_resumes_after_a_producer_d
     monkeypatch.undo()
     resumed, _ = train_log(killed, ONLINE)
     assert_same_steps(resumed, online, rel=1e-5)
+
+
+def test_online_vllm_under_sequence_parallelism_asks_for_each_row_once(vllm_python, regenerated):
+    """train.sequence_parallel=2 on 2 processes (torchrun, both on core 1) fed by one vLLM producer (core 0):
+    the group's first process asks for each row and broadcasts its states to the other, which keeps its own
+    window of them. The log's losses and accuracies equal one process's online run within 1e-5 (relative,
+    as above), and the producers were asked for each micro-batch once: as many as that run asked."""
+    import subprocess
+    import sys
+
+    from eyas.data.vocab import run_vocab
+
+    single = regenerated / "online"
+    if not (single / "train" / "DONE.json").is_file():
+        train_log(shutil.copytree(regenerated / "run", single), ONLINE)
+    one = [json.loads(x) for x in (single / "train" / "log.jsonl").read_text().splitlines()]
+    run = shutil.copytree(regenerated / "run", regenerated / "online-sp2")
+    over = TRAIN + ONLINE + ["train.sequence_parallel=2"]
+    recipe = load_recipe("demo", over)
+    run_capture(recipe, run, progress=False)
+    run_vocab(recipe, run, progress=False)
+    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1"]
+    launch += [f"--master_port={free_port()}", "-m", "eyas.train", "demo", "--out", str(run), *over]
+    r = subprocess.run(launch, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    sp = [json.loads(x) for x in (run / "train" / "log.jsonl").read_text().splitlines()]
+    assert_same_steps(sp, one, rel=1e-5)
+    online = read_done(run, "train")["online"]
+    assert online["asked_all_processes"] == read_done(single, "train")["online"]["asked"] == 18
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -16,6 +16,10 @@ at the end; they exit by themselves when it dies. The order of the micro-batches
 on: no sequence of the epoch is lost or repeated. A producer that stops ends training with one line naming
 it and its log (train/trainer.py saves the state at the last finished step where it can).
 
+Under sequence parallelism (train.sequence_parallel: P) the P processes of a group train on the same rows:
+the group's first asks the producers for each micro-batch and broadcasts the states to the others, each of
+which keeps its window (train/sequence_parallel.py), so the producers run every row once.
+
 The buffer: each trainer holds at most `capture.online_prefetch` micro-batches asked for and not yet
 trained on, as files in /dev/shm (RAM; the run's train/online-buffer where there is none). The transport
 is hs_connectors' file backend: one node. Its Mooncake backend (RDMA, across nodes) reads the same
@@ -35,6 +39,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from eyas.data.capture import DTYPES
 from eyas.data.capture_vllm import CaptureReplicas, StateSplit, VllmCapture, VllmCaptureError, replicas_for
@@ -44,6 +49,7 @@ from eyas.recipes.schema import Recipe
 from eyas.serve.external.vllm_server import last_error
 
 from .online import row_segments
+from .sequence_parallel import SequenceParallel
 
 PRODUCERS = "producers.json"
 
@@ -58,6 +64,7 @@ class FeedStats:
     for them (and the seconds it waited), tokens."""
 
     micro_batches: int = 0
+    asked: int = 0  # micro-batches this process sent to the producers (under SP: its group's first only)
     waited: int = 0
     waited_s: float = 0.0
     tokens: int = 0
@@ -75,6 +82,10 @@ class VllmFeed:
         self.stats = FeedStats()
         self.owner: CaptureReplicas | None = None  # the local main process's: it stops them
         self.buffer: str | None = None
+        # train.sequence_parallel > 1: the group's processes train on the same rows; its first asks the
+        # producers for the whole row and broadcasts the states to the others (each then keeps its window),
+        # so the producers run each row once, not once per process of the group
+        self.sp: SequenceParallel | None = None
 
     def stream(self, batches: Iterable[dict]) -> Iterator[dict]:
         """The collated micro-batches with "aux" and "final" added, on the device, in their order; up to
@@ -97,10 +108,11 @@ class VllmFeed:
     def _ask(self, batch: dict) -> tuple:
         """Send a micro-batch's sequences (as the rows hold them, cut to the row) to the next producer."""
         segs = row_segments(batch["doc_ids"], batch["lengths"])
-        if not segs:  # an empty filler micro-batch: nothing to ask
+        if not segs or (self.sp is not None and self.sp.rank != 0):  # a filler, or the group's first asks
             return batch, segs, None, None
         client = self.clients[self.turn % len(self.clients)]
         self.turn += 1
+        self.stats.asked += 1
         try:
             rid = client.submit([batch["input_ids"][b, s : s + n].tolist() for b, s, n in segs])
         except OSError:  # its end of the socket is closed
@@ -121,7 +133,11 @@ class VllmFeed:
             self.stats.waited_s += (time.perf_counter() - t0) if not ready else 0.0
         self.stats.micro_batches += 1
         self.stats.tokens += int(batch["lengths"].sum())
-        return self.fill(batch, segs, states)
+        out = self.fill(batch, segs, states)
+        if self.sp is not None and segs:
+            for key in ("aux", "final"):
+                dist.broadcast(out[key], group=self.sp.group, group_src=0)
+        return out
 
     def fill(self, batch: dict, segs: list[tuple[int, int, int]], states: list[torch.Tensor]) -> dict:
         """aux (B, T, n_aux*H) and final (B, T, H) in capture.dtype, each sequence's (n, n_ids, H) states

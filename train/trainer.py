@@ -318,6 +318,8 @@ def _setup_training(recipe, run_dir, acc, heads, index, online, feed, out_dir) -
         c = draft.config
         check_heads(tr.sequence_parallel, c.num_attention_heads, c.num_key_value_heads)
         sp = SequenceParallel.build(tr.sequence_parallel, tr.ttt_steps, acc.device.type)
+        if feed is not None:
+            feed.sp = sp  # the group's first process asks vLLM for each row, the others get its states
     if compile_math(tr.compile, acc):
         draft.compile_math()
     # the target's lm_head turns stored final states into the teacher; a top-k capture needs none
@@ -647,6 +649,8 @@ def finish(t: Training, run_dir: Path, t_start: float) -> dict:
         "val_sequences": len(t.data.val_ids),
         "online": feed_stats(t.feed),  # from vLLM: micro-batches fed, how many training waited for
     }
+    if t.feed is not None:  # what every process asked the producers for (each row once, also under SP)
+        info["online"]["asked_all_processes"] = sum_over_processes(acc, t.feed.stats.asked)
     save_state(acc, t.state_dir, t.step, t.tokens)
     if acc.is_main_process:
         from .curves import plot_curves
