@@ -253,6 +253,13 @@ class TrainSection(Section):
     grad_accum: int = Field(1, ge=1, description="gradient accumulation steps")
     max_length: int = Field(2048, ge=2, description="tokens per row; longer sequences are truncated")
     pack: bool = Field(False, description="several sequences per row (document mask, per-sequence positions)")
+    pack_length: int | None = Field(
+        None,
+        ge=2,
+        description="with pack: rows filled up to this many tokens, a longer sequence (up to max_length) in "
+        "a row of its own; long sequences train whole while the short ones keep the optimizer steps of short "
+        "rows (null: max_length)",
+    )
     sequence_parallel: int = Field(
         1,
         ge=1,
@@ -344,6 +351,9 @@ class Recipe(Section):
             f"draft.sliding_window={w} must exceed train.ttt_steps={t}: a chain's own drafts stay in view"
         )
         check(w is None or w > t, "draft.sliding_window", window)
+        n, most = self.train.pack_length, self.train.max_length
+        check(n is None or self.train.pack, "train.pack_length", "needs train.pack: true")
+        check(n is None or n <= most, "train.pack_length", f"{n} must not exceed train.max_length={most}")
         check(self.eval.k <= t, "eval.k", f"k={self.eval.k} drafts {past}")
         for i, k in enumerate(self.eval.more_k):
             check(1 <= k <= t, f"eval.more_k[{i}]", f"k={k} must be in 1..train.ttt_steps={t}")

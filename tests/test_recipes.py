@@ -75,6 +75,8 @@ def test_wrong_type_is_named(raw, key):
         ({"vllm": {"gpu_memory_utilization": 1.5}}, "vllm.gpu_memory_utilization"),
         ({"draft": {"sliding_window": 7}, "train": {"ttt_steps": 7}}, "draft.sliding_window"),
         ({"draft": {"sliding_window": 1}}, "draft.sliding_window"),
+        ({"train": {"pack": True, "max_length": 512, "pack_length": 1024}}, "train.pack_length"),
+        ({"train": {"pack": False, "pack_length": 256}}, "train.pack_length"),
         ({"train": {"sequence_parallel": 0}}, "train.sequence_parallel"),
     ],
 )

@@ -253,6 +253,19 @@ def test_plan_rows_fits_and_is_deterministic():
     assert plan_rows([500, 3], 128, pack=True) == [[0], [1]]  # a long sequence fills a row by itself (cut)
 
 
+def test_pack_length_fills_short_rows_and_gives_long_sequences_their_own():
+    """train.pack_length 32 under max_length 128: sequences up to 32 tokens share rows of at most 32; a longer
+    one (cut to 128) is a row of its own, with no short sequence added after it."""
+    lengths = [int(x) for x in torch.randint(1, 33, (100,), generator=torch.Generator().manual_seed(1))]
+    lengths += [40, 90, 128, 300]
+    rows = plan_rows(lengths, 128, pack=True, seed=0, pack_length=32)
+    assert sorted(i for r in rows for i in r) == list(range(104))
+    assert [r for r in rows if any(i >= 100 for i in r)] == [[103], [102], [101], [100]]
+    assert all(sum(lengths[i] for i in r) <= 32 for r in rows if all(i < 100 for i in r))
+    assert len(rows) <= 1.05 * sum(lengths[:100]) / 32 + 1 + 4
+    assert plan_rows(lengths, 128, pack=True, seed=0, pack_length=128) == plan_rows(lengths, 128, True, 0)
+
+
 def test_cut_note_counts_the_sequences_longer_than_a_row():
     assert cut_note([128, 3, 100], 128) is None
     note = cut_note([500, 3, 129], 128)

@@ -18,10 +18,13 @@ import bisect
 import torch
 
 
-def plan_rows(lengths: list[int], max_length: int, pack: bool, seed: int = 0) -> list[list[int]]:
+def plan_rows(
+    lengths: list[int], max_length: int, pack: bool, seed: int = 0, pack_length: int | None = None
+) -> list[list[int]]:
     """Rows of sequence indices. pack=False: one sequence per row, in order. pack=True: best-fit
     decreasing over a seeded order (equal lengths keep the shuffle), so a row wastes little and the
-    plan is the same on every process and every resume."""
+    plan is the same on every process and every resume; rows are filled up to `pack_length` tokens
+    (None: max_length), and a sequence longer than that (cut to max_length) is a row of its own."""
     if not pack:
         return [[i] for i in range(len(lengths))]
     g = torch.Generator().manual_seed(seed)
@@ -38,7 +41,7 @@ def plan_rows(lengths: list[int], max_length: int, pack: bool, seed: int = 0) ->
             room, r = free.pop(at)
             rows[r].append(i)
         else:
-            room, r = max_length, len(rows)
+            room, r = max(pack_length or max_length, n), len(rows)
             rows.append([i])
         if room - n > 0:
             bisect.insort(free, (room - n, r))

@@ -412,7 +412,7 @@ def training_data(
     lengths = [sequences.lengths[i] for i in train_ids]
     if note := cut_note(lengths, tr.max_length):
         acc.print(f"[train] {note}")
-    rows = plan_rows(lengths, tr.max_length, tr.pack, tr.seed)
+    rows = plan_rows(lengths, tr.max_length, tr.pack, tr.seed, tr.pack_length)
     dataset = PackedRows(sequences, [[train_ids[i] for i in row] for row in rows])
     collate = partial(collate_rows, max_length=tr.max_length)
     # validation batches dealt to ranks like training's, padded so every rank runs as many forwards

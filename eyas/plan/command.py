@@ -133,7 +133,7 @@ def plan(recipe: Recipe, gpus: str, run_dir: str | Path | None = None, a: Assump
         recipe, cfg, target, w.measured, a, kind, n_gpu, replicas
     )
     tr = recipe.train
-    row = tr.max_length if tr.pack else min(tr.max_length, w.prompt + w.new)
+    row = (tr.pack_length or tr.max_length) if tr.pack else min(tr.max_length, w.prompt + w.new)
     grads, allreduce_s = allreduce(draft.trainable, n_gpu, kind)
     tp = recipe.vllm.tensor_parallel_size
     online = online_split(n_gpu, tp, capture_tok_s / replicas, train_tok_s / n_gpu, tr.epochs * tokens)
