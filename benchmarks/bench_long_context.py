@@ -1,0 +1,223 @@
+"""The long-context variant against the short-context one on a real model, by prompt length: τ and the
+draft's time per round in eyas's serving loop, greedy, each draft with and without a sliding window.
+
+    python benchmarks/bench_long_context.py [--out runs/bench-long-context] [--seeds 0 1] [--window 1024]
+        [--window-seeds 0] [--train-window] [--per-bucket 3] [--short-prompts 4] [--k 3] [-- key=value ...]
+
+Drafts (each in OUT/<draft>-s<S>, train.seed=S, train.val_seed=0):
+    short       recipes/smollm2-135m.yaml: 500 short conversations, packed 1024-token rows
+    long        recipes/smollm2-135m-long-context.yaml: about the same conversations plus ~62 long prompts
+                (stdlib-long-8k's train split), 8,192-token rows
+    short-wW    short served with draft.sliding_window=W: its weights, the window set in its config
+                (OUT/short-wW-s<S>/checkpoint). With W >= the rows' 1,024 tokens a window never binds in
+                training, so training with it gives these weights (up to the attention kernel's rounding)
+    long-wW     long served with the window likewise; with --train-window, trained with it
+                (train.attention auto: chunked on CPU), as short-wW then is too
+Each recipe's data stages run once, in its first seed's run; the other seeds and the windowed drafts link
+them (benchmarks/bench_defaults.py link_stages).
+
+Evaluation prompts nothing trained on: --per-bucket prompts of each prompt-length bucket (<1K, 1-2K, 2-4K,
+4-8K tokens on the target's chat template; eval/buckets.py) from stdlib-long-8k's test split, spread over
+it, and --short-prompts each of the short recipe's benchmarks (MT-bench, HumanEval, GSM8K test). One loop
+for all drafts (OUT/eval): k = --k, temperature 0, one request at a time, so each round is one prompt's
+and the draft's time per round is its own (eval/load.py draft_time_by_prompt). Prints one table: per draft,
+τ per bucket as the mean over seeds (each seed), the short sets pooled, and draft ms per round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from eyas import io, layout
+from eyas.pipeline import run_all
+from eyas.recipes.load import load_recipe
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_anchors import pooled  # noqa: E402
+from bench_defaults import BASE_STAGES, link_stages  # noqa: E402
+
+RECIPES = {"short": "recipes/smollm2-135m.yaml", "long": "recipes/smollm2-135m-long-context.yaml"}
+LONG_SET = "stdlib-long-8k"
+SHORT = "short sets"  # the short benchmarks pooled (every prompt < 1K tokens)
+
+
+def drafts(args) -> list[tuple[str, str, int, list[str]]]:
+    """(draft name, recipe variant, seed, overrides) in training order: every seed, then the windows."""
+    out = [(f"{v}-s{s}", v, s, []) for v in RECIPES for s in args.seeds]
+    win = [f"draft.sliding_window={args.window}"]
+    return out + [(f"{v}-w{args.window}-s{s}", v, s, win) for v in RECIPES for s in args.window_seeds]
+
+
+def windowed(args, name: str, variant: str, seed: int) -> dict:
+    """OUT/<name>/checkpoint: the draft <variant>-s<seed> with draft.sliding_window set (its weights)."""
+    from eyas.train.checkpoint import load_draft, save_draft
+
+    src = Path(args.out) / f"{variant}-s{seed}"
+    ckpt = Path(args.out) / name / "checkpoint"
+    if not ckpt.is_dir():
+        draft = load_draft(src / layout.FINAL_CHECKPOINT)
+        draft.config.sliding_window = args.window
+        meta = io.read_json(src / layout.FINAL_CHECKPOINT / "config.json")["eyas"]
+        extra = {k: v for k, v in meta.items() if k != "draft_config"}
+        extra["served_with_window_from"] = str(src / layout.FINAL_CHECKPOINT)
+        save_draft(draft, ckpt, extra=extra)
+    done = layout.read_done(src, "train")
+    return {
+        "draft": name,
+        "variant": name.rsplit("-s", 1)[0],
+        "seed": seed,
+        "train_s": done["wall_s"],
+        "tokens_seen": done["tokens_seen"],
+        "checkpoint": str(ckpt),
+    }
+
+
+def train(args, name: str, variant: str, seed: int, over: list[str]) -> dict:
+    """OUT/<name> trained on its recipe's data stages (its first seed's run) -> the draft's row."""
+    out = Path(args.out)
+    run, base = out / name, out / f"{variant}-s{args.seeds[0]}"
+    if run.resolve() != base.resolve():
+        link_stages(run, base, BASE_STAGES)
+    recipe = load_recipe(RECIPES[variant], [*args.overrides, *over, f"train.seed={seed}", "train.val_seed=0"])
+    run_all(recipe, run, stages=(*BASE_STAGES, "train"), progress=False)
+    done = layout.read_done(run, "train")
+    return {
+        "draft": name,
+        "variant": name.rsplit("-s", 1)[0],
+        "seed": seed,
+        "train_s": done["wall_s"],
+        "tokens_seen": done["tokens_seen"],
+        "checkpoint": str(run / layout.FINAL_CHECKPOINT),
+    }
+
+
+def eval_sets(args) -> list[tuple[str, str]]:
+    """OUT/eval-<set>.jsonl: the long prompts, --per-bucket of each bucket, and the short benchmarks."""
+    from transformers import AutoTokenizer
+
+    from eyas.data import chat
+    from eyas.data.target import resolve_path
+    from eyas.eval.benchmarks import load_benchmark, spread
+    from eyas.eval.buckets import length_bucket
+
+    long_recipe = load_recipe(RECIPES["long"], args.overrides)
+    tok = AutoTokenizer.from_pretrained(resolve_path(long_recipe.target.model))
+    room = 8192 - long_recipe.eval.max_new_tokens  # SmolLM2's context less the answer
+    by_bucket: dict[str, list] = {}
+    for m in load_benchmark(LONG_SET, LONG_SET).messages:
+        n = len(chat.render_prompt(tok, m))
+        if n <= room:
+            by_bucket.setdefault(length_bucket(n), []).append(m)
+    files = [(LONG_SET, [m for b in sorted(by_bucket) for m in spread(by_bucket[b], args.per_bucket)])]
+    short = load_recipe(RECIPES["short"], args.overrides).eval.benchmarks
+    files += [(n, load_benchmark(n, src, limit=args.short_prompts).messages) for n, src in short.items()]
+    out = []
+    for name, messages in files:
+        path = Path(args.out) / f"eval-{name}.jsonl"
+        io.write_jsonl(path, ({"messages": m} for m in messages))
+        out.append((name, str(path)))
+    return out
+
+
+def loop(args, rows: list[dict]) -> dict:
+    """Every draft in eyas's loop on the evaluation sets -> report.json (reused when it has every draft)."""
+    from eyas.eval.evaluate import run_eval
+
+    run = Path(args.out) / "eval"
+    path = run / layout.REPORT_JSON
+    if path.is_file():
+        report = json.loads(path.read_text())
+        if {r["draft"] for r in rows} <= {x["draft"] for x in report["results"]}:
+            return report
+    link_stages(run, Path(args.out) / f"long-s{args.seeds[0]}", BASE_STAGES)
+    recipe = load_recipe(RECIPES["long"], [*args.overrides, "eval.num_prompts=null"])
+    return run_eval(
+        recipe,
+        run,
+        drafts=[(r["draft"], r["checkpoint"]) for r in rows],
+        ks=[args.k],
+        trees=[],
+        temperatures=[0.0],
+        concurrency=[1],
+        benchmarks=eval_sets(args),
+        progress=True,
+        force=True,
+    )
+
+
+def cells(report: dict, draft: str) -> dict[str, dict]:
+    """One draft's cells: each bucket of the long set and the short sets pooled -> {"tau", "ms"}."""
+    mine = [r for r in report["results"] if r["draft"] == draft and r.get("k") is not None]
+    out = {}
+    for r in mine:
+        if r["benchmark"] == LONG_SET:
+            for b, v in r["by_length"].items():
+                out[b] = {"tau": v["acceptance_length"], "ms": v.get("draft_ms_per_round")}
+    short = [r for r in mine if r["benchmark"] != LONG_SET]
+    out[SHORT] = {"tau": pooled(short), "ms": None}
+    return out
+
+
+def table(rows: list[dict], report: dict) -> list[str]:
+    """Per variant: τ per column, mean over seeds (each seed); then draft ms per round per bucket."""
+    per = {r["draft"]: cells(report, r["draft"]) for r in rows}
+    cols = list(dict.fromkeys(c for cs in per.values() for c in cs if c != SHORT)) + [SHORT]
+    head = f"| draft | train s | {' | '.join(cols)} |"
+    lines = ["", "τ (k = 3, greedy, eyas's loop), mean over seeds (each seed)", "", head]
+    lines.append("|" + "---|" * (len(cols) + 2))
+    ms_lines = ["", "draft ms per round (mean over seeds)", "", f"| draft | {' | '.join(cols[:-1])} |"]
+    ms_lines.append("|" + "---|" * len(cols))
+    for variant in dict.fromkeys(r["variant"] for r in rows):
+        mine = [r for r in rows if r["variant"] == variant]
+        taus = [[per[r["draft"]].get(c, {}).get("tau") for r in mine] for c in cols]
+        text = [
+            "—" if None in t else f"{sum(t) / len(t):.3f} ({'/'.join(f'{x:.3f}' for x in t)})" for t in taus
+        ]
+        train_s = sum(r["train_s"] for r in mine) / len(mine)
+        lines.append(f"| {variant} | {train_s:.0f} | {' | '.join(text)} |")
+        ms = [[per[r["draft"]].get(c, {}).get("ms") for r in mine] for c in cols[:-1]]
+        ms_lines.append(
+            f"| {variant} | {' | '.join('—' if None in m else f'{sum(m) / len(m):.1f}' for m in ms)} |"
+        )
+    return lines + ms_lines
+
+
+def parse(argv) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="runs/bench-long-context")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    p.add_argument("--window", type=int, default=1024)
+    p.add_argument("--window-seeds", type=int, nargs="*", default=[0])
+    p.add_argument("--train-window", action="store_true", help="train the windowed drafts (else: served)")
+    # the loop prefills every prompt once per draft, and twice more (the references, plain decoding): on the
+    # 2-core CPU in fp32 one draft's pass over 12 long prompts (3 a bucket) took ~5 min; the loop, 42 min
+    p.add_argument("--per-bucket", type=int, default=3, help="long prompts per length bucket")
+    p.add_argument("--short-prompts", type=int, default=4, help="prompts per short benchmark")
+    p.add_argument("--k", type=int, default=3)
+    p.add_argument("overrides", nargs="*", help="recipe overrides (key.sub=value) for both recipes")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    with open(out / "results.jsonl", "a") as log:
+        for name, variant, seed, over in drafts(args):
+            trains = not over or args.train_window
+            rows.append(
+                train(args, name, variant, seed, over) if trains else windowed(args, name, variant, seed)
+            )
+            print(json.dumps(rows[-1]), file=log, flush=True)
+            print(json.dumps(rows[-1]), flush=True)
+    report = loop(args, rows)
+    print("\n".join(table(rows, report)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
