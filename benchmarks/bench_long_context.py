@@ -64,14 +64,19 @@ def windowed(args, name: str, variant: str, seed: int) -> dict:
         extra = {k: v for k, v in meta.items() if k != "draft_config"}
         extra["served_with_window_from"] = str(src / layout.FINAL_CHECKPOINT)
         save_draft(draft, ckpt, extra=extra)
-    done = layout.read_done(src, "train")
+    return draft_row(name, seed, src, ckpt)
+
+
+def draft_row(name: str, seed: int, trained: Path, checkpoint: Path) -> dict:
+    """A draft's row: its name, variant and seed, the training run's time and tokens, its checkpoint."""
+    done = layout.read_done(trained, "train")
     return {
         "draft": name,
         "variant": name.rsplit("-s", 1)[0],
         "seed": seed,
         "train_s": done["wall_s"],
         "tokens_seen": done["tokens_seen"],
-        "checkpoint": str(ckpt),
+        "checkpoint": str(checkpoint),
     }
 
 
@@ -83,15 +88,7 @@ def train(args, name: str, variant: str, seed: int, over: list[str]) -> dict:
         link_stages(run, base, BASE_STAGES)
     recipe = load_recipe(RECIPES[variant], [*args.overrides, *over, f"train.seed={seed}", "train.val_seed=0"])
     run_all(recipe, run, stages=(*BASE_STAGES, "train"), progress=False)
-    done = layout.read_done(run, "train")
-    return {
-        "draft": name,
-        "variant": name.rsplit("-s", 1)[0],
-        "seed": seed,
-        "train_s": done["wall_s"],
-        "tokens_seen": done["tokens_seen"],
-        "checkpoint": str(run / layout.FINAL_CHECKPOINT),
-    }
+    return draft_row(name, seed, run, run / layout.FINAL_CHECKPOINT)
 
 
 def eval_sets(args) -> list[tuple[str, str]]:
