@@ -7,9 +7,10 @@ a serving user measures from it.
     ITL               time between consecutive emissions of a request (vLLM's benchmark_serving
                       definition: a speculative emission carries several tokens at once)
     TPOT              (last token time - first token time) / (tokens - 1), per request
-    tau               tokens emitted per verification, over all requests (only tokens actually
-                      emitted: cuts at eos / max_tokens count what was emitted)
-    per-position      fraction of verifications whose emitted tokens include >= s accepted drafts
+    tau               vLLM's mean acceptance length: 1 + accepted drafts / verifications, over all
+                      requests (drafts that eos / max_tokens cut off count as accepted, as vLLM counts)
+    tokens/forward    what the verifications emitted, per verification (SGLang's count)
+    per-position      fraction of verifications that accepted >= s drafts
 
 Both the built-in engine (`run_engine`) and an external OpenAI-compatible server
 (eval/server_client.py) produce `LoadResult`s, so their rows sit side by side in one report.
@@ -84,7 +85,8 @@ def acceptance(
     tau is vLLM's mean acceptance length, 1 + accepted drafts / verifications (the drafts a stop cut
     off count as accepted, as vLLM's scheduler counts them), so a row of eyas's loop and a row
     read from vLLM's /metrics mean the same thing; `tokens_per_forward` is what the loop emitted per
-    verification (SGLang's count: tau less the verifications that a stop cut short)."""
+    verification (SGLang's count): tau less, per verification, the bonus token and the accepted drafts a
+    stop cut off (`cut_verifications`, `cut_drafts`)."""
     rows = [i for i in range(len(emitted)) if select is None or select[i]]
     e, a = [emitted[i] for i in rows], [accepted[i] for i in rows]
     r = rates(counters_from_loop(e, a, depth))
@@ -93,7 +95,10 @@ def acceptance(
         "tokens_per_forward": r["tokens_per_forward"],
         "per_position_acceptance": r["per_position_acceptance"],
         "target_forwards": sum(map(len, a)),
-        "cut_verifications": sum(x == y for ei, ai in zip(e, a) for x, y in zip(ei, ai)),  # cut early
+        "cut_verifications": sum(x <= y for ei, ai in zip(e, a) for x, y in zip(ei, ai)),  # no bonus token
+        "cut_drafts": sum(
+            y - x for ei, ai in zip(e, a) for x, y in zip(ei, ai) if x <= y
+        ),  # accepted, cut off
         "num_prompts": len(rows),
     }
 

@@ -188,6 +188,7 @@ def server_acceptance(before: dict, after: dict, runs: list[dict]) -> tuple[dict
             "per_position_acceptance": pp,
             "target_forwards": int(drafts),
             "cut_verifications": None,
+            "cut_drafts": None,
             "num_prompts": len(runs),
         }, depth
     if not all(r["verify_ct"] for r in runs):
@@ -199,5 +200,6 @@ def server_acceptance(before: dict, after: dict, runs: list[dict]) -> tuple[dict
         "per_position_acceptance": [],
         "target_forwards": ct,
         "cut_verifications": None,
+        "cut_drafts": None,
         "num_prompts": len(runs),
     }, 0

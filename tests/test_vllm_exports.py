@@ -10,15 +10,16 @@ a random draft and its derived shapes.
 
 Tolerance. Outputs: equal, token for token, on every prompt. Counters: the number of drafts and
 the acceptances at the first drafted position equal exactly (they come from the target's own
-aux states); at the later, chained positions (the draft fed its own output) within 2% of the
-drafts. Both engines run fp32, but vLLM's CPU kernels (its fused MoE, its attention) round
-differently from HF's eager ones, and the draft carries that difference through its chained
-steps, where an argmax flips at a near-tie. Measured on the demo draft: the plain draft and 4 aux
-states equal exactly at every position; norm_before_fc and aux id N differ by 2 and 3 of about
-200 drafts at positions 2-3 (their smallest top-2 logit gap on these prompts is 1.2e-3 and 1.4e-3,
-the exact ones' 4e-3 and 5e-3). The 16-position sliding window (vLLM reads `layer_types` +
-`sliding_window`): 179 / 62 / 16 accepted in vLLM, 179 / 61 / 16 in eyas's loop, of 347 drafts (the
-plain draft: 163 / 139 / 114 of 191), so the window is honoured, not ignored.
+aux states); at the later, chained positions (the draft fed its own output) within one draft. Both
+engines run fp32, but vLLM's CPU kernels (its fused MoE, its attention) round differently from HF's
+eager ones, and the draft carries that difference through its chained steps, where an argmax could
+flip at a near-tie: the one draft allows for that on another CPU. Measured here (2-core AMD EPYC,
+AVX512-BF16) every shape equals vLLM's at every position: the demo draft's plain shape 166 / 137 / 112
+accepted of 197 drafts, norm_before_fc 167 / 132 / 104 of 208, norm_output 232 / 67 / 29 of 271, the
+16-position sliding window (vLLM reads `layer_types` + `sliding_window`) 165 / 52 / 21 of 363, so the
+window is honoured, not ignored. Both count, as vLLM's scheduler does, the drafts a verification
+accepted after max_tokens cut the answer (counting only emitted ones, eyas's loop was 2 to 7 drafts
+short at positions 2-3).
 """
 
 import json
@@ -74,7 +75,7 @@ def same_counters(name, theirs, mine):
     assert theirs["drafts"] == mine["drafts"] and theirs["draft_tokens"] == mine["draft_tokens"], name
     assert theirs["per_pos"][0] == mine["per_pos"][0], f"{name}: {theirs} != {mine}"
     for a, b in zip(theirs["per_pos"][1:], mine["per_pos"][1:]):
-        assert abs(a - b) <= 0.02 * mine["drafts"], f"{name}: vLLM {theirs} vs eyas {mine}"
+        assert abs(a - b) <= 1, f"{name}: vLLM {theirs} vs eyas {mine}"
 
 
 def check_side_by_side(target, model, tok, prompts, exports, tmp_path, refused=None):

@@ -25,8 +25,9 @@ One engine step:
     6. retire     finished rows leave (the last row takes their place)
 
 Without a draft the same engine decodes one token per row per step (the baseline at the same
-concurrency). Statistics count only emitted tokens: a verification whose accepted tokens were cut
-by eos or max_tokens counts what was emitted.
+concurrency). Statistics per verification: `emitted`, the tokens it emitted (eos, a stop id or max_tokens
+may cut them short), and `accepted`, the drafts it accepted whether or not a cut dropped some: vLLM's
+scheduler counts them so, and tau is compared with vLLM's counters exactly.
 """
 
 from __future__ import annotations
@@ -459,7 +460,7 @@ class Engine:
         r.token_times.extend([now] * len(out))
         if accepted is not None:
             r.emitted.append(len(out))
-            r.accepted.append(min(accepted, len(out)))
+            r.accepted.append(accepted)  # vLLM's count: drafts a stop cut off are still accepted
         if r.on_tokens is not None:
             r.on_tokens(r, out)
 
