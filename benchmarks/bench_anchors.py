@@ -1,11 +1,15 @@
 """eyas against the anchors' own trainers: speculators 0.9.0 and SpecForge 0.2.0 trained from the same eyas
 capture, for the same number of epochs over the same sequences, imported with `eyas import`, and evaluated
-side by side in eyas's serving loop on the same held-out prompts.
+side by side in eyas's serving loop on the same prompts of one split (data/splits.py).
 
-    python benchmarks/bench_anchors.py --run runs/smollm2-135m [--work peer-work] [--epochs 2]
-        [--ttt 5] [--seeds 0 1] [--trainers eyas speculators specforge] [--name eyas]
-        [--speculators-rows 1024] [--k 1 2 3 4 5] [--temperature 0 1] [--num-prompts 8] [--no-eval]
-        [--probe N] [-- key.sub=value ...]
+    python benchmarks/bench_anchors.py --run runs/smollm2-135m --split tuning|test [--work peer-work]
+        [--epochs 2] [--ttt 5] [--seeds 0 1] [--trainers eyas speculators specforge] [--name eyas]
+        [--lr TRAINER=LR[,LR...]] [--speculators-rows 1024] [--k 1 2 3 4 5] [--temperature 0 1]
+        [--num-prompts 8] [--no-eval] [--probe N] [-- key.sub=value ...]
+
+Each trainer at its best: sweep its lr on the tuning split (`--split tuning --lr specforge=1e-4,3e-4,1e-3`,
+one draft per lr and seed, named `specforge-lr0.0003-sS`), then report every trainer at the lr that won there
+with `--split test --lr specforge=...` (a sweep on the test split is refused).
 
 Needs a finished eyas run (its capture and vocab: `eyas run recipes/smollm2-135m.yaml`) and the peers'
 venv and target directory from `../shared/peer/README.md` (Setup: `$PEER_WORK/venv` with speculators,
@@ -34,12 +38,12 @@ ids and draft vocab), TTT steps (--ttt), epochs over the same training sequences
 packed rows (--total-seq-len, its default 8192: a few dozen steps here) are --speculators-rows, default
 --max-length. Tokens/s is the sequences' tokens (prompt and answer) times epochs over each trainer's wall
 time, one trainer at a time on the same machine.
-Every draft is scored twice: on the held-out captured sequences as eyas's training validates (simulated tau
-of greedy chains and at T = 1, the same sequences and teacher for all, no sampling noise), and in eyas's
-serving loop on the held-out prompts (unless --no-eval); with --probe also as on the held-out sequences, on
-the target's own greedy answers to the loop's prompts (the loop's text, paired, without its noise). Prints
-one JSON line per trained draft, per draft's held-out score and per measured point (appended to
-WORK/results.jsonl), then the tables: per trainer, mean over seeds at each k (and temperature), the loop's
+Every draft is scored twice: on the tuning split's captured sequences as eyas's training validates (simulated
+tau of greedy chains and at T = 1, the same sequences and teacher for all, no sampling noise), and in eyas's
+serving loop on --split's prompts (unless --no-eval); with --probe (test split) also as on the held-out
+sequences, on the target's own greedy answers to the loop's prompts (the loop's text, paired, without its
+noise). Prints one JSON line per trained draft, per draft's held-out score and per measured point (appended
+to WORK/results.jsonl), then the tables: per trainer, mean over seeds at each k (and temperature), the loop's
 over all prompts.
 """
 
@@ -58,9 +62,10 @@ from safetensors.torch import load_file, save_file
 
 from eyas import layout
 from eyas.data.shards import ShardDataset
+from eyas.data.splits import TUNE_ON, held_out_split, run_groups, split_seed
+from eyas.eval.replay import answers_run, score_drafts
 from eyas.pipeline import run_all
 from eyas.recipes.load import load_recipe
-from eyas.train.validation import held_out_split, split_seed
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_defaults import BASE_STAGES, link_stages  # noqa: E402
@@ -76,7 +81,7 @@ def export_generic(run: Path, recipe, out: Path) -> dict:
     seqs = ShardDataset(run / "capture")
     if seqs.teacher != "final":
         raise SystemExit(f"{run}/capture: the peers need the final state (capture.teacher: final)")
-    train_ids, val_ids = held_out_split(recipe.train, len(seqs))
+    train_ids, val_ids = held_out_split(recipe.train, run_groups(run, len(seqs)))
     tmp = out.with_name(out.name + ".partial")
     tmp.mkdir(parents=True, exist_ok=True)
     n_aux, H = len(seqs.aux_layer_ids), seqs.hidden_size
@@ -145,11 +150,13 @@ def timed(out: Path, train) -> dict:
     return rec
 
 
-def train_eyas(args, meta: dict, seed: int) -> dict:
-    """eyas's own recipe (the run's, with the command line's overrides), trained in WORK/<--name>-s<S> on the
-    run's linked capture and vocab, holding out the sequences the peers do not train on (train.val_seed)."""
-    out = args.work / f"{args.name}-s{seed}"
+def train_eyas(args, meta: dict, seed: int, lr: float | None) -> dict:
+    """eyas's own recipe (the run's, with the command line's overrides; train.lr=`lr` when given), trained
+    in WORK/<--name>[-lrLR]-s<S> on the run's linked capture and vocab, holding out the tuning conversations
+    the peers do not train on either (train.val_seed)."""
+    out = args.work / f"{trainer_name(args, 'eyas', lr)}-s{seed}"
     over = [*args.overrides, *budget(args), f"train.seed={seed}", f"train.val_seed={meta['val_seed']}"]
+    over += [f"train.lr={lr}"] if lr else []
 
     def train() -> Path:
         link_stages(out, args.run, BASE_STAGES)
@@ -167,21 +174,19 @@ def budget(args) -> list[str]:
     ]
 
 
-def trainer_name(args, trainer: str) -> str:
-    """The drafts' name: eyas's --name; speculators at another lr or row length `speculators-lr0.003-rows512`;
-    else the trainer."""
-    if trainer == "eyas":
-        return args.name
-    if trainer != "speculators":
-        return trainer
-    lr = f"-lr{args.speculators_lr:g}" if args.speculators_lr else ""
-    rows = f"-rows{args.speculators_rows}" if args.speculators_rows != args.max_length else ""
-    return f"speculators{lr}{rows}"
+def trainer_name(args, trainer: str, lr: float | None) -> str:
+    """The drafts' name: the trainer (eyas's: --name), then its lr where --lr set one (`specforge-lr0.001`),
+    then speculators' row length where it is not --max-length (`speculators-lr0.003-rows512`)."""
+    name = (args.name if trainer == "eyas" else trainer) + (f"-lr{lr:g}" if lr else "")
+    if trainer == "speculators" and args.speculators_rows != args.max_length:
+        name += f"-rows{args.speculators_rows}"
+    return name
 
 
-def train_speculators(args, meta: dict, seed: int) -> dict:
-    """`speculators train` (launch_speculators_cpu.py) with its defaults, the last epoch's checkpoint."""
-    out = args.work / f"{trainer_name(args, 'speculators')}-s{seed}"
+def train_speculators(args, meta: dict, seed: int, lr: float | None) -> dict:
+    """`speculators train` (launch_speculators_cpu.py) with its defaults (its lr unless `lr`: its Muon and
+    AdamW groups both), the last epoch's checkpoint."""
+    out = args.work / f"{trainer_name(args, 'speculators', lr)}-s{seed}"
     n = meta["n_train"] + meta["n_val"]
 
     def train() -> Path:
@@ -216,7 +221,7 @@ def train_speculators(args, meta: dict, seed: int) -> dict:
             "--log-freq",
             "10",
             "--no-resume-from-checkpoint",
-            *(["--lr", str(args.speculators_lr)] if args.speculators_lr else []),
+            *(["--lr", str(lr)] if lr else []),
             log=out / "train.log",
         )
         return out / "ckpt" / f"epoch{args.epochs - 1}_end"
@@ -225,10 +230,10 @@ def train_speculators(args, meta: dict, seed: int) -> dict:
     return timed(out, train)
 
 
-def train_specforge(args, meta: dict, seed: int) -> dict:
-    """`specforge train` (launch_specforge_cpu.py, the peers' CPU config) with its defaults, exported to
-    the HF layout with `specforge export --to hf`."""
-    out = args.work / f"specforge-s{seed}"
+def train_specforge(args, meta: dict, seed: int, lr: float | None) -> dict:
+    """`specforge train` (launch_specforge_cpu.py, the peers' CPU config) with its defaults (its lr 1e-4
+    unless `lr`: training.learning_rate), exported to the HF layout with `specforge export --to hf`."""
+    out = args.work / f"{trainer_name(args, 'specforge', lr)}-s{seed}"
     data = args.work / "data" / "specforge"
     steps = args.epochs * meta["n_train"]  # batch 1, no packing: one sequence per step
 
@@ -252,6 +257,7 @@ def train_specforge(args, meta: dict, seed: int) -> dict:
             "training.log_interval=50",
             f"training.ttt_length={args.ttt}",
             f"training.seed={seed}",
+            *([f"training.learning_rate={lr}"] if lr else []),
             log=out / "train.log",
         )
         return out / "hf"
@@ -301,7 +307,7 @@ def held_out_tau(args, recipe, drafts: list[tuple[str, str]]) -> list[dict]:
     recipe's training precision -> one row per draft. The same sequences and teacher for all: no
     serving-loop noise."""
     seqs = ShardDataset(args.run / "capture")
-    val = held_out_split(recipe.train, len(seqs))[1]
+    val = held_out_split(recipe.train, run_groups(args.run, len(seqs)))[1]
     return scored_rows(recipe, seqs, val, drafts, args, "held-out captured sequences")
 
 
@@ -316,9 +322,9 @@ def probe_tau(args, recipe, drafts: list[tuple[str, str]]) -> list[dict]:
 
 
 def scored_rows(recipe, seqs, indices: list[int], drafts, args, label: str, sampled_text=None) -> list[dict]:
-    """`score_sequences` -> one row per draft: its simulated tau at k = 1..--ttt, greedy and at T = 1, and
-    its replayed tau."""
-    scored = score_sequences(recipe, seqs, indices, drafts, args.ttt, args.max_length, sampled_text)
+    """`score_drafts` (eval/replay.py) -> one row per draft: its simulated tau at k = 1..--ttt, greedy and at
+    T = 1, and its replayed tau."""
+    scored = score_drafts(recipe, seqs, indices, drafts, args.ttt, args.max_length, sampled_text)
     return [
         {
             "draft": name,
@@ -335,73 +341,20 @@ def scored_rows(recipe, seqs, indices: list[int], drafts, args, label: str, samp
 def probe_capture(args, recipe) -> Path:
     """The serving loop's own prompts (eval's `spread` of --probe per benchmark of the recipe's
     eval.benchmarks: the loop's very prompts when --probe is --num-prompts) answered greedily by the target
-    as the loop's target answers them (HF generate, --eval-dtype, up to eval.max_new_tokens), then captured:
-    WORK/probe-<N>x<tokens>-<dtype>-<benchmarks>/, once -> its capture directory. Drafts scored on it are
-    scored on the loop's text without the loop's batching and sampling noise; its replayed tau is the greedy
-    loop's."""
+    as the loop's target answers them (eval/replay.py `answers_run`: HF generate, --eval-dtype, up to
+    eval.max_new_tokens), then captured: WORK/probe-<N>x<tokens>-<dtype>-<benchmarks>/, once -> its capture
+    directory. Drafts scored on it are scored on the loop's text without the loop's batching and sampling
+    noise; its replayed tau is the greedy loop's."""
     from eyas.eval.benchmarks import load_benchmark
-    from eyas.io import write_jsonl
 
     ev = recipe.eval
     out = args.work / f"probe-{args.probe}x{ev.max_new_tokens}-{args.eval_dtype}-{'-'.join(ev.benchmarks)}"
-    if not layout.is_done(out, "capture"):
-        out.mkdir(parents=True, exist_ok=True)
-        rows = [
-            {"messages": m}
-            for name, src in ev.benchmarks.items()
-            for m in load_benchmark(name, src, recipe.data.system_prompt, args.probe).messages
-        ]
-        write_jsonl(out / "probe-prompts.jsonl", rows)
-        over = [
-            f"data.prompts=[{{source: {out / 'probe-prompts.jsonl'}, name: probe}}]",
-            f"data.num_prompts={len(rows)}",
-            "data.num_eval_prompts=0",
-            "data.max_turns=1",
-            f"data.max_new_tokens={ev.max_new_tokens}",
-            "data.temperature=0",
-            "data.backend=hf",
-            f"target.dtype={args.eval_dtype}",
-        ]
-        probe = load_recipe(args.recipe, [*args.overrides, *over])
-        run_all(probe, out, stages=("prompts", "regenerate", "capture"), progress=True)
-    return out / "capture"
-
-
-def score_sequences(
-    recipe, seqs, indices: list[int], drafts: list[tuple[str, str]], ttt, max_length: int, sampled_text=None
-):
-    """Each draft (name, checkpoint) over the captured sequences `seqs[i]`, i in `indices` (rows of up to
-    max_length tokens, 8 per batch), as training validates; `ttt`: an int or one per draft; `sampled_text`:
-    whether they are the target's T = 1 samples (None: as the recipe's data says) -> [(name,
-    train/validation.py's metrics: simulated_tau, simulated_tau_t1, replayed_tau at k = 1..ttt, ...)]."""
-    from functools import partial
-
-    from accelerate import Accelerator
-
-    from eyas.data.target import load_head_weights
-    from eyas.train.checkpoint import load_draft
-    from eyas.train.packing import PackedRows, collate_rows
-    from eyas.train.trainer import mixed_precision
-    from eyas.train.ttt import TTTModule
-    from eyas.train.validation import sampled_at_t1, validate
-
-    heads = load_head_weights(recipe.target.model, recipe.target.trust_remote_code)
-    acc = Accelerator(
-        cpu=not torch.cuda.is_available(), mixed_precision=mixed_precision(recipe.train.mixed_precision)
-    )
-    collate = partial(collate_rows, max_length=max_length)
-    rows = PackedRows(seqs, [[i] for i in indices])
-    n = len(indices)
-    batches = [collate([rows[j] for j in range(b, min(b + 8, n))]) for b in range(0, n, 8)]
-    steps = ttt if isinstance(ttt, list) else [ttt] * len(drafts)
-    sampled = sampled_at_t1(recipe.data) if sampled_text is None else sampled_text
-    out = []
-    for (name, ckpt), t in zip(drafts, steps):
-        draft = load_draft(ckpt, device=acc.device, embed=heads["embed"])
-        module = TTTModule(draft, heads["lm_head"].float().to(acc.device), t, 1.0, sampled_text=sampled)
-        with acc.autocast():
-            out.append((name, validate(module, batches, acc, t)))
-    return out
+    messages = [
+        m
+        for name, src in ev.benchmarks.items()
+        for m in load_benchmark(name, src, recipe.data.system_prompt, args.probe).messages
+    ]
+    return answers_run(args.recipe, messages, out, [*args.overrides, f"target.dtype={args.eval_dtype}"])
 
 
 def held_out_table(rows: list[dict]) -> list[str]:
@@ -435,8 +388,9 @@ def eval_dtype_overrides(dtype: str) -> list[str]:
 
 
 def evaluate(args, drafts: list[tuple[str, str]]) -> list[dict]:
-    """Every draft in eyas's serving loop, one target load, the recipe's eval benchmarks (eval.num_prompts
-    each), chains k = args.k at each temperature -> one row per (draft, benchmark, temperature, k)."""
+    """Every draft in eyas's serving loop, one target load, on --split: the recipe's eval benchmarks (test)
+    or the tuning conversations' first prompts, --num-prompts of each, chains k = args.k at each
+    temperature -> one row per (draft, benchmark, temperature, k)."""
     from eyas.eval.evaluate import run_eval
 
     out = args.work / "eval"
@@ -453,9 +407,12 @@ def evaluate(args, drafts: list[tuple[str, str]]) -> list[dict]:
         concurrency=[args.concurrency],
         progress=True,
         force=True,
+        split=args.split,
     )
     keys = ("draft", "benchmark", "temperature", "k", "acceptance_length", "target_forwards", "lossless")
-    return [{k: r[k] for k in keys} for r in report["results"] if r.get("k") is not None]
+    return [
+        {**{k: r[k] for k in keys}, "split": args.split} for r in report["results"] if r.get("k") is not None
+    ]
 
 
 def pooled(rows: list[dict]) -> float:
@@ -492,6 +449,27 @@ def table(args, points: list[dict], trained: list[dict]) -> list[str]:
     return lines
 
 
+def lr_sweep(p: argparse.ArgumentParser, given: list[str], split: str) -> dict[str, list[float | None]]:
+    """--lr TRAINER=LR[,LR...] -> {trainer: its lrs} (None: its own default); a sweep (several lrs) chooses,
+    so it is refused off the tuning split."""
+    lrs: dict[str, list[float | None]] = {t: [None] for t in TRAINERS}
+    for item in given:
+        trainer, _, values = item.partition("=")
+        if trainer not in TRAINERS or not values:
+            p.error(f"--lr {item}: expected TRAINER=LR[,LR...] with TRAINER one of {', '.join(TRAINERS)}")
+        try:
+            lrs[trainer] = [float(v) for v in values.split(",")]
+        except ValueError:
+            p.error(f"--lr {item}: {values!r} is not a list of numbers")
+    swept = [t for t, v in lrs.items() if len(v) > 1]
+    if swept and split not in TUNE_ON:
+        p.error(
+            f"--split {split}: --lr sweeps {', '.join(swept)} on prompts nothing may be tuned on; sweep on "
+            f"--split tuning, then measure each trainer's best lr with --split {split}"
+        )
+    return lrs
+
+
 def parse(argv) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--run", type=Path, required=True, help="a finished eyas run (its capture and vocab)")
@@ -505,7 +483,19 @@ def parse(argv) -> argparse.Namespace:
     p.add_argument("--trainers", nargs="+", default=list(TRAINERS), choices=TRAINERS)
     p.add_argument("--name", default="eyas", help="eyas's drafts: WORK/NAME-sS (a name for other overrides)")
     p.add_argument(
-        "--speculators-lr", type=float, default=None, help="speculators' lr (default its own, 1e-3)"
+        "--lr",
+        action="append",
+        default=[],
+        metavar="TRAINER=LR[,LR...]",
+        help="the trainer's lr (repeatable; default its own: eyas its recipe's, speculators 1e-3, SpecForge "
+        "1e-4); several are a sweep, one draft per lr and seed, allowed on --split tuning only",
+    )
+    p.add_argument(
+        "--split",
+        required=True,
+        choices=("tuning", "test"),
+        help="the loop's prompts (data/splits.py): tuning, the held-out training conversations, where lrs "
+        "and settings are chosen; test, the recipe's eval prompts, which only measure what tuning chose",
     )
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     p.add_argument("--epochs", type=int, default=2)
@@ -541,6 +531,12 @@ def parse(argv) -> argparse.Namespace:
     for o in args.overrides:  # the shared budget would replace them silently
         if o.split("=", 1)[0] in shared:
             p.error(f"{o}: every trainer's budget; set it with {shared[o.split('=', 1)[0]]}")
+    args.lr = lr_sweep(p, args.lr, args.split)
+    if args.probe and args.split == "tuning":
+        p.error(
+            "--probe answers the test split's prompts; on --split tuning the held-out sequences already "
+            "are the tuning prompts' greedy answers"
+        )
     args.speculators_rows = args.speculators_rows or args.max_length
     args.recipe = args.recipe or str(args.run / "recipe.yaml")
     args.peer_python = args.peer_python or args.work / "venv" / "bin" / "python"
@@ -592,16 +588,15 @@ def main(argv=None) -> int:
     meta = prepare_data(args, recipe)
     trained = []
     with open(args.work / "results.jsonl", "a") as results:
-        for trainer in args.trainers:
-            for seed in args.seeds:
-                rec = TRAIN[trainer](args, meta, seed)
-                tokens = args.epochs * meta["train_tokens"]
-                name = trainer_name(args, trainer)
-                row = {"trainer": name, "seed": seed, "epochs": args.epochs, "ttt": args.ttt}
-                row.update(tokens_seen=tokens, wall_s=rec["wall_s"], tokens_per_s=tokens / rec["wall_s"])
-                trained.append({**row, "kind": trainer, "checkpoint": rec["checkpoint"]})
-                print(json.dumps(row), file=results, flush=True)
-                print(json.dumps(row), flush=True)
+        for trainer, lr, seed in [(t, lr, s) for t in args.trainers for lr in args.lr[t] for s in args.seeds]:
+            rec = TRAIN[trainer](args, meta, seed, lr)
+            tokens = args.epochs * meta["train_tokens"]
+            name = trainer_name(args, trainer, lr)
+            row = {"trainer": name, "seed": seed, "epochs": args.epochs, "ttt": args.ttt, "lr": lr}
+            row.update(tokens_seen=tokens, wall_s=rec["wall_s"], tokens_per_s=tokens / rec["wall_s"])
+            trained.append({**row, "kind": trainer, "checkpoint": rec["checkpoint"]})
+            print(json.dumps(row), file=results, flush=True)
+            print(json.dumps(row), flush=True)
         names = [f"{t['trainer']}-s{t['seed']}" for t in trained]
         drafts = [
             (name, imported(args, name, t["kind"], t["checkpoint"], recipe.target.model))

@@ -3,18 +3,21 @@ so that the noise between seeds is measured next to the differences between choi
 
     python benchmarks/bench_defaults.py --recipe recipes/smollm2-135m.yaml --out runs/defaults \
         [--tables options lm_head peers batching rows losses ttt optim storage] [--seeds 0 1] [--eval] \
+        [--split tuning|test] \
         [key.sub=value ...]
 
 The recipe's prompts, regeneration, capture and vocab run once (OUT/_base); every choice is the recipe
 with its table's overrides (below; N is the target's layer count) and `train.seed=S`, in OUT/<table>/
 <choice>-s<S>, whose earlier stages are links to the base run's (a choice that changes the capture
 captures once, into OUT/<table>/<choice>-capture, for all its seeds). Each is scored by training's
-validation on the held-out captured sequences (`train.val_fraction`): simulated tau at k = 1..5 (greedy
-chains, the acceptance rule of the serving loop) and, on greedy data, replayed tau (the greedy loop's own
-rounds along the held-out text, train/validation.py); with --eval, also by `eyas eval` with the recipe's eval
-section (the serving loop, lossless check included). Everything runs in this one process (on a GPU the
-CUDA context is made once). Prints one JSON line per trained choice, then per table: the mean over seeds
-at each k, each seed's value at the recipe's eval.k, and the spread between seeds.
+validation on the tuning split (data/splits.py: whole conversations held out, `train.val_fraction`, the same
+for every seed): simulated tau at k = 1..5 (greedy chains, the acceptance rule of the serving loop) and, on
+greedy data, replayed tau (the greedy loop's own rounds along the held-out text, train/validation.py); with
+--eval, also by `eyas eval` on --split (default tuning: the held-out conversations' first prompts; test, the
+recipe's eval prompts, is refused while a table compares choices: defaults are never chosen on it).
+Everything runs in this one process (on a GPU the CUDA context is made once). Prints one JSON line per
+trained choice, then per table: the mean over seeds at each k, each seed's value at the recipe's eval.k,
+and the spread between seeds.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import time
 from pathlib import Path
 
 from eyas import layout
+from eyas.data.splits import TUNE_ON, split_seed
 from eyas.pipeline import run_all
 from eyas.recipes.load import load_recipe
 
@@ -163,11 +167,12 @@ def score(run: Path) -> dict:
     }
 
 
-def loop_tau(recipe, run: Path) -> dict:
-    """`eyas eval` with the recipe's eval section: tau per (benchmark, temperature, k) and losslessness."""
+def loop_tau(recipe, run: Path, split: str) -> dict:
+    """`eyas eval` on `split` (tuning: the held-out conversations' first prompts; test: the recipe's eval
+    prompts): tau per (benchmark, temperature, k) and losslessness."""
     from eyas.eval.evaluate import run_eval
 
-    report = run_eval(recipe, run, force=True, progress=False)
+    report = run_eval(recipe, run, force=True, progress=False, split=split)
     rows = [r for r in report["results"] if r.get("k") is not None]
     return {
         "tau": {f"{r['benchmark']} T={r['temperature']:g} k={r['k']}": r["acceptance_length"] for r in rows},
@@ -177,7 +182,7 @@ def loop_tau(recipe, run: Path) -> dict:
 
 def train_choice(args, base: Path, table: str, choice: str, seed: int, n: int) -> dict:
     mine = overrides(table, choice, n)
-    over = args.overrides + mine + [f"train.seed={seed}"]
+    over = args.overrides + mine + [f"train.seed={seed}", f"train.val_seed={args.val_seed}"]
     run = Path(args.out) / table / f"{choice}-s{seed}"
     recipe = load_recipe(args.recipe, over)
     link_stages(run, stages_for(args, base, table, choice, mine), BASE_STAGES)
@@ -185,7 +190,7 @@ def train_choice(args, base: Path, table: str, choice: str, seed: int, n: int) -
     run_all(recipe, run, stages=(*BASE_STAGES, "train"), progress=False)
     row = {"table": table, "choice": choice, "seed": seed, "overrides": over, **score(run)}
     if args.eval:
-        row["loop"] = loop_tau(recipe, run)
+        row["loop"] = loop_tau(recipe, run, args.split)
     row["wall_s"] = round(time.perf_counter() - t0, 1)
     return row
 
@@ -225,6 +230,18 @@ def table_lines(rows: list[dict], table: str, metric: str, name: str, k_headline
     return lines
 
 
+def refuse_tuning_on_test(split: str, chosen: list[tuple[str, str]]) -> None:
+    """A table compares choices: on the test split that would tune on the prompts the reported numbers
+    come from (data/splits.py). There, each table may measure only the one choice made on tuning."""
+    tables = [t for t in dict.fromkeys(t for t, _ in chosen) if sum(t2 == t for t2, _ in chosen) > 1]
+    if split not in TUNE_ON and tables:
+        raise SystemExit(
+            f"bench_defaults: --split {split} would compare {len(chosen)} choices of {', '.join(tables)} on "
+            "prompts nothing may be tuned on; choose on --split tuning, then measure the chosen one with "
+            f"--choices NAME --split {split}"
+        )
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--recipe", default="recipes/smollm2-135m.yaml")
@@ -233,6 +250,12 @@ def main(argv=None) -> int:
     p.add_argument("--choices", nargs="+", default=None, help="only these choices, in this order")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     p.add_argument("--eval", action="store_true", help="also evaluate each choice in the serving loop")
+    p.add_argument(
+        "--split",
+        choices=("tuning", "test"),
+        default="tuning",
+        help="the prompts --eval measures on (data/splits.py); test: one choice per table, chosen before",
+    )
     p.add_argument("--results", default=None, help="where each row is appended (default OUT/results.jsonl)")
     p.add_argument("overrides", nargs="*", help="recipe overrides (key.sub=value) for every choice")
     args = p.parse_args(argv)
@@ -245,6 +268,8 @@ def main(argv=None) -> int:
     chosen = [(t, c) for t in args.tables for c in TABLES[t]]  # in --choices' order where given
     if args.choices:
         chosen = [(t, c) for c in args.choices for t, c2 in chosen if c2 == c]
+    refuse_tuning_on_test(args.split, chosen)
+    args.val_seed = split_seed(recipe.train)  # every seed validates on the base run's tuning conversations
     rows = []
     with open(args.results or Path(args.out) / "results.jsonl", "a") as log:
         for seed in args.seeds:  # seed-major: a run cut short still has whole tables for its first seeds

@@ -184,9 +184,8 @@ def long_captured(args, rows: list[dict], long_eval: Path) -> dict:
     """The long held-out prompts' answers regenerated and captured once (OUT/long-eval-capture), and every
     draft scored over all of them as training validates (simulated tau of greedy chains, no loop noise; a
     long prompt costs the loop a prefill per draft and k) -> {(draft, "long (captured)", k): tau}."""
-    from bench_anchors import score_sequences
-
     from eyas.data.shards import ShardDataset
+    from eyas.eval.replay import score_drafts
 
     run = Path(args.out) / "long-eval-capture"
     over = [f"data.prompts={long_eval}", "data.num_prompts=null", "data.num_eval_prompts=0"]
@@ -194,7 +193,7 @@ def long_captured(args, rows: list[dict], long_eval: Path) -> dict:
     run_all(recipe, run, stages=BASE_STAGES[:3], progress=False)
     seqs = ShardDataset(run / "capture")
     drafts = [(r["draft"], r["checkpoint"]) for r in rows]
-    scored = score_sequences(
+    scored = score_drafts(
         recipe, seqs, list(range(len(seqs))), drafts, [r["ttt_steps"] for r in rows], LONG_MAX_TOKENS
     )
     return {

@@ -24,7 +24,7 @@ import torch
 from tqdm.auto import tqdm
 
 from eyas.data.compact import check_block_width, encode_aux, topk_teacher
-from eyas.data.regenerate import loss_mask, read_sequences
+from eyas.data.regenerate import capture_order, loss_mask, read_sequences
 from eyas.data.sharding import Shard, Slices, current_shard, target_for_rank
 from eyas.data.shards import INDEX, shard_name, write_shard
 from eyas.data.target import (
@@ -218,7 +218,7 @@ def run_capture(
     else:
         model, layer_ids, header, lm_head = _load_target(recipe, t)
     seqs = read_sequences(run_dir)
-    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]["input_ids"]))  # stable: fixed across runs
+    order = capture_order(seqs)
     if c.mode == "online":
         first = [seqs[i] for i in order[: c.batch_size]]
         return _online(recipe, run_dir, model, layer_ids, header, first, seqs, t0)

@@ -132,6 +132,24 @@ def read_sequences(run_dir: str | Path) -> list[dict]:
     return [row for p in parts for row in read_jsonl(p)]
 
 
+def conversation_of(seq: dict) -> str:
+    """The conversation a stored sequence is a turn of (runs written before turns were recorded: its id)."""
+    return seq.get("conversation", seq["id"])
+
+
+def capture_order(seqs: list[dict]) -> list[int]:
+    """The order training reads the sequences in, an offline capture's: shortest first, stable (the same
+    on every run), so capture's sequence i is seqs[capture_order(seqs)[i]]."""
+    return sorted(range(len(seqs)), key=lambda i: len(seqs[i]["input_ids"]))
+
+
+def conversations_in_capture_order(run_dir: str | Path) -> list[str]:
+    """The conversation of each of the run's sequences, in capture order: what the validation split
+    (train/validation.py) holds out whole, as a later turn's prompt carries the earlier turns."""
+    seqs = read_sequences(run_dir)
+    return [conversation_of(seqs[i]) for i in capture_order(seqs)]
+
+
 class Conversations:
     """The conversations of the run and how each goes on: turn t's prompt is the template's rendering of
     the earlier turns, each user turn followed by the target's own answer to it, then user turn t.
@@ -306,7 +324,7 @@ def _todo(slices: Slices, parts: list, mine: list[int]) -> list[int]:
         if not path.is_file():
             todo.append(p)
             continue
-        stored = [row.get("conversation", row["id"]) for row in read_jsonl(path) if row.get("turn", 0) == 0]
+        stored = [conversation_of(row) for row in read_jsonl(path) if row.get("turn", 0) == 0]
         if stored != [pid for batch in parts[p] for pid, _ in batch]:
             raise RuntimeError(
                 f"{path}: holds other prompts than this run would put there (the prompts, "
@@ -332,7 +350,7 @@ def _stage_record(
     kept = counts["num_prompts"] - counts["num_skipped_long"]
     if len(firsts) != kept:
         raise RuntimeError(f"{slices.out_dir}: {len(firsts)} conversations stored for {kept} prompts")
-    answered = Counter(s.get("conversation", s["id"]) for s in seqs)
+    answered = Counter(conversation_of(s) for s in seqs)
     gen_lens = [len(s["input_ids"]) - s["prompt_len"] for s in seqs]
     shard = slices.shard
     shards = slices.records() if shard.count > 1 else []

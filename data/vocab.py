@@ -7,6 +7,9 @@ vLLM and SpecForge load:
     t2d (V,)  bool    t2d[t] is True iff target id t is in the draft vocabulary
 
     RUN/vocab/vocab.safetensors   d2t, t2d, counts (V,) int64
+
+Counted on the training split only (data/splits.py): the tuning conversations are left out, as training
+leaves them out; DONE records the split, and training refuses a vocab counted on another.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from eyas.data.regenerate import loss_mask, read_sequences
+from eyas.data.regenerate import capture_order, conversation_of, loss_mask, read_sequences
+from eyas.data.splits import held_out_split, split_record
 from eyas.data.target import load_target_config, text_config
 from eyas.io import atomic_path
 from eyas.layout import is_done, mark_done, read_done, require_done, stage_dir
@@ -43,10 +47,11 @@ def build_vocab(counts: torch.Tensor, draft_vocab_size: int) -> tuple[torch.Tens
     return d2t, t2d
 
 
-def count_tokens(run_dir: str | Path, vocab_size: int) -> torch.Tensor:
-    """How often each target id is a generated (loss-masked) token of the `regen` sequences. -> (V,) int64."""
+def count_tokens(seqs: list[dict], vocab_size: int) -> torch.Tensor:
+    """How often each target id is a generated (loss-masked) token of the regenerated sequences `seqs`.
+    -> (V,) int64."""
     counts = torch.zeros(vocab_size, dtype=torch.int64)
-    for seq in read_sequences(run_dir):
+    for seq in seqs:
         ids = torch.tensor(seq["input_ids"], dtype=torch.int64)[
             torch.tensor(loss_mask(seq), dtype=torch.bool)
         ]
@@ -59,6 +64,16 @@ def count_tokens(run_dir: str | Path, vocab_size: int) -> torch.Tensor:
     return counts
 
 
+def training_sequences(recipe: Recipe, run_dir: str | Path) -> tuple[list[dict], dict]:
+    """The regenerated sequences training learns from: every one less the tuning split's conversations
+    (data/splits.py), which the vocab must not have seen either -> (sequences, the split's record)."""
+    seqs = read_sequences(run_dir)
+    order = capture_order(seqs)
+    groups = [conversation_of(seqs[i]) for i in order]
+    train_ids = held_out_split(recipe.train, groups)[0]
+    return [seqs[order[i]] for i in train_ids], split_record(recipe.train, groups)
+
+
 def run_vocab(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> dict:
     """The `vocab` stage (needs the `regenerate` stage); reads only the target's config."""
     if is_done(run_dir, STAGE):
@@ -67,7 +82,8 @@ def run_vocab(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> dic
     t0 = time.time()
     cfg = text_config(load_target_config(recipe.target.model, recipe.target.trust_remote_code))
     check_against_target(recipe, cfg.num_hidden_layers, cfg.vocab_size)
-    counts = count_tokens(run_dir, cfg.vocab_size)  # (V,)
+    seqs, split = training_sequences(recipe, run_dir)
+    counts = count_tokens(seqs, cfg.vocab_size)  # (V,): the training split's generated tokens
     d2t, t2d = build_vocab(counts, recipe.vocab.draft_vocab_size)
     with atomic_path(stage_dir(run_dir, STAGE) / "vocab.safetensors") as tmp:
         save_file({"d2t": d2t, "t2d": t2d, "counts": counts}, str(tmp))
@@ -78,6 +94,7 @@ def run_vocab(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> dic
         "num_tokens": total,
         "num_distinct_tokens": int((counts > 0).sum()),
         "coverage": int(counts[t2d].sum()) / total if total else None,
+        "split": split,
         "wall_s": round(time.time() - t0, 3),
     }
     if progress:

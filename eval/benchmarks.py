@@ -96,3 +96,19 @@ def held_out(run_dir: str | Path, limit: int | None = None) -> Benchmark:
         messages=[r["messages"] for r in rows],
         categories=[None] * len(rows),
     )
+
+
+def tuning(recipe, run_dir: str | Path, limit: int | None = None) -> Benchmark:
+    """The tuning split's prompts (data/splits.py): the first prompt of each training conversation held out
+    for validation, `limit` of them spread evenly. Settings are chosen here, never on the test split."""
+    from eyas.data.splits import tuning_prompts
+
+    messages = spread(tuning_prompts(recipe, run_dir), limit)
+    if not messages:
+        raise ValueError(f"{run_dir}: the tuning split is empty (train.val_fraction is 0)")
+    return Benchmark(
+        name="tuning",
+        source=f"{run_dir}: the conversations held out for validation",
+        messages=messages,
+        categories=[None] * len(messages),
+    )

@@ -35,9 +35,11 @@ from tqdm.auto import tqdm
 
 from eyas import io, layout
 from eyas.data import chat
+from eyas.data.splits import SPLITS
 from eyas.data.target import describe_placement, input_device, load_recipe_target
+from eyas.errors import InputError
 from eyas.eval import advice
-from eyas.eval.benchmarks import Benchmark, held_out, load_benchmark
+from eyas.eval.benchmarks import Benchmark, held_out, load_benchmark, tuning
 from eyas.eval.load import LoadResult, acceptance, by_length, draft_time_by_prompt, pct, run_engine
 from eyas.eval.report import report_markdown
 from eyas.recipes.schema import Recipe
@@ -127,6 +129,7 @@ def result_entry(
                 "per_position_acceptance": [],
                 "target_forwards": None,
                 "cut_verifications": None,
+                "cut_drafts": None,
                 "num_prompts": len(res.outputs),
             }
         )
@@ -179,13 +182,25 @@ def run_eval(
     servers: list[tuple[str, str]] | None = None,
     progress: bool = True,
     force: bool = False,
+    split: str = "test",
 ) -> dict:
     """drafts: (name, checkpoint dir), default the run's own; ks / trees ("S,K,N"): default the
     recipe's eval.k (+ eval.more_k) and eval.tree; concurrency / temperatures: default the recipe's;
-    benchmarks: (name, prompt file or known name), default the run's held-out prompts; servers: (name,
-    URL) of OpenAI-compatible servers to drive with the same prompts (eval/server_client.py)."""
+    benchmarks: (name, prompt file or known name), default the recipe's eval prompts; servers: (name,
+    URL) of OpenAI-compatible servers to drive with the same prompts (eval/server_client.py); split
+    (data/splits.py): "test", those prompts, or "tuning", the held-out training conversations' first
+    prompts, where settings may be chosen."""
     run_dir = Path(run_dir)
-    asked = (drafts, ks, trees, concurrency, temperatures, benchmarks, servers)
+    asked = (
+        drafts,
+        ks,
+        trees,
+        concurrency,
+        temperatures,
+        benchmarks,
+        servers,
+        None if split == "test" else split,
+    )
     if layout.is_done(run_dir, "eval") and not force and all(a is None for a in asked):
         return json.loads((run_dir / layout.REPORT_JSON).read_text())
     t0 = time.perf_counter()
@@ -193,7 +208,7 @@ def run_eval(
     fix = "place it over more GPUs (target.device_map: auto); eyas's loop runs the target in transformers"
     model, tok = load_recipe_target(eval_target(recipe), fix=fix)
     loaded = load_drafts(settings.drafts, model)
-    benches = resolve_benchmarks(recipe, run_dir, benchmarks)
+    benches = resolve_benchmarks(recipe, run_dir, benchmarks, split)
     sweep = measure(recipe, model, tok, loaded, benches, settings, progress)
     plain_t1 = recipe.eval.top_p == 1.0 and recipe.eval.top_k <= 0
     greedy_text = float(recipe.data.temperature) == 0.0
@@ -236,7 +251,7 @@ def resolve_settings(
     if ks is None and trees is None:
         ks, trees = list(dict.fromkeys([ev.k, *ev.more_k])), list(ev.tree)
     return Settings(
-        drafts=drafts or [("eyas", str(run_dir / layout.FINAL_CHECKPOINT))],
+        drafts=drafts or [("eyas", str(layout.run_checkpoint(run_dir)))],
         ks=ks or [],
         shapes=[TreeShape.chain(k) for k in (ks or [])] + [TreeShape.parse(t) for t in (trees or [])],
         concurrency=sorted(set(concurrency or ev.concurrency)),
@@ -252,11 +267,17 @@ def load_drafts(drafts: list[tuple[str, str]], model: torch.nn.Module) -> list[t
 
 
 def resolve_benchmarks(
-    recipe: Recipe, run_dir: Path, benchmarks: list[tuple[str, str]] | None
+    recipe: Recipe, run_dir: Path, benchmarks: list[tuple[str, str]] | None, split: str = "test"
 ) -> list[Benchmark]:
-    """The named prompt sets (the arguments, else eval.benchmarks), each cut to eval.num_prompts; default
-    the run's held-out prompts."""
+    """The test split: the named prompt sets (the arguments, else eval.benchmarks), each cut to
+    eval.num_prompts, default the run's held-out prompts; or the tuning split's prompts (data/splits.py)."""
     ev = recipe.eval
+    if split not in SPLITS[1:]:
+        raise InputError(f"eval split {split!r}: expected tuning or test (the train split is trained on)")
+    if split == "tuning":
+        if benchmarks:
+            raise InputError("eval: --prompts name the test split's sets; --split tuning takes the run's own")
+        return [tuning(recipe, run_dir, ev.num_prompts)]
     benchmarks = benchmarks or list(ev.benchmarks.items())
     if not benchmarks:
         return [held_out(run_dir, ev.num_prompts)]
@@ -479,12 +500,12 @@ def attach_simulated_tau(
     (`greedy_text`), also the replayed tau (the loop's own rounds along it). -> the validation dict."""
     if not layout.is_done(run_dir, "train"):
         return None
-    validation = layout.read_done(run_dir, "train").get("validation")
+    done = layout.read_done(run_dir, "train")
+    best = done.get("best")  # train.keep_best: the run's draft is that validation's
+    validation = best["validation"] if best else done.get("validation")
     if not validation:
         return None
-    own = {
-        name for name, path in drafts if Path(path).resolve() == (run_dir / layout.FINAL_CHECKPOINT).resolve()
-    }
+    own = {name for name, path in drafts if Path(path).resolve() == layout.run_checkpoint(run_dir).resolve()}
     sims = {0.0: validation["simulated_tau"], 1.0: validation.get("simulated_tau_t1") if plain_t1 else None}
     for r in results:
         sim = sims.get(float(r["temperature"]))

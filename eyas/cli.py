@@ -139,6 +139,13 @@ def _parser() -> argparse.ArgumentParser:
         "default the held-out prompts",
     )
     ev.add_argument(
+        "--split",
+        choices=("test", "tuning"),
+        default="test",
+        help="test: the prompts above, nothing tuned on them (the default); tuning: the training "
+        "conversations held out for validation, where settings are chosen (data/splits.py)",
+    )
+    ev.add_argument(
         "--server",
         action="append",
         help="[NAME=]URL of an OpenAI-compatible server (vLLM, SGLang, eyas serve) to measure "
@@ -193,6 +200,7 @@ def _eval(args, recipe, run_dir: Path, progress: bool) -> None:
         servers=_servers(args.server),
         progress=progress,
         force=True,
+        split=args.split,
     )
     for r in report["results"]:
         print(f"[eyas] {_result_line(r)}")

@@ -30,6 +30,9 @@ REPORT_JSON = "report.json"
 REPORT_MD = "report.md"
 DONE = "DONE.json"
 FINAL_CHECKPOINT = Path("train") / "checkpoint-final"
+BEST_CHECKPOINT = (
+    Path("train") / "checkpoint-best"
+)  # train.keep_best: the validation's best, beside the final
 TRACKER_DIRS = ("wandb", "tensorboard", "trackio")  # trackers' folders: theirs, not checksummed
 ALGO = "xxh3_64"
 CHUNK = 16 << 20
@@ -127,13 +130,20 @@ def is_checkpoint(path: Path) -> bool:
     return "eyas" in json.loads(config.read_text())
 
 
+def run_checkpoint(run_dir: str | Path) -> Path:
+    """The run's draft: RUN/train/checkpoint-best where training kept one (train.keep_best: the checkpoint
+    with the highest tuning-split tau of its validations), else RUN/train/checkpoint-final."""
+    best = Path(run_dir) / BEST_CHECKPOINT
+    return best if is_checkpoint(best) else Path(run_dir) / FINAL_CHECKPOINT
+
+
 def resolve_checkpoint(run_or_checkpoint: str | Path) -> Path:
-    """RUN -> RUN/train/checkpoint-final; a checkpoint directory is returned as is."""
+    """RUN -> the run's draft (`run_checkpoint`); a checkpoint directory is returned as is."""
     path = Path(run_or_checkpoint)
     if is_checkpoint(path):
         return path
-    if is_checkpoint(path / FINAL_CHECKPOINT):
-        return path / FINAL_CHECKPOINT
+    if is_checkpoint(run_checkpoint(path)):
+        return run_checkpoint(path)
     raise FileNotFoundError(
         f"{path}: neither an eyas checkpoint (config.json with an 'eyas' block + model.safetensors) "
         f"nor a run directory with one at {FINAL_CHECKPOINT}; give a finished run or its {FINAL_CHECKPOINT}, "
@@ -154,11 +164,11 @@ class FinishedRun:
 
 
 def load_run(run: str | Path) -> FinishedRun:
-    """A run with its final checkpoint, report.json and recipe.yaml (all required for publishing)."""
+    """A run with its draft (`run_checkpoint`), report.json and recipe.yaml (all required for publishing)."""
     import yaml
 
     root = Path(run)
-    checkpoint = root / FINAL_CHECKPOINT
+    checkpoint = run_checkpoint(root)
     if not is_checkpoint(checkpoint):
         raise FileNotFoundError(f"{root}: no final checkpoint at {checkpoint} (has training finished?)")
     if not (root / REPORT_JSON).is_file():

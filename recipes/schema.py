@@ -281,8 +281,16 @@ class TrainSection(Section):
     mixed_precision: Precision = Field("auto", description="auto: bf16 if it runs")
     log_every: int = Field(10, description="steps between log lines")
     save_every: int = Field(0, description="steps between checkpoints (0: only at the end)")
-    val_fraction: Num = Field(0.02, ge=0, lt=1, description="captured sequences held out for validation")
+    val_fraction: Num = Field(
+        0.02, ge=0, lt=1, description="conversations held out whole for validation: the tuning split"
+    )
     val_every: int = Field(0, ge=0, description="steps between validations (0: only at the end)")
+    keep_best: bool = Field(
+        False,
+        description="keep, beside the final draft, the one whose validation (every val_every steps and the "
+        "last) had the highest tuning-split tau at eval.k (replayed on greedy text: the greedy loop's; else "
+        "simulated at T = 1) as train/checkpoint-best, the run's draft for eval, serve and export",
+    )
     report_to: Literal["none", "wandb", "tensorboard", "trackio"] = Field("none", description="a tracker")
     seed: int = Field(0, description="seeds initialisation, data order and the held-out split")
     val_seed: int | None = Field(
@@ -355,6 +363,9 @@ class Recipe(Section):
         check(n is None or self.train.pack, "train.pack_length", "needs train.pack: true")
         check(n is None or n <= most, "train.pack_length", f"{n} must not exceed train.max_length={most}")
         check(self.eval.k <= t, "eval.k", f"k={self.eval.k} drafts {past}")
+        tr = self.train
+        best = "chooses among validations: needs train.val_every > 0 and train.val_fraction > 0"
+        check(not tr.keep_best or (tr.val_every > 0 and tr.val_fraction > 0), "train.keep_best", best)
         for i, k in enumerate(self.eval.more_k):
             check(1 <= k <= t, f"eval.more_k[{i}]", f"k={k} must be in 1..train.ttt_steps={t}")
         for i, spec in enumerate(self.eval.tree):

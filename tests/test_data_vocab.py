@@ -7,6 +7,7 @@ import torch
 from data_fixtures import make_tiny_target
 from safetensors.torch import load_file
 
+from eyas.data.regenerate import read_sequences
 from eyas.data.vocab import build_vocab, count_tokens, run_vocab
 from eyas.layout import mark_done
 from eyas.recipes.load import load_recipe
@@ -65,16 +66,18 @@ def test_count_tokens_and_run_vocab(tmp_path):
             {"id": "1", "input_ids": [7, 5, 9, 9, 9], "prompt_len": 1, "finished": True},
         ],
     )
-    counts = count_tokens(run, 20)
+    counts = count_tokens(read_sequences(run), 20)
     assert counts.tolist() == [0] * 5 + [1, 0, 2, 0, 4] + [0] * 10  # only generated tokens count
-    recipe = load_recipe({"target": {"model": str(target)}, "vocab": {"draft_vocab_size": 2}})
+    recipe = load_recipe(
+        {"target": {"model": str(target)}, "vocab": {"draft_vocab_size": 2}, "train": {"val_fraction": 0}}
+    )
     stats = run_vocab(recipe, run, progress=False)
     saved = load_file(run / "vocab" / "vocab.safetensors")
     assert check_mapping(saved["d2t"], saved["t2d"]).tolist() == [7, 9]
     assert saved["counts"][:20].tolist() == counts.tolist()
     assert stats["coverage"] == 6 / 7 and stats["num_tokens"] == 7 and stats["num_distinct_tokens"] == 3
     with pytest.raises(ValueError, match="regen sequence 0: token id 9 outside the target's vocabulary of 8"):
-        count_tokens(run, 8)
+        count_tokens(read_sequences(run), 8)
     write_regen(tmp_path / "run2", [])
     too_big = load_recipe({"target": {"model": str(target)}, "vocab": {"draft_vocab_size": 10_000}})
     with pytest.raises(RecipeError, match="vocab.draft_vocab_size: 10000 > the target's vocab size"):

@@ -24,7 +24,10 @@ def test_pipeline_end_to_end(family, tmp_path):
     run = tmp_path / "run"
     run_all(load_recipe(tiny_recipe(target, prompts)), run, progress=False)
     report = json.loads((run / "report.json").read_text())
-    assert report["lossless"] is True and 1.0 <= report["acceptance_length"] <= 4.0
+    # lossless; no tau floor: on these random targets the trained draft measured what an untrained one does
+    # (Llama, Mistral: 1.000 at k = 3 both; Llama after 100 steps at lr 3e-3: 1.023)
+    assert report["lossless"] is True
+    assert report["acceptance_length"] == pytest.approx(1 + sum(report["per_position_acceptance"]), abs=1e-9)
     model, _ = load_target(str(target), "float32", "cpu")
     ids = layout.read_done(run, "capture")["aux_layer_ids"]
     assert_capture_exact(model, model, [s["input_ids"] for s in read_sequences(run)[:3]], ids, 64, family)

@@ -53,13 +53,18 @@ def test_full_run_report(full_run):
     assert report["k"] == 3 and len(report["per_position_acceptance"]) == 3
     assert report["num_prompts"] == 4
     assert report["lossless"] is True
-    assert 1.0 <= report["acceptance_length"] <= 4.0
+    # No tau floor on a random tiny target: no draft learns one in seconds. This recipe's draft and an
+    # untrained one (lr 1e-12) both measured 1.049 at k = 3, and 300 steps at lr 1e-2 also 1.049. The floors
+    # that a weakened draft fails are the demo's (tests/test_demo_e2e.py) and the real model's
+    # (tests/test_real_model.py); here the counts must add up exactly.
     # tau (vLLM's definition) is exactly 1 + the sum of the per-position rates; tokens per forward is
-    # that less the verifications cut short by eos / max_tokens before their bonus token
+    # that less what eos / max_tokens cut off: the bonus tokens and the accepted drafts after the cut
     main = report["results"][0]
     assert report["acceptance_length"] == pytest.approx(1 + sum(report["per_position_acceptance"]), abs=1e-9)
     assert main["tokens_per_forward"] == pytest.approx(
-        report["acceptance_length"] - main["cut_verifications"] / main["target_forwards"], abs=1e-9
+        report["acceptance_length"]
+        - (main["cut_verifications"] + main["cut_drafts"]) / main["target_forwards"],
+        abs=1e-9,
     )
     assert set(report["tokens_per_second"]) == {"speculative", "baseline"}
     assert report["target_entropy"] > 0
@@ -454,6 +459,33 @@ def test_training_resumes_to_identical_weights(setup, monkeypatch, optimizer):
     assert a.keys() == b.keys()
     for name in a:
         assert torch.equal(a[name], b[name]), name
+
+
+def test_keep_best_keeps_the_validation_with_the_highest_replayed_tau(setup):
+    """train.keep_best: checkpoint-best holds the draft of the validation (every 2 steps and the last) whose
+    replayed tau at eval.k was highest (the first on a tie), beside checkpoint-final; it is the run's draft;
+    without train.val_every the recipe is refused by name."""
+    from eyas.train.checkpoint import load_draft
+
+    root, target, prompts = setup
+    over = {"max_steps": 6, "val_every": 2, "keep_best": True, "val_fraction": 0.25, "lr": 3e-3}
+    recipe = recipe_for(target, prompts, train=over)
+    run = root / "run-keep-best"
+    run_all(recipe, run, stages=("prompts", "regenerate", "capture", "vocab", "train"), progress=False)
+    vals = [e for e in io.read_jsonl(run / "train" / "log.jsonl") if "val" in e]
+    assert [e["step"] for e in vals] == [2, 4, 6]
+    top = max(vals, key=lambda e: e["val"]["replayed_tau"][2])  # max keeps the first of equals
+    best = layout.read_done(run, "train")["best"]
+    assert (best["step"], best["metric"], best["k"]) == (top["step"], "replayed_tau", 3)
+    assert best["score"] == top["val"]["replayed_tau"][2] and best["validation"] == top["val"]
+    assert layout.run_checkpoint(run) == run / layout.BEST_CHECKPOINT
+    kept = load_draft(run / layout.BEST_CHECKPOINT).state_dict()
+    final = load_draft(run / layout.FINAL_CHECKPOINT).state_dict()
+    assert (top["step"] == 6) == all(torch.equal(kept[n], final[n]) for n in final)
+    with pytest.raises(
+        RecipeError, match="train.keep_best: chooses among validations: needs train.val_every"
+    ):
+        recipe_for(target, prompts, train={"keep_best": True})
 
 
 @pytest.mark.parametrize("lm_head", ["target", "target_frozen"])

@@ -272,25 +272,6 @@ def test_cut_note_counts_the_sequences_longer_than_a_row():
     assert note.startswith("2 of 3 training sequences are longer than train.max_length=128 (the longest 500")
 
 
-def test_validation_split_is_disjoint_and_seeded():
-    from eyas.train.validation import split_validation
-
-    tr, va = split_validation(100, 0.05, seed=1)
-    assert len(va) == 5 and sorted(tr + va) == list(range(100)) and (tr, va) == split_validation(100, 0.05, 1)
-    assert split_validation(100, 0.05, 2)[1] != va
-    assert split_validation(20, 0.02, 0)[1] and split_validation(5, 0.0, 0) == ([0, 1, 2, 3, 4], [])
-
-
-def test_val_seed_holds_out_the_same_sequences_for_every_seed():
-    """train.val_seed: the held-out split no longer follows train.seed (seeds compared on one split)."""
-    from eyas.recipes.schema import TrainSection
-    from eyas.train.validation import held_out_split, split_validation
-
-    assert held_out_split(TrainSection(seed=3, val_fraction=0.05), 100) == split_validation(100, 0.05, 3)
-    fixed = [held_out_split(TrainSection(seed=s, val_seed=0, val_fraction=0.05), 100) for s in (0, 1, 2)]
-    assert fixed == [split_validation(100, 0.05, 0)] * 3
-
-
 @pytest.mark.parametrize("kind", ["kl", "lk", "ce"])
 def test_ttt_loss_is_the_chosen_loss_over_the_trained_positions(kind):
     """train.loss reaches every step: each step's loss is the mean of `position_loss(kind)` of that step's

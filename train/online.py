@@ -20,7 +20,7 @@ import torch
 from torch.utils.data import Dataset
 
 from eyas.data.capture import DTYPES, capture_batch, right_padded
-from eyas.data.regenerate import loss_mask, read_sequences
+from eyas.data.regenerate import capture_order, loss_mask, read_sequences
 from eyas.data.target import HiddenStateTap, load_target, text_config
 
 
@@ -30,7 +30,7 @@ class RegeneratedSequences(Dataset):
 
     def __init__(self, run_dir: str | Path):
         seqs = read_sequences(run_dir)
-        order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]["input_ids"]))  # as data/capture.py
+        order = capture_order(seqs)
         self.items = [(seqs[i]["input_ids"], loss_mask(seqs[i])) for i in order]
         self.lengths = [len(ids) for ids, _ in self.items]
 

@@ -30,7 +30,9 @@ from safetensors.torch import load_file
 from tqdm.auto import tqdm
 
 from eyas import io, layout
+from eyas.data.splits import held_out_split, run_groups, split_record
 from eyas.data.target import cpu_bf16_runs
+from eyas.errors import InputError
 from eyas.interrupts import Interrupted, StopRequest, ignore_in_worker
 from eyas.recipes.schema import Recipe
 
@@ -44,7 +46,7 @@ from .schedule import MicroBatches, epoch_micro_batches, evaluation_micro_batche
 from .sequence_parallel import SequenceParallel, check_heads
 from .state import load_latest, save_state, sum_over_processes
 from .ttt import TTTModule, TTTOutput, model_inputs, simulated_tau
-from .validation import held_out_split, sampled_at_t1, validate
+from .validation import sampled_at_t1, validate
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
@@ -230,6 +232,7 @@ class Training:
     # under sequence parallelism by the first process of each group
     loop_s: float = 0.0  # this process's seconds in the step loop (setup and the end not counted)
     last: dict = field(default_factory=dict)  # the last step's log entry
+    best: dict | None = None  # train.keep_best: the kept checkpoint's step, metric, score and validation
 
     @property
     def log_path(self) -> Path:
@@ -408,7 +411,7 @@ def training_data(
             ShardDataset(run_dir / "capture"),
             partial(map, partial(to_device, device=acc.device)),
         )
-    train_ids, val_ids = held_out_split(tr, len(sequences))
+    train_ids, val_ids = held_out_split(tr, split_groups(tr, run_dir, len(sequences)))
     lengths = [sequences.lengths[i] for i in train_ids]
     if note := cut_note(lengths, tr.max_length):
         acc.print(f"[train] {note}")
@@ -428,6 +431,20 @@ def training_data(
 
     per_epoch = updates_per_epoch(len(dataset), tr.batch_size, tr.grad_accum, world)
     return TrainData(dataset, collate, stream, val_ids, val_batches, per_epoch)
+
+
+def split_groups(tr: TrainSection, run_dir: Path, num_sequences: int) -> list[str]:
+    """The conversation of each training sequence (data/splits.py), after checking that the run's vocab was
+    counted without the tuning conversations this split holds out (a vocab from before splits were
+    recorded is taken as it is)."""
+    groups = run_groups(run_dir, num_sequences)
+    counted = layout.read_done(run_dir, "vocab").get("split") if layout.is_done(run_dir, "vocab") else None
+    if counted is not None and counted != (ours := split_record(tr, groups)):
+        raise InputError(
+            f"{run_dir / 'vocab'}: counted with the held-out split {counted}, but training holds out {ours}: "
+            "set train.val_seed / train.val_fraction as the vocab stage had them, or re-run vocab"
+        )
+    return groups
 
 
 def prepare(
@@ -615,7 +632,44 @@ def run_validation(t: Training) -> dict | None:
     if t.acc.is_main_process:
         append_log(t.log_path, {"step": t.step, "val": val})
     t.acc.log(tracker_metrics(val, "val"), step=t.step)
+    if t.recipe.train.keep_best:
+        keep_if_best(t, val)
     return val
+
+
+def best_score(val: dict, recipe: Recipe) -> tuple[str, float]:
+    """What train.keep_best ranks validations by: the tuning split's tau at eval.k, replayed (the greedy
+    loop's own rounds) where the answers are greedy text, else simulated at T = 1 -> (metric, value)."""
+    metric = "replayed_tau" if float(recipe.data.temperature) == 0 else "simulated_tau_t1"
+    return metric, val[metric][recipe.eval.k - 1]
+
+
+def keep_if_best(t: Training, val: dict) -> None:
+    """train.keep_best: the draft as it is now becomes RUN/train/checkpoint-best when this validation beats
+    the best so far (a resumed run reads that from the kept checkpoint). Every process calls it (the same
+    `val` on each: the weights are gathered when it wins)."""
+    metric, score = best_score(val, t.recipe)
+    path = t.out_dir.parent / layout.BEST_CHECKPOINT
+    if t.best is None and layout.is_checkpoint(path):
+        t.best = io.read_json(path / "config.json")["eyas"]["best"]
+    if t.best is not None and score <= t.best["score"]:
+        return
+    t.best = {"step": t.step, "metric": metric, "k": t.recipe.eval.k, "score": score, "validation": val}
+    write_draft(t, full_state_dict(t.acc, t.module), path, {"recipe": t.recipe.name, "best": t.best})
+    t.acc.print(f"[train] step {t.step}: {metric} {score:.4f} at k={t.recipe.eval.k}, the best so far: kept")
+
+
+def write_draft(t: Training, weights: dict, path: Path, extra: dict) -> None:
+    """The gathered `weights` saved as a draft checkpoint at `path` (fp32) by the main process."""
+    if not t.acc.is_main_process:
+        return
+    with torch.device("meta"):  # no second, initialised draft: it takes the gathered tensors as they are
+        draft = Eagle3Draft(t.draft_config)
+    draft.load_state_dict(
+        {k[len("draft.") :]: v for k, v in weights.items() if k.startswith("draft.")}, assign=True
+    )
+    draft.rotary = Rotary(t.draft_config)
+    save_draft(draft, path, dtype=torch.float32, extra=extra)
 
 
 def append_log(log_path: Path, entry: dict) -> None:
@@ -647,27 +701,17 @@ def finish(t: Training, run_dir: Path, t_start: float) -> dict:
         "global_batch_rows": t.dp[0] * tr.grad_accum * tr.batch_size,
         "validation": val,
         "val_sequences": len(t.data.val_ids),
+        "best": t.best,  # train.keep_best: the run's draft is checkpoint-best
         "online": feed_stats(t.feed),  # from vLLM: micro-batches fed, how many training waited for
     }
     if t.feed is not None:  # what every process asked the producers for (each row once, also under SP)
         info["online"]["asked_all_processes"] = sum_over_processes(acc, t.feed.stats.asked)
     save_state(acc, t.state_dir, t.step, t.tokens)
+    write_draft(t, weights, run_dir / layout.FINAL_CHECKPOINT, {"recipe": t.recipe.name, "train": info})
     if acc.is_main_process:
         from .curves import plot_curves
 
-        with torch.device("meta"):  # no second, initialised draft: it takes the gathered tensors as they are
-            final = Eagle3Draft(t.draft_config)
-        final.load_state_dict(
-            {k[len("draft.") :]: v for k, v in weights.items() if k.startswith("draft.")}, assign=True
-        )
-        final.rotary = Rotary(t.draft_config)
         plot_curves(t.log_path, t.out_dir / "curves.png")
-        save_draft(
-            final,
-            run_dir / layout.FINAL_CHECKPOINT,
-            dtype=torch.float32,
-            extra={"recipe": t.recipe.name, "train": info},
-        )
     acc.wait_for_everyone()
     acc.end_training()  # finishes the trackers, and ends the process group
     if acc.is_main_process:  # last: the trackers' files are complete, so the checksums hold

@@ -35,27 +35,6 @@ def sampled_at_t1(data) -> bool:
     return float(data.temperature) == 1.0 and float(data.top_p) == 1.0
 
 
-def split_validation(num_sequences: int, fraction: float, seed: int) -> tuple[list[int], list[int]]:
-    """(train indices, validation indices), disjoint, from a seeded permutation. fraction > 0 holds out
-    at least one sequence (and always leaves one to train on)."""
-    if fraction <= 0 or num_sequences < 2:
-        return list(range(num_sequences)), []
-    n_val = min(num_sequences - 1, max(1, round(fraction * num_sequences)))
-    perm = torch.randperm(num_sequences, generator=torch.Generator().manual_seed(seed * 7919 + 1)).tolist()
-    return sorted(perm[n_val:]), sorted(perm[:n_val])
-
-
-def split_seed(tr) -> int:
-    """The seed of the recipe's held-out split (`train` section `tr`): `train.val_seed` when set (seeds
-    compared on the same held-out sequences), else `train.seed`."""
-    return tr.seed if tr.val_seed is None else tr.val_seed
-
-
-def held_out_split(tr, num_sequences: int) -> tuple[list[int], list[int]]:
-    """The recipe's split: `train.val_fraction` of the sequences held out, seeded by `split_seed(tr)`."""
-    return split_validation(num_sequences, tr.val_fraction, split_seed(tr))
-
-
 @torch.no_grad()
 def validate(module, batches, accelerator, ttt_steps: int, sp=None) -> dict:
     """Sum TTT counts over `batches` (this process's share) and over processes -> metrics dict. Under

@@ -144,12 +144,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def _recipe_and_draft(args: argparse.Namespace) -> tuple[Recipe, str | None]:
     """The recipe (a run directory's recipe.yaml, or a recipe file or name) with the overrides, and the
-    draft: --draft, else a run directory's final checkpoint if it has one."""
-    from eyas.layout import FINAL_CHECKPOINT
+    draft: --draft, else a run directory's draft (its best checkpoint, else its final one) if it has one."""
+    from eyas.layout import run_checkpoint
     from eyas.pipeline import recipe_and_run
 
     recipe, run_dir = recipe_and_run(args.source, None, args.overrides)
-    final = run_dir / FINAL_CHECKPOINT
+    final = run_checkpoint(run_dir)
     return recipe, args.draft or (str(final) if Path(args.source).is_dir() and final.is_dir() else None)
 
 
