@@ -166,7 +166,9 @@ def test_online_training_from_vllm_equals_offline_and_resumes_after_a_producer_d
 
     offline, off_info = train_log(shutil.copytree(regenerated / "hf", regenerated / "offline"), [])
     run = shutil.copytree(regenerated / "run", regenerated / "online")
+    cores = os.sched_getaffinity(0)
     online, info = train_log(run, ONLINE)
+    assert os.sched_getaffinity(0) == cores  # training left core 0 to the producer, and then took it back
     assert not list((run / "capture").glob("*.safetensors"))
     assert info["tokens_seen"] == off_info["tokens_seen"] and info["steps"] == 12
     assert info["online"]["producers"] == 1 and info["online"]["micro_batches"] == 18  # 12 + 3 x 2 validation
@@ -190,6 +192,7 @@ def test_online_training_from_vllm_equals_offline_and_resumes_after_a_producer_d
         str(stopped.value),
     ), str(stopped.value)
     monkeypatch.undo()
+    assert os.sched_getaffinity(0) == cores  # also when a stopped producer ends training
     resumed, _ = train_log(killed, ONLINE)
     assert_same_steps(resumed, online, rel=1e-5)
 

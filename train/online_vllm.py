@@ -82,6 +82,7 @@ class VllmFeed:
         self.stats = FeedStats()
         self.owner: CaptureReplicas | None = None  # the local main process's: it stops them
         self.buffer: str | None = None
+        self.cores: set[int] | None = None  # this process's CPU cores before it left the producers theirs
         # train.sequence_parallel > 1: the group's processes train on the same rows; its first asks the
         # producers for the whole row and broadcasts the states to the others (each then keeps its window),
         # so the producers run each row once, not once per process of the group
@@ -176,6 +177,13 @@ class VllmFeed:
             self.owner.close()
         if self.buffer is not None:
             shutil.rmtree(self.buffer, ignore_errors=True)
+        restore_cores(self.cores)
+
+
+def restore_cores(cores: set[int] | None) -> None:
+    """This process's CPU cores back to `cores` (None: nothing was changed)."""
+    if cores is not None:
+        os.sched_setaffinity(0, cores)
 
 
 def _wait(proc) -> None:
@@ -195,7 +203,7 @@ def start_feed(recipe: Recipe, run_dir: Path, index: dict, lengths: list[int], a
     out_dir = stage_dir(run_dir, "train")
     path = out_dir / PRODUCERS
     owner = buffer = None
-    _keep_apart(replicas(recipe.vllm), acc)
+    cores = _keep_apart(replicas(recipe.vllm), acc)
     if acc.is_local_main_process:
         path.unlink(missing_ok=True)
         owner, buffer = _start_producers(recipe, out_dir, index, lengths, acc)
@@ -206,8 +214,9 @@ def start_feed(recipe: Recipe, run_dir: Path, index: dict, lengths: list[int], a
     except BaseException:
         if owner is not None:
             owner.close()
+        restore_cores(cores)
         raise
-    feed.owner, feed.buffer = owner, buffer
+    feed.owner, feed.buffer, feed.cores = owner, buffer, cores
     return feed
 
 
@@ -225,15 +234,19 @@ def _start_producers(recipe: Recipe, out_dir: Path, index: dict, lengths: list[i
     return owner, buffer
 
 
-def _keep_apart(where, acc) -> None:
+def _keep_apart(where, acc) -> set[int] | None:
     """Producers and trainers on separate devices: a trainer on a producer's GPU is an error naming
-    vllm.devices; on a CPU machine the trainers leave the producers' cores to them."""
+    vllm.devices; on a CPU machine the trainers leave the producers' cores to them -> the cores this process
+    had before, where it gave some up (the feed's close gives them back: a process that goes on after
+    training, such as a benchmark's or a test's, keeps its cores)."""
     producer_devices = {d for r in where for d in r.devices}
     if where[0].kind == "cpu":
-        mine = set(map(str, os.sched_getaffinity(0))) - producer_devices
+        before = os.sched_getaffinity(0)
+        mine = set(map(str, before)) - producer_devices
         if producer_devices and mine:
             os.sched_setaffinity(0, {int(c) for c in mine})
-        return
+            return before
+        return None
     from eyas.serve.external.vllm_fleet import visible_gpus
 
     gpus = visible_gpus()
@@ -246,6 +259,7 @@ def _keep_apart(where, acc) -> None:
             f"the producers' GPUs and launch the trainers on the others (CUDA_VISIBLE_DEVICES="
             f"{','.join(rest) or '...'})"
         )
+    return None
 
 
 def feed_stats(feed: VllmFeed | None) -> dict | None:
