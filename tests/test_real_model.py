@@ -8,9 +8,9 @@ Measured in the same loop on the same 16 prompts (2-core AMD EPYC, AVX512-BF16, 
 draft (80 answers of ~38 tokens, 6 epochs of packed 256-token rows, TTT 3 for the k = 3 it is evaluated at,
 the recipe's Muon lr 3e-3 with norm_output) 1.908 (train 87 s); the same draft fed its aux states in reverse
 order (a capture or serving that swaps the layers) 1.218; trained 1 epoch instead of 6, 1.294; untrained
-(train.max_steps=1, lr 1e-12) 1.002 (an earlier session). On a 2-core AVX2 CPU in float32 the trained draft measured 1.902 (train
-184 s, the test 344 s on both cores, 534 s on one in the suite's `-n 2`); at 8 epochs and TTT 5 in bf16 on an
-AMX CPU, 1.815."""
+(train.max_steps=1, lr 1e-12) 1.002 (an earlier session). On a 2-core AVX2 CPU in float32 the trained draft
+measured 1.902 (train 184 s, the test 344 s on both cores, 534 s on one in the suite's `-n 2`); at 8 epochs
+and TTT 5 in bf16 on an AMX CPU, 1.815."""
 
 import json
 
