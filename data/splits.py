@@ -51,9 +51,14 @@ def held_out_split(tr, groups: list[str]) -> tuple[list[int], list[int]]:
     return split_validation(groups, tr.val_fraction, split_seed(tr))
 
 
+def tuning_conversations(tr, groups: list[str]) -> set[str]:
+    """The conversations the recipe's split (`train` section `tr`) holds out for tuning."""
+    return {groups[i] for i in held_out_split(tr, groups)[1]}
+
+
 def split_record(tr, groups: list[str]) -> dict:
     """What a stage that depends on the split records of it, so a later stage can check it uses the same."""
-    held = {groups[i] for i in held_out_split(tr, groups)[1]}
+    held = tuning_conversations(tr, groups)
     return {
         "val_fraction": float(tr.val_fraction),
         "split_seed": split_seed(tr),
@@ -75,8 +80,7 @@ def run_groups(run_dir: str | Path, num_sequences: int) -> list[str]:
 def tuning_prompts(recipe, run_dir: str | Path) -> list[list[dict]]:
     """The tuning split as the serving loop's prompts: each held-out conversation's first prompt (system
     message and first user turn), in prompt order, less any that a training conversation also starts with."""
-    groups = conversations_in_capture_order(run_dir)
-    held = {groups[i] for i in held_out_split(recipe.train, groups)[1]}
+    held = tuning_conversations(recipe.train, conversations_in_capture_order(run_dir))
     system = recipe.data.system_prompt
     firsts = {p["id"]: prompt_messages(p["messages"], system) for p in read_prompts(run_dir, "train")}
     trained = {str(m) for pid, m in firsts.items() if pid not in held}
