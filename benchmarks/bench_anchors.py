@@ -5,7 +5,7 @@ side by side in eyas's serving loop on the same prompts of one split (data/split
     python benchmarks/bench_anchors.py --run runs/smollm2-135m --split tuning|test [--work peer-work]
         [--epochs 2] [--ttt 5] [--seeds 0 1] [--trainers eyas speculators specforge] [--name eyas]
         [--lr TRAINER=LR[,LR...]] [--speculators-rows 1024] [--k 1 2 3 4 5] [--temperature 0 1]
-        [--num-prompts 8] [--no-eval] [--probe N] [-- key.sub=value ...]
+        [--num-prompts 8] [--no-eval] [--no-scores] [--probe N] [-- key.sub=value ...]
 
 Each trainer at its best: sweep its lr on the tuning split (`--split tuning --lr specforge=1e-4,3e-4,1e-3`,
 one draft per lr and seed, named `specforge-lr0.0003-sS`), then report every trainer at the lr that won there
@@ -28,6 +28,7 @@ nothing of theirs is copied. Each stage writes into WORK and is skipped when its
     <trainer>-s<S>/      each trainer's run; eyas's (named --name) links the run's stages and trains with its
                          recipe and the command line's overrides
     imported/<trainer>-s<S>   the peers' checkpoints read by `eyas import`
+    exported/<trainer>-s<S>   every trained draft exported for vLLM (eagle3 layout), kept to re-measure
     probe-<N>x<tokens>-<dtype>-<benchmarks>/   (--probe N) the loop's prompts answered greedily by the target
                          and captured
 
@@ -301,6 +302,17 @@ def imported(args, name: str, trainer: str, ckpt: str, target: str) -> str:
     return str(out)
 
 
+def exported(args, name: str, ckpt: str) -> None:
+    """The draft exported for vLLM (`eyas export --format eagle3 --engines vllm`, re-read and checked) in
+    WORK/exported/<name>, once: kept so that anyone can serve and re-measure it. vLLM only: the peers'
+    speculators drafts carry `norm_output`, which SGLang and TensorRT-LLM do not load."""
+    from eyas.serve.interchange.export import export
+
+    out = args.work / "exported" / name
+    if not (out / "config.json").is_file():
+        export(ckpt, "eagle3", out, engines=("vllm",))
+
+
 def held_out_tau(args, recipe, drafts: list[tuple[str, str]]) -> list[dict]:
     """Every draft scored as eyas's training scores its own (train/validation.py): TTT over the captured
     sequences no trainer trained on, simulated tau of chains at k = 1..--ttt, greedy and at T = 1, in the
@@ -514,6 +526,12 @@ def parse(argv) -> argparse.Namespace:
     p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--no-eval", action="store_true", help="train (and import) only")
     p.add_argument(
+        "--no-scores",
+        action="store_true",
+        help="skip scoring on the tuning split's captured sequences (a second --temperature run: the first "
+        "one's rows are in WORK/results.jsonl)",
+    )
+    p.add_argument(
         "--probe",
         type=int,
         default=None,
@@ -602,12 +620,14 @@ def main(argv=None) -> int:
             (name, imported(args, name, t["kind"], t["checkpoint"], recipe.target.model))
             for name, t in zip(names, trained)
         ]
+        for name, ckpt in drafts:
+            exported(args, name, ckpt)
         drafts += [tuple(d.split("=", 1)) for d in args.draft]
-        held = held_out_tau(args, recipe, drafts)
+        held = [] if args.no_scores else held_out_tau(args, recipe, drafts)
         probed = probe_tau(args, recipe, drafts) if args.probe else []
         for row in held + probed:
             print(json.dumps(row), file=results, flush=True)
-        tables = held_out_table(held) + (held_out_table(probed) if probed else [])
+        tables = (held_out_table(held) if held else []) + (held_out_table(probed) if probed else [])
         if args.no_eval:
             print("\n".join(tables))
             return 0
