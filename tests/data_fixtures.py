@@ -192,6 +192,20 @@ def one_thread():
     torch.set_num_threads(before)
 
 
+# Residual-branch scales (make_family_target) at which a family's random tiny target answers in a way a draft
+# can learn, every layer still counting; Qwen3 ties its lm_head to the embedding, so at 0.02-0.05 it repeats
+# the same token (tau 4.00 at k = 3) and needs 0.1
+LEARNABLE_SCALE = {"llama": 0.02, "mistral": 0.02, "qwen3": 0.1}
+# tiny_recipe's changes that train a draft on such a target in ~15 s (112 prompts, 16 of them held out for the
+# eval, answers of up to 48 tokens, 100 steps at lr 3e-3)
+LEARNABLE_TRAINING = {
+    "data": {"max_new_tokens": 48, "num_eval_prompts": 16},
+    "capture": {"shard_tokens": 4096},
+    "train": {"max_steps": 100, "lr": 3e-3, "batch_size": 8, "log_every": 50},
+    "eval": {"max_new_tokens": 48},
+}
+
+
 def tiny_recipe(target, prompts, **over) -> dict:
     """A raw recipe for the tiny target: every stage in seconds. `over`: section -> keys to change."""
     raw = {

@@ -19,8 +19,8 @@ flip at a near-tie: the one draft allows for that on another CPU. Measured here 
 AVX512-BF16) every shape equals vLLM's at every position: the demo draft's plain shape 166 / 137 / 112
 accepted of 197 drafts, norm_before_fc 167 / 132 / 104 of 208, norm_output 232 / 67 / 29 of 271, the
 16-position sliding window (vLLM reads `layer_types` + `sliding_window`) 165 / 52 / 21 of 363, so the
-window is honoured, not ignored; the Llama's trained draft 106 / 82 / 69 of 146 (tau 2.76), norm_output
-115 / 72 / 58 of 159, sliding_window 94 / 49 / 33 of 217. Both count, as vLLM's scheduler does, the
+window is honoured, not ignored; the Llama's trained draft 94 / 78 / 67 of 159 (tau 2.50), norm_output
+105 / 71 / 49 of 172, sliding_window 99 / 53 / 42 of 199. Both count, as vLLM's scheduler does, the
 drafts a verification accepted after max_tokens cut the answer (counting only emitted ones, eyas's loop
 was 2 to 7 drafts short at positions 2-3).
 """
@@ -124,36 +124,36 @@ def test_every_vllm_export_of_the_demo_draft_runs_in_vllm_as_in_eyas(
     assert all(t["per_position_acceptance"][0] > 0.1 for t in table.values()), table
 
 
-# the trained draft of the Llama rows: eyas's pipeline on 160 prompts (none of the test's 12) answered in up
-# to 48 tokens (8,600 tokens captured), 200 steps at lr 3e-3; about 10 s on 2 CPU cores
-LLAMA_TRAINING = {
-    "data": {"max_new_tokens": 48},
-    "capture": {"shard_tokens": 4096},
-    "train": {"max_steps": 200, "lr": 3e-3, "batch_size": 8, "log_every": 50},
-}
-
-
 @pytest.mark.parametrize("family", ["llama"])
 def test_every_vllm_export_of_a_trained_draft_runs_in_vllm_as_in_eyas(vllm_python, family, tmp_path):
-    """The Llama rows with a draft trained by `run_all` (LLAMA_TRAINING, ~10 s) on a Llama whose residual
-    branches are scaled by 0.02 (make_family_target). Measured on the test's 12 prompts (k = 3, 48 tokens),
-    vLLM's counters and eyas's equal at every position: per-position acceptance plain 0.73 / 0.56 / 0.47
-    (106 / 82 / 69 of 146 drafts), norm_before_fc 0.70 / 0.55 / 0.46, aux_id_N 0.72 / 0.55 / 0.44, n_aux_4
-    and num_layers_2 as plain, norm_output 0.72 / 0.45 / 0.36, sliding_window 0.43 / 0.23 / 0.15. An
-    untrained draft (tiny_targets.draft_for) on the same target: 0.00 at every position of every shape, so
-    the acceptance floors below fail without the training. The unscaled random Llama is no use here: a draft
-    trained 1,000 steps on 8,200 of its tokens reached tau 1.08 (0.07 at the first position)."""
-    from data_fixtures import make_family_target, tiny_recipe, write_prompts
+    """The Llama rows with a draft trained by `run_all` (data_fixtures.LEARNABLE_TRAINING: 100 steps, 15 s) on
+    a Llama whose residual branches are scaled by 0.02 (make_family_target). Measured on the test's 12 prompts
+    (k = 3, 48 tokens; none of them trained on), vLLM's counters and eyas's equal at every position:
+    per-position acceptance plain 0.59 / 0.49 / 0.42 (94 / 78 / 67 of 159 drafts), norm_before_fc and
+    aux_id_N 0.58-0.59 / 0.48-0.49 / 0.42, n_aux_4 and num_layers_2 as plain, norm_output 0.61 / 0.41 / 0.28,
+    sliding_window 0.50 / 0.27 / 0.21. An untrained draft (tiny_targets.draft_for) on the same target: 0.00 at
+    every position of every shape, so the acceptance floors below fail without the training (the plain
+    shape's is 0.3 here, below the demo's 0.5: this draft trains in seconds and lands elsewhere on another
+    CPU). The unscaled random Llama is no use here: a draft trained 1,000 steps on 8,200 of its tokens
+    reached tau 1.08 (0.07 at the first position)."""
+    from data_fixtures import (
+        LEARNABLE_SCALE,
+        LEARNABLE_TRAINING,
+        make_family_target,
+        tiny_recipe,
+        write_prompts,
+    )
 
     from eyas.pipeline import run_all
     from eyas.recipes.load import load_recipe
 
-    # residual branches at 0.02: answers a draft can learn (make_family_target), every layer still counting
-    target = make_family_target(tmp_path / "target", family, num_layers=4, head_dim=32, branch_scale=0.02)
+    # residual branches scaled: answers a draft can learn (make_family_target), every layer still counting
+    scale = LEARNABLE_SCALE[family]
+    target = make_family_target(tmp_path / "target", family, num_layers=4, head_dim=32, branch_scale=scale)
     model, tok = load_target(str(target), dtype="float32", device="cpu")
     records = [json.loads(line) for line in write_prompts(tmp_path / "p.jsonl", 12).read_text().splitlines()]
     prompts = [render_prompt(tok, r["messages"][:1]) for r in records]
-    recipe = tiny_recipe(target, write_prompts(tmp_path / "train.jsonl", 160, seed=1), **LLAMA_TRAINING)
+    recipe = tiny_recipe(target, write_prompts(tmp_path / "train.jsonl", 112, seed=1), **LEARNABLE_TRAINING)
     run_all(
         load_recipe(recipe),
         tmp_path / "run",
@@ -163,5 +163,5 @@ def test_every_vllm_export_of_a_trained_draft_runs_in_vllm_as_in_eyas(vllm_pytho
     draft = load_draft(resolve_checkpoint(tmp_path / "run"), device="cpu", dtype=torch.float32).eval()
     drafts = variants(draft, 4, aux_sample(model, prompts, draft.config.aux_layer_ids))
     table = check_side_by_side(target, model, tok, prompts, export_all(drafts, target, tmp_path), tmp_path)
-    assert table["plain"]["per_position_acceptance"][0] > 0.5
+    assert table["plain"]["per_position_acceptance"][0] > 0.3
     assert all(t["per_position_acceptance"][0] > 0.1 for t in table.values()), table
