@@ -180,6 +180,27 @@ def loop_tau(recipe, run: Path, split: str) -> dict:
     }
 
 
+def loop_drafts(
+    recipe, out: Path, base: Path, drafts: list[tuple[str, str]], temperatures: list[float]
+) -> dict:
+    """(name, checkpoint) drafts in eyas's loop on the test split (the recipe's eval prompts, nothing tuned
+    on them), in one eval in `out` (its stages linked to `base`), at the recipe's eval.k
+    -> {(draft, temperature): tau over all benchmarks, weighed by their target forwards}."""
+    from eyas.eval.evaluate import run_eval
+
+    link_stages(out, base, BASE_STAGES)
+    k = recipe.eval.k
+    report = run_eval(
+        recipe, out, drafts=drafts, ks=[k], trees=[], temperatures=temperatures, force=True, split="test"
+    )
+    tau: dict[tuple, list] = {}
+    for r in report["results"]:
+        tau.setdefault((r["draft"], r["temperature"]), []).append(
+            (r["acceptance_length"], r["target_forwards"])
+        )
+    return {key: sum(a * f for a, f in v) / sum(f for _, f in v) for key, v in tau.items()}
+
+
 def train_choice(args, base: Path, table: str, choice: str, seed: int, n: int) -> dict:
     mine = overrides(table, choice, n)
     over = args.overrides + mine + [f"train.seed={seed}", f"train.val_seed={args.val_seed}"]

@@ -21,7 +21,7 @@ import json
 import sys
 from pathlib import Path
 
-from bench_defaults import BASE_STAGES, link_stages
+from bench_defaults import BASE_STAGES, link_stages, loop_drafts
 
 from eyas import io, layout
 from eyas.pipeline import run_all
@@ -79,24 +79,14 @@ def train(args, base: Path, epochs: int, seed: int) -> dict:
 
 def loop(args, rows: list[dict]) -> dict[str, float]:
     """Both drafts of every run in eyas's loop on the test split, greedy, at eval.k -> {draft: tau}."""
-    from eyas.eval.evaluate import run_eval
-
-    out = Path(args.out) / "eval"
-    link_stages(out, Path(args.out) / "_base", BASE_STAGES)
-    recipe = load_recipe(args.recipe, args.overrides)
     drafts = []
     for r in rows:
         name = Path(r["run"]).name
         drafts += [(f"{name}-final", f"{r['run']}/{layout.FINAL_CHECKPOINT}")]
         drafts += [(f"{name}-kept", f"{r['run']}/{layout.BEST_CHECKPOINT}")]
-    k = recipe.eval.k
-    report = run_eval(
-        recipe, out, drafts=drafts, ks=[k], trees=[], temperatures=[0.0], force=True, split="test"
-    )
-    tau: dict[str, list] = {}
-    for r in report["results"]:
-        tau.setdefault(r["draft"], []).append((r["acceptance_length"], r["target_forwards"]))
-    return {d: sum(a * f for a, f in v) / sum(f for _, f in v) for d, v in tau.items()}
+    recipe = load_recipe(args.recipe, args.overrides)
+    tau = loop_drafts(recipe, Path(args.out) / "eval", Path(args.out) / "_base", drafts, [0.0])
+    return {d: t for (d, _), t in tau.items()}
 
 
 def main(argv=None) -> int:
