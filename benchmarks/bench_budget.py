@@ -87,6 +87,11 @@ def train(args, base: Path, over: list[str], budget: int, choice: str, seed: int
     return {"run": str(run), "budget": budget, "choice": choice, "seed": seed, **s}
 
 
+def draft_name(row: dict) -> str:
+    """A trained run's name in the loop's eval: <choice>-s<S>-b<B>."""
+    return f"{Path(row['run']).name}-b{row['budget']}"
+
+
 def table(args, rows: list[dict], tau: dict) -> list[str]:
     """Per budget and choice: tuning replayed tau at k = 1..5 and test loop tau (greedy, T = 1) at eval.k,
     means over seeds with each seed's value; then the first choice's lead over the second per budget."""
@@ -98,7 +103,7 @@ def table(args, rows: list[dict], tau: dict) -> list[str]:
         for choice in args.choices:
             mine = [r for r in rows if r["budget"] == budget and r["choice"] == choice]
             vals = [[r["replayed_tau"].get(j) for r in mine] for j in KS]
-            vals += [[tau.get((Path(r["run"]).name + f"-b{budget}", t)) for r in mine] for t in (0.0, 1.0)]
+            vals += [[tau.get((draft_name(r), t)) for r in mine] for t in (0.0, 1.0)]
             means[budget, choice] = [sum(v) / len(v) if v and None not in v else float("nan") for v in vals]
             lines.append(f"{budget:<8}{choice:<10}" + "".join(f"{m:>16.3f}" for m in means[budget, choice]))
             lines.append(" " * 18 + "".join(f"{'/'.join(f'{x:.2f}' for x in v if x):>16}" for v in vals))
@@ -124,25 +129,22 @@ def main(argv=None) -> int:
     p.add_argument("--no-loop", action="store_true", help="train and score on tuning only")
     p.add_argument("overrides", nargs="*", help="recipe overrides (key.sub=value) for every run")
     args = p.parse_args(argv)
-    rows = []
+    rows, bases = [], []
     Path(args.out).mkdir(parents=True, exist_ok=True)
     with open(Path(args.out) / "results.jsonl", "a") as log:
         for budget in args.budgets:  # budget-major: a run cut short has whole budgets
             base, over = base_run(args, budget)
+            bases.append(base)
             for seed in args.seeds:
                 for choice in args.choices:
                     rows.append(train(args, base, over, budget, choice, seed))
                     print(json.dumps(rows[-1]), file=log, flush=True)
                     print(json.dumps(rows[-1]), flush=True)
     tau = {}
-    if not args.no_loop:
-        drafts = [
-            (f"{Path(r['run']).name}-b{r['budget']}", f"{r['run']}/{layout.FINAL_CHECKPOINT}") for r in rows
-        ]
+    if not args.no_loop:  # the eval's prompts are the recipe's test split, the same for every budget
+        drafts = [(draft_name(r), f"{r['run']}/{layout.FINAL_CHECKPOINT}") for r in rows]
         recipe = load_recipe(args.recipe, args.overrides)
-        tau = loop_drafts(
-            recipe, Path(args.out) / "eval", Path(args.out) / "b1" / "_base", drafts, [0.0, 1.0]
-        )
+        tau = loop_drafts(recipe, Path(args.out) / "eval", bases[0], drafts, [0.0, 1.0])
         with open(Path(args.out) / "loop.jsonl", "a") as log:
             for (d, t), v in tau.items():
                 print(json.dumps({"draft": d, "temperature": t, "tau": v}), file=log)
