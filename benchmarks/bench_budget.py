@@ -1,8 +1,9 @@
-"""The budget trend: the SmolLM2 recipe's training choices against the gpt-oss recipes' at 1x, 2x, 4x ... the
-data (more conversations, the same epochs), to see whether a lead holds or grows with the budget.
+"""The budget trend: the SmolLM2 recipe's training choices against SpecForge's (which the gpt-oss recipes
+had before this trend) at 1x, 2x, 4x ... the data (more conversations, the same epochs), to see whether a
+lead holds or grows with the budget.
 
     python benchmarks/bench_budget.py --recipe recipes/smollm2-135m.yaml --out runs/bench-budget \
-        [--budgets 1 2 4] [--seeds 0 1] [--choices smollm2 gpt_oss] [--data RUN] [key.sub=value ...]
+        [--budgets 1 2 4] [--seeds 0 1] [--choices smollm2 specforge] [--data RUN] [key.sub=value ...]
 
 Budget B is the recipe with data.num_prompts = B x its own; the extra conversations all come from its first
 source (GSM8K train in the SmolLM2 recipe: the only one here with thousands of unique prompts; the ShareGPT
@@ -13,7 +14,8 @@ seed) trains there in OUT/b<B>/<choice>-s<S> with train.val_seed=0. A choice is 
 - on the tuning split, by training's validation (whole conversations held out, data/splits.py): replayed tau
   at k = 1..5, the greedy loop's own rounds along the held-out text. The choice is made here.
 - on the test split (the recipe's eval prompts, nothing tuned on them), in eyas's loop at eval.k, greedy and
-  T = 1, every draft in one eval (OUT/eval): the numbers that are reported.
+  T = 1, every draft not yet scored in one eval (OUT/eval; scores kept in OUT/loop.jsonl): the numbers that
+  are reported.
 Prints one JSON line per trained run (also appended to OUT/results.jsonl), then per budget and choice the
 mean over seeds and each seed's value, and the lead of the first choice over the second.
 """
@@ -34,12 +36,14 @@ from eyas.recipes.load import load_recipe
 # Training choices only: both drafts are servable by vLLM, SGLang and TensorRT-LLM (norm_output, a vLLM-only
 # option, is off in both; its gain is measured in docs/benchmarks.md#defaults-on-a-real-model).
 CHOICES = {
-    # recipes/smollm2-135m.yaml: Muon lr 3e-3, the target's lm_head rows frozen, TTT 5, packed 1024-token rows
+    # recipes/smollm2-135m.yaml (and, since this trend, the gpt-oss recipes'): Muon lr 3e-3, the target's
+    # lm_head rows frozen, TTT 5, packed 1024-token rows
     "smollm2": ["draft.norm_output=false"],
-    # recipes/gpt-oss-120b*.yaml: AdamW 1e-4 (SpecForge's), a trained lm_head (random init), TTT 7, one
-    # unpacked sequence per row and 4 rows per step (~800 tokens here, as the packed 1024-token row's ~5
-    # sequences); the rest as the SmolLM2 recipe's (decay 0.8, warmup 3%, grad clip 0.5, KL, 2 epochs)
-    "gpt_oss": [
+    # SpecForge's (the gpt-oss recipes' before this trend): AdamW 1e-4, a trained lm_head (random init),
+    # TTT 7, one unpacked sequence per row and 4 rows per step (~800 tokens here, as the packed 1024-token
+    # row's ~5 sequences); the rest as the SmolLM2 recipe's (decay 0.8, warmup 3%, grad clip 0.5, KL, 2
+    # epochs)
+    "specforge": [
         "draft.norm_output=false",
         "draft.lm_head=random",
         "train.optimizer=adamw",
@@ -140,16 +144,35 @@ def main(argv=None) -> int:
                     rows.append(train(args, base, over, budget, choice, seed))
                     print(json.dumps(rows[-1]), file=log, flush=True)
                     print(json.dumps(rows[-1]), flush=True)
-    tau = {}
-    if not args.no_loop:  # the eval's prompts are the recipe's test split, the same for every budget
-        drafts = [(draft_name(r), f"{r['run']}/{layout.FINAL_CHECKPOINT}") for r in rows]
-        recipe = load_recipe(args.recipe, args.overrides)
-        tau = loop_drafts(recipe, Path(args.out) / "eval", bases[0], drafts, [0.0, 1.0])
-        with open(Path(args.out) / "loop.jsonl", "a") as log:
-            for (d, t), v in tau.items():
-                print(json.dumps({"draft": d, "temperature": t, "tau": v}), file=log)
+    tau = {} if args.no_loop else loop(args, rows, bases[0])
     print("\n".join(table(args, rows, tau)))
     return 0
+
+
+def loop(args, rows: list[dict], base: Path) -> dict:
+    """Every row's draft in eyas's loop on the test split (the recipe's eval prompts, the same for every
+    budget), greedy and T = 1 -> {(draft name, temperature): tau}. A draft whose checkpoint is the one that
+    OUT/loop.jsonl already scored (same name, same checkpoint file stamp) is not evaluated again."""
+    temps, log = [0.0, 1.0], Path(args.out) / "loop.jsonl"
+    drafts = {draft_name(r): Path(r["run"]) / layout.FINAL_CHECKPOINT for r in rows}
+    stamp = {d: checkpoint_stamp(c) for d, c in drafts.items()}
+    done = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    tau = {(x["draft"], x["temperature"]): x["tau"] for x in done if x.get("stamp") == stamp.get(x["draft"])}
+    todo = [(d, str(c)) for d, c in drafts.items() if any((d, t) not in tau for t in temps)]
+    if todo:
+        recipe = load_recipe(args.recipe, args.overrides)
+        new = loop_drafts(recipe, Path(args.out) / "eval", base, todo, temps)
+        with open(log, "a") as f:
+            for (d, t), v in new.items():
+                print(json.dumps({"draft": d, "temperature": t, "tau": v, "stamp": stamp[d]}), file=f)
+        tau.update(new)
+    return tau
+
+
+def checkpoint_stamp(checkpoint: Path) -> str:
+    """The checkpoint's weights file, as '<mtime_ns>-<bytes>': a retrained draft gets a new stamp."""
+    st = (checkpoint / "model.safetensors").stat()
+    return f"{st.st_mtime_ns}-{st.st_size}"
 
 
 if __name__ == "__main__":
