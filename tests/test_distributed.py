@@ -373,3 +373,27 @@ def test_sequence_parallel_equals_one_process(base, one_proc):
             ref["validation"]["replayed_tau"], rel=1e-6
         )
         assert_close_weights(weights(run), weights(one_proc))
+
+
+def test_muon_under_ddp_and_sequence_parallel_equals_one_process(base):
+    """train.optimizer=muon (the gpt-oss recipes' optimizer) orthogonalizes each whole matrix after the
+    gradients are reduced: 2 DDP processes (grad_accum 1) and a row over 2 processes (sequence_parallel 2,
+    grad_accum 2) end with the weights of 1 process with the same global batch. Muon's bf16 orthogonalization
+    (float32 on a CPU without bf16) turns fp32 sums taken in another order (2e-6 of a tensor's largest weight
+    under AdamW, above) into larger differences: measured on an AVX512-BF16 CPU, DDP 0 and sequence
+    parallelism at most 1.5% of each tensor's largest weight. Held within 5%, where half the global batch
+    (1 process, grad_accum 1: what a rank that skipped the all-reduce would train on) moves every matrix by
+    13-27% (measured): more than 10% is asserted."""
+    muon = "train.optimizer=muon"
+    ref = weights(train(base, "muon-single", 1, "train.grad_accum=2", muon))
+    for name, over in (("muon-ddp", ["train.grad_accum=1"]), ("muon-sp2", SP2)):
+        run = train(base, name, 2, muon, *over)
+        assert layout.read_done(run, "train")["num_processes"] == 2
+        assert_close_weights(weights(run), ref, rel=0.05)
+    half = weights(train(base, "muon-half", 1, "train.grad_accum=1", muon))
+    matrices = [k for k in ref if ref[k].ndim == 2 and "embed" not in k]
+    moved = {k: ((half[k] - ref[k]).abs().max() / ref[k].abs().max()).item() for k in matrices}
+    assert min(moved.values()) > 0.1, moved
+
+
+SP2 = ["train.grad_accum=2", "train.sequence_parallel=2"]

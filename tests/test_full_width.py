@@ -1,9 +1,9 @@
 """gpt-oss-120b's widths end to end on the CPU: the built-in full-width target (`eyas-full-width`:
 gpt-oss-120b's config but 4 layers and 4 experts, the experts stored in MXFP4 as the hub stores them,
-random weights) through every stage with recipes/gpt-oss-120b.yaml's own draft (307.6M trainable, draft vocab
-32,000, TTT 7; one optimizer step of one micro-batch of 32 tokens), and the figures `eyas plan` gives for
-gpt-oss-120b: its draft's parameter count and the bytes a captured token takes. Online training and the
-export in vLLM at these widths: benchmarks/bench_full_width.py."""
+random weights) through every stage with recipes/gpt-oss-120b.yaml's own draft (215.5M trainable, draft vocab
+32,000, the target's lm_head rows frozen, TTT 5; one AdamW step of one micro-batch of 32 tokens), and the
+figures `eyas plan` gives for gpt-oss-120b: its draft's parameter count and the bytes a captured token
+takes. Online training and the export in vLLM at these widths: benchmarks/bench_full_width.py."""
 
 import json
 import subprocess
@@ -83,7 +83,7 @@ def test_every_stage_at_full_width(full_width_run, tmp_path):
     assert read_done(run, "capture")["bytes_per_token"] == pytest.approx(23_045, abs=1)
     p = plan(load_recipe("gpt-oss-120b"), "8xH100")
     assert p.capture_bytes_per_token == 23_045
-    assert read_done(run, "train")["trainable_parameters"] == p.draft_trainable == 307_650_240
+    assert read_done(run, "train")["trainable_parameters"] == p.draft_trainable == 215_490_240
     report = json.loads((run / "report.json").read_text())
     assert report["lossless"] is True and report["results"][0]["k"] == 2  # bf16 partings only numerical
     out = tmp_path / "export"

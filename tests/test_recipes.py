@@ -158,6 +158,13 @@ def test_shipped_gpt_oss_variants(model, layers, ids):
         assert r.name == f"gpt-oss-{model}-{name}" and r.target.model == f"openai/gpt-oss-{model}"
         assert check_against_target(r, num_layers=layers, vocab_size=201088) == ids
         assert r.train.pack and r.train.attention == "auto" and r.data.temperature == 1.0
+        # the budget trend's training choices (docs/benchmarks.md), servable by every engine (no norm_output)
+        assert (r.train.optimizer, r.train.lr, r.draft.lm_head, r.draft.norm_output) == (
+            "muon",
+            3e-3,
+            "target_frozen",
+            False,
+        )
         # vLLM regenerates and captures: one replica per visible GPU
         assert (r.data.backend, r.capture.backend, r.vllm.devices, r.vllm.tensor_parallel_size) == (
             "vllm",
@@ -165,7 +172,7 @@ def test_shipped_gpt_oss_variants(model, layers, ids):
             None,
             1,
         )
-    assert v["short-context"].train.max_length == 8192 and v["short-context"].train.ttt_steps == 7
+    assert v["short-context"].train.max_length == 8192 and v["short-context"].train.ttt_steps == 5
     assert v["short-context"].eval.k == 3
     assert v["long-context"].train.max_length >= 32768 and v["long-context"].train.checkpoint_layer
     assert v["throughput"].train.ttt_steps < v["short-context"].train.ttt_steps

@@ -100,6 +100,12 @@ class Muon(torch.optim.Muon):
             return super().step(closure)
 
 
+def muon_params(named: list[tuple[str, torch.nn.Parameter]]) -> list[torch.nn.Parameter]:
+    """The parameters `train.optimizer: muon` gives Muon: the hidden 2-D weights (fc, the decoder layers'
+    projections); AdamW takes the rest."""
+    return [p for n, p in named if p.ndim == 2 and not any(s in n for s in HIDDEN_SKIP)]
+
+
 def make_optimizer(
     name: str,
     named: list[tuple[str, torch.nn.Parameter]],
@@ -112,7 +118,7 @@ def make_optimizer(
     adamw = dict(lr=lr, weight_decay=weight_decay, betas=(0.9, 0.95), fused=fused)  # fused: one kernel/step
     if name == "adamw":
         return torch.optim.AdamW([p for _, p in named], **adamw)
-    hidden = [p for n, p in named if p.ndim == 2 and not any(s in n for s in HIDDEN_SKIP)]
+    hidden = muon_params(named)
     ids = {id(p) for p in hidden}
     rest = [p for _, p in named if id(p) not in ids]
     # match_rms_adamw: the update's RMS scaled to AdamW's (0.2 sqrt(max(A, B))), so one lr serves both groups,

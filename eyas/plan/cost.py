@@ -59,11 +59,13 @@ class Assumptions:
 
 @dataclass
 class DraftCount:
-    """The draft's parameters: trainable, and frozen (the target's embedding)."""
+    """The draft's parameters: trainable, and frozen (the target's embedding; the lm_head too under
+    draft.lm_head: target_frozen), and the bytes of its optimizer's state."""
 
     trainable: int
     frozen: int
     config: DraftConfig
+    optimizer_bytes: int
 
 
 @dataclass
@@ -96,7 +98,7 @@ class Plan:
     tokens: float
     capture_bytes_per_token: int
     capture_bytes: float
-    train_static_gb: float  # weights, gradients, AdamW, embedding, teacher lm_head
+    train_static_gb: float  # weights, gradients, optimizer state, frozen weights, teacher lm_head
     train_activation_gb: float
     train_gb_per_gpu: float
     regen_s: float | None
@@ -155,11 +157,24 @@ def count_draft(recipe: Recipe, cfg: PretrainedConfig) -> DraftCount:
     dcfg = draft_config(recipe, tcfg, ids, min(recipe.vocab.draft_vocab_size, tcfg.vocab_size))
     with torch.device("meta"):
         draft = Eagle3Draft(dcfg)
+    draft.lm_head.weight.requires_grad_(recipe.draft.lm_head != "target_frozen")  # as training builds it
+    trainable = draft.num_parameters()
     return DraftCount(
-        trainable=draft.num_parameters(),
-        frozen=draft.num_parameters(False) - draft.num_parameters(),
+        trainable=trainable,
+        frozen=draft.num_parameters(False) - trainable,
         config=dcfg,
+        optimizer_bytes=optimizer_bytes(recipe.train.optimizer, draft),
     )
+
+
+def optimizer_bytes(optimizer: str, draft: torch.nn.Module) -> int:
+    """fp32 optimizer state of `train.optimizer` (train/optim.py): AdamW keeps two moments per trainable
+    parameter; Muon keeps one momentum on the hidden matrices, AdamW's two on the rest."""
+    from eyas.train.optim import muon_params
+
+    named = [(n, p) for n, p in draft.named_parameters() if p.requires_grad]
+    muon = sum(p.numel() for p in muon_params(named)) if optimizer == "muon" else 0
+    return 4 * muon + 8 * (sum(p.numel() for _, p in named) - muon)
 
 
 def capture_bytes_per_token(recipe: Recipe, cfg: PretrainedConfig, n_aux: int, offline: bool = False) -> int:
@@ -180,12 +195,14 @@ def training_memory(
     recipe: Recipe, cfg: PretrainedConfig, draft: DraftCount, a: Assumptions
 ) -> tuple[float, float]:
     """Draft training bytes per GPU (DDP: everything replicated) -> (static, activations). Static: fp32
-    weights, gradients and AdamW state, the fp32 embedding, the teacher lm_head (teacher final).
+    weights, gradients and optimizer state, the fp32 frozen weights (embedding; lm_head where frozen), the
+    teacher lm_head (teacher final).
     Activations: the measured bytes per token per TTT step, scaled by the draft's layer width, for the
     tokens of a row one GPU holds (train.sequence_parallel P: T / P of each; train/sequence_parallel.py)."""
     tr = recipe.train
     static = (
-        16 * draft.trainable
+        8 * draft.trainable
+        + draft.optimizer_bytes
         + 4 * draft.frozen
         + (4 * cfg.vocab_size * cfg.hidden_size if recipe.capture.teacher == "final" else 0)
     )

@@ -29,6 +29,9 @@ def source(p: Plan, rate: str) -> str:
     return "measured in --run" if rate in p.measured else "assumed"
 
 
+FROZEN = {"target_frozen": "embedding and lm_head rows"}  # draft.lm_head -> what the draft holds frozen
+
+
 def target_lines(recipe: Recipe, p: Plan) -> list[str]:
     """The plan's title, the target's size and where its weights go, the draft's size."""
     t, per_gpu = p.target, p.target_gb_per_gpu
@@ -39,8 +42,8 @@ def target_lines(recipe: Recipe, p: Plan) -> list[str]:
         f"  weights: MXFP4 {t.bytes_mxfp4 / 1e9:,.1f} GB, bf16 {t.bytes_bf16 / 1e9:,.1f} GB; spread over the "
         f"GPUs (target.device_map: auto): {per_gpu['mxfp4']:,.1f} GB / {per_gpu['bf16']:,.1f} GB per GPU "
         f"({fits(p, per_gpu['mxfp4'])} / {fits(p, per_gpu['bf16'])} with 10% headroom)",
-        f"draft: {p.draft_trainable / 1e6:,.1f}M trainable, {p.draft_frozen / 1e6:,.1f}M frozen "
-        "(the target's embedding)",
+        f"draft: {p.draft_trainable / 1e6:,.1f}M trainable, {p.draft_frozen / 1e6:,.1f}M frozen (the "
+        f"target's {FROZEN.get(recipe.draft.lm_head, 'embedding')})",
     ]
 
 
@@ -69,6 +72,9 @@ def data_line(recipe: Recipe, p: Plan) -> str:
     return f"data: {p.sequences:,} sequences x {p.mean_tokens:,.0f} tokens ({how} mean) = {total}"
 
 
+OPTIMIZER_STATE = {"adamw": "AdamW", "muon": "Muon (AdamW on the rest)"}
+
+
 def resource_lines(recipe: Recipe, p: Plan) -> list[str]:
     """Capture storage, training memory per GPU, the target's replicas, and each stage's time."""
     tr, backend = recipe.train, recipe.data.backend
@@ -76,7 +82,8 @@ def resource_lines(recipe: Recipe, p: Plan) -> list[str]:
         f"capture: {p.capture_bytes_per_token:,} bytes/token ({recipe.capture.aux_format}, teacher "
         f"{recipe.capture.teacher}) = {p.capture_bytes / 1e12:,.2f} TB",
         f"training memory per GPU (DDP): {p.train_gb_per_gpu:,.1f} GB = {p.train_static_gb:,.1f} GB weights, "
-        f"gradients, AdamW, embedding, teacher lm_head + {p.train_activation_gb:,.1f} GB activations at "
+        f"gradients, {OPTIMIZER_STATE[tr.optimizer]}, frozen weights, teacher lm_head + "
+        f"{p.train_activation_gb:,.1f} GB activations at "
         f"max_length {tr.max_length}{sp_note(tr.sequence_parallel)} x batch {tr.batch_size} "
         f"x TTT {tr.ttt_steps}"
         f"{' (checkpoint_layer)' if tr.checkpoint_layer else ''}: {fits(p, p.train_gb_per_gpu)}",
