@@ -151,20 +151,27 @@ def main(argv=None) -> int:
 
 def loop(args, rows: list[dict], base: Path) -> dict:
     """Every row's draft in eyas's loop on the test split (the recipe's eval prompts, the same for every
-    budget), greedy and T = 1 -> {(draft name, temperature): tau}. A draft whose checkpoint is the one that
-    OUT/loop.jsonl already scored (same name, same checkpoint file stamp) is not evaluated again."""
+    budget), greedy and T = 1 -> {(draft name, temperature): tau}. A draft that OUT/loop.jsonl already
+    scored with the same checkpoint (file stamp) and the same eval (the recipe's eval section) is not
+    evaluated again."""
     temps, log = [0.0, 1.0], Path(args.out) / "loop.jsonl"
+    recipe = load_recipe(args.recipe, args.overrides)
+    same_eval = json.dumps(recipe.eval.model_dump(mode="json"), sort_keys=True)
     drafts = {draft_name(r): Path(r["run"]) / layout.FINAL_CHECKPOINT for r in rows}
     stamp = {d: checkpoint_stamp(c) for d, c in drafts.items()}
-    done = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
-    tau = {(x["draft"], x["temperature"]): x["tau"] for x in done if x.get("stamp") == stamp.get(x["draft"])}
+    done = [json.loads(line) for line in log.read_text().splitlines() if line.strip()] if log.exists() else []
+    tau = {
+        (x["draft"], x["temperature"]): x["tau"]
+        for x in done
+        if x.get("stamp") == stamp.get(x["draft"]) and x.get("eval") == same_eval
+    }
     todo = [(d, str(c)) for d, c in drafts.items() if any((d, t) not in tau for t in temps)]
     if todo:
-        recipe = load_recipe(args.recipe, args.overrides)
         new = loop_drafts(recipe, Path(args.out) / "eval", base, todo, temps)
         with open(log, "a") as f:
             for (d, t), v in new.items():
-                print(json.dumps({"draft": d, "temperature": t, "tau": v, "stamp": stamp[d]}), file=f)
+                row = {"draft": d, "temperature": t, "tau": v, "stamp": stamp[d], "eval": same_eval}
+                print(json.dumps(row), file=f)
         tau.update(new)
     return tau
 

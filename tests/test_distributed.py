@@ -381,9 +381,9 @@ def test_muon_under_ddp_and_sequence_parallel_equals_one_process(base):
     grad_accum 2) end with the weights of 1 process with the same global batch. Muon's bf16 orthogonalization
     (float32 on a CPU without bf16) turns fp32 sums taken in another order (2e-6 of a tensor's largest weight
     under AdamW, above) into larger differences: measured on an AVX512-BF16 CPU, DDP 0 and sequence
-    parallelism at most 1.5% of each tensor's largest weight. Held within 5%, where half the global batch
-    (1 process, grad_accum 1: what a rank that skipped the all-reduce would train on) moves every matrix by
-    13-27% (measured): more than 10% is asserted."""
+    parallelism at most 1.5% of each tensor's largest weight. Held within 5%, where a run with half the
+    global batch (1 process, grad_accum 1: other rows in each step, twice the steps) ends 13-27% away in
+    every matrix (measured): more than 10% is asserted, so the 5% tells a different batch apart."""
     muon = "train.optimizer=muon"
     ref = weights(train(base, "muon-single", 1, "train.grad_accum=2", muon))
     for name, over in (("muon-ddp", ["train.grad_accum=1"]), ("muon-sp2", SP2)):

@@ -42,12 +42,12 @@ class Assumptions:
     kept_answer_fraction_harmony: float = 0.5
     # activation memory per token per TTT step, gpt-oss-120b draft dims, bf16, compiled norms/MLP, measured
     # on an H100 (docs/benchmarks.md "TTT step time and memory by sequence length"): T=32K 60.5 GiB peak,
-    # T=64K with checkpoint_layer 38.0 GiB, less the static part (weights, grads, AdamW, embedding, teacher
-    # lm_head) computed below
+    # T=64K with checkpoint_layer 38.0 GiB, less the measured setup's static part (weights, grads, AdamW
+    # with a trained lm_head, embedding, teacher lm_head)
     act_bytes_per_token_step: float = 236e3
     act_bytes_per_token_step_checkpointed: float = 65.6e3
-    # draft training tokens/s on one H100 at TTT 7, gpt-oss-120b draft dims (docs/benchmarks.md, the same
-    # section): 22.3K at T=4K, 15.8K at 32K
+    # draft training tokens/s on one H100 at TTT 7, gpt-oss-120b draft dims, AdamW (docs/benchmarks.md, the
+    # same section; Muon's orthogonalization per step is not in it): 22.3K at T=4K, 15.8K at 32K
     train_tok_s_h100: tuple = ((4096, 22.3e3), (32768, 15.8e3))
     capture_mfu: float = 0.30  # target forward (prefill) at 30% of peak bf16 FLOP/s on the GPU that runs it
     # regeneration, generated tokens/s per target replica on H100s -- assumed, not measured by eyas at this
