@@ -386,7 +386,8 @@ def test_muon_under_ddp_and_sequence_parallel_equals_one_process(base):
     every matrix (measured): more than 10% is asserted, so the 5% tells a different batch apart."""
     muon = "train.optimizer=muon"
     ref = weights(train(base, "muon-single", 1, "train.grad_accum=2", muon))
-    for name, over in (("muon-ddp", ["train.grad_accum=1"]), ("muon-sp2", SP2)):
+    sp2 = ["train.grad_accum=2", "train.sequence_parallel=2"]
+    for name, over in (("muon-ddp", ["train.grad_accum=1"]), ("muon-sp2", sp2)):
         run = train(base, name, 2, muon, *over)
         assert layout.read_done(run, "train")["num_processes"] == 2
         assert_close_weights(weights(run), ref, rel=0.05)
@@ -394,6 +395,3 @@ def test_muon_under_ddp_and_sequence_parallel_equals_one_process(base):
     matrices = [k for k in ref if ref[k].ndim == 2 and "embed" not in k]
     moved = {k: ((half[k] - ref[k]).abs().max() / ref[k].abs().max()).item() for k in matrices}
     assert min(moved.values()) > 0.1, moved
-
-
-SP2 = ["train.grad_accum=2", "train.sequence_parallel=2"]

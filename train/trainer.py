@@ -108,8 +108,13 @@ def build_draft(recipe: Recipe, run_dir: Path, heads: dict[str, torch.Tensor]) -
     draft.set_vocab_map(vocab["d2t"], vocab["t2d"])
     if d.lm_head != "random":  # speculators: lm_head = the target's lm_head[t2d], frozen
         draft.lm_head.weight.data.copy_(heads["lm_head"][vocab["t2d"]].float())
-        draft.lm_head.weight.requires_grad_(d.lm_head == "target")
+        draft.lm_head.weight.requires_grad_(lm_head_trains(d.lm_head))
     return draft
+
+
+def lm_head_trains(lm_head: str) -> bool:
+    """Whether draft.lm_head = `lm_head` leaves the draft's lm_head trainable (target_frozen does not)."""
+    return lm_head != "target_frozen"
 
 
 def lr_lambda(total: int, warmup: int, min_ratio: float):
