@@ -109,9 +109,10 @@ def test_every_vllm_export_of_the_demo_draft_runs_in_vllm_as_in_eyas(
     vllm_python, demo_run, tmp_path, monkeypatch
 ):
     """The demo run's trained draft and the shapes derived from it. First-position acceptance, measured here
-    in both engines: plain 0.843 (floor 0.5), the derived shapes 0.455 (sliding_window) to 0.856
-    (norm_output) (floor 0.1). An untrained draft on the demo target accepts 0.004 drafts per verification at
-    k = 3 (test_demo_e2e: tau 1.004), so it fails both floors and the equal counters say something."""
+    in both engines: plain 0.843 (floor 0.5); norm_before_fc 0.803, aux_id_N 0.814, n_aux_4 0.843,
+    norm_output 0.856, sliding_window 0.455 (floor 0.1). An untrained draft on the demo target accepts 0.004
+    drafts per verification in the loop at k = 4 (test_demo_e2e: tau 1.004), so at most 0.004 at the first
+    position: it fails both floors, and the equal counters say something."""
     draft = load_draft(resolve_checkpoint(demo_run), device="cpu", dtype=torch.float32).eval()
     target = resolve_path(draft.config.target_model)
     model, tok = load_target(target, dtype="float32", device="cpu")
