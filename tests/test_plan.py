@@ -8,6 +8,8 @@ from eyas.plan.report import render
 from eyas.recipes.load import load_recipe
 
 H, V, L, E, I_EXPERT, I_DRAFT, VD = 2880, 201088, 36, 128, 2880, 17280, 32000
+# the draft's hidden matrices: fc, attention (q, k, v, o), MLP
+MATRICES = 3 * H * H + 2 * H * 4096 + 2 * (2 * H * 512) + 4096 * H + 3 * H * I_DRAFT
 
 
 def hand_target():
@@ -29,8 +31,7 @@ def test_gpt_oss_120b_plan_on_8xh100_matches_hand_computation():
     assert p.target.bytes_mxfp4 == experts * 4.25 / 8 + (total - experts) * 2  # 65.25 GB
     assert p.target.bytes_bf16 == 2 * total
     assert p.target_gb_per_gpu["bf16"] == pytest.approx(2 * total / 8 / 1e9)
-    matrices = 3 * H * H + 2 * H * 4096 + 2 * (2 * H * 512) + 4096 * H + 3 * H * I_DRAFT  # fc, attention, MLP
-    draft = matrices + 3 * H + H + 3 * H  # the norms: input_norm (norm_before_fc) over the three aux states
+    draft = MATRICES + 3 * H + H + 3 * H  # the norms: input_norm (norm_before_fc) over the three aux states
     # draft.lm_head: target_frozen: the target's lm_head rows of the draft vocab, frozen
     assert p.draft_trainable == draft == 215_490_240 and p.draft_frozen == V * H + H * VD
     a = Assumptions()
@@ -40,7 +41,7 @@ def test_gpt_oss_120b_plan_on_8xh100_matches_hand_computation():
     assert p.capture_bytes == tokens * 23_045
     # fp32 weights + grads, Muon's momentum on the matrices and AdamW's two moments on the norms; the fp32
     # frozen embedding and lm_head rows; the fp32 teacher lm_head
-    static = 8 * draft + 4 * matrices + 8 * (draft - matrices) + 4 * (V * H + H * VD) + 4 * V * H
+    static = 8 * draft + 4 * MATRICES + 8 * (draft - MATRICES) + 4 * (V * H + H * VD) + 4 * V * H
     assert p.train_gb_per_gpu * 1e9 == pytest.approx(static + a.act_bytes_per_token_step * 4096 * 1 * 5)
     # MXFP4 65.25 GB fits one H100 (72 GB with 10% headroom): 8 replicas, one shard each
     assert (p.replicas, p.gpus_per_replica) == (8, 1)
@@ -98,10 +99,9 @@ def test_training_memory_prices_the_optimizer_and_a_frozen_lm_head(optimizer, lm
     weights (the embedding; the lm_head under target_frozen) + the fp32 teacher lm_head."""
     over = [f"train.optimizer={optimizer}", f"draft.lm_head={lm_head}"]
     p = plan(load_recipe("gpt-oss-120b", over), "8xH100")
-    matrices = 3 * H * H + 2 * H * 4096 + 2 * (2 * H * 512) + 4096 * H + 3 * H * I_DRAFT  # fc, attention, MLP
     norms, head = 7 * H, H * VD
-    trainable = matrices + norms + (head if lm_head == "random" else 0)
-    state = 8 * trainable if optimizer == "adamw" else 4 * matrices + 8 * (trainable - matrices)
+    trainable = MATRICES + norms + (head if lm_head == "random" else 0)
+    state = 8 * trainable if optimizer == "adamw" else 4 * MATRICES + 8 * (trainable - MATRICES)
     frozen = V * H + (head if lm_head == "target_frozen" else 0)
     assert (p.draft_trainable, p.draft_frozen) == (trainable, frozen)
     assert p.train_static_gb * 1e9 == pytest.approx(8 * trainable + state + 4 * frozen + 4 * V * H)
