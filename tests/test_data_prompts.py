@@ -20,8 +20,7 @@ from eyas.layout import read_done
 from eyas.recipes.load import load_recipe
 from eyas.recipes.schema import RecipeError
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
-needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason=f"{SHARED} not present")
+SETS = Path(__file__).resolve().parents[1] / "data" / "sets"  # the public prompt sets in the repository
 
 
 def write_jsonl(path, records):
@@ -153,7 +152,6 @@ def test_hub_dataset_goes_through_load_dataset(monkeypatch):
     assert convs == [[{"role": "user", "content": "u0"}, {"role": "assistant", "content": "a0"}]]
 
 
-@needs_shared
 @pytest.mark.parametrize(
     "name,count,first",
     [
@@ -165,11 +163,13 @@ def test_hub_dataset_goes_through_load_dataset(monkeypatch):
             "highlighting cultural experiences and must-see attractions.",
         ),
         ("gsm8k_test.jsonl", 1319, "Janet\u2019s ducks lay 16 eggs per day."),
+        ("gsm8k_train.jsonl", 7473, "Natalia sold clips to 48 of her friends in April"),
         ("humaneval.jsonl", 164, "from typing import List\n\n\ndef has_close_elements("),
     ],
 )
-def test_real_shared_files(name, count, first):
-    convs = load_conversations(str(SHARED / name))
+def test_the_repositorys_prompt_sets(name, count, first):
+    """data/sets: each file's record count and first prompt (data/sets/README.md), read as recipes read it."""
+    convs = load_conversations(str(SETS / name))
     assert len(convs) == count
     assert prompt_messages(convs[0])[0]["content"].startswith(first)
     assert all(prompt_messages(c)[-1]["role"] == "user" for c in convs)

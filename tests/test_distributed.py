@@ -205,11 +205,11 @@ SHARDED = [("fsdp2", "pytorch_model_fsdp_0"), ("zero2", "pytorch_model"), ("zero
 
 
 @pytest.mark.parametrize("config,state_dir", SHARDED, ids=[c for c, _ in SHARDED])
-def test_sharded_training_equals_one_process(base, one_proc, config, state_dir):
+def test_sharded_training_equals_one_process(base, one_proc, config, state_dir, request):
     """FSDP2 / DeepSpeed through the shipped accelerate configs: the same steps, tokens and schedule as the
     1-process run, the full weights gathered into the final checkpoint, the saved state sharded."""
     if config.startswith("zero"):
-        pytest.importorskip("deepspeed")
+        request.getfixturevalue("deepspeed")  # skipped without it, but in CI
     run = train(base, config, 2, "train.grad_accum=1", config=config)
     done, ref = layout.read_done(run, "train"), layout.read_done(one_proc, "train")
     assert done["num_processes"] == 2
@@ -262,9 +262,9 @@ def kill_and_resume(base, name: str, over: tuple, config=None, total=None):
 
 
 @pytest.mark.parametrize("config", [None, "fsdp2", "zero3"], ids=["ddp", "fsdp2", "zero3"])
-def test_killed_two_process_run_resumes_to_the_same_weights(base, two_procs, config):
+def test_killed_two_process_run_resumes_to_the_same_weights(base, two_procs, config, request):
     if config == "zero3":
-        pytest.importorskip("deepspeed")
+        request.getfixturevalue("deepspeed")  # skipped without it, but in CI
     over = ("train.grad_accum=1", "train.save_every=2")
     total = layout.read_done(two_procs, "train")["steps"]
     run = kill_and_resume(base, f"killed-{config or 'ddp'}", over, config, total)
@@ -278,7 +278,7 @@ def test_killed_two_process_run_resumes_to_the_same_weights(base, two_procs, con
         assert torch.equal(a[k], b[k]), k
 
 
-def test_online_sequence_parallel_equals_one_process(base):
+def test_online_sequence_parallel_equals_one_process(deepspeed, base):
     """capture.mode online with train.sequence_parallel=2: each process runs the target over the whole row and
     keeps its shard; the weights equal a 1-process online run's (within 2e-6)."""
     online_base(base)
@@ -289,7 +289,7 @@ def test_online_sequence_parallel_equals_one_process(base):
     assert_close_weights(weights(sp), weights(one))
 
 
-def test_killed_sequence_parallel_run_resumes_to_the_same_weights(base, one_proc):
+def test_killed_sequence_parallel_run_resumes_to_the_same_weights(deepspeed, base, one_proc):
     """train.sequence_parallel=2 on 2 processes, killed after a save and re-run: the bit-identical weights of
     the uninterrupted sequence-parallel run."""
     over = ("train.grad_accum=2", "train.sequence_parallel=2", "train.save_every=2")
@@ -346,7 +346,7 @@ def test_micro_batches_cover_every_row_once_per_epoch(rows, b, a, world):
     assert epoch_micro_batches(rows, b, a, world, 0, seed=3, epoch=2) != per[0] or rows <= b
 
 
-def test_sequence_parallel_equals_one_process(base, one_proc):
+def test_sequence_parallel_equals_one_process(deepspeed, base, one_proc):
     """train.sequence_parallel=2 (each row over 2 processes, train/sequence_parallel.py), on 2 processes
     (P = 2, D = 1) with grad_accum 2 and on 4 (P = 2 x D = 2) with grad_accum 1: the steps, tokens and
     validation of the 1-process run with the same global batch, its logged losses (D = 1; within 1e-5), and
@@ -375,7 +375,7 @@ def test_sequence_parallel_equals_one_process(base, one_proc):
         assert_close_weights(weights(run), weights(one_proc))
 
 
-def test_muon_under_ddp_and_sequence_parallel_equals_one_process(base):
+def test_muon_under_ddp_and_sequence_parallel_equals_one_process(deepspeed, base):
     """train.optimizer=muon (the gpt-oss recipes' optimizer) orthogonalizes each whole matrix after the
     gradients are reduced: 2 DDP processes (grad_accum 1) and a row over 2 processes (sequence_parallel 2,
     grad_accum 2) end with the weights of 1 process with the same global batch. Muon's bf16 orthogonalization

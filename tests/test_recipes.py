@@ -1,5 +1,7 @@
 """Recipe validation: unknown keys, wrong types and impossible values are errors naming the key."""
 
+from pathlib import Path
+
 import pytest
 import yaml
 
@@ -11,6 +13,9 @@ from eyas.recipes.load import (
     parse_overrides,
 )
 from eyas.recipes.schema import PromptSource, Recipe, RecipeError
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPES = ROOT / "recipes"
 
 
 def test_demo_recipe_loads():
@@ -179,6 +184,22 @@ def test_shipped_gpt_oss_variants(model, layers, ids):
     assert [v["throughput"].eval.k, *v["throughput"].eval.more_k] == [1, 2]
 
 
+@pytest.mark.parametrize("name", sorted(p.stem for p in RECIPES.glob("*.yaml")))
+def test_shipped_recipes_read_files_inside_the_repository_only(name):
+    """Every file a shipped recipe names (data.prompts, eval.benchmarks) exists inside the repository, read
+    from its root as the README's commands run: a fresh clone has nothing beside it (data/sets/README.md)."""
+    r = load_recipe(name)
+    prompts = r.data.prompts if isinstance(r.data.prompts, list) else [PromptSource(r.data.prompts)]
+    named = [p.source for p in prompts] + list(r.eval.benchmarks.values())
+    # (eyas-demo/...: the demo target's own files, which eyas builds into its cache: data/target.py)
+    files = [s for s in named if s.endswith((".jsonl", ".json")) and not s.startswith("eyas-demo/")]
+    for f in files:
+        path = (ROOT / f).resolve()
+        assert path.is_relative_to(ROOT) and path.is_file(), f"{name}: {f}"
+    if name.startswith("smollm2"):
+        assert files, "the SmolLM2 recipes read the repository's prompt sets"
+
+
 def test_cli_overrides_after_options(tmp_path, capsys):
     """`eyas <stage> RECIPE --out DIR key=value` and `eyas <stage> RECIPE key=value --out DIR` agree;
     a bad override is a recipe error naming the key, before any work."""
@@ -194,7 +215,7 @@ def test_cli_overrides_after_options(tmp_path, capsys):
 MIXED = {
     "prompts": [
         {"source": "HuggingFaceH4/ultrachat_200k", "split": "train_sft", "weight": 3},
-        {"source": "../shared/data/sharegpt.jsonl", "weight": 1, "name": "sharegpt"},
+        {"source": "data/sets/sharegpt.jsonl", "weight": 1, "name": "sharegpt"},
     ]
 }
 
@@ -225,7 +246,7 @@ def test_prompt_sources_round_trip_through_dump():
     again = load_recipe(yaml.safe_load(dump_recipe(r)))
     assert again == r and isinstance(again.data.prompts[0], PromptSource)
     assert again.to_dict()["data"]["prompts"][1] == {
-        "source": "../shared/data/sharegpt.jsonl",
+        "source": "data/sets/sharegpt.jsonl",
         "split": "train",
         "hub_config": None,
         "weight": 1.0,

@@ -23,7 +23,7 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_a_row_over_p_processes_equals_one_process(tmp_path, case):
+def test_a_row_over_p_processes_equals_one_process(deepspeed, tmp_path, case):
     P, T, opts = CASES[case]
     out = tmp_path / "result.json"
     cmd = [

@@ -197,7 +197,7 @@ def test_online_training_from_vllm_equals_offline_and_resumes_after_a_producer_d
     assert_same_steps(resumed, online, rel=1e-5)
 
 
-def test_online_vllm_under_sequence_parallelism_asks_for_each_row_once(vllm_python, regenerated):
+def test_online_vllm_under_sequence_parallelism_asks_for_each_row_once(deepspeed, vllm_python, regenerated):
     """train.sequence_parallel=2 on 2 processes (torchrun, both on core 1) fed by one vLLM producer (core 0):
     the group's first process asks for each row and broadcasts its states to the other, which keeps its own
     window of them. The log's losses and accuracies equal one process's online run within 1e-5 (relative,
