@@ -178,6 +178,12 @@ def input_device(model: nn.Module) -> torch.device:
     return emb.weight.device
 
 
+def compute_dtype(model: nn.Module) -> torch.dtype:
+    """The dtype a target computes in: its first floating-point parameter's (an MXFP4 target dequantized by
+    transformers: bf16)."""
+    return next(p for p in model.parameters() if p.is_floating_point()).dtype
+
+
 def stored_as_mxfp4(cfg) -> bool:
     """Whether a checkpoint's config says its weights are MXFP4 (gpt-oss: the MoE experts)."""
     q = getattr(cfg, "quantization_config", None)

@@ -8,10 +8,12 @@ For every benchmark x temperature x concurrency x draft x shape (chain k or tree
       TTFT / ITL / TPOT percentiles;
     - the same engine without a draft, at the same concurrency and temperature: the baseline;
     - at temperature 0 every output is checked token for token against the target's plain greedy
-      output (Hugging Face `generate`); where one parts from it, the target is computed again at that
-      token the loop's way and plain decoding's (eval/verdict.py): `lossless` unless a parting is a
-      failure (the target, computed the loop's way, would not emit the loop's token); partings where
-      the target's own computations disagree (bf16) are counted as numerical, with their gaps.
+      output (Hugging Face `generate`; eval.check_lossless: false skips the references and the check,
+      and the report says so). In fp32 any parting is a failure: `lossless` only where every output is
+      the reference. In bf16 / fp16 the target is computed again at a parting the loop's way and plain
+      decoding's (eval/verdict.py): `lossless` unless a parting is a failure (the target, computed the
+      loop's way, would not emit the loop's token); partings where the target's own computations
+      disagree are counted as numerical, with their gaps.
 Then a cost model fitted to every iteration predicts each k / tree at each concurrency and
 recommends one (eval/advice.py). Writes RUN/report.json, RUN/report.md and the PNG plots.
 
@@ -36,7 +38,7 @@ from tqdm.auto import tqdm
 from eyas import io, layout
 from eyas.data import chat
 from eyas.data.splits import SPLITS
-from eyas.data.target import describe_placement, input_device, load_recipe_target
+from eyas.data.target import compute_dtype, describe_placement, input_device, load_recipe_target
 from eyas.errors import InputError
 from eyas.eval import advice
 from eyas.eval.benchmarks import Benchmark, held_out, load_benchmark, tuning
@@ -310,7 +312,7 @@ def measure(
     for bench in benches:
         prompts = render_prompts(recipe, tok, bench, sweep.efforts)
         refs = None
-        if 0.0 in settings.temperatures:
+        if 0.0 in settings.temperatures and ev.check_lossless:
             refs, entropies = greedy_references(model, prompts, ev.max_new_tokens, eos)
             sweep.entropies += entropies
         for temp in settings.temperatures:
@@ -396,11 +398,15 @@ def measure_point(
 
 
 def classified(model: torch.nn.Module, point: Point, res: LoadResult, width: int) -> dict:
-    """A greedy row's partings from the target's greedy outputs, each classified (eval/verdict.py): lossless
-    with no failure; the numerical ones counted, with their gaps."""
+    """A greedy row's partings from the target's greedy outputs (eval/verdict.py): lossless with no failure.
+    In fp32, where the loop is exact, every parting is a failure; otherwise each is classified, the numerical
+    ones counted with their gaps."""
     from eyas.eval.verdict import verdict
 
-    numerical, failures, partings = verdict(model, point.prompts, res.outputs, point.refs, res.emitted, width)
+    exact = compute_dtype(model) == torch.float32
+    numerical, failures, partings = verdict(
+        model, point.prompts, res.outputs, point.refs, res.emitted, width, exact
+    )
     return {
         "lossless": failures == 0,
         "numerical_partings": numerical,
@@ -464,6 +470,7 @@ def build_report(
             "top_p": ev.top_p,
             "top_k": ev.top_k,
             "seed": ev.seed,
+            "check_lossless": ev.check_lossless,
             "reasoning_effort_mix": dict(sorted(sweep.efforts.items())) or None,
             "servers": [{"name": n, "url": u} for n, u in settings.servers],
         },

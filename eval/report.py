@@ -18,7 +18,10 @@ def shape_label(r: dict) -> str:
 
 def report_markdown(r: dict) -> str:
     s = r["eval_settings"]
+    unchecked = s.get("check_lossless") is False and 0.0 in s["temperatures"]
     lossless = {True: "true", False: "**false**", None: "— (no greedy rows)"}[r["lossless"]]
+    if unchecked:
+        lossless = "not checked (eval.check_lossless: false)"
     lines = [
         "# eyas evaluation report",
         "",

@@ -1,4 +1,5 @@
-"""The loop's lossless verdict where the target computes in bf16: a parting classified, not just counted.
+"""The loop's lossless verdict: in fp32 a parting is a failure; where the target computes in bf16 (or fp16),
+a parting is classified, not just counted.
 
 Greedy speculative decoding must emit exactly the target's plain greedy output. In fp32 it does, token for
 token. In bf16 it may not, with no bug anywhere: the loop computes every token's logits and cache entries
@@ -20,7 +21,8 @@ speculative output parts from the greedy reference, the target is computed again
 
 `gap` is plain decoding's lead of its token over the loop's (logits), `shift` how far the verification's
 way moves that margin. The report says lossless only with no failure, and gives the numerical partings with
-their gaps.
+their gaps. In fp32 (`exact`) nothing is classified: the loop is exact there, so every parting is a failure,
+a near-tie included (its small gap is what a loop bug that flips near-ties shows).
 """
 
 from __future__ import annotations
@@ -107,9 +109,17 @@ def computations(
 
 
 def classify(
-    model, prompt: list[int], output: list[int], reference: list[int], emitted: list[int], width: int, index=0
+    model,
+    prompt: list[int],
+    output: list[int],
+    reference: list[int],
+    emitted: list[int],
+    width: int,
+    index=0,
+    exact: bool = False,
 ) -> Parting | None:
-    """The parting of a greedy speculative `output` from the greedy `reference` (None: equal)."""
+    """The parting of a greedy speculative `output` from the greedy `reference` (None: equal). `exact` (an
+    fp32 target): a failure whatever the computations say, with its gap and shift."""
     at = first_difference(output, reference)
     if at is None:
         return None
@@ -120,18 +130,21 @@ def classify(
     ways = computations(model, prompt, output, at, round_start(emitted, at), width)
     margins = {k: float(v[mine] - v[theirs]) for k, v in ways.items()}
     own = any(int(ways[k].argmax()) == mine for k in ("verification", "stepped"))
-    kind = "numerical" if own else "failure"
+    kind = "numerical" if own and not exact else "failure"
     return Parting(
         index, at, mine, theirs, -margins["plain"], margins["verification"] - margins["plain"], kind
     )
 
 
-def verdict(model, prompts, outputs, references, emitted, width: int) -> tuple[int, int, list[dict]]:
-    """Every prompt's parting, classified -> (numerical partings, failures, the partings as dicts)."""
+def verdict(
+    model, prompts, outputs, references, emitted, width: int, exact: bool = False
+) -> tuple[int, int, list[dict]]:
+    """Every prompt's parting, classified (`exact`: each a failure) -> (numerical partings, failures, the
+    partings as dicts)."""
     found = [
         p
         for i, (pr, o, r, e) in enumerate(zip(prompts, outputs, references, emitted))
-        if (p := classify(model, pr, o, r, e, width, i)) is not None
+        if (p := classify(model, pr, o, r, e, width, i, exact)) is not None
     ]
     return (
         sum(p.kind == "numerical" for p in found),

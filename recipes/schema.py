@@ -316,7 +316,11 @@ class EvalSection(Section):
     target_dtype: Dtype | None = Field(
         None, description="the target's dtype in the loop (null: target.dtype); float32: exact lossless check"
     )
-    check_lossless: bool = Field(True, description="check that greedy output is the target's own")
+    check_lossless: bool = Field(
+        True,
+        description="at temperature 0, check every output against the target's plain greedy output (false: "
+        "no references computed, the report says not checked)",
+    )
 
     @model_validator(mode="after")
     def _levels(self) -> "EvalSection":

@@ -412,6 +412,23 @@ def test_eval_prompts_carry_the_reasoning_effort_mix(setup, full_run, tmp_path, 
     assert report["eval_settings"]["reasoning_effort_mix"] == dict(sorted(Counter(expected).items()))
 
 
+def test_check_lossless_false_skips_the_references_and_says_so(setup, full_run, tmp_path):
+    """eval.check_lossless: false computes no greedy references and no verdict: no row says lossless or not,
+    and report.md says the check did not run (the default checks: test_full_run_report)."""
+    import shutil
+
+    from eyas.eval.evaluate import run_eval
+
+    _, target, prompts = setup
+    run = shutil.copytree(full_run, tmp_path / "run")
+    recipe = recipe_for(target, prompts, eval={"check_lossless": False})
+    report = run_eval(recipe, run, ks=[2], concurrency=[1], temperatures=[0.0], progress=False, force=True)
+    assert report["lossless"] is None and report["eval_settings"]["check_lossless"] is False
+    assert all(r["lossless"] is None and "partings" not in r for r in report["results"])
+    assert report["target_entropy"] is None  # read off the references, which were not computed
+    assert "- lossless: not checked (eval.check_lossless: false)" in (run / "report.md").read_text()
+
+
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
 def test_training_resumes_to_identical_weights(setup, monkeypatch, optimizer):
     """A crash after the step-2 state save, then a re-run, gives the same draft as no crash (Muon + AdamW:

@@ -1,11 +1,17 @@
-"""The greedy loop's verdict in bf16 (eval/verdict.py): where a speculative output parts from plain greedy
-decoding, the parting is classified from the target computed again at that token, numerical (the target's
-own computations disagree there) or a failure (the target would not emit the loop's token)."""
+"""The greedy loop's verdict (eval/verdict.py): in fp32 any parting from plain greedy decoding is a failure;
+in bf16 the parting is classified from the target computed again at that token, numerical (the target's own
+computations disagree there) or a failure (the target would not emit the loop's token)."""
+
+import copy
 
 import pytest
 import torch
 from tiny_targets import draft_for, tiny_gpt_oss
+from tqdm import tqdm
 
+from eyas.data.target import compute_dtype
+from eyas.eval.benchmarks import Benchmark
+from eyas.eval.evaluate import Point, Settings, Sweep, measure_point
 from eyas.eval.load import run_engine
 from eyas.eval.report import partings_note
 from eyas.eval.verdict import classify, verdict
@@ -53,6 +59,7 @@ def test_real_bf16_partings_are_numerical_and_fp32_has_none():
     res = loop(target, draft, prompts)
     assert res.outputs == [greedy_generate(target, p, T)[0] for p in prompts]  # fp32: exact
     target, draft = target.to(torch.bfloat16), draft.to(torch.bfloat16)
+    assert compute_dtype(target) == torch.bfloat16 == draft.fc.weight.dtype
     refs = [greedy_generate(target, p, T)[0] for p in prompts]
     res = loop(target, draft, prompts)
     numerical, failures, partings = verdict(target, prompts, res.outputs, refs, res.emitted, K + 1)
@@ -71,7 +78,9 @@ def test_an_injected_wrong_token_is_a_failure(demo_target_bf16):
     """The demo target in bf16 and the loop's own output, exact here, with one token replaced by one the
     target ranks low: a failure, with its gap; the report is then not lossless."""
     target, prompt = demo_target_bf16
-    draft = draft_for(target.float(), 0).to(target.dtype)  # any draft: the verdict reads the target
+    # any draft (the verdict reads the target), built on an fp32 copy: .float() would convert the fixture
+    draft = draft_for(copy.deepcopy(target).float(), 0).to(torch.bfloat16)
+    assert compute_dtype(target) == torch.bfloat16 == draft.fc.weight.dtype  # the bf16 verdict, in bf16
     res = loop(target, draft, [prompt])
     ref = greedy_generate(target, prompt, T)[0]
     assert res.outputs == [ref] and len(ref) > 12
@@ -85,3 +94,47 @@ def test_an_injected_wrong_token_is_a_failure(demo_target_bf16):
     assert p.gap > 1.0 and p.gap == pytest.approx(float(logits[ref[at]] - logits[wrong]), abs=0.25)
     numerical, failures, _ = verdict(target, [prompt], [bad], [ref], res.emitted, K + 1)
     assert (numerical, failures) == (0, 1)
+
+
+def test_an_fp32_near_tie_parting_is_a_failure():
+    """In fp32 the loop is exact, so a parting is a failure however close the tie: the loop's own output on a
+    random fp32 gpt-oss against a reference that takes the runner-up where the output's top two logits are
+    closest (what a loop bug flipping near-ties would emit). The row, measured by eval's measure_point, is
+    reported not lossless, the parting a failure with its small gap. The classifier bf16 targets get would
+    have called it numerical (the loop's token is the fp32 target's own first choice): that was the hole."""
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(2, 128, (20 + i,), generator=g).tolist() for i in range(4)]
+    target = tiny_gpt_oss(seed=0, layers=4, hidden=128, window=8)
+    draft = draft_for(target, 0)
+    assert compute_dtype(target) == torch.float32
+    out = loop(target, draft, prompts).outputs[0]
+    with torch.no_grad():
+        logits = target(torch.tensor([prompts[0] + out])).logits[0, len(prompts[0]) - 1 : -1]
+    top = logits.topk(2)
+    gaps = top.values[:, 0] - top.values[:, 1]
+    at = int(gaps.argmin())
+    assert int(top.indices[at, 0]) == out[at]
+    ref = out[:at] + [int(top.indices[at, 1])]
+    params = [SamplingParams(temperature=0, max_tokens=T) for _ in prompts]
+    refs = [ref] + [greedy_generate(target, p, T)[0] for p in prompts[1:]]
+    bench = Benchmark("t", "t", [[]] * len(prompts), [None] * len(prompts))
+    point = Point(bench, prompts, params, refs, 0.0, 1)
+    settings = Settings([("d", "")], [K], [TreeShape.chain(K)], [1], [0.0], [])
+    sweep = Sweep()
+    measure_point(target, set(), [("d", draft)], settings, point, tqdm(disable=True), sweep)
+    row = sweep.results[0]
+    assert (row["lossless"], row["num_mismatched"], row["failures"], row["numerical_partings"]) == (
+        False,
+        1,
+        1,
+        0,
+    )
+    (p,) = row["partings"]
+    assert (p["prompt"], p["at"], p["loop_token"], p["kind"]) == (0, at, out[at], "failure")
+    assert p["gap"] == pytest.approx(
+        -float(gaps[at]), abs=1e-4
+    )  # plain decoding ranks the loop's token first
+    emitted = loop(target, draft, prompts[:1]).emitted[0]
+    assert (
+        classify(target, prompts[0], out, ref, emitted, K + 1).kind == "numerical"
+    )  # bf16's rule: not exact

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from eyas.data.target import HiddenStateTap, decoder_layers, input_device
+from eyas.data.target import HiddenStateTap, compute_dtype, decoder_layers, input_device
 from eyas.serve.decoding import masks as M
 from eyas.serve.decoding.cache import RowKVCache
 from eyas.serve.decoding.sampling import RowSampling, SamplingParams, sample, verify
@@ -120,7 +120,7 @@ class Engine:
                 f"the draft is on {draft.fc.weight.device}; the serving loop runs it on the target's "
                 f"input device, {self.device} (data.target.input_device(target)): load it there"
             )
-        self.dtype = next(p for p in target.parameters() if p.is_floating_point()).dtype
+        self.dtype = compute_dtype(target)
         self.max_batch = max_batch
         self.eos_ids = set(int(e) for e in eos_ids)
         self.prefill_tokens = prefill_tokens
