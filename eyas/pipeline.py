@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 
 from eyas import io, layout
-from eyas.recipes.load import check_against_target, dump_recipe, load_recipe
+from eyas.recipes.load import changed_keys, check_against_target, dump_recipe, load_recipe
 from eyas.recipes.schema import Recipe, RecipeError
 from eyas.stages import SHARDED, STAGE_KEYS, STAGE_ORDER, stage_fn
 
@@ -26,24 +26,6 @@ def check_target(recipe: Recipe) -> list[int]:
 
     cfg = text_config(load_target_config(recipe.target.model, recipe.target.trust_remote_code))
     return check_against_target(recipe, cfg.num_hidden_layers, cfg.vocab_size)
-
-
-def _diff(a: dict, b: dict, prefix: str = "", defaults: dict | None = None) -> list[str]:
-    """Keys whose values differ between a saved recipe section `a` and `b`. A key the saved recipe lacks
-    (added to the schema after the run was made) counts as its default."""
-    keys, defaults = [], defaults or {}
-    for k in sorted(set(a) | set(b)):
-        va, vb = a.get(k, defaults.get(k)), b.get(k)
-        if isinstance(va, dict) and isinstance(vb, dict):
-            keys += _diff(
-                va, vb, f"{prefix}{k}.", defaults.get(k) if isinstance(defaults.get(k), dict) else None
-            )
-        elif va != vb:
-            keys.append(f"{prefix}{k}")
-    return keys
-
-
-DEFAULTS = Recipe().to_dict()  # what a key missing from an older run's saved recipe.yaml meant
 
 
 def prepare_run(recipe: Recipe, run_dir: str | Path, redo: tuple[str, ...] = ()) -> Path:
@@ -57,11 +39,7 @@ def prepare_run(recipe: Recipe, run_dir: str | Path, redo: tuple[str, ...] = ())
         for stage in STAGE_ORDER:
             if not layout.is_done(run_dir, stage) or stage in redo:
                 continue
-            changed = [
-                k
-                for sec in STAGE_KEYS[stage]
-                for k in _diff(saved.get(sec, {}), new[sec], f"{sec}.", DEFAULTS.get(sec))
-            ]
+            changed = changed_keys(saved, new, STAGE_KEYS[stage])
             if changed:
                 raise RecipeError(
                     f"{run_dir}: stage '{stage}' is finished with a different recipe ({', '.join(changed)} "

@@ -152,6 +152,29 @@ def dump_recipe(r: Recipe) -> str:
 # ------------------------------------------------------------------ against the target
 
 
+def _diff(a: dict, b: dict, prefix: str = "", defaults: dict | None = None) -> list[str]:
+    """Keys whose values differ between a saved recipe section `a` and `b`. A key the saved recipe lacks
+    (added to the schema after the run was made) counts as its default."""
+    keys, defaults = [], defaults or {}
+    for k in sorted(set(a) | set(b)):
+        va, vb = a.get(k, defaults.get(k)), b.get(k)
+        if isinstance(va, dict) and isinstance(vb, dict):
+            keys += _diff(
+                va, vb, f"{prefix}{k}.", defaults.get(k) if isinstance(defaults.get(k), dict) else None
+            )
+        elif va != vb:
+            keys.append(f"{prefix}{k}")
+    return keys
+
+
+def changed_keys(saved: dict, new: dict, sections: tuple[str, ...]) -> list[str]:
+    """The dotted keys of `sections` whose values differ between a saved recipe dict and `new` (both as
+    Recipe.to_dict gives them); a key the saved one lacks (added to the schema since) counts as its
+    default."""
+    defaults = Recipe().to_dict()
+    return [k for sec in sections for k in _diff(saved.get(sec, {}), new[sec], f"{sec}.", defaults.get(sec))]
+
+
 def default_aux_layer_ids(num_layers: int) -> list[int]:
     """vLLM's default EAGLE-3 aux layers: inputs of layers [2, N//2, N-3]; for tiny targets three distinct
     ids where possible (vLLM and SGLang build fc for exactly 3), never 0 (engines count from layer 0's

@@ -11,7 +11,7 @@
   processes) training ends with the weights of the 1-process run, within 2e-6 of each tensor's
   largest weight, and the full weights are gathered from the shards into the final checkpoint;
 * `capture.mode: online` (the target runs inside training) on 2 processes equals 1 process the same way;
-* a 2-process run killed (SIGKILL, the whole process group) after a state save resumes to the
+* a 2-process run killed (SIGKILL: the launcher and each worker) after a state save resumes to the
   bit-identical weights of an uninterrupted 2-process run: DDP, and FSDP2 and ZeRO-3, whose saved
   state is sharded;
 * SIGTERM to torchrun: both ranks stop at the same step and save it; the re-run resumes to the same weights;
@@ -233,9 +233,28 @@ def test_accelerate_launch_with_the_shipped_ddp_config(base, two_procs):
         assert torch.equal(a[k], b[k]), k
 
 
-def kill_and_resume(base, name: str, over: tuple, config=None, total=None):
+def kill_launch(proc: subprocess.Popen) -> None:
+    """SIGKILL a launcher and every worker it started. torchrun starts each worker in a session of its own
+    (torch.distributed.elastic's SubprocessHandler: start_new_session), so killing the launcher's process
+    group leaves the workers training to the end; each is killed by pid, and waited for."""
+    import psutil
+
+    workers = psutil.Process(proc.pid).children(recursive=True)
+    os.killpg(proc.pid, signal.SIGKILL)
+    for w in workers:
+        try:
+            w.kill()
+        except psutil.NoSuchProcess:
+            pass
+    proc.wait()
+    psutil.wait_procs(workers, timeout=60)
+    assert not any(w.is_running() and w.status() != psutil.STATUS_ZOMBIE for w in workers)
+
+
+def kill_and_resume(base, name: str, over: tuple, config=None, total=None, refusals=()):
     """A 2-process run SIGKILLed (torchrun and both workers) after its first state save, then re-run: it
-    resumes from the saved step and logs every step once -> the run."""
+    resumes from the saved step and logs every step once -> the run. `refusals`: (processes, overrides, the
+    error's changes) that a resume must refuse first (train/state.py)."""
     root, recipe = base
     run = root / name
     shutil.copytree(root / "base", run)
@@ -250,15 +269,31 @@ def kill_and_resume(base, name: str, over: tuple, config=None, total=None):
     deadline = time.time() + 300
     while not step_file.is_file() and proc.poll() is None and time.time() < deadline:
         time.sleep(0.01)
-    os.killpg(proc.pid, signal.SIGKILL)  # torchrun and both workers, mid-run
-    proc.wait()
+    kill_launch(proc)  # torchrun and both workers, mid-run
     assert not layout.is_done(run, "train"), "the run finished before it could be killed"
     saved = json.loads(step_file.read_text())["step"]
     assert 2 <= saved < total
+    for nproc, changed, changes in refusals:
+        assert_resume_refused(base, run, saved, nproc, [*over, *changed], changes)
     train(base, name, 2, *over, config=config)  # resumes from the saved step
     log = [json.loads(x) for x in (run / "train" / "log.jsonl").read_text().splitlines()]
     assert [e["step"] for e in log if "loss" in e] == list(range(1, total + 1))  # steps redone: logged once
     return run
+
+
+def assert_resume_refused(base, run, saved, nproc, over, changes):
+    """Resuming a killed run's state on `nproc` processes with `over`: one `eyas: error:` line naming the
+    `changes`, the saved state untouched."""
+    root, recipe = base
+    state = run / "train" / "state"
+    before = {p.name: p.stat().st_mtime_ns for p in state.iterdir()}
+    r = subprocess.run(
+        command(recipe, run, nproc, *over), env=ENV, capture_output=True, text=True, timeout=600
+    )
+    lines = {x for x in r.stderr.splitlines() if x.startswith("eyas: error:")}  # (each process prints it)
+    assert r.returncode != 0 and len(lines) == 1, r.stderr[-3000:]
+    assert f"saved at step {saved} with another layout ({changes})" in lines.pop()
+    assert {p.name: p.stat().st_mtime_ns for p in state.iterdir()} == before
 
 
 @pytest.mark.parametrize("config", [None, "fsdp2", "zero3"], ids=["ddp", "fsdp2", "zero3"])
@@ -267,7 +302,11 @@ def test_killed_two_process_run_resumes_to_the_same_weights(base, two_procs, con
         request.getfixturevalue("deepspeed")  # skipped without it, but in CI
     over = ("train.grad_accum=1", "train.save_every=2")
     total = layout.read_done(two_procs, "train")["steps"]
-    run = kill_and_resume(base, f"killed-{config or 'ddp'}", over, config, total)
+    # DDP: the same global batch on 1 process (accumulating 2) deals rows otherwise: refused
+    refusals = (
+        [(1, ["train.grad_accum=2"], "num_processes 2 -> 1; train.grad_accum 1 -> 2")] if not config else []
+    )
+    run = kill_and_resume(base, f"killed-{config or 'ddp'}", over, config, total, refusals)
     # against the uninterrupted run of the same launcher (DDP: two_procs; the others ran in the test above,
     # or run here when this test runs alone)
     uninterrupted = (
@@ -294,7 +333,15 @@ def test_killed_sequence_parallel_run_resumes_to_the_same_weights(deepspeed, bas
     the uninterrupted sequence-parallel run."""
     over = ("train.grad_accum=2", "train.sequence_parallel=2", "train.save_every=2")
     total = layout.read_done(one_proc, "train")["steps"]
-    run = kill_and_resume(base, "killed-sp2", over, None, total)
+    # each row over 2 processes, resumed with each process on its own rows (the same global batch): refused
+    refusals = [
+        (
+            2,
+            ["train.sequence_parallel=1", "train.grad_accum=1"],
+            "train.grad_accum 2 -> 1; train.sequence_parallel 2 -> 1",
+        )
+    ]
+    run = kill_and_resume(base, "killed-sp2", over, None, total, refusals)
     a, b = weights(run), weights(train(base, "sp2-2", 2, *over[:2]))
     for k in a:
         assert torch.equal(a[k], b[k]), k

@@ -256,6 +256,29 @@ def gguf_architecture(base, tmp_path, capsys, monkeypatch):
     return status, line.replace(f"transformers {transformers.__version__}", "transformers VERSION")
 
 
+def resume_layout_changed(base, tmp_path, capsys, monkeypatch):
+    """A training stopped after its step-2 save (a crash in step 3's forward), re-run accumulating 2
+    micro-batches a step instead of 1: the saved state's rows were dealt otherwise."""
+    import eyas.train.ttt as ttt_mod
+
+    run = copy_run(base, tmp_path / "RUN")
+    over = ["train.max_steps=4", "train.save_every=2"]
+    real, calls = ttt_mod.TTTModule.forward, {"n": 0}
+
+    def crash_at_step_3(self, *a, **k):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("simulated crash")
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(ttt_mod.TTTModule, "forward", crash_at_step_3)
+    assert main(["train", str(run), "--no-progress", *over]) == 1  # a bug: its traceback kept
+    assert "simulated crash" in capsys.readouterr().err
+    monkeypatch.setattr(ttt_mod.TTTModule, "forward", real)
+    assert json.loads((run / "train" / "state" / "step.json").read_text())["step"] == 2
+    return main(["train", str(run), "--no-progress", *over, "train.grad_accum=2"]), error_line(capsys)
+
+
 SCENARIOS = [
     unknown_key,
     model_missing,
@@ -274,6 +297,7 @@ SCENARIOS = [
     gguf_missing,
     gguf_truncated,
     gguf_architecture,
+    resume_layout_changed,
 ]
 
 

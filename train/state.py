@@ -1,6 +1,12 @@
 """Training's saved state, for resuming: RUN/train/state/ holds what accelerate saves (the draft, the
 optimizer and the scheduler, sharded under FSDP2 / DeepSpeed, each process's RNG) and step.json
-({"step": optimizer steps done, "tokens": tokens trained on over all processes}).
+({"step": optimizer steps done, "tokens": tokens trained on over all processes, "layout": what dealt the rows
+and set the schedule: the process count and the recipe's draft and train sections}).
+
+A resume is exact or refused: with another process count, or another value of a key that deals rows or shapes
+the schedule and the model (train.grad_accum, train.sequence_parallel, train.batch_size, train.epochs, ...;
+every draft and train key but RESUME_FREE's), the re-deal would repeat some rows and skip others, so
+`load_latest` raises one error naming the keys, before anything is loaded.
 
 Every process writes its part into one temporary directory (the main process's `io.atomic_dir`, its
 name broadcast to the others), which replaces state/ once all have finished: a kill or a full disk
@@ -25,6 +31,45 @@ if TYPE_CHECKING:
     from accelerate import Accelerator
 
 STEP = "step.json"
+# keys a resumed run may change: when to log, save and validate, and how to compute; not what is trained
+RESUME_FREE = {
+    "train.log_every",
+    "train.save_every",
+    "train.val_every",
+    "train.report_to",
+    "train.num_workers",
+    "train.compile",
+    "train.checkpoint_layer",
+    "train.attention",
+}
+LAYOUT_SECTIONS = ("draft", "train")
+
+
+def resume_layout(num_processes: int, recipe: dict) -> dict:
+    """What a saved state must be resumed with: the process count, the recipe's draft and train sections."""
+    return {"num_processes": num_processes, "recipe": {s: recipe[s] for s in LAYOUT_SECTIONS}}
+
+
+def layout_changes(saved: dict, now: dict) -> list[str]:
+    """'num_processes 2 -> 1', 'train.grad_accum 1 -> 2': how `now` differs from a saved layout, but in
+    RESUME_FREE's keys."""
+    from eyas.recipes.load import changed_keys
+
+    out = []
+    if saved["num_processes"] != now["num_processes"]:
+        out.append(f"num_processes {saved['num_processes']} -> {now['num_processes']}")
+    for key in changed_keys(saved["recipe"], now["recipe"], LAYOUT_SECTIONS):
+        if key not in RESUME_FREE:
+            sec, _, rest = key.partition(".")
+            a, b = _get(saved["recipe"][sec], rest), _get(now["recipe"][sec], rest)
+            out.append(f"{key} {a} -> {b}")
+    return out
+
+
+def _get(d: dict, dotted: str):
+    for part in dotted.split("."):
+        d = d.get(part) if isinstance(d, dict) else None
+    return d
 
 
 def sum_over_processes(acc: Accelerator, n: int) -> int:
@@ -40,25 +85,36 @@ def latest_state(state_dir: Path) -> Path | None:
     return None
 
 
-def load_latest(acc: Accelerator, state_dir: Path) -> tuple[int, int] | None:
+def load_latest(acc: Accelerator, state_dir: Path, layout: dict) -> tuple[int, int] | None:
     """Load the last saved state into `acc` (and the objects registered with it) -> (step, this process's
-    share of the tokens: all of them on the main process, which carries the count); None: nothing saved."""
+    share of the tokens: all of them on the main process, which carries the count); None: nothing saved.
+    A state saved with another `layout` (resume_layout) raises InputError naming the changes, loading nothing
+    (a state saved before layouts were recorded is taken as it is)."""
+    from eyas.errors import InputError
+
     found = latest_state(state_dir)
     if found is None:
         return None
-    acc.load_state(str(found))
     saved = json.loads((found / STEP).read_text())
+    if "layout" in saved and (changes := layout_changes(saved["layout"], layout)):
+        raise InputError(
+            f"{state_dir}: saved at step {saved['step']} with another layout ({'; '.join(changes)}): "
+            "resuming would deal rows and the schedule differently. Run with the saved values, or delete "
+            f"{state_dir} to train from the start"
+        )
+    acc.load_state(str(found))
     return saved["step"], saved.get("tokens", 0) if acc.is_main_process else 0
 
 
-def save_state(acc: Accelerator, state_dir: Path, step: int, tokens: int) -> None:
+def save_state(acc: Accelerator, state_dir: Path, step: int, tokens: int, layout: dict) -> None:
     """Save the training state at optimizer step `step` atomically (every process must call: each writes
-    its part); `tokens`: this process's count, summed over the processes into step.json."""
+    its part); `tokens`: this process's count, summed over the processes into step.json; `layout`:
+    resume_layout's, which a resume must match."""
     with _shared_temporary(acc, state_dir) as tmp:
         acc.save_state(str(tmp))
         seen = sum_over_processes(acc, tokens)  # also: every process has written its part
         if acc.is_main_process:
-            (tmp / STEP).write_text(json.dumps({"step": step, "tokens": seen}))
+            (tmp / STEP).write_text(json.dumps({"step": step, "tokens": seen, "layout": layout}))
     if acc.is_main_process:
         shutil.rmtree(
             io.previous_dir(state_dir), ignore_errors=True

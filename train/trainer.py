@@ -44,7 +44,7 @@ from .optim import make_optimizer
 from .packing import PackedRows, collate_rows, cut_note, plan_rows
 from .schedule import MicroBatches, epoch_micro_batches, evaluation_micro_batches, updates_per_epoch
 from .sequence_parallel import SequenceParallel, check_heads
-from .state import load_latest, save_state, sum_over_processes
+from .state import load_latest, resume_layout, save_state, sum_over_processes
 from .ttt import TTTModule, TTTOutput, model_inputs, simulated_tau
 from .validation import sampled_at_t1, validate
 
@@ -253,6 +253,11 @@ class Training:
     @property
     def state_dir(self) -> Path:
         return self.out_dir / "state"
+
+    @property
+    def layout(self) -> dict:
+        """What the saved state records and a resume must match (train/state.py resume_layout)."""
+        return resume_layout(self.acc.num_processes, self.recipe.to_dict())
 
 
 def run_train(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> dict:
@@ -486,7 +491,7 @@ def prepare(
 def resume(t: Training) -> None:
     """Continue from the saved state if there is one (train/state.py): its step and tokens, and in `t.acc`
     the weights, optimizer, schedule and RNG; the log loses the lines of later steps (they are redone)."""
-    saved = load_latest(t.acc, t.state_dir)
+    saved = load_latest(t.acc, t.state_dir, t.layout)
     if saved is None:
         return
     t.step, t.tokens = saved
@@ -549,7 +554,7 @@ def producer_stopped(t: Training, e: Exception) -> Exception:
     step (the step it was on is redone on resume); several processes cannot all reach a save (the others
     wait in a collective), so they resume from the last saved state (train.save_every)."""
     if t.acc.num_processes == 1:
-        save_state(t.acc, t.state_dir, t.step, t.tokens)
+        save_state(t.acc, t.state_dir, t.step, t.tokens, t.layout)
         return ProducerStopped(
             f"{e}; the training state at step {t.step}/{t.total} is saved: re-run to resume"
         )
@@ -601,7 +606,7 @@ def end_step(t: Training, epoch: int, outs: list[TTTOutput], bar: tqdm, stop: St
     if tr.val_every and t.step % tr.val_every == 0 and t.step < t.total and not stopping:
         run_validation(t)
     if stopping or (tr.save_every and t.step % tr.save_every == 0 and t.step < t.total):
-        save_state(acc, t.state_dir, t.step, t.tokens)
+        save_state(acc, t.state_dir, t.step, t.tokens, t.layout)
     if stopping:
         bar.close()
         acc.end_training()
@@ -711,7 +716,7 @@ def finish(t: Training, run_dir: Path, t_start: float) -> dict:
     }
     if t.feed is not None:  # what every process asked the producers for (each row once, also under SP)
         info["online"]["asked_all_processes"] = sum_over_processes(acc, t.feed.stats.asked)
-    save_state(acc, t.state_dir, t.step, t.tokens)
+    save_state(acc, t.state_dir, t.step, t.tokens, t.layout)
     write_draft(t, weights, run_dir / layout.FINAL_CHECKPOINT, {"recipe": t.recipe.name, "train": info})
     if acc.is_main_process:
         from .curves import plot_curves
