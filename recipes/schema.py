@@ -200,6 +200,11 @@ class VllmSection(Section):
     )
     max_num_seqs: int | None = Field(None, ge=1, description="sequences per engine step (null: vLLM's)")
     extra_args: list[str] = Field([], description="more `vllm serve` arguments, passed as they are")
+    enforce_eager: bool | None = Field(
+        None,
+        description="vLLM --enforce-eager: no CUDA graphs (null: CUDA graphs on a GPU, eager on a CPU, where "
+        "vLLM's CPU build would compile its forward with torch.compile instead)",
+    )
 
     @model_validator(mode="after")
     def _devices(self) -> "VllmSection":

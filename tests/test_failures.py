@@ -204,6 +204,25 @@ def vllm_missing(base, tmp_path, capsys, monkeypatch):
     return status, error_line(capsys).replace(str(tmp_path / "no-venv"), "REPO/.venv-vllm")
 
 
+def vllm_too_old(base, tmp_path, capsys, monkeypatch):
+    """EYAS_VLLM_PYTHON names a Python whose vllm is 0.10.2: a Python launched with a site directory holding a
+    vllm package and its distribution's metadata at that version (what `pip install vllm==0.10.2` leaves)."""
+    site = tmp_path / "site"
+    (site / "vllm").mkdir(parents=True)
+    (site / "vllm" / "__init__.py").write_text("")
+    (site / "vllm-0.10.2.dist-info").mkdir()
+    (site / "vllm-0.10.2.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: vllm\nVersion: 0.10.2\n"
+    )
+    python = tmp_path / "python"
+    python.write_text(f'#!/bin/sh\nPYTHONPATH={site} exec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    monkeypatch.setenv("EYAS_VLLM_PYTHON", str(python))
+    run = copy_run(base, tmp_path / "RUN", upto="regenerate")
+    status = main(["capture", str(run), "--no-progress", "capture.backend=vllm"])
+    return status, error_line(capsys).replace(str(python), "PYTHON")
+
+
 def gguf_package_missing(base, tmp_path, capsys, monkeypatch):
     """The packaged model's package is not installed (sys.modules[name] = None: Python's own way of saying
     a module cannot be imported; find_spec answers None)."""
@@ -293,6 +312,7 @@ SCENARIOS = [
     engine_refusal,
     not_a_checkpoint,
     vllm_missing,
+    vllm_too_old,
     gguf_package_missing,
     gguf_missing,
     gguf_truncated,

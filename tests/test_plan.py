@@ -78,7 +78,7 @@ def test_gpt_oss_120b_plan_on_8xh100_matches_hand_computation():
     assert (o.producer_gpus, o.trainer_gpus) == (4, 4) and o.tok_s == pytest.approx(4 * 206_380 / 8, rel=1e-4)
     assert o.train_s == pytest.approx(2 * tokens / o.tok_s) and o.train_s > p.capture_s + p.train_s
     text = render(r, p)
-    assert "time: regeneration 2.7 h at 16,000 tok/s (assumed, data.backend vllm)" in text
+    assert "time: regeneration 2.7 h at 16,000 tok/s (assumed, data.backend vllm, with CUDA graphs)" in text
     assert "target replicas: 8 vLLM engine(s) of 1 GPU(s) each" in text
     assert "storage: an offline capture 4.46 TB; offline training reads it at 5.76 GB/s" in text
     assert "online from vLLM (capture.mode: online, capture.backend: vllm): 4 producer GPU(s)" in text

@@ -61,13 +61,39 @@ def test_engine_arguments():
     v = load_recipe(
         {"vllm": {"tensor_parallel_size": 2, "max_num_seqs": 64, "extra_args": ["--kv-cache-dtype", "fp8"]}}
     ).vllm
+    # a GPU: vLLM's CUDA graphs (no --enforce-eager); a CPU: eager
     assert engine_args(v, "cuda", 4096) == [
         "--tensor-parallel-size", "2", "--gpu-memory-utilization", "0.9", "--max-model-len", "4096",
         "--max-num-seqs", "64", "--kv-cache-dtype", "fp8",
     ]  # fmt: skip
     assert engine_args(load_recipe({"vllm": {"max_model_len": 8192}}).vllm, "cpu", 4096) == [
-        "--tensor-parallel-size", "1", "--max-model-len", "8192",
+        "--tensor-parallel-size", "1", "--enforce-eager", "--max-model-len", "8192",
     ]  # fmt: skip
+    # vllm.enforce_eager decides where set
+    assert "--enforce-eager" in engine_args(load_recipe({"vllm": {"enforce_eager": True}}).vllm, "cuda", 64)
+    assert "--enforce-eager" not in engine_args(
+        load_recipe({"vllm": {"enforce_eager": False}}).vllm, "cpu", 64
+    )
+
+
+def test_a_server_is_eager_on_a_cpu_and_takes_the_fleets_arguments_as_given():
+    """VllmServer's command: --enforce-eager by default only where torch sees no GPU; a fleet's server takes
+    engine_args' choice (eager=False: the arguments carry the flag where it applies), never twice."""
+    import torch
+
+    from eyas.serve.external.vllm_server import VllmServer
+
+    cmd = VllmServer("t").command("python")
+    assert ("--enforce-eager" in cmd) == (not torch.cuda.is_available())
+    assert "--enforce-eager" not in VllmServer("t", eager=False).command("python")
+    assert (
+        VllmServer("t", eager=True, extra_args=("--enforce-eager",))
+        .command("python")
+        .count("--enforce-eager")
+        == 1
+    )
+    graphs = engine_args(load_recipe({}).vllm, "cuda", 64)
+    assert "--enforce-eager" not in VllmServer("t", eager=False, extra_args=tuple(graphs)).command("python")
 
 
 def test_mxfp4_on_a_cpu_vllm_cannot_run_it_is_refused_up_front(monkeypatch):

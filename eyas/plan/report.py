@@ -91,7 +91,7 @@ def resource_lines(recipe: Recipe, p: Plan) -> list[str]:
         "memory of eyas's own process (a process's GPUs together; — where vLLM holds the target): "
         + ", ".join(f"{k} {v / 1e9:,.1f} GB" if v else f"{k} —" for k, v in p.process_bytes.items()),
         f"time: regeneration {hours(p.regen_s)} at {p.regen_tok_s:,.0f} tok/s ({source(p, 'regen_tok_s')}, "
-        f"data.backend {backend}), "
+        f"data.backend {backend}{engine_note(recipe, p)}), "
         f"capture {hours(p.capture_s)} at {p.capture_tok_s:,.0f} tok/s ({source(p, 'capture_tok_s')}), "
         f"training {hours(p.train_s)} for {tr.epochs} epoch(s) at {p.train_tok_s:,.0f} tok/s "
         f"({'measured in --run' if 'train_tok_s' in p.measured else 'from the H100 step measurement'})",
@@ -187,9 +187,24 @@ def assumption_lines(recipe: Recipe, p: Plan) -> list[str]:
         f"{a.train_tok_s_h100[1][1] / 1e3:.1f}K at 32K per H100 (measured), scaled by bf16 FLOP/s for other "
         f"GPUs; capture at {a.capture_mfu:.0%} MFU of the target's active parameters per replica; "
         f"regeneration per H100 replica {a.regen_tok_s_hf_h100:.0f} generated tok/s with HF generate, "
-        f"{a.regen_tok_s_server_h100:,.0f} through a vLLM/SGLang server (neither measured by eyas at this "
-        "size); all-reduce at the datasheet NVLink bandwidth each way (what NCCL reaches at best)",
+        f"{a.regen_tok_s_server_h100:,.0f} through a vLLM/SGLang server ({server_settings(recipe)}; neither "
+        "measured by eyas at this size); all-reduce at the datasheet NVLink bandwidth each way (what NCCL "
+        "reaches at best)",
     ]
+
+
+def engine_note(recipe: Recipe, p: Plan) -> str:
+    """', CUDA graphs' where an assumed server rate is vLLM's with its CUDA graphs (eager: slower)."""
+    if "regen_tok_s" in p.measured or recipe.data.backend == "hf":
+        return ""
+    return ", eager: slower than this" if recipe.vllm.enforce_eager else ", with CUDA graphs"
+
+
+def server_settings(recipe: Recipe) -> str:
+    """The engine settings the server regeneration rate assumes, and where the recipe runs otherwise."""
+    eager = recipe.vllm.enforce_eager
+    assumed = "CUDA graphs (vLLM's default on a GPU), ~128 requests in flight"
+    return assumed + ("; vllm.enforce_eager: true runs without them, slower than this" if eager else "")
 
 
 def render(recipe: Recipe, p: Plan) -> str:

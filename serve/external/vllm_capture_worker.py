@@ -55,8 +55,7 @@ def make_llm(job: dict):
 
     settings = {
         "dtype": job.get("dtype", "float32"),
-        "enforce_eager": True,
-        "enable_prefix_caching": False,
+        "enable_prefix_caching": False,  # (--enforce-eager comes in the engine arguments where it applies)
         "seed": 0,
         **engine_kwargs(job.get("engine_args", [])),
     }

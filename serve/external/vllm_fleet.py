@@ -97,9 +97,18 @@ def describe_fleet(where: list[Replica]) -> str:
     return f"vLLM: {len(where)} replica(s): " + "; ".join(r.describe() for r in where)
 
 
+def eager(v: VllmSection, kind: str) -> bool:
+    """Whether the replicas run eagerly (--enforce-eager): vllm.enforce_eager where set, else on a CPU.
+    On a GPU vLLM captures CUDA graphs of its decode steps by default, which regeneration's decode speed
+    rests on; on a CPU its build would compile the forward with inductor at every start instead (vLLM 0.32's
+    vllm/platforms/cpu.py), and eyas's CPU checks compare against an eager forward."""
+    return v.enforce_eager if v.enforce_eager is not None else kind != "cuda"
+
+
 def engine_args(v: VllmSection, kind: str, max_model_len: int | None) -> list[str]:
     """The `vllm serve` arguments of every replica (the capture worker parses the same ones)."""
     args = ["--tensor-parallel-size", str(v.tensor_parallel_size)]
+    args += ["--enforce-eager"] if eager(v, kind) else []
     if kind == "cuda":
         args += ["--gpu-memory-utilization", str(v.gpu_memory_utilization)]
     if v.max_model_len or max_model_len:
@@ -123,6 +132,7 @@ class VllmFleet:
             VllmServer(
                 target,
                 dtype=dtype,
+                eager=False,  # `args` carry --enforce-eager where the recipe runs eagerly (engine_args)
                 extra_args=tuple(args),
                 log_path=Path(log_dir)
                 / ("vllm-server.log" if len(where) == 1 else f"vllm-server-{r.index}.log"),

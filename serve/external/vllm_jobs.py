@@ -10,7 +10,7 @@ from pathlib import Path
 
 from eyas.errors import RunError
 
-from .vllm_env import require_vllm, vllm_environ
+from .vllm_env import default_eager, require_vllm, vllm_environ
 
 SCRIPT = Path(__file__).with_name("vllm_offline.py")
 
@@ -24,13 +24,15 @@ def run_offline(
     max_model_len: int | None = None,
     log_path: str | Path | None = None,
     timeout_s: float = 1800,
+    eager: bool | None = None,
 ) -> dict[str, dict]:
     """`runs`: [{"name", "speculative_config": dict or None}]. -> {name: result} (vllm_offline.py),
-    a refused configuration as {"error": vLLM's message}."""
+    a refused configuration as {"error": vLLM's message}. `eager` (None: on a CPU only): --enforce-eager."""
     python = require_vllm("running vLLM offline")
     job = {
         "target": str(target),
         "dtype": dtype,
+        "enforce_eager": default_eager() if eager is None else eager,
         "max_model_len": max_model_len,
         "prompts": prompts,
         "sampling": sampling,

