@@ -47,13 +47,17 @@ def predictions(recipe) -> dict[str, float]:
     from eyas.data.target import held_bytes, pick_device, pick_dtype
     from eyas.eval.evaluate import eval_target
     from eyas.plan.cost import Assumptions, count_draft, process_memory, target_config
+    from eyas.plan.eval_memory import eval_memory
 
     cfg, _ = target_config(recipe)
     held, _ = held_bytes(recipe.target)
     held_eval, _ = held_bytes(eval_target(recipe))
     eval_dtype = pick_dtype(eval_target(recipe).dtype, pick_device("cpu"))
     per_param = 2 if eval_dtype == torch.bfloat16 else 4  # the loop holds an fp16 target's draft in fp32
-    return process_memory(recipe, cfg, count_draft(recipe, cfg), Assumptions(), held, held_eval, per_param)
+    draft = count_draft(recipe, cfg)
+    memory = process_memory(recipe, cfg, draft, Assumptions(), held, held_eval, per_param)
+    memory["eval"] = eval_memory(recipe, cfg, draft.config, memory["eval"], per_param).total  # as eyas plan
+    return memory
 
 
 def vllm_loads(run: Path, export: Path, out: Path) -> dict:

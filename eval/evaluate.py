@@ -45,8 +45,9 @@ from eyas.eval.benchmarks import Benchmark, held_out, load_benchmark, tuning
 from eyas.eval.load import LoadResult, acceptance, by_length, draft_time_by_prompt, pct, run_engine
 from eyas.eval.report import report_markdown
 from eyas.recipes.schema import Recipe
+from eyas.serve.decoding.attention import set_block_bytes
 from eyas.serve.decoding.engine import Engine, Request
-from eyas.serve.decoding.reference import greedy_generate
+from eyas.serve.decoding.reference import PREFILL_TOKENS, greedy_generate
 from eyas.serve.decoding.sampling import SamplingParams
 from eyas.serve.decoding.tree import TreeShape
 from eyas.stages import STAGE_ORDER
@@ -64,6 +65,7 @@ class Settings:
     concurrency: list[int]  # ascending
     temperatures: list[float]
     servers: list[tuple[str, str]]  # (name, URL) of OpenAI-compatible servers
+    prefill_tokens: int = PREFILL_TOKENS  # per target forward (eval.prefill_tokens)
 
 
 @dataclass
@@ -206,6 +208,7 @@ def run_eval(
     if layout.is_done(run_dir, "eval") and not force and all(a is None for a in asked):
         return json.loads((run_dir / layout.REPORT_JSON).read_text())
     t0 = time.perf_counter()
+    set_block_bytes(recipe.eval.attention_block_mb << 20)  # the loop's, the references' and the verdict's
     settings = resolve_settings(recipe, run_dir, drafts, ks, trees, concurrency, temperatures, servers)
     fix = "place it over more GPUs (target.device_map: auto); eyas's loop runs the target in transformers"
     model, tok = load_recipe_target(eval_target(recipe), fix=fix)
@@ -259,6 +262,7 @@ def resolve_settings(
         concurrency=sorted(set(concurrency or ev.concurrency)),
         temperatures=list(dict.fromkeys(temperatures if temperatures is not None else ev.temperature)),
         servers=servers or [],
+        prefill_tokens=ev.prefill_tokens,
     )
 
 
@@ -313,7 +317,7 @@ def measure(
         prompts = render_prompts(recipe, tok, bench, sweep.efforts)
         refs = None
         if 0.0 in settings.temperatures and ev.check_lossless:
-            refs, entropies = greedy_references(model, prompts, ev.max_new_tokens, eos)
+            refs, entropies = greedy_references(model, prompts, ev.max_new_tokens, eos, ev.prefill_tokens)
             sweep.entropies += entropies
         for temp in settings.temperatures:
             params = [
@@ -346,13 +350,13 @@ def render_prompts(recipe: Recipe, tok, bench: Benchmark, efforts: Counter) -> l
 
 
 def greedy_references(
-    model: torch.nn.Module, prompts: list[list[int]], max_new_tokens: int, eos: set[int]
+    model: torch.nn.Module, prompts: list[list[int]], max_new_tokens: int, eos: set[int], chunk: int
 ) -> tuple[list[list[int]], list[float]]:
     """-> (the target's plain greedy output per prompt: the lossless check's reference, its mean
-    next-token entropy along each)."""
+    next-token entropy along each); prompts prefilled in chunks of `chunk` tokens."""
     refs, entropies = [], []
     for p in prompts:
-        ref, ent, _ = greedy_generate(model, p, max_new_tokens, eos)
+        ref, ent, _ = greedy_generate(model, p, max_new_tokens, eos, chunk)
         refs.append(ref)
         entropies.append(ent)
     return refs, entropies
@@ -370,20 +374,21 @@ def measure_point(
     """Plain decoding (the baseline), then each draft at each shape, then each server, at one point."""
     c, temp, bench = point.concurrency, point.temperature, point.bench
     bar.set_postfix_str(point.label("plain"))
-    plain = Engine(model, max_batch=c, eos_ids=eos, profile=True)
+    chunk = settings.prefill_tokens
+    plain = Engine(model, max_batch=c, eos_ids=eos, profile=True, prefill_tokens=chunk)
     base = run_engine(plain, point.prompts, point.params, c, bar)
     sweep.cost_runs.append({"shape": None, "steps": base.steps})
     sweep.contexts += [s.context for s in base.steps if s.kind == "decode"]
     for name, draft in loaded:
         for shape in settings.shapes:
             bar.set_postfix_str(point.label(f"{name} {shape.label}"))
-            eng = Engine(model, draft, shape, max_batch=c, eos_ids=eos, profile=True)
+            eng = Engine(model, draft, shape, max_batch=c, eos_ids=eos, profile=True, prefill_tokens=chunk)
             res = run_engine(eng, point.prompts, point.params, c, bar)
             eng.close()
             lengths = [len(p) for p in point.prompts]
             entry = result_entry(name, bench, "eyas", c, temp, shape, res, base, point.refs, lengths=lengths)
             if entry["num_mismatched"]:  # where they part: numerics of the target's shapes, or a failure
-                entry.update(classified(model, point, res, shape.num_draft_tokens))
+                entry.update(classified(model, point, res, shape.num_draft_tokens, chunk))
             sweep.results.append(entry)
             sweep.cost_runs.append({"shape": shape, "steps": res.steps})
     for name, url in settings.servers:
@@ -397,7 +402,7 @@ def measure_point(
         sweep.results.append(entry)
 
 
-def classified(model: torch.nn.Module, point: Point, res: LoadResult, width: int) -> dict:
+def classified(model: torch.nn.Module, point: Point, res: LoadResult, width: int, chunk: int) -> dict:
     """A greedy row's partings from the target's greedy outputs (eval/verdict.py): lossless with no failure.
     In fp32, where the loop is exact, every parting is a failure; otherwise each is classified, the numerical
     ones counted with their gaps."""
@@ -405,7 +410,7 @@ def classified(model: torch.nn.Module, point: Point, res: LoadResult, width: int
 
     exact = compute_dtype(model) == torch.float32
     numerical, failures, partings = verdict(
-        model, point.prompts, res.outputs, point.refs, res.emitted, width, exact
+        model, point.prompts, res.outputs, point.refs, res.emitted, width, exact, chunk
     )
     return {
         "lossless": failures == 0,

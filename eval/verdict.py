@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from eyas.data.target import input_device
+from eyas.serve.decoding.reference import PREFILL_TOKENS, prefill
 
 
 @dataclass
@@ -73,16 +74,18 @@ def _logits(model, cache, ids: list[int], start: int) -> tuple[torch.Tensor, obj
     return out.logits[0].float(), out.past_key_values
 
 
-def _one_at_a_time(model, context: list[int], prefill: int, upto: int) -> torch.Tensor:
-    """Logits (V,) after context[:upto]: a prefill of context[:prefill], then one token per forward."""
-    logits, cache = _logits(model, None, context[:prefill], 0)
-    for j in range(prefill, upto):
+def _one_at_a_time(model, context: list[int], before: int, upto: int, chunk: int) -> torch.Tensor:
+    """Logits (V,) after context[:upto]: a prefill of context[:before] (in chunks of `chunk`,
+    reference.prefill), then one token per forward."""
+    logits, cache = prefill(model, context[:before], chunk)
+    for j in range(before, upto):
         logits, cache = _logits(model, cache, [context[j]], j)
-    return logits[-1]
+        logits = logits[-1]
+    return logits
 
 
 def computations(
-    model, prompt: list[int], output: list[int], at: int, start: int, width: int
+    model, prompt: list[int], output: list[int], at: int, start: int, width: int, chunk: int = PREFILL_TOKENS
 ) -> dict[str, torch.Tensor]:
     """The target's next-token logits (V,) for generated token `at`, computed three ways:
 
@@ -90,21 +93,22 @@ def computations(
     verification   the loop's way: everything before the verification that emitted token `at` (it began
                    at generated token `start`) prefilled, then one forward of `width` tokens: the fed
                    tokens up to `at`, then the output's next tokens (past its end, its last one again)
-    stepped        from that same prefill, the fed tokens one per forward (the one-token step)"""
+    stepped        from that same prefill, the fed tokens one per forward (the one-token step)
+    Every prefill goes in chunks of `chunk` tokens, as the loop's does (eval.prefill_tokens)."""
     context, end = prompt + output, len(prompt) + at
-    plain = _one_at_a_time(model, context, len(prompt), end)
+    plain = _one_at_a_time(model, context, len(prompt), end, chunk)
     before = len(prompt) + start - 1 if at else len(prompt) - 1  # the fed tokens begin here
-    if at == 0:  # the prefill emitted it: the prompt in one forward
-        verification = _logits(model, None, prompt, 0)[0][-1]
+    if at == 0:  # the prefill emitted it: the prompt prefilled (in chunks, as the loop does)
+        verification = prefill(model, prompt, chunk)[0]
     else:
         block = context[before : before + width]
         block += block[-1:] * (width - len(block))
-        _, cache = _logits(model, None, context[:before], 0)
+        _, cache = prefill(model, context[:before], chunk)
         verification = _logits(model, cache, block, before)[0][end - 1 - before]
     return {
         "plain": plain,
         "verification": verification,
-        "stepped": _one_at_a_time(model, context, before, end),
+        "stepped": _one_at_a_time(model, context, before, end, chunk),
     }
 
 
@@ -117,6 +121,7 @@ def classify(
     width: int,
     index=0,
     exact: bool = False,
+    chunk: int = PREFILL_TOKENS,
 ) -> Parting | None:
     """The parting of a greedy speculative `output` from the greedy `reference` (None: equal). `exact` (an
     fp32 target): a failure whatever the computations say, with its gap and shift."""
@@ -127,7 +132,7 @@ def classify(
     theirs = reference[at] if at < len(reference) else None
     if mine is None or theirs is None:  # one output ended where the other went on: the loop stopped wrongly
         return Parting(index, at, mine, theirs, None, None, "failure")
-    ways = computations(model, prompt, output, at, round_start(emitted, at), width)
+    ways = computations(model, prompt, output, at, round_start(emitted, at), width, chunk)
     margins = {k: float(v[mine] - v[theirs]) for k, v in ways.items()}
     own = any(int(ways[k].argmax()) == mine for k in ("verification", "stepped"))
     kind = "numerical" if own and not exact else "failure"
@@ -137,14 +142,14 @@ def classify(
 
 
 def verdict(
-    model, prompts, outputs, references, emitted, width: int, exact: bool = False
+    model, prompts, outputs, references, emitted, width: int, exact: bool = False, chunk: int = PREFILL_TOKENS
 ) -> tuple[int, int, list[dict]]:
     """Every prompt's parting, classified (`exact`: each a failure) -> (numerical partings, failures, the
     partings as dicts)."""
     found = [
         p
         for i, (pr, o, r, e) in enumerate(zip(prompts, outputs, references, emitted))
-        if (p := classify(model, pr, o, r, e, width, i, exact)) is not None
+        if (p := classify(model, pr, o, r, e, width, i, exact, chunk)) is not None
     ]
     return (
         sum(p.kind == "numerical" for p in found),

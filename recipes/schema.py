@@ -321,6 +321,18 @@ class EvalSection(Section):
     target_dtype: Dtype | None = Field(
         None, description="the target's dtype in the loop (null: target.dtype); float32: exact lossless check"
     )
+    prefill_tokens: int = Field(
+        8192,
+        ge=16,
+        description="tokens per target forward when prompts are prefilled: a longer prompt goes in chunks "
+        "(the loop, the greedy references and the verdict alike)",
+    )
+    attention_block_mb: int = Field(
+        1024,
+        ge=1,
+        description="MiB of attention scores per block of query rows, where the target's attention is eager "
+        "(gpt-oss, for its sinks: serve/decoding/attention.py)",
+    )
     check_lossless: bool = Field(
         True,
         description="at temperature 0, check every output against the target's plain greedy output (false: "

@@ -284,7 +284,7 @@ class MidLayer(nn.Module):
 
 
 class KVCache:
-    """The draft's own KV cache for inference (one sequence): per layer keys/values (B, n_heads, L, d),
+    """The draft's own KV cache for inference (one sequence): per layer keys/values (B, n_kv, L, d),
     croppable. `update(k, v, layer)` is the call the serving loop's per-row cache also answers."""
 
     def __init__(self):
@@ -384,7 +384,8 @@ class Eagle3Draft(nn.Module):
         hidden (B, T, H): fused target states g (first step) or what the last step returned;
         position_ids (B, T): absolute positions of these new entries;
         cache: `KVCache` (one sequence) or the serving loop's per-row cache, whose `update(k, v, layer)`
-        returns every key/value of that layer the new entries may attend to;
+        takes this step's keys / values (B, n_kv, T, d), the KV heads only, and returns every key / value of
+        that layer the new entries may attend to;
         attn_mask (B, T, L) bool: which of those each new entry sees (None: causal over `KVCache`, within
         config.sliding_window; the serving loop's masks apply the window themselves, serve/decoding/masks.py);
         logits_to_keep: logits for the last that many positions only (0: all).
@@ -393,8 +394,8 @@ class Eagle3Draft(nn.Module):
         """
 
         def attend_layer(layer: int):
-            def attend(q, k, v):  # (B, n_heads, T, d) each -> (B, n_heads, T, d)
-                k_all, v_all = cache.update(k, v, layer)
+            def attend(q, k, v):  # q (B, n_heads, T, d), k / v (B, n_kv, T, d) -> (B, n_heads, T, d)
+                k_all, v_all = cache.update(k, v, layer)  # the KV heads only: 1/groups of repeated ones
                 mask = attn_mask
                 if mask is None:
                     # causal: new entry i sees every cached entry and new entries <= i (and, with a window,
@@ -405,7 +406,10 @@ class Eagle3Draft(nn.Module):
                         mask = mask.triu(diagonal=L - T - self.config.sliding_window + 1)
                 else:
                     mask = mask[:, None]  # (B, 1, T, L): the same for every head
-                return F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask)
+                # enable_gqa: query head h reads KV head h // groups, as repeat_kv would give it (bitwise the
+                # same on the CPU's memory-efficient kernel, which takes it without a repeated copy)
+                gqa = k_all.shape[1] != q.shape[1]
+                return F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask, enable_gqa=gqa)
 
             return attend
 
@@ -413,7 +417,7 @@ class Eagle3Draft(nn.Module):
         embeds = self.embed_tokens(input_ids).to(hidden.dtype)
         prenorm = hidden
         for i, layer in enumerate(self.decoder_layers):
-            prenorm, _, _ = layer(embeds, prenorm, cos, sin, attend_layer(i))
+            prenorm, _, _ = layer(embeds, prenorm, cos, sin, attend_layer(i), repeat_kv=False)
         return self.feedback(prenorm), self.logits(
             prenorm[:, -logits_to_keep:] if logits_to_keep else prenorm
         )

@@ -34,6 +34,7 @@ from eyas.plan.cost import (
     training_memory,
     vllm_replicas,
 )
+from eyas.plan.eval_memory import eval_memory
 from eyas.plan.report import render
 from eyas.plan.tokens import TurnCount, conversation_tokens
 from eyas.train.sequence_parallel import check_heads
@@ -143,6 +144,8 @@ def plan(recipe: Recipe, gpus: str, run_dir: str | Path | None = None, a: Assump
     held = target.bytes_mxfp4 if recipe.target.weights == "mxfp4" else target.params * per_param
     eval_bytes = dtype_bytes(recipe.eval.target_dtype or recipe.target.dtype)
     memory = process_memory(recipe, cfg, draft, a, held, target.params * eval_bytes, eval_bytes)
+    ev_memory = eval_memory(recipe, cfg, draft.config, memory["eval"], eval_bytes)
+    memory["eval"] = ev_memory.total
     return Plan(
         gpus=f"{n_gpu}x{kind}",
         gpu_memory_gb=mem_gb,
@@ -180,6 +183,7 @@ def plan(recipe: Recipe, gpus: str, run_dir: str | Path | None = None, a: Assump
         step_s=n_gpu * tr.batch_size * tr.grad_accum * row / train_tok_s,
         online=online,
         process_bytes=memory,
+        eval_memory=ev_memory,
         assumptions=a,
         turns=w.turns,
         stages_measured=w.stages_measured,

@@ -17,6 +17,7 @@ import torch
 
 from eyas.data.target import TargetCount
 from eyas.gpt_oss import GPT_OSS_SHARED, KNOWN_TARGETS
+from eyas.plan.eval_memory import EvalMemory
 from eyas.plan.tokens import TurnCount
 
 if TYPE_CHECKING:
@@ -115,7 +116,12 @@ class Plan:
     allreduce_s: float  # ring all-reduce over NVLink (the datasheet bandwidth, each way)
     step_s: float  # one optimizer step at train_tok_s
     online: OnlineSplit | None  # online training from vLLM on these GPUs; None on one GPU
-    process_bytes: dict[str, float]  # per stage, eyas's own process (process_memory)
+    process_bytes: dict[
+        str, float
+    ]  # per stage, eyas's own process (process_memory; eval: eval_memory's total)
+    eval_memory: (
+        EvalMemory  # eval's loop: weights, KV caches, a prefill forward's peak (eyas/plan/eval_memory.py)
+    )
     assumptions: Assumptions
     turns: TurnCount | None  # counted from --run's prompts stage
     stages_measured: list[str]  # --run's finished stages the figures come from

@@ -90,6 +90,7 @@ def resource_lines(recipe: Recipe, p: Plan) -> list[str]:
         replicas_line(recipe, p),
         "memory of eyas's own process (a process's GPUs together; — where vLLM holds the target): "
         + ", ".join(f"{k} {v / 1e9:,.1f} GB" if v else f"{k} —" for k, v in p.process_bytes.items()),
+        eval_line(recipe, p),
         f"time: regeneration {hours(p.regen_s)} at {p.regen_tok_s:,.0f} tok/s ({source(p, 'regen_tok_s')}, "
         f"data.backend {backend}{engine_note(recipe, p)}), "
         f"capture {hours(p.capture_s)} at {p.capture_tok_s:,.0f} tok/s ({source(p, 'capture_tok_s')}), "
@@ -191,6 +192,19 @@ def assumption_lines(recipe: Recipe, p: Plan) -> list[str]:
         "measured by eyas at this size); all-reduce at the datasheet NVLink bandwidth each way (what NCCL "
         "reaches at best)",
     ]
+
+
+def eval_line(recipe: Recipe, p: Plan) -> str:
+    """eval's memory in its parts (eyas/plan/eval_memory.py)."""
+    m, ev = p.eval_memory, recipe.eval
+    return (
+        f"eval (eyas's loop): {m.total / 1e9:,.1f} GB = weights {m.weights / 1e9:,.1f} GB + KV caches "
+        f"{m.kv / 1e9:,.1f} GB ({m.rows} request(s) in flight x {m.context:,} tokens: the longest of "
+        "data.max_prompt_tokens and train.max_length, + eval.max_new_tokens) + up to "
+        f"{m.kv_growth / 1e9:,.1f} GB more while they grow for a longer request + activations "
+        f"{m.activations / 1e9:,.1f} GB (a prefill forward of eval.prefill_tokens {ev.prefill_tokens:,} "
+        f"against the whole context; attention blocks of {ev.attention_block_mb:,} MiB)"
+    )
 
 
 def engine_note(recipe: Recipe, p: Plan) -> str:

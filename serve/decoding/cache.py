@@ -35,9 +35,12 @@ import torch
 class RowKVCache:
     """KV entries of `rows` independent sequences for a model with any number of layers."""
 
-    def __init__(self, max_rows: int, min_slots: int = 256):
+    def __init__(self, max_rows: int, min_slots: int = 256, max_slots: int | None = None):
         self.max_rows = max_rows
         self.min_slots = min_slots
+        self.max_slots = (
+            max_slots  # where doubling stops (the context): a 128K row holds ~128K slots, not 256K
+        )
         self.keys: dict[int, torch.Tensor] = {}  # layer -> (max_rows, kv_heads, slots, head_dim)
         self.values: dict[int, torch.Tensor] = {}
         self.slots = 0
@@ -93,10 +96,11 @@ class RowKVCache:
     # ------------------------------------------------------------------ storage
 
     def reserve(self, slots: int) -> None:
-        """Grow every buffer to at least `slots` slots (doubling), keeping the contents."""
+        """Grow every buffer to at least `slots` slots (doubling, up to max_slots), keeping the contents."""
         if slots <= self.slots:
             return
-        new = max(slots, 2 * self.slots, self.min_slots)
+        new = max(2 * self.slots, self.min_slots)
+        new = max(slots, min(new, self.max_slots) if self.max_slots else new)
         for store in (self.keys, self.values):
             for layer, buf in store.items():
                 grown = torch.zeros(

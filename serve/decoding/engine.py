@@ -42,7 +42,9 @@ import torch
 
 from eyas.data.target import HiddenStateTap, compute_dtype, decoder_layers, input_device
 from eyas.serve.decoding import masks as M
+from eyas.serve.decoding.attention import memory_efficient
 from eyas.serve.decoding.cache import RowKVCache
+from eyas.serve.decoding.reference import PREFILL_TOKENS
 from eyas.serve.decoding.sampling import RowSampling, SamplingParams, sample, verify
 from eyas.serve.decoding.tree import TreeShape, select_tree
 
@@ -92,7 +94,7 @@ class Engine:
         *,
         max_batch: int = 64,
         eos_ids=(),
-        prefill_tokens: int = 8192,
+        prefill_tokens: int = PREFILL_TOKENS,
         seed: int = 0,
         max_model_len: int | None = None,
         profile: bool = False,
@@ -103,10 +105,9 @@ class Engine:
         self.config = (
             target.config.get_text_config() if hasattr(target.config, "get_text_config") else target.config
         )
-        impl = self.config._attn_implementation
-        if impl not in ("eager", "sdpa"):
-            # the loop passes explicit ragged / tree masks, which only these two take as-is
-            target.set_attn_implementation("eager")
+        # the loop passes explicit ragged / tree masks, and prefills a long prompt in chunks of at most
+        # `prefill_tokens` tokens: SDPA, or eager's math in query blocks (attention.py), bound its memory
+        memory_efficient(target)
         self.window = M.model_window(self.config)
         self.num_layers = len(decoder_layers(target))
         self.vocab = target.get_output_embeddings().weight.shape[0]
@@ -126,7 +127,9 @@ class Engine:
         self.prefill_tokens = prefill_tokens
         self.max_model_len = max_model_len or getattr(self.config, "max_position_embeddings", None) or 1 << 30
         self.profile = profile
-        self.tcache = RowKVCache(max_batch)
+        # growth by doubling stops at the context (and a round's speculative entries past it)
+        spare = 2 * shape.num_draft_tokens + shape.steps * shape.topk if shape else 1
+        self.tcache = RowKVCache(max_batch, max_slots=self.max_model_len + spare)
         self.waiting: deque[Request] = deque()
         self.rows: list[Request] = []
         self.n: list[int] = []  # committed target entries per row
@@ -139,7 +142,7 @@ class Engine:
         self.closed = False
         if draft is not None:
             self.tap = HiddenStateTap(target, draft.config.aux_layer_ids)
-            self.dcache = RowKVCache(max_batch)
+            self.dcache = RowKVCache(max_batch, max_slots=self.max_model_len + spare)
             H = draft.config.hidden_size
             dd = draft.fc.weight
             self.head_logits = torch.zeros(max_batch, draft.config.draft_vocab_size, device=dd.device)
@@ -260,6 +263,10 @@ class Engine:
             self._prefill(group)
 
     def _prefill(self, group: list[Request]) -> None:
+        """The group's prompts, left-padded to the longest, through the target in forwards of at most
+        `prefill_tokens` tokens (chunked prefill: each chunk of columns a ragged append to the cache, rows
+        whose padding ends inside it left-padded within it), each chunk then through the draft's step 0; the
+        last chunk's logits give every row its first token (TTFT)."""
         row0, n = len(self.rows), len(group)
         dev = self.device
         lens = torch.tensor([len(r.prompt) for r in group], device=dev)
@@ -267,11 +274,6 @@ class Engine:
         ids = torch.zeros(n, q, dtype=torch.long, device=dev)
         for b, r in enumerate(group):
             ids[b, q - len(r.prompt) :] = torch.tensor(r.prompt, device=dev)
-        i = torch.arange(q, device=dev)[None]
-        pos = (i - (q - lens)[:, None]).clamp(min=0)  # left padding: real token j at position j
-        zero = torch.zeros(n, dtype=torch.long, device=dev)
-        write = M.left_padded_slots(zero, lens, q)
-        vis = M.causal_vis(lens, q)
         for r in group:
             g = torch.Generator(device=dev)
             g.manual_seed(
@@ -284,14 +286,29 @@ class Engine:
         self.n.extend(len(r.prompt) for r in group)
         rows = self._sampling(row0, row0 + n)
         t0 = time.perf_counter()
-        logits, aux = self._target(row0, ids, pos, zero, write, vis, q, last_only=True)
-        first = sample(logits[:, -1], rows)
-        self.pending[row0 : row0 + n] = first
+        pad, width = q - lens, max(1, min(q, self.prefill_tokens // n))
+        self._reserve(group, q + width)  # (a chunk's padding goes after its real entries)
+        for s in range(0, q, width):
+            e = min(q, s + width)
+            done = (s - pad).clamp(min=0)  # each row's tokens already in the cache
+            real = (e - pad.clamp(min=s)).clamp(min=0)  # its tokens in this chunk (left-padded within it)
+            write, vis = M.left_padded_slots(done, real, e - s), M.causal_vis(real, e - s)
+            pos = (torch.arange(s, e, device=dev)[None] - pad[:, None]).clamp(
+                min=0
+            )  # real token j: position j
+            kv_len = int(done.max()) + e - s  # past every slot written (padding goes after the real entries)
+            logits, aux = self._target(row0, ids[:, s:e], pos, done, write, vis, kv_len, last_only=True)
+            if e == q:
+                first = sample(logits[:, -1], rows)
+                self.pending[row0 : row0 + n] = first
+            if self.draft is not None:
+                # step 0 over the chunk: the entry at position j pairs x_j's aux state with x_{j+1}
+                dids = ids[:, s + 1 : e + 1] if e < q else torch.cat([ids[:, s + 1 :], first[:, None]], 1)
+                hidden = self.draft.fuse(aux)
+                h, dl = self._draft_step(
+                    row0, dids, hidden, pos, done, write, pos, vis, kv_len, last_only=True
+                )
         if self.draft is not None:
-            # step 0 over the prompt: the entry at position j pairs x_j's aux state with x_{j+1}
-            dids = torch.cat([ids[:, 1:], first[:, None]], 1)
-            hidden = self.draft.fuse(aux)
-            h, dl = self._draft_step(row0, dids, hidden, pos, zero, write, pos, vis, q, last_only=True)
             self.head_logits[row0 : row0 + n] = dl[:, -1].float()
             self.head_state[row0 : row0 + n] = h[:, -1]
         now = time.perf_counter()
@@ -299,6 +316,17 @@ class Engine:
             self._emit(row0 + b, [t], now)
         if self.profile:
             self.stats.append(StepStats("prefill", n, q, 0, now - t0, now - t0, n))
+
+    def _reserve(self, group: list[Request], prefill_slots: int) -> None:
+        """Grow the caches once, for the whole of each joining request (its prompt, its max_tokens, a round's
+        speculative entries; at most the context): a long prompt's cache is not grown (copied) chunk by chunk
+        and again while it decodes."""
+        spare = self.tcache.max_slots - self.max_model_len
+        need = max(len(r.prompt) + r.params.max_tokens for r in group) + spare
+        slots = max(prefill_slots, min(need, self.tcache.max_slots))
+        self.tcache.reserve(slots)
+        if self.draft is not None:
+            self.dcache.reserve(slots)
 
     # ------------------------------------------------------------------ 2-5. one iteration
 

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import torch
 
+from eyas.serve.decoding.attention import NAME as BLOCKED
+
 
 def left_padded_slots(committed: torch.Tensor, lengths: torch.Tensor, q: int) -> torch.Tensor:
     """Write slots (n, q) for a left-padded append: row b's real entry j (j < lengths[b]) goes to
@@ -65,10 +67,10 @@ def attention_allowed(
 
 
 def as_attention_mask(allowed: torch.Tensor, impl: str, dtype: torch.dtype) -> torch.Tensor:
-    """(n, q, K) bool -> the 4D mask the attention implementation takes: sdpa a bool mask,
-    eager an additive float mask (0 / dtype min, as transformers' `eager_mask`)."""
+    """(n, q, K) bool -> the 4D mask the attention implementation takes: sdpa and eyas_blocked (attention.py)
+    a bool mask, eager an additive float mask (0 / dtype min, as transformers' `eager_mask`)."""
     m = allowed[:, None]
-    if impl == "sdpa":
+    if impl in ("sdpa", BLOCKED):
         return m
     return torch.zeros(m.shape, dtype=dtype, device=m.device).masked_fill_(~m, torch.finfo(dtype).min)
 
