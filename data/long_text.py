@@ -84,6 +84,18 @@ def records(source: str, split: str) -> list[dict]:
     """The prompt set `source` (stdlib-long[-Nk]) of `split` (train | test) -> {"prompt"} records, in a
     fixed order: per document, per excerpt size (doubling from SMALLEST to the cap), up to 4 excerpts
     spread over the document."""
+    return [{"prompt": prompt(*e)} for e in _excerpts(source, split)]
+
+
+def record_documents(source: str, split: str) -> list[str]:
+    """The document each of records(source, split) quotes, in the same order. A document's excerpts overlap
+    (each size's first starts at its top, a longer one holds the shorter ones), so the prompts stage groups
+    them: training's held-out split takes a document's excerpts whole (data/splits.py)."""
+    return [e[0] for e in _excerpts(source, split)]
+
+
+def _excerpts(source: str, split: str) -> list[tuple[str, str, int, int, int]]:
+    """(document, its text, excerpt size, j, excerpts of that size that fit) of each record, in order."""
     if split not in ("train", "test"):
         raise ValueError(f"{source}: split {split!r} (expected train or test)")
     cap = cap_chars(source)
@@ -95,8 +107,7 @@ def records(source: str, split: str) -> list[dict]:
             continue
         size = SMALLEST
         while size <= min(cap, len(text)):
-            for j in range(min(4, len(text) // size)):
-                out.append({"prompt": prompt(name, text, size, j, len(text) // size)})
+            out += [(name, text, size, j, len(text) // size) for j in range(min(4, len(text) // size))]
             size *= 2
     return out
 

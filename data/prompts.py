@@ -16,7 +16,9 @@ each with its own earlier answers in the context), dedupes by those messages, sh
 `data.seed`, and holds out `data.num_eval_prompts` conversations for evaluation that are never
 trained on:
 
-    RUN/prompts/train.jsonl   {"id": str, "messages": [system?, user_1, user_2, ...]} per line
+    RUN/prompts/train.jsonl   {"id": str, "messages": [system?, user_1, user_2, ...], "group"?: str} per
+                              line; "group": the document a built-in long prompt quotes (its excerpts
+                              overlap: training's held-out split takes them together, data/splits.py)
     RUN/prompts/eval.jsonl    {"id": str, "messages": [system?, user_1]} per line (`prompt_messages`:
                               the evaluation loop is single-turn), held out
 
@@ -41,7 +43,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from eyas.data.long_text import describe, is_long_text
+from eyas.data.long_text import describe, is_long_text, record_documents
 from eyas.data.long_text import records as long_text_records
 from eyas.data.target import resolve_path
 from eyas.errors import InputError
@@ -308,7 +310,10 @@ def run_prompts(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> d
         raise too_few(len(chosen))
     out = stage_dir(run_dir, STAGE)
     write_jsonl(out / "eval.jsonl", [{"id": it["id"], "messages": it["eval"]} for _, it in evals])
-    write_jsonl(out / "train.jsonl", [{"id": it["id"], "messages": it["messages"]} for _, it in train])
+    write_jsonl(
+        out / "train.jsonl",
+        [{k: it[k] for k in ("id", "messages", "group") if k in it} for _, it in train],
+    )
     turns = [sum(m["role"] == "user" for m in it["messages"]) for _, it in train]
     for k, (entry, _) in enumerate(per_source):
         entry["num_chosen"] = sum(j == k for j, _ in evals + train)
@@ -344,19 +349,17 @@ def _unique_prompts(
             path, src.split, src.hub_config, "data.prompts" if plain_ids else f"data.prompts[{k}].source"
         )
         name = src.label()
+        docs = record_documents(path, src.split) if is_long_text(path) else None
         items = []
         for i, conv in enumerate(convs):
             msgs = user_turns(conv, d.system_prompt, d.max_turns)
             key = _key(msgs)
             if key not in seen:
                 seen.add(key)
-                items.append(
-                    {
-                        "id": str(i) if plain_ids else f"{name}:{i}",
-                        "messages": msgs,
-                        "eval": prompt_messages(conv, d.system_prompt),
-                    }
-                )
+                pid = str(i) if plain_ids else f"{name}:{i}"
+                items.append({"id": pid, "messages": msgs, "eval": prompt_messages(conv, d.system_prompt)})
+                if docs is not None:  # excerpts of one document overlap: held out together (data/splits.py)
+                    items[-1]["group"] = f"{name}:{docs[i]}"
         per_source.append(
             (
                 {

@@ -133,8 +133,10 @@ def read_sequences(run_dir: str | Path) -> list[dict]:
 
 
 def conversation_of(seq: dict) -> str:
-    """The conversation a stored sequence is a turn of (runs written before turns were recorded: its id)."""
-    return seq.get("conversation", seq["id"])
+    """What a stored sequence is held out with (data/splits.py): its prompt's group where it has one (the
+    document a built-in long prompt quotes: data/prompts.py), else the conversation it is a turn of (runs
+    written before turns were recorded: its id)."""
+    return seq.get("group") or seq.get("conversation", seq["id"])
 
 
 def capture_order(seqs: list[dict]) -> list[int]:
@@ -164,6 +166,7 @@ class Conversations:
         self.max_prompt_tokens = max_prompt_tokens
         self.harmony = is_harmony(tokenizer)  # once: the vocabulary is 201K entries on gpt-oss
         self.turns = {p["id"]: split_turns(p["messages"]) for p in prompts}  # id -> (system, users)
+        self.groups = {p["id"]: p["group"] for p in prompts if "group" in p}  # data/prompts.py
         self.history: dict[str, list[dict]] = {}  # id -> the messages of the last prompt rendered
 
     def render(self, pid: str, messages: list[dict]) -> list[int]:
@@ -178,6 +181,7 @@ class Conversations:
         return {
             "id": pid if turn == 0 else f"{pid}/{turn}",
             "conversation": pid,
+            **({"group": self.groups[pid]} if pid in self.groups else {}),
             "turn": turn,
             "input_ids": ids + gen,
             "prompt_len": len(ids),

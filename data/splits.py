@@ -11,11 +11,14 @@
              split a table in a recipe comment, the docs or the README reports (`eyas eval`, the default)
 
 A conversation is held out whole: a later turn's prompt carries the earlier turns and the target's answers
-to them, so a split by sequence would train on text the tuning split then scores.
+to them, so a split by sequence would train on text the tuning split then scores. For the same reason the
+built-in long prompts of one document are held out together (their excerpts overlap: data/long_text.py;
+the prompts stage records the document as the prompt's "group").
 """
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import torch
@@ -57,13 +60,20 @@ def tuning_conversations(tr, groups: list[str]) -> set[str]:
 
 
 def split_record(tr, groups: list[str]) -> dict:
-    """What a stage that depends on the split records of it, so a later stage can check it uses the same."""
+    """What a stage that depends on the split records of it, so a later stage can check it uses the same:
+    its settings, and which conversations it holds out (a digest of their sorted ids)."""
     held = tuning_conversations(tr, groups)
     return {
         "val_fraction": float(tr.val_fraction),
         "split_seed": split_seed(tr),
         "num_tuning_conversations": len(held),
+        "tuning_digest": hashlib.sha256("\n".join(sorted(held)).encode()).hexdigest()[:16],
     }
+
+
+def same_split(recorded: dict, ours: dict) -> bool:
+    """Whether a stage's recorded split is `ours` (a record written before the digest: on what it holds)."""
+    return all(ours.get(k) == v for k, v in recorded.items())
 
 
 def run_groups(run_dir: str | Path, num_sequences: int) -> list[str]:
@@ -82,6 +92,8 @@ def tuning_prompts(recipe, run_dir: str | Path) -> list[list[dict]]:
     message and first user turn), in prompt order, less any that a training conversation also starts with."""
     held = tuning_conversations(recipe.train, conversations_in_capture_order(run_dir))
     system = recipe.data.system_prompt
-    firsts = {p["id"]: prompt_messages(p["messages"], system) for p in read_prompts(run_dir, "train")}
-    trained = {str(m) for pid, m in firsts.items() if pid not in held}
-    return [m for pid, m in firsts.items() if pid in held and str(m) not in trained]
+    prompts = read_prompts(run_dir, "train")
+    firsts = {p["id"]: prompt_messages(p["messages"], system) for p in prompts}
+    group = {p["id"]: p.get("group") or p["id"] for p in prompts}  # what the split holds out whole
+    trained = {str(m) for pid, m in firsts.items() if group[pid] not in held}
+    return [m for pid, m in firsts.items() if group[pid] in held and str(m) not in trained]

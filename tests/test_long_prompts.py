@@ -58,6 +58,38 @@ def test_the_prompts_stage_takes_the_train_split():
     assert not {d for d, _, _ in asked} & test_docs
 
 
+def test_a_documents_excerpts_are_one_group_that_the_tuning_split_holds_out_whole(tmp_path):
+    """A document's excerpts overlap (each size's first starts at the top: the shorter is a prefix of the
+    longer), so the prompts stage records the document as each prompt's group, and the held-out split
+    (data/splits.py, through conversation_of) takes a document's excerpts together."""
+    from eyas.data.long_text import record_documents
+    from eyas.data.prompts import read_prompts, run_prompts
+    from eyas.data.regenerate import conversation_of
+    from eyas.data.splits import split_validation
+    from eyas.recipes.load import load_recipe
+
+    rows = records("stdlib-long-8k", "train")
+    docs = record_documents("stdlib-long-8k", "train")
+    assert docs == [d for d, _, _ in parsed(rows)]
+    by_doc: dict[str, list[str]] = {}
+    for d, excerpt, _ in parsed(rows):
+        by_doc.setdefault(d, []).append(excerpt)
+    nested = [d for d, es in by_doc.items() if any(a != b and b.startswith(a) for a in es for b in es)]
+    assert len(nested) > 10  # why they go together
+    recipe = load_recipe(
+        {"data": {"prompts": [{"source": "stdlib-long-8k", "name": "stdlib"}], "num_prompts": 60}}
+    )
+    run_prompts(recipe, tmp_path, progress=False)
+    prompts = read_prompts(tmp_path, "train")
+    for p in prompts:
+        doc, _, _ = parsed([{"prompt": p["messages"][-1]["content"]}])[0]
+        assert p["group"] == f"stdlib:{doc}" and p["group"] == f"stdlib:{docs[int(p['id'].split(':')[1])]}"
+    groups = [conversation_of({"id": p["id"], "conversation": p["id"], "group": p["group"]}) for p in prompts]
+    assert len(set(groups)) < len(groups)  # several excerpts of a document were chosen
+    train, held = split_validation(groups, 0.2, 0)
+    assert held and not {groups[i] for i in train} & {groups[i] for i in held}
+
+
 def test_eval_reports_tau_by_prompt_length(demo_run, tmp_path):
     """The demo's draft over 3 stdlib-long prompts (1-2K tokens with the demo's tokenizer) and 3 short ones:
     each row's by_length splits its prompts into the two buckets, whose verifications and accepted drafts

@@ -1,12 +1,21 @@
 """The three splits (data/splits.py): whole conversations held out for tuning, the vocab counted without
 them, training refusing a vocab counted on another split, and the tuning split as the loop's prompts."""
 
+import hashlib
 import json
+import shutil
 
 import pytest
 from data_fixtures import make_tiny_target
 
-from eyas.data.splits import held_out_split, run_groups, split_validation, tuning_prompts
+from eyas.data.splits import (
+    held_out_split,
+    run_groups,
+    same_split,
+    split_record,
+    split_validation,
+    tuning_prompts,
+)
 from eyas.data.vocab import run_vocab
 from eyas.errors import InputError
 from eyas.layout import mark_done
@@ -87,7 +96,13 @@ def test_vocab_counts_the_training_split_only_and_training_checks_it(tmp_path):
     assert {groups[i] for i in held_out_split(recipe.train, groups)[1]} == {"b"}
     stats = run_vocab(recipe, run, progress=False)
     assert stats["num_tokens"] == 3 and stats["num_distinct_tokens"] == 2  # 3, 3, 5: no 7
-    assert stats["split"] == {"val_fraction": 0.34, "split_seed": 0, "num_tuning_conversations": 1}
+    digest = hashlib.sha256(b"b").hexdigest()[:16]  # which conversations: their sorted ids, hashed
+    assert stats["split"] == {
+        "val_fraction": 0.34,
+        "split_seed": 0,
+        "num_tuning_conversations": 1,
+        "tuning_digest": digest,
+    }
     assert split_groups(recipe.train, run, 4) == groups
     other = TrainSection(val_fraction=0.34, val_seed=1)
     if held_out_split(other, groups)[1] == held_out_split(recipe.train, groups)[1]:
@@ -96,6 +111,17 @@ def test_vocab_counts_the_training_split_only_and_training_checks_it(tmp_path):
         split_groups(other, run, 4)
     with pytest.raises(RuntimeError, match="the regenerate stage holds 4 sequences, the training data 5"):
         run_groups(run, 5)
+    # the same settings and count, other conversations held out (the run re-regenerated under new names):
+    # the counts agree, the digest does not
+    shutil.rmtree(run / "prompts")
+    shutil.rmtree(run / "regenerate")
+    write_run(run, {"a": [[1, 1, 3, 3]], "e": [[1, 1, 7, 7, 7], [1, 1, 7, 7, 7, 7, 7]], "c": [[1, 1, 5]]})
+    ours = split_record(recipe.train, run_groups(run, 4))
+    assert ours["num_tuning_conversations"] == 1 and ours["tuning_digest"] != digest
+    with pytest.raises(InputError, match=r"vocab: counted with the held-out split"):
+        split_groups(recipe.train, run, 4)
+    # a vocab recorded before the digest: judged on what it recorded
+    assert same_split({k: v for k, v in stats["split"].items() if k != "tuning_digest"}, ours)
 
 
 def test_tuning_prompts_are_the_held_out_conversations_first_prompts(tmp_path):

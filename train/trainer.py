@@ -30,7 +30,7 @@ from safetensors.torch import load_file
 from tqdm.auto import tqdm
 
 from eyas import io, layout
-from eyas.data.splits import held_out_split, run_groups, split_record
+from eyas.data.splits import held_out_split, run_groups, same_split, split_record
 from eyas.data.target import cpu_bf16_runs
 from eyas.errors import InputError
 from eyas.interrupts import Interrupted, StopRequest, ignore_in_worker
@@ -449,7 +449,7 @@ def split_groups(tr: TrainSection, run_dir: Path, num_sequences: int) -> list[st
     recorded is taken as it is)."""
     groups = run_groups(run_dir, num_sequences)
     counted = layout.read_done(run_dir, "vocab").get("split") if layout.is_done(run_dir, "vocab") else None
-    if counted is not None and counted != (ours := split_record(tr, groups)):
+    if counted is not None and not same_split(counted, ours := split_record(tr, groups)):
         raise InputError(
             f"{run_dir / 'vocab'}: counted with the held-out split {counted}, but training holds out {ours}: "
             "set train.val_seed / train.val_fraction as the vocab stage had them, or re-run vocab"

@@ -213,13 +213,13 @@ def ttt_forward(
     kv = [([], []) for _ in draft.decoder_layers]  # per layer: keys, values per step (B, n_kv, T, d)
     total = hidden.new_zeros((), dtype=torch.float32)
     chain = ChainState.start(B, hi - lo, input_ids.device)
-    stats = []  # per step: score_step's 7 counts (tensors: one sync at the end)
+    stats = []  # per step: score_step's STEP_ROWS (tensors: one sync at the end)
     out = TTTOutput(total, [], [], [], [], [], run_length=torch.zeros_like(input_ids[:, lo:hi]))
     batch = (input_ids[:, lo:ext], loss_mask[:, lo:ext], doc_ids[:, lo:ext])  # the shard and its halo
     for j in range(ttt_steps):
         embeds = draft.embed_tokens(shift(batch[0], 1 + j)[:, : hi - lo]).to(hidden.dtype)  # of x_{i+1+j}
         cos, sin = draft.rotary(pos + j, hidden.dtype)
-        run = (impl, scale, window, sp, doc_ids, embeds, cos, sin)
+        run = StepInput(impl, scale, window, sp, doc_ids, embeds, cos, sin)
         prenorm = draft_step(draft, hidden, kv, run, checkpoint_layer)  # (B, T, H)
         hidden = draft.feedback(prenorm)  # the next step's input
         if target is None or keep_logits:
@@ -235,30 +235,47 @@ def ttt_forward(
     if sp is not None:  # the whole row's counts and chains on every rank of the group
         stats = sp.sum(stats) if stats is not None else None
         out.run_length = sp.gather(out.run_length)
-    for loss_j, n, n_right, n_base, n_cond, s_base, s_right in stats.tolist() if stats is not None else []:
-        out.step_loss.append(loss_j)
-        out.step_count.append(int(n))
-        out.step_acc.append(n_right / max(n, 1))
-        out.step_cond_acc.append(n_cond / max(n_base, 1))
-        out.step_right.append(int(n_right))
-        out.step_cond_base.append(int(n_base))
-        out.step_cond_right.append(int(n_cond))
-        out.step_sampled_base.append(s_base)
-        out.step_sampled_right.append(s_right)
+    for values in stats.tolist() if stats is not None else []:
+        step = dict(zip(STEP_ROWS, values, strict=True))
+        out.step_loss.append(step["loss"])
+        out.step_count.append(int(step["counted"]))
+        out.step_acc.append(step["right"] / max(step["counted"], 1))
+        out.step_cond_acc.append(step["cond_right"] / max(step["cond_base"], 1))
+        out.step_right.append(int(step["right"]))
+        out.step_cond_base.append(int(step["cond_base"]))
+        out.step_cond_right.append(int(step["cond_right"]))
+        out.step_sampled_base.append(step["sampled_base"])
+        out.step_sampled_right.append(step["sampled_right"])
     out.loss_value = sum(decay**j * x for j, x in enumerate(out.step_loss))
     return out
 
 
+@dataclass(frozen=True)
+class StepInput:
+    """What every decoder layer of TTT step j reads besides its hidden input and the keys / values so far."""
+
+    impl: str  # the attention implementation (train/attention.py resolve)
+    scale: float  # 1 / sqrt(head_dim)
+    window: int | None  # draft.sliding_window (None: full attention)
+    sp: SequenceParallel | None  # None (n = T) or this process's shard of the row
+    doc_ids: torch.Tensor  # (B, T): the packed sequence of each position
+    embeds: torch.Tensor  # (B, n, H): the embeddings of x_{i+1+j}
+    cos: torch.Tensor  # (B, n, head_dim): RoPE at the step's positions
+    sin: torch.Tensor
+
+
+# score_step's counts of one step, in the order of its stats tensor (train/validation.py sums them by name)
+STEP_ROWS = ("loss", "counted", "right", "cond_base", "cond_right", "sampled_base", "sampled_right")
+
+
 def draft_step(
-    draft: Eagle3Draft, hidden: torch.Tensor, kv: list, run: tuple, checkpoint_layer: bool
+    draft: Eagle3Draft, hidden: torch.Tensor, kv: list, run: StepInput, checkpoint_layer: bool
 ) -> torch.Tensor:
     """Step j through every decoder layer; each layer attends over its own keys of every step so far and
     appends this step's. hidden (B, n, H) (n = T, or the shard's tokens under sp); kv: per layer ([keys],
-    [values]) (B, n_kv, T, d) per step (sp: n_kv / P heads); run: (impl, scale, window, sp, doc_ids, embeds,
-    cos, sin). -> (B, n, H) the step's prenorm output."""
-    impl, scale, window, sp, doc_ids, embeds, cos, sin = run
+    [values]) (B, n_kv, T, d) per step (sp: n_kv / P heads). -> (B, n, H) the step's prenorm output."""
     for layer, (keys, values) in zip(draft.decoder_layers, kv, strict=True):
-        args = (layer, impl, scale, window, sp, doc_ids, hidden, embeds, cos, sin, *keys, *values)
+        args = (layer, run, hidden, *keys, *values)
         if checkpoint_layer and torch.is_grad_enabled():
             hidden, k, v = torch.utils.checkpoint.checkpoint(layer_step, *args, use_reentrant=False)
         else:
@@ -305,9 +322,9 @@ def score_step(
     """Step j's loss and counts. Prediction (j, i) is of x_{i+2+j}, with target distribution z_{i+1+j}:
     indices i < L = min(T-2-j, n) only. hidden (B, n, H); batch: input_ids, loss_mask, doc_ids (B, T), T >= n
     (under `sp` this rank's shard and its halo; target likewise); chain: the chains after steps 0..j-1
-    (B, >=L). -> (loss_j, stats (7,): loss, counted, right, cond_base, cond_right, sampled base, sampled right
-    (module docstring); the chains after step j (B, L)). Under `sp` loss_j is the shard's sum over the whole
-    row's count."""
+    (B, >=L). -> (loss_j, stats (7,): STEP_ROWS: loss, counted, right, cond_base, cond_right, sampled base,
+    sampled right (module docstring); the chains after step j (B, L)). Under `sp` loss_j is the shard's sum
+    over the whole row's count."""
     input_ids, loss_mask, doc_ids = batch
     T = input_ids.shape[1]
     L = max(min(T - 2 - j, hidden.shape[1]), 0)
@@ -327,9 +344,16 @@ def score_step(
     if target.mass is not None:
         p_guess = p_guess * target.mass[:, at]
     weight = chain.weight[:, :L]
-    counts = [counted.sum(), (right & counted).sum(), cond_base.sum(), (right & cond_base).sum()]
-    sampled = [(weight * counted).sum(), (weight * p_guess * counted).sum()]
-    stats = torch.stack([loss_j.detach().float(), *(c.float() for c in counts + sampled)])
+    rows = {
+        "loss": loss_j.detach(),
+        "counted": counted.sum(),
+        "right": (right & counted).sum(),
+        "cond_base": cond_base.sum(),
+        "cond_right": (right & cond_base).sum(),
+        "sampled_base": (weight * counted).sum(),
+        "sampled_right": (weight * p_guess * counted).sum(),
+    }
+    stats = torch.stack([rows[name].float() for name in STEP_ROWS])
     # the chain goes on only if the draft was right AND the token fed to step j+1 (x_{i+2+j}) is the one
     # a greedy chain would feed (the target's argmax): with sampled data they differ. At T = 1 it goes on
     # where the accepted guess is the token fed (the captured one), weighted as the module docstring says
@@ -341,20 +365,21 @@ def score_step(
     return loss_j, stats, after
 
 
-def layer_step(layer, impl: str, scale: float, window, sp, doc_ids, hidden, embeds, cos, sin, *kv):
-    """One TTT step of the decoder layer. hidden, embeds (B, n, H); kv: keys then values of the earlier
-    steps (B, n_kv, T, d); doc_ids (B, T); window: draft.sliding_window (None: full attention); sp: None
-    (n = T) or train/sequence_parallel.py's (the attention over every token and this rank's heads: kv in
-    that layout). -> (prenorm output (B, n, H), this step's keys, values as attention saw them)."""
+def layer_step(layer, run: StepInput, hidden, *kv):
+    """One TTT step of the decoder layer. hidden (B, n, H); kv: keys then values of the earlier steps
+    (B, n_kv, T, d); under run.sp the attention runs over every token and this rank's heads (kv in that
+    layout: train/sequence_parallel.py). -> (prenorm output (B, n, H), this step's keys, values as attention
+    saw them)."""
     n = len(kv) // 2
     seen = []
 
     def local(q, k, v):  # scores against the step-0 prefix (causal, same sequence) and the index's own chain
         seen.append((k, v))
-        return ttt_attention(impl, q, [*kv[:n], k], [*kv[n:], v], doc_ids, scale, window)
+        return ttt_attention(run.impl, q, [*kv[:n], k], [*kv[n:], v], run.doc_ids, run.scale, run.window)
 
+    attend = local if run.sp is None else run.sp.attend(local)
     # through forward: FSDP / ZeRO-3 hooks
-    out, _, _ = layer(embeds, hidden, cos, sin, local if sp is None else sp.attend(local), repeat_kv=False)
+    out, _, _ = layer(run.embeds, hidden, run.cos, run.sin, attend, repeat_kv=False)
     return out, *seen[0]
 
 

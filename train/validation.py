@@ -26,7 +26,10 @@ from __future__ import annotations
 
 import torch
 
-from .ttt import model_inputs, simulated_tau
+from .ttt import STEP_ROWS, model_inputs, simulated_tau
+
+# the counts summed per step, by name: TTT's (train/ttt.py STEP_ROWS, but its loss) and the replayed rounds'
+ROWS = (*STEP_ROWS[1:], "accepted", "rounds")
 
 
 def sampled_at_t1(data) -> bool:
@@ -39,7 +42,7 @@ def sampled_at_t1(data) -> bool:
 def validate(module, batches, accelerator, ttt_steps: int, sp=None) -> dict:
     """Sum TTT counts over `batches` (this process's share) and over processes -> metrics dict. Under
     sequence parallelism (`sp`) each process of a group holds its rows' whole counts: the first adds them."""
-    counts = torch.zeros(8, ttt_steps, dtype=torch.float64, device=accelerator.device)
+    counts = torch.zeros(len(ROWS), ttt_steps, dtype=torch.float64, device=accelerator.device)
     loss_sum = torch.zeros((), dtype=torch.float64, device=accelerator.device)
     n_batches = 0
     was_training = module.training
@@ -49,19 +52,18 @@ def validate(module, batches, accelerator, ttt_steps: int, sp=None) -> dict:
         out = module(**model_inputs(batch))
         if int(batch["lengths"].sum()) == 0 or (sp is not None and sp.rank):
             continue  # an empty filler batch (train/schedule.py): it ran only to keep processes in step
-        counts += torch.tensor(
-            [
-                out.step_count,
-                out.step_right,
-                out.step_cond_base,
-                out.step_cond_right,
-                out.step_sampled_base,
-                out.step_sampled_right,
-                *replay(out.run_length, batch["loss_mask"], batch["doc_ids"], ttt_steps),
-            ],
-            dtype=torch.float64,
-            device=counts.device,
-        )
+        accepted, rounds = replay(out.run_length, batch["loss_mask"], batch["doc_ids"], ttt_steps)
+        rows = {
+            "counted": out.step_count,
+            "right": out.step_right,
+            "cond_base": out.step_cond_base,
+            "cond_right": out.step_cond_right,
+            "sampled_base": out.step_sampled_base,
+            "sampled_right": out.step_sampled_right,
+            "accepted": accepted,
+            "rounds": rounds,
+        }
+        counts += torch.tensor([rows[name] for name in ROWS], dtype=torch.float64, device=counts.device)
         loss_sum += out.loss_value
         n_batches += 1
     module.train(was_training)
@@ -70,13 +72,14 @@ def validate(module, batches, accelerator, ttt_steps: int, sp=None) -> dict:
         torch.stack([loss_sum, torch.tensor(float(n_batches), dtype=torch.float64, device=counts.device)]),
         reduction="sum",
     )
-    n, right, base, cond, s_base, s_right, accepted, rounds = counts.tolist()
-    acc = [r / max(c, 1) for r, c in zip(right, n)]
-    cond_acc = [c / max(b, 1) for c, b in zip(cond, base)]
-    sampled = [r / b if b > 0 else 0.0 for r, b in zip(s_right, s_base)]
+    c = dict(zip(ROWS, counts.tolist(), strict=True))  # each row: per step
+    acc = [r / max(n, 1) for r, n in zip(c["right"], c["counted"])]
+    cond_acc = [r / max(b, 1) for r, b in zip(c["cond_right"], c["cond_base"])]
+    sampled = [r / b if b > 0 else 0.0 for r, b in zip(c["sampled_right"], c["sampled_base"])]
+    accepted, rounds = c["accepted"], c["rounds"]
     return {
         "loss": totals[0].item() / max(totals[1].item(), 1),
-        "positions": int(n[0]),
+        "positions": int(c["counted"][0]),
         "acc": acc,
         "cond_acc": cond_acc,
         "simulated_tau": simulated_tau(cond_acc),
