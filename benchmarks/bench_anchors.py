@@ -5,7 +5,7 @@ side by side in eyas's serving loop on the same prompts of one split (data/split
     python benchmarks/bench_anchors.py --run runs/smollm2-135m --split tuning|test [--work peer-work]
         [--epochs 2] [--ttt 5] [--seeds 0 1] [--trainers eyas speculators specforge] [--name eyas]
         [--lr TRAINER=LR[,LR...]] [--speculators-rows 1024] [--k 1 2 3 4 5] [--temperature 0 1]
-        [--num-prompts 8] [--no-eval] [--no-scores] [--probe N] [-- key.sub=value ...]
+        [--eval-seeds 0 1 2] [--num-prompts 8] [--no-eval] [--no-scores] [--probe N] [-- key.sub=value ...]
 
 Each trainer at its best: sweep its lr on the tuning split (`--split tuning --lr specforge=1e-4,3e-4,1e-3`,
 one draft per lr and seed, named `specforge-lr0.0003-sS`), then report every trainer at the lr that won there
@@ -58,12 +58,14 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
 from eyas import layout
 from eyas.data.shards import ShardDataset
 from eyas.data.splits import TUNE_ON, held_out_split, run_groups, split_seed
+from eyas.eval.load import bootstrap_interval, tau_draws
 from eyas.eval.replay import answers_run, score_drafts
 from eyas.pipeline import run_all
 from eyas.recipes.load import load_recipe
@@ -400,31 +402,46 @@ def eval_dtype_overrides(dtype: str) -> list[str]:
 
 
 def evaluate(args, drafts: list[tuple[str, str]]) -> list[dict]:
-    """Every draft in eyas's serving loop, one target load, on --split: the recipe's eval benchmarks (test)
-    or the tuning conversations' first prompts, --num-prompts of each, chains k = args.k at each
-    temperature -> one row per (draft, benchmark, temperature, k)."""
+    """Every draft in eyas's serving loop, one target load per eval seed, on --split: the recipe's eval
+    benchmarks (test) or the tuning conversations' first prompts, --num-prompts of each, chains k = args.k at
+    each temperature; greedy once, T > 0 once per --eval-seeds (request i samples with seed + i) -> one row
+    per (draft, benchmark, temperature, k, eval seed), with its per-prompt counts (the tables' intervals).
+    """
     from eyas.eval.evaluate import run_eval
 
     out = args.work / "eval"
     link_stages(out, args.run, BASE_STAGES)
-    over = [f"eval.num_prompts={args.num_prompts}", *eval_dtype_overrides(args.eval_dtype)]
-    recipe = load_recipe(args.recipe, [*args.overrides, *over])
-    report = run_eval(
-        recipe,
-        out,
-        drafts=drafts,
-        ks=args.k,
-        trees=[],
-        temperatures=args.temperature,
-        concurrency=[args.concurrency],
-        progress=True,
-        force=True,
-        split=args.split,
-    )
     keys = ("draft", "benchmark", "temperature", "k", "acceptance_length", "target_forwards", "lossless")
-    return [
-        {**{k: r[k] for k in keys}, "split": args.split} for r in report["results"] if r.get("k") is not None
-    ]
+    keys += ("per_prompt_accepted", "per_prompt_verifications")
+    points = []
+    for i, seed in enumerate(args.eval_seeds):
+        temps = [t for t in args.temperature if t > 0 or i == 0]  # greedy does not depend on the seed
+        if not temps:
+            continue
+        over = [
+            f"eval.num_prompts={args.num_prompts}",
+            f"eval.seed={seed}",
+            *eval_dtype_overrides(args.eval_dtype),
+        ]
+        recipe = load_recipe(args.recipe, [*args.overrides, *over])
+        report = run_eval(
+            recipe,
+            out,
+            drafts=drafts,
+            ks=args.k,
+            trees=[],
+            temperatures=temps,
+            concurrency=[args.concurrency],
+            progress=True,
+            force=True,
+            split=args.split,
+        )
+        points += [
+            {**{k: r[k] for k in keys}, "split": args.split, "eval_seed": seed}
+            for r in report["results"]
+            if r.get("k") is not None
+        ]
+    return points
 
 
 def pooled(rows: list[dict]) -> float:
@@ -438,26 +455,60 @@ def family(draft: str) -> str:
     return draft.rsplit("-s", 1)[0]
 
 
+def runs(points: list[dict], fam: str, temp: float, k: int) -> list[list[dict]]:
+    """A trainer's loop runs at (temp, k): one per (draft, eval seed), each its rows over the benchmarks."""
+    at = [p for p in points if p["temperature"] == temp and p["k"] == k and family(p["draft"]) == fam]
+    keys = dict.fromkeys((p["draft"], p.get("eval_seed", 0)) for p in at)
+    return [[p for p in at if (p["draft"], p.get("eval_seed", 0)) == key] for key in keys]
+
+
+def cell_draws(cell: list[list[dict]], idx: np.ndarray) -> np.ndarray:
+    """The mean over a cell's runs of tau over each draw of prompts (the same prompts in every run, each
+    run's benchmarks one after another): idx (draws, prompts) -> (draws,)."""
+    taus = []
+    for run in cell:
+        acc = np.concatenate([np.asarray(r["per_prompt_accepted"], dtype=np.float64) for r in run])
+        rounds = np.concatenate([np.asarray(r["per_prompt_verifications"], dtype=np.float64) for r in run])
+        taus.append(tau_draws(acc, rounds, idx))
+    return np.mean(taus, axis=0)
+
+
+def prompts_of(cell: list[list[dict]]) -> int:
+    return sum(len(r["per_prompt_accepted"]) for r in cell[0])
+
+
 def table(args, points: list[dict], trained: list[dict]) -> list[str]:
-    """Per trainer: pooled tau (mean over seeds, then each seed) at every (temperature, k), and tokens/s."""
-    lines = []
+    """Per trainer at every (temperature, k): pooled tau, the mean over its drafts (seeds) and eval seeds,
+    with its 95% bootstrap interval over the prompts (the same prompts drawn for every run: at T > 0 it holds
+    the sampling's noise too), then each seed's; and every other trainer's lead over the first, paired, with
+    its interval: a lead is claimed only where the interval excludes 0."""
+    lines, fams = [], list(dict.fromkeys(family(p["draft"]) for p in points))
     for temp in args.temperature:
-        lines += ["", f"T={temp:g}: tau over all prompts, mean over seeds (each seed)"]
-        lines.append(f"{'trainer':<16}" + "".join(f"{f'k={k}':>22}" for k in args.k) + f"{'train tok/s':>13}")
-        for fam in dict.fromkeys(family(p["draft"]) for p in points):
+        seeds = len(args.eval_seeds) if temp > 0 else 1
+        lines += [
+            "",
+            f"T={temp:g}: tau over all prompts, mean over seeds x {seeds} eval seed(s) [95% interval]",
+        ]
+        lines.append(f"{'trainer':<16}" + "".join(f"{f'k={k}':>34}" for k in args.k) + f"{'train tok/s':>13}")
+        for fam in fams:
             cells = ""
             for k in args.k:
-                at = [
-                    p
-                    for p in points
-                    if p["temperature"] == temp and p["k"] == k and family(p["draft"]) == fam
-                ]
-                taus = [
-                    pooled([p for p in at if p["draft"] == d]) for d in dict.fromkeys(p["draft"] for p in at)
-                ]
-                cells += f"{sum(taus) / len(taus):>8.3f} (" + "/".join(f"{t:.2f}" for t in taus) + ")"
+                cell = runs(points, fam, temp, k)
+                lo, hi = bootstrap_interval(lambda idx: cell_draws(cell, idx), prompts_of(cell)) or (0, 0)
+                each = "/".join(f"{pooled(r):.2f}" for r in cell)
+                cells += f"{np.mean([pooled(r) for r in cell]):>8.3f} [{lo:.3f}-{hi:.3f}] ({each})"
             rates = [t["tokens_per_s"] for t in trained if t["trainer"] == fam]
             lines.append(f"{fam:<16}{cells}" + (f"{sum(rates) / len(rates):>13.0f}" if rates else ""))
+        for fam in fams[1:]:
+            gaps = ""
+            for k in args.k:
+                a, b = runs(points, fams[0], temp, k), runs(points, fam, temp, k)
+                lo, hi = bootstrap_interval(
+                    lambda idx: cell_draws(a, idx) - cell_draws(b, idx), prompts_of(a)
+                )
+                gap = np.mean([pooled(r) for r in a]) - np.mean([pooled(r) for r in b])
+                gaps += f"{gap:>+8.3f} [{lo:+.3f} {hi:+.3f}]" + " " * 11
+            lines.append(f"{fams[0] + ' - ' + fam:<16}{gaps}")
     return lines
 
 
@@ -522,6 +573,14 @@ def parse(argv) -> argparse.Namespace:
     )
     p.add_argument("--k", type=int, nargs="+", default=[1, 2, 3, 4, 5])
     p.add_argument("--temperature", type=float, nargs="+", default=[0.0, 1.0])
+    p.add_argument(
+        "--eval-seeds",
+        type=int,
+        nargs="+",
+        default=[0],
+        help="eval.seed of each T > 0 evaluation (request i samples with seed + i): the sampling's noise "
+        "averaged over them (every draft runs with the same seeds, so its noise is shared by all)",
+    )
     p.add_argument("--num-prompts", type=int, default=8, help="per benchmark of the recipe's eval.benchmarks")
     p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--no-eval", action="store_true", help="train (and import) only")

@@ -77,6 +77,44 @@ def rates(c: dict) -> dict:
     return out
 
 
+RESAMPLES = 2000  # bootstrap draws of the prompts for tau's interval
+LEVEL = 0.95
+
+
+def tau_interval(accepted: list[list[int]], seed: int = 0) -> list[float] | None:
+    """tau's 95% percentile-bootstrap interval over prompts: the prompts drawn with replacement RESAMPLES
+    times, tau = 1 + their accepted drafts / their verifications each time -> [lo, hi]; None under 2 prompts.
+    At T > 0 each prompt's answer is one sample, so the interval holds the sampling noise and the prompts'
+    spread together: a lead between two rows is claimed only beyond it (for rows over the same prompts,
+    paired: bootstrap_interval over tau_draws of each)."""
+    acc, rounds = per_prompt(accepted)
+    return bootstrap_interval(lambda idx: tau_draws(acc, rounds, idx), len(accepted), seed)
+
+
+def per_prompt(accepted: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Per prompt: (accepted drafts, verifications)."""
+    return (
+        np.array([sum(x) for x in accepted], dtype=np.float64),
+        np.array([len(x) for x in accepted], dtype=np.float64),
+    )
+
+
+def tau_draws(acc: np.ndarray, rounds: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """tau over each draw of prompts: acc, rounds (prompts,) per-prompt counts; idx (draws, n) prompt indices
+    -> (draws,)."""
+    return 1 + acc[idx].sum(1) / np.maximum(rounds[idx].sum(1), 1)
+
+
+def bootstrap_interval(stat, n: int, seed: int = 0) -> list[float] | None:
+    """The 95% percentile interval of `stat(idx)` over RESAMPLES draws of n prompts with replacement (idx:
+    (RESAMPLES, n) indices; the same draws for every row a statistic compares: paired) -> [lo, hi]."""
+    if n < 2:
+        return None
+    idx = np.random.default_rng(seed).integers(0, n, size=(RESAMPLES, n))
+    lo, hi = np.quantile(stat(idx), [(1 - LEVEL) / 2, (1 + LEVEL) / 2])
+    return [float(lo), float(hi)]
+
+
 def acceptance(
     emitted: list[list[int]], accepted: list[list[int]], depth: int, select: list[bool] | None = None
 ) -> dict:
@@ -86,12 +124,17 @@ def acceptance(
     off count as accepted, as vLLM's scheduler counts them), so a row of eyas's loop and a row
     read from vLLM's /metrics mean the same thing; `tokens_per_forward` is what the loop emitted per
     verification (SGLang's count): tau less, per verification, the bonus token and the accepted drafts a
-    stop cut off (`cut_verifications`, `cut_drafts`)."""
+    stop cut off (`cut_verifications`, `cut_drafts`); `acceptance_length_ci`: tau's 95% bootstrap interval
+    over the prompts (tau_interval); `per_prompt_accepted`, `per_prompt_verifications`: the counts each
+    prompt adds, for paired comparisons of rows (tau_difference_interval)."""
     rows = [i for i in range(len(emitted)) if select is None or select[i]]
     e, a = [emitted[i] for i in rows], [accepted[i] for i in rows]
     r = rates(counters_from_loop(e, a, depth))
     return {
         "acceptance_length": r["tau"],
+        "acceptance_length_ci": tau_interval(a),
+        "per_prompt_accepted": [sum(x) for x in a],
+        "per_prompt_verifications": [len(x) for x in a],
         "tokens_per_forward": r["tokens_per_forward"],
         "per_position_acceptance": r["per_position_acceptance"],
         "target_forwards": sum(map(len, a)),

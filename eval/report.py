@@ -10,6 +10,10 @@ def _f(x, digits: int = 2) -> str:
     return f"{x:.{digits}f}" if isinstance(x, (int, float)) and not isinstance(x, bool) else "—"
 
 
+def _ci(interval) -> str:
+    return f" ({interval[0]:.3f}–{interval[1]:.3f})" if interval else ""
+
+
 def shape_label(r: dict) -> str:
     if r.get("tree") is not None:
         return "tree " + ",".join(map(str, r["tree"]))
@@ -77,7 +81,8 @@ def results_table(results: list[dict]) -> list[str]:
         "tokens); the baseline is the same engine without a draft at the same concurrency and "
         "temperature. τ is vLLM's mean acceptance length, 1 + accepted drafts / verifications, for every "
         "engine; tokens / forward is what was emitted per verification (τ less the verifications a stop "
-        "cut short; the only one SGLang reports).",
+        "cut short; the only one SGLang reports). τ's brackets: its 95% bootstrap interval over the prompts "
+        "(at T > 0 the sampling's noise too).",
         "",
         "| draft | engine | benchmark | T | C | shape | τ | tokens / forward | per-position acceptance "
         "| tok/s | baseline tok/s | speedup | TTFT p50 ms | ITL p50 / p95 ms | lossless |",
@@ -89,7 +94,7 @@ def results_table(results: list[dict]) -> list[str]:
         ll += f" ({x['numerical_partings']} numerical)" if x.get("numerical_partings") else ""
         lines.append(
             f"| {x['draft']} | {x['engine']} | {x['benchmark']} | {x['temperature']:g} | {x['concurrency']} "
-            f"| {shape_label(x)} | {_f(x['acceptance_length'], 3)} "
+            f"| {shape_label(x)} | {_f(x['acceptance_length'], 3)}{_ci(x.get('acceptance_length_ci'))} "
             f"| {_f(x.get('tokens_per_forward'), 3)} | {pp} "
             f"| {_f(x['output_tokens_per_s'], 1)} | {_f(x['baseline_output_tokens_per_s'], 1)} "
             f"| {_f(x['speedup'])}× | {_f(x['ttft_ms_p50'], 1)} "

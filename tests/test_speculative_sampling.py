@@ -262,3 +262,79 @@ def test_engine_output_distribution(shape, params, wrong_correction):
     assert chi_square_p(run(), exact, n) > ALPHA
     wrong_correction()
     assert chi_square_p(run(), exact, n) < ALPHA, "the test has no power against a wrong correction"
+
+
+def chain_expectation(
+    tree: Tree, logits: torch.Tensor, rows: RowSampling
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A chain's accepted drafts at a verification, by the lossless rule with a one-hot q: the first j are
+    accepted with probability P_j = prod_{i<=j} p_{i-1}(d_i) (p_{i-1}: the target at node i-1, d_i: node i's
+    token). -> (E[a], Var[a]) per row: E = sum_j P_j, E[a^2] = sum_j (2j - 1) P_j."""
+    n, N, V = logits.shape
+    p = target_probs(logits.reshape(n * N, V), rows.repeat(N)).view(n, N, V)
+    step = p[:, :-1].gather(-1, tree.tokens[:, 1:, None]).squeeze(-1)  # (n, S): p_{i-1}(d_i)
+    P = step.double().cumprod(-1)
+    j = torch.arange(1, P.shape[1] + 1, dtype=torch.float64)
+    mean = P.sum(-1)
+    return mean, ((2 * j - 1) * P).sum(-1) - mean**2
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 4, 5])
+def test_t1_acceptance_adds_up_to_its_expectation_in_the_loop(demo_run, monkeypatch, k):
+    """At T = 1 the loop accepts a chain's first j drafts with probability prod_{i<=j} p_{i-1}(d_i)
+    (speculative sampling with the drafter's one-hot q), so over every round of the demo draft on the demo
+    target (32 of its held-out prompts, 160 tokens each, all in flight) the accepted drafts add up to the sum
+    of those expectations, computed from each verification's own logits: |z| < 4 for k = 1..5 (z: realized
+    minus expected total over the square root of the summed variances). A verifier that accepts by a sharper p
+    (p squared, renormalised) fails at every k: what a fault in the T = 1 loop's acceptance would show, as
+    against noise in tau(k) (docs/benchmarks.md's T = 1 rows carry their bootstrap intervals)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import eyas.serve.decoding.engine as E
+    from eyas import layout
+    from eyas.data.chat import render_prompt
+    from eyas.data.target import resolve_path
+    from eyas.eval.benchmarks import held_out
+    from eyas.train.checkpoint import load_draft_beside
+
+    target = AutoModelForCausalLM.from_pretrained(resolve_path("eyas-demo"), dtype=torch.float32).eval()
+    draft = load_draft_beside(layout.run_checkpoint(demo_run), target)
+    tok = AutoTokenizer.from_pretrained(resolve_path("eyas-demo"))
+    prompts = [render_prompt(tok, m) for m in held_out(demo_run, 32).messages]
+    real_verify = E.verify
+
+    def z_score(verify_fn) -> float:
+        seen = []
+
+        def recording(tree, logits, rows, steps):
+            mean, var = chain_expectation(tree, logits, rows)
+            out = verify_fn(tree, logits, rows, steps)
+            seen.append((out.accepted.double(), mean, var))
+            return out
+
+        monkeypatch.setattr(E, "verify", recording)
+        eng = Engine(target, draft, TreeShape.chain(k), max_batch=len(prompts))
+        eng.run(
+            [
+                Request(p, SamplingParams(temperature=1.0, max_tokens=160, seed=i))
+                for i, p in enumerate(prompts)
+            ]
+        )
+        eng.close()
+        real, mean, var = (torch.cat(x) for x in zip(*seen))
+        assert len(real) > 1000 and mean.mean() > 0.3 * min(k, 2)  # many rounds, drafts often accepted
+        return float((real.sum() - mean.sum()) / var.sum().sqrt())
+
+    z = z_score(real_verify)
+    print(f"k={k}: z = {z:+.2f}")
+    assert abs(z) < 4
+    sharp = lambda logits, rows: (lambda q: q / q.sum(-1, keepdim=True))(target_probs(logits, rows) ** 2)  # noqa: E731
+
+    def faulty(tree, logits, rows, steps):
+        monkeypatch.setattr(S, "target_probs", sharp)
+        try:
+            return real_verify(tree, logits, rows, steps)
+        finally:
+            monkeypatch.setattr(S, "target_probs", target_probs)
+
+    assert abs(z_score(faulty)) > 4, "the test has no power against a wrong acceptance rule"

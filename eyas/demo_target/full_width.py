@@ -85,16 +85,16 @@ def run_overrides() -> list[str]:
     return [*RUN_OVERRIDES, f"data.backend={backend}", f"capture.backend={backend}"]
 
 
-def full_width_config():
-    """gpt-oss-120b's config (eyas/gpt_oss.py) with LAYERS layers (sliding and full attention in turn, as
-    gpt-oss's first LAYERS are) and EXPERTS experts."""
+def full_width_config(layers: int = LAYERS, experts: int = EXPERTS):
+    """gpt-oss-120b's config (eyas/gpt_oss.py) with `layers` layers (sliding and full attention in turn, as
+    gpt-oss's first layers are) and `experts` experts (top-4: at most 4). gpt-oss-20b's depth: 24 and 32."""
     from transformers import GptOssConfig
 
     return GptOssConfig(
         **GPT_OSS_SHARED,
         **HUB_CONFIG_REST,
-        num_hidden_layers=LAYERS,
-        num_local_experts=EXPERTS,
+        num_hidden_layers=layers,
+        num_local_experts=experts,
     )
 
 
@@ -164,14 +164,14 @@ def full_width_tokenizer(vocab_size: int):
     return tok
 
 
-def build_full_width_target(out_dir: str | Path) -> dict:
+def build_full_width_target(out_dir: str | Path, layers: int = LAYERS, experts: int = EXPERTS) -> dict:
     """Write the target's files into `out_dir` (the marker last). -> the marker's contents."""
     from safetensors.torch import save_file
     from transformers import GenerationConfig
 
     t0, out = time.time(), Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    cfg = full_width_config()
+    cfg = full_width_config(layers, experts)
     weights = dict(random_weights(cfg))
     save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
     cfg.save_pretrained(out)
@@ -183,7 +183,7 @@ def build_full_width_target(out_dir: str | Path) -> dict:
     tok.save_pretrained(out)
     stored = sum(t.numel() * t.element_size() for t in weights.values())
     info = {
-        "build": _params(),
+        "build": _params(layers, experts),
         "stored_bytes": stored,
         "vocab": len(tok),
         "build_s": round(time.time() - t0, 1),
@@ -192,14 +192,21 @@ def build_full_width_target(out_dir: str | Path) -> dict:
     return info
 
 
-def _params() -> dict:
-    return {"version": VERSION, "layers": LAYERS, "experts": EXPERTS, "seed": SEED}
+def _params(layers: int = LAYERS, experts: int = EXPERTS) -> dict:
+    return {"version": VERSION, "layers": layers, "experts": experts, "seed": SEED}
 
 
-def ensure_full_width_target(force: bool = False) -> Path:
-    """The target's directory, built on first use into eyas's cache (`$EYAS_CACHE/full-width-target-vN`)."""
-    path = cache_root() / CACHE_NAME
-    if build_once(path, MARKER, _params(), build_full_width_target, force):
+def ensure_full_width_target(force: bool = False, layers: int = LAYERS, experts: int = EXPERTS) -> Path:
+    """The target's directory, built on first use into eyas's cache (`$EYAS_CACHE/full-width-target-vN`;
+    with other than LAYERS layers and EXPERTS experts, `...-vN-L{layers}-E{experts}`: gpt-oss-20b's depth,
+    24 and 32, for benchmarks/gpu_check.py)."""
+    name = CACHE_NAME if (layers, experts) == (LAYERS, EXPERTS) else f"{CACHE_NAME}-L{layers}-E{experts}"
+    path = cache_root() / name
+
+    def build(out: Path) -> dict:
+        return build_full_width_target(out, layers, experts)
+
+    if build_once(path, MARKER, _params(layers, experts), build, force):
         info = json.loads((path / MARKER).read_text())
         size = info["stored_bytes"] / 1e9
         print(f"full-width target built in {info['build_s']:.0f} s at {path} ({size:.2f} GB)")
