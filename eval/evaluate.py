@@ -45,9 +45,10 @@ from eyas.eval.benchmarks import Benchmark, held_out, load_benchmark, tuning
 from eyas.eval.load import LoadResult, acceptance, by_length, draft_time_by_prompt, pct, run_engine
 from eyas.eval.report import report_markdown
 from eyas.recipes.schema import Recipe
-from eyas.serve.decoding.attention import set_block_bytes
+from eyas.serve.decoding.attention import block_bytes
+from eyas.serve.decoding.defaults import PREFILL_TOKENS
 from eyas.serve.decoding.engine import Engine, Request
-from eyas.serve.decoding.reference import PREFILL_TOKENS, greedy_generate
+from eyas.serve.decoding.reference import greedy_generate
 from eyas.serve.decoding.sampling import SamplingParams
 from eyas.serve.decoding.tree import TreeShape
 from eyas.stages import STAGE_ORDER
@@ -208,13 +209,13 @@ def run_eval(
     if layout.is_done(run_dir, "eval") and not force and all(a is None for a in asked):
         return json.loads((run_dir / layout.REPORT_JSON).read_text())
     t0 = time.perf_counter()
-    set_block_bytes(recipe.eval.attention_block_mb << 20)  # the loop's, the references' and the verdict's
     settings = resolve_settings(recipe, run_dir, drafts, ks, trees, concurrency, temperatures, servers)
     fix = "place it over more GPUs (target.device_map: auto); eyas's loop runs the target in transformers"
     model, tok = load_recipe_target(eval_target(recipe), fix=fix)
     loaded = load_drafts(settings.drafts, model)
     benches = resolve_benchmarks(recipe, run_dir, benchmarks, split)
-    sweep = measure(recipe, model, tok, loaded, benches, settings, progress)
+    with block_bytes(recipe.eval.attention_block_mb << 20):  # the loop's, the references' and the verdict's
+        sweep = measure(recipe, model, tok, loaded, benches, settings, progress)
     plain_t1 = recipe.eval.top_p == 1.0 and recipe.eval.top_k <= 0
     greedy_text = float(recipe.data.temperature) == 0.0
     validation = attach_simulated_tau(sweep.results, run_dir, settings.drafts, plain_t1, greedy_text)

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from eyas.errors import InputError
 from eyas.recipes.types import DeviceMap, Dtype, Names, Num, Weights, either
+from eyas.serve.decoding.defaults import ATTENTION_BLOCK_MB, PREFILL_TOKENS
 
 DEVICE_MAP_PLANS = ("auto", "balanced", "balanced_low_0", "sequential")
 Attention = Literal["auto", "flex", "sdpa", "chunked", "dense"]
@@ -322,13 +323,13 @@ class EvalSection(Section):
         None, description="the target's dtype in the loop (null: target.dtype); float32: exact lossless check"
     )
     prefill_tokens: int = Field(
-        8192,
+        PREFILL_TOKENS,
         ge=16,
         description="tokens per target forward when prompts are prefilled: a longer prompt goes in chunks "
         "(the loop, the greedy references and the verdict alike)",
     )
     attention_block_mb: int = Field(
-        1024,
+        ATTENTION_BLOCK_MB,
         ge=1,
         description="MiB of attention scores per block of query rows, where the target's attention is eager "
         "(gpt-oss, for its sinks: serve/decoding/attention.py)",

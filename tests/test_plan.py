@@ -130,6 +130,31 @@ def test_long_context_plan_scales_activations_and_training_rate():
         plan(load_recipe("gpt-oss-120b-long-context", ["train.sequence_parallel=3"]), "8xH200")
 
 
+def test_eval_memory_of_the_long_context_recipe_matches_hand_computation():
+    """eyas/plan/eval_memory.py on recipes/gpt-oss-120b-long-context.yaml (bf16, 16 requests of 128K tokens,
+    prefill chunks of 8,192, 1 GiB attention blocks), against gpt-oss-120b's dimensions by hand, and the line
+    `eyas plan` prints with it."""
+    from eyas.plan.cost import count_draft, target_config
+    from eyas.plan.eval_memory import eval_memory
+
+    r = load_recipe("gpt-oss-120b-long-context")
+    cfg, _ = target_config(r)
+    m = eval_memory(r, cfg, count_draft(r, cfg).config, 0.0, 2)
+    k = r.eval.k
+    per_slot = (36 * 2 * 8 * 64 + 1 * 2 * 8 * 64) * 2  # the target's 36 layers and the draft's one, KV heads
+    assert (m.rows, m.context) == (16, 131072)
+    assert m.kv == m.kv_growth == 16 * (131072 + 2 * (k + 1) + k) * per_slot
+    H, I = 2880, 2880
+    layer = (6 * H + (64 * 2 + 2 * 8) * 64 + 4 * (4 * H + 8 * I)) * 2  # top-4 experts' grouped_mm rows
+    per_token = layer + 3 * H * 2 + (8 * H + 3 * 17280) * 2  # + the aux states, the draft's layer
+    logits = 16 * (201088 * (2 + 4) + 32000 * 4)
+    assert m.activations == 4 * 8192 * 131072 + (1024 << 20) + 8192 * per_token + logits
+    p = plan(r, "8xH100")
+    e = p.eval_memory
+    assert (e.kv, e.activations) == (m.kv, m.activations) and p.process_bytes["eval"] == e.total
+    assert f"eval (eyas's loop): {e.total / 1e9:,.1f} GB = weights {e.weights / 1e9:,.1f} GB" in render(r, p)
+
+
 @pytest.mark.parametrize(
     "text,expected",
     [("8xH100", (8, "H100")), ("4xA100 80GB", (4, "A100")), ("H200", (1, "H200")), ("2xB200", (2, "B200"))],

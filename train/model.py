@@ -407,8 +407,16 @@ class Eagle3Draft(nn.Module):
                 else:
                     mask = mask[:, None]  # (B, 1, T, L): the same for every head
                 # enable_gqa: query head h reads KV head h // groups, as repeat_kv would give it (bitwise the
-                # same on the CPU's memory-efficient kernel, which takes it without a repeated copy)
+                # same on the CPU's memory-efficient kernel, which takes it without a repeated copy). On CUDA,
+                # SDPA with a mask and grouped KV heads takes its math kernel, (q x kv) scores: the serving
+                # loop's blocks instead (bounded memory for a long prompt's chunks)
                 gqa = k_all.shape[1] != q.shape[1]
+                if gqa and q.is_cuda:
+                    from eyas.serve.decoding.attention import attend_in_blocks
+
+                    m = mask if mask.dim() == 4 else mask[None, None]
+                    o = attend_in_blocks(q, k_all, v_all, m, attention_scale(q.shape[-1]))  # (B, T, H, d)
+                    return o.transpose(1, 2)
                 return F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask, enable_gqa=gqa)
 
             return attend

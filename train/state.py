@@ -1,12 +1,12 @@
 """Training's saved state, for resuming: RUN/train/state/ holds what accelerate saves (the draft, the
 optimizer and the scheduler, sharded under FSDP2 / DeepSpeed, each process's RNG) and step.json
 ({"step": optimizer steps done, "tokens": tokens trained on over all processes, "layout": what dealt the rows
-and set the schedule: the process count and the recipe's draft and train sections}).
+and set the schedule: the process count, the launcher and the recipe's draft and train sections}).
 
-A resume is exact or refused: with another process count, or another value of a key that deals rows or shapes
-the schedule and the model (train.grad_accum, train.sequence_parallel, train.batch_size, train.epochs, ...;
-every draft and train key but RESUME_FREE's), the re-deal would repeat some rows and skip others, so
-`load_latest` raises one error naming the keys, before anything is loaded.
+A resume is exact or refused: with another process count or launcher, or another value of a key that deals
+rows or shapes the schedule and the model (train.grad_accum, train.sequence_parallel, train.batch_size,
+train.epochs, ...; every draft and train key but RESUME_FREE's), the re-deal would repeat some rows and skip
+others, so `load_latest` raises one error naming the keys, before anything is loaded.
 
 Every process writes its part into one temporary directory (the main process's `io.atomic_dir`, its
 name broadcast to the others), which replaces state/ once all have finished: a kill or a full disk
@@ -45,9 +45,14 @@ RESUME_FREE = {
 LAYOUT_SECTIONS = ("draft", "train")
 
 
-def resume_layout(num_processes: int, recipe: dict) -> dict:
-    """What a saved state must be resumed with: the process count, the recipe's draft and train sections."""
-    return {"num_processes": num_processes, "recipe": {s: recipe[s] for s in LAYOUT_SECTIONS}}
+def resume_layout(num_processes: int, launcher: str, recipe: dict) -> dict:
+    """What a saved state must be resumed with: the process count, the launcher (ddp, fsdp, deepspeed: each
+    saves its own state layout), the recipe's draft and train sections."""
+    return {
+        "num_processes": num_processes,
+        "launcher": launcher,
+        "recipe": {s: recipe[s] for s in LAYOUT_SECTIONS},
+    }
 
 
 def layout_changes(saved: dict, now: dict) -> list[str]:
@@ -55,9 +60,11 @@ def layout_changes(saved: dict, now: dict) -> list[str]:
     RESUME_FREE's keys."""
     from eyas.recipes.load import changed_keys
 
-    out = []
-    if saved["num_processes"] != now["num_processes"]:
-        out.append(f"num_processes {saved['num_processes']} -> {now['num_processes']}")
+    out = [
+        f"{key} {saved[key]} -> {now[key]}"
+        for key in ("num_processes", "launcher")
+        if key in saved and saved[key] != now[key]  # (a state saved before the launcher was recorded)
+    ]
     for key in changed_keys(saved["recipe"], now["recipe"], LAYOUT_SECTIONS):
         if key not in RESUME_FREE:
             sec, _, rest = key.partition(".")

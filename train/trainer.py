@@ -37,7 +37,14 @@ from eyas.interrupts import Interrupted, StopRequest, ignore_in_worker
 from eyas.recipes.schema import Recipe
 
 from .checkpoint import load_draft, save_draft
-from .distributed import accelerator_kwargs, check_deepspeed, configure_fsdp2, full_state_dict, process_state
+from .distributed import (
+    accelerator_kwargs,
+    check_deepspeed,
+    configure_fsdp2,
+    full_state_dict,
+    launcher_kind,
+    process_state,
+)
 from .model import OPTIONS, DraftConfig, Eagle3Draft, Rotary
 from .online_vllm import ProducerStopped, VllmFeed, feed_stats, start_feed
 from .optim import make_optimizer
@@ -257,7 +264,7 @@ class Training:
     @property
     def layout(self) -> dict:
         """What the saved state records and a resume must match (train/state.py resume_layout)."""
-        return resume_layout(self.acc.num_processes, self.recipe.to_dict())
+        return resume_layout(self.acc.num_processes, launcher_kind(), self.recipe.to_dict())
 
 
 def run_train(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> dict:

@@ -14,8 +14,9 @@ benchmarks/bench_long_prompt.py measures it: the weights, the KV caches and the 
                     attention   eval.attention_block_mb of scores where the target's attention is eager
                                 (gpt-oss: serve/decoding/attention.py); SDPA's kernels keep no scores
                     per token   the decoder layer's live tensors (residual, norms, q/k/v, attention
-                                output, the MoE router's one-hot (int64) and one expert's gate/up/down),
-                                the aux states the draft reads, the draft layer's own
+                                output, and for an MoE each of its top-k experts' gathered input,
+                                gate/up, gate and down projection: per_token_bytes), the aux states the
+                                draft reads, the draft layer's own
                     logits      the last position's, per request, in the dtype and in fp32
 
 The context a request is planned at: the longest of data.max_prompt_tokens and train.max_length (the
@@ -27,6 +28,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from eyas.serve.decoding.defaults import spare_slots
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -55,22 +58,26 @@ def eval_context(recipe: Recipe, cfg: PretrainedConfig) -> int:
     return min(longest, getattr(cfg, "max_position_embeddings", None) or longest)
 
 
+def head_dim(cfg: PretrainedConfig) -> int:
+    return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+
+
 def kv_bytes_per_slot(cfg: PretrainedConfig, draft: DraftConfig, element: int) -> int:
     """One slot of every layer's keys and values: the target's and the draft's."""
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    target = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * head_dim
+    target = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * head_dim(cfg)
     return (target + draft.num_layers * 2 * draft.num_key_value_heads * draft.head_dim) * element
 
 
 def per_token_bytes(cfg: PretrainedConfig, draft: DraftConfig, element: int) -> int:
     """The live tensors of one prefill token (module docstring): the target's decoder layer, the aux states,
-    the draft's layer; the MoE router's one-hot is int64."""
-    H, d = cfg.hidden_size, getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    qkv = (cfg.num_attention_heads * 2 + 2 * cfg.num_key_value_heads) * d  # q, attention output, k, v
-    experts = getattr(cfg, "num_local_experts", 0)
+    the draft's layer. An MoE layer (transformers' grouped_mm experts, its default) holds, for each of the
+    token's top-k experts, its gathered input (H), gate/up with its gathered bias (2 x 2I), the gate's
+    temporaries (4I) and the down projection with its bias and weighting (3H); a dense MLP, gate/up/down."""
+    H = cfg.hidden_size
+    qkv = (cfg.num_attention_heads * 2 + 2 * cfg.num_key_value_heads) * head_dim(cfg)  # q, attn out, k, v
     topk = getattr(cfg, "num_experts_per_tok", 0)
-    moe = 3 * cfg.intermediate_size + H  # one expert's gate/up (2I), gated (I), output (H)
-    layer = (6 * H + qkv + moe) * element + topk * experts * 8
+    mlp = topk * (4 * H + 8 * cfg.intermediate_size) if topk else 3 * cfg.intermediate_size + H
+    layer = (6 * H + qkv + mlp) * element
     aux = len(draft.aux_layer_ids) * draft.target_hidden_size * element
     draft_layer = (8 * draft.hidden_size + 3 * draft.intermediate_size) * element
     return layer + aux + draft_layer
@@ -82,7 +89,7 @@ def eval_memory(
     """The plan's eval memory (module docstring); `weights`: the target's and the draft's bytes as held."""
     ev = recipe.eval
     context, rows = eval_context(recipe, cfg), max(ev.concurrency)
-    spare = 2 * (ev.k + 1) + ev.k  # a round's speculative entries past the context (engine.py)
+    spare = spare_slots(ev.k + 1, ev.k, 1)  # a chain's speculative entries past the context
     kv = rows * (context + spare) * kv_bytes_per_slot(cfg, draft, element)
     tokens = min(ev.prefill_tokens, rows * context)
     eager = getattr(cfg, "model_type", "") == "gpt_oss"  # sinks: no SDPA, blocked eager attention

@@ -18,8 +18,9 @@ it may see, then the next block:
 
 Each row's numbers are those of transformers' eager attention (gpt-oss's `eager_attention_forward`, with
 sinks; Llama's, without: fp32 softmax): the same scores, the masked keys at the dtype's minimum (their
-weights underflow to exactly 0 either way), the same softmax. Only the summation over keys may run in
-another order where a block reads fewer keys. `tests/test_chunked_prefill.py` holds it equal to eager.
+weights underflow to exactly 0 either way), the same softmax. Where a block reads every key the result is
+eager's bitwise; where it reads a range (a sliding layer's window, a causal block's past, on multiples of
+ALIGN) the sums over keys run in another order: within 2e-7 in fp32 (`tests/test_chunked_prefill.py`).
 
 Registered with transformers as the attention implementation "eyas_blocked" (and sdpa's bool masks for it:
 `use_blocked_attention`); the engine (engine.py), the greedy reference (reference.py) and the verdict use it
@@ -29,10 +30,15 @@ for every target whose own implementation is not SDPA. Memory per forward: the b
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 
+from eyas.serve.decoding.defaults import ATTENTION_BLOCK_MB
+
 NAME = "eyas_blocked"
-BLOCK_BYTES = 1 << 30  # the score tensors of one query block: 1 GiB (eval.attention_block_mb)
+BLOCK_BYTES = ATTENTION_BLOCK_MB << 20  # the score tensors of one query block (eval.attention_block_mb)
 _budget = {"bytes": BLOCK_BYTES}
 
 
@@ -48,21 +54,36 @@ def blocked_attention(
     s_aux: torch.Tensor | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
-    """transformers' attention-function signature: query (B, H, q, d), key / value (B, H_kv, kv, d),
-    attention_mask (B or 1, 1, q, kv) bool (True: attend) or additive (0 / dtype min), or None: causal with
-    the q queries last, within `sliding_window`; s_aux (H,): gpt-oss's sinks. -> ((B, q, H, d), None)."""
+    """transformers' attention-function signature (s_aux: gpt-oss's sinks) -> (attend_in_blocks's output,
+    no weights)."""
+    return attend_in_blocks(query, key, value, attention_mask, scaling, sliding_window, s_aux), None
+
+
+def attend_in_blocks(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None,
+    scaling: float,
+    window: int | None = None,
+    sinks: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """query (B, H, q, d), key / value (B, H_kv, kv, d), mask (B or 1, 1, q, >= kv) bool (True: attend) or
+    additive (0 / dtype min), or None: causal with the q queries last, within `window`; sinks (H,) or None
+    (Llama's softmax, in fp32). -> (B, q, H, d). Also the draft's attention on CUDA, where SDPA with a mask
+    and grouped KV heads falls back to its math kernel and its (q x kv) scores (train/model.py)."""
     B, H, q, d = query.shape
     kv = key.shape[2]
     out = query.new_empty(B, q, H, d)
     rows = block_rows(B, H, q, kv, query.element_size())
     for s in range(0, q, rows):
         e = min(q, s + rows)
-        allowed = block_mask(attention_mask, s, e, q, kv, sliding_window, query.device)
+        allowed = block_mask(mask, s, e, q, kv, window, query.device)
         lo, hi = key_range(allowed)
         out[:, s:e] = _block(
-            query[:, :, s:e], key[:, :, lo:hi], value[:, :, lo:hi], allowed[..., lo:hi], scaling, s_aux
+            query[:, :, s:e], key[:, :, lo:hi], value[:, :, lo:hi], allowed[..., lo:hi], scaling, sinks
         )
-    return out, None
+    return out
 
 
 def block_rows(B: int, H: int, q: int, kv: int, element: int) -> int:
@@ -77,7 +98,7 @@ def block_mask(
     """Query rows s..e of the mask as bool (B or 1, 1, e-s, kv); None: causal, the q queries at the last
     positions, keys older than `window` hidden (transformers' sliding_window_overlay)."""
     if mask is not None:
-        m = mask[:, :, s:e]
+        m = mask[:, :, s:e, :kv]  # (a mask may run past the keys, as transformers' eager slices it)
         return m if m.dtype == torch.bool else m == 0
     qpos = torch.arange(kv - q + s, kv - q + e, device=device)[:, None]
     kpos = torch.arange(kv, device=device)[None]
@@ -127,8 +148,19 @@ def _block(
 
 
 def set_block_bytes(n: int) -> None:
-    """The score budget of every later block (eval.attention_block_mb; tests make blocks small)."""
+    """The score budget of every later block (tests make blocks small; eval: block_bytes)."""
     _budget["bytes"] = int(n)
+
+
+@contextmanager
+def block_bytes(n: int) -> Iterator[None]:
+    """The score budget of the blocks run inside (eval.attention_block_mb), the one before it back after."""
+    before = _budget["bytes"]
+    set_block_bytes(n)
+    try:
+        yield
+    finally:
+        set_block_bytes(before)
 
 
 def memory_efficient(model) -> None:

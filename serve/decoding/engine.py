@@ -44,7 +44,7 @@ from eyas.data.target import HiddenStateTap, compute_dtype, decoder_layers, inpu
 from eyas.serve.decoding import masks as M
 from eyas.serve.decoding.attention import memory_efficient
 from eyas.serve.decoding.cache import RowKVCache
-from eyas.serve.decoding.reference import PREFILL_TOKENS
+from eyas.serve.decoding.defaults import DECODE_RESERVE, PREFILL_TOKENS, spare_slots
 from eyas.serve.decoding.sampling import RowSampling, SamplingParams, sample, verify
 from eyas.serve.decoding.tree import TreeShape, select_tree
 
@@ -128,7 +128,7 @@ class Engine:
         self.max_model_len = max_model_len or getattr(self.config, "max_position_embeddings", None) or 1 << 30
         self.profile = profile
         # growth by doubling stops at the context (and a round's speculative entries past it)
-        spare = 2 * shape.num_draft_tokens + shape.steps * shape.topk if shape else 1
+        spare = spare_slots(shape.num_draft_tokens, shape.steps, shape.topk) if shape else 1
         self.tcache = RowKVCache(max_batch, max_slots=self.max_model_len + spare)
         self.waiting: deque[Request] = deque()
         self.rows: list[Request] = []
@@ -287,7 +287,7 @@ class Engine:
         rows = self._sampling(row0, row0 + n)
         t0 = time.perf_counter()
         pad, width = q - lens, max(1, min(q, self.prefill_tokens // n))
-        self._reserve(group, q + width)  # (a chunk's padding goes after its real entries)
+        self._reserve(group)
         for s in range(0, q, width):
             e = min(q, s + width)
             done = (s - pad).clamp(min=0)  # each row's tokens already in the cache
@@ -317,16 +317,17 @@ class Engine:
         if self.profile:
             self.stats.append(StepStats("prefill", n, q, 0, now - t0, now - t0, n))
 
-    def _reserve(self, group: list[Request], prefill_slots: int) -> None:
-        """Grow the caches once, for the whole of each joining request (its prompt, its max_tokens, a round's
-        speculative entries; at most the context): a long prompt's cache is not grown (copied) chunk by chunk
-        and again while it decodes."""
+    def _reserve(self, group: list[Request]) -> None:
+        """Grow the caches once for a joining group: each request's prompt (every write of its chunks lies
+        below it) and up to DECODE_RESERVE tokens of its answer, with a round's speculative entries, at most
+        the context. A long prompt's caches are not grown (copied) chunk by chunk; a longer answer grows them
+        by doubling as it decodes. (The caches are max_batch rows wide: `eyas serve`'s max_tokens, the whole
+        context, must not reserve the whole context for every row.)"""
         spare = self.tcache.max_slots - self.max_model_len
-        need = max(len(r.prompt) + r.params.max_tokens for r in group) + spare
-        slots = max(prefill_slots, min(need, self.tcache.max_slots))
-        self.tcache.reserve(slots)
+        need = max(len(r.prompt) + min(r.params.max_tokens, DECODE_RESERVE) for r in group) + spare
+        self.tcache.reserve(min(need, self.tcache.max_slots))
         if self.draft is not None:
-            self.dcache.reserve(slots)
+            self.dcache.reserve(min(need, self.dcache.max_slots))
 
     # ------------------------------------------------------------------ 2-5. one iteration
 

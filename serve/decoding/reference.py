@@ -14,10 +14,7 @@ import time
 import torch
 
 from eyas.serve.decoding.attention import memory_efficient
-
-PREFILL_TOKENS = (
-    8192  # tokens per prefill forward (eval.prefill_tokens): the engine's chunks, the references'
-)
+from eyas.serve.decoding.defaults import PREFILL_TOKENS
 
 
 @torch.no_grad()
