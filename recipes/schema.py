@@ -224,6 +224,17 @@ class VocabSection(Section):
 
 
 class DraftSection(Section):
+    kind: Literal["eagle3", "peagle"] = Field(
+        "eagle3",
+        description="eagle3: a chain (or tree) of draft forwards, trained with TTT; peagle: P-EAGLE, all K "
+        "drafts of a round from one forward (mask slots), trained with COD sampling (train/kinds.py)",
+    )
+    mask_token_id: int | None = Field(
+        None,
+        ge=0,
+        description="peagle: the mask slots' input token (vLLM's pard_token); null: the target's pad token, "
+        "else its vocabulary's last id",
+    )
     intermediate_size: int | None = Field(None, ge=1, description="MLP width (null: the target's)")
     num_attention_heads: int | None = Field(None, ge=1, description="attention heads (null: the target's)")
     num_key_value_heads: int | None = Field(None, ge=1, description="key/value heads (null: the target's)")
@@ -272,6 +283,14 @@ class TrainSection(Section):
         description="processes one row is spread over (Ulysses, train/sequence_parallel.py): it divides the "
         "draft's query and key/value heads and the process count (P x D processes: D rows at a time)",
     )
+    cod_ratio: Num = Field(
+        0.7,
+        gt=0,
+        le=1,
+        description="draft.kind peagle: depth d trains on a random max(cod_ratio**d, cod_floor) of the "
+        "positions (COD sampling, nested; speculators' default 0.7); 1: every position",
+    )
+    cod_floor: Num = Field(0.2, gt=0, le=1, description="draft.kind peagle: the share no depth goes below")
     attention: Attention = Field("auto", description="TTT attention")
     checkpoint_layer: bool = Field(False, description="recompute each step's layer in backward: less memory")
     compile: Literal["auto", "on", "off"] = Field("auto", description="torch.compile the norms and MLP")
@@ -390,6 +409,10 @@ class Recipe(Section):
         check(not tr.keep_best or (tr.val_every > 0 and tr.val_fraction > 0), "train.keep_best", best)
         for i, k in enumerate(self.eval.more_k):
             check(1 <= k <= t, f"eval.more_k[{i}]", f"k={k} must be in 1..train.ttt_steps={t}")
+        parallel = "P-EAGLE proposes a chain of K drafts from one forward: no trees; give eval.k"
+        check(self.draft.kind != "peagle" or not self.eval.tree, "eval.tree", parallel)
+        sp = "with draft.kind peagle is not supported yet (COD sampling spans a whole row): use 1"
+        check(self.draft.kind != "peagle" or tr.sequence_parallel == 1, "train.sequence_parallel", sp)
         for i, spec in enumerate(self.eval.tree):
             try:
                 steps = TreeShape.parse(spec).steps

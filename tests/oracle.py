@@ -18,9 +18,10 @@ class OracleEngine(Engine):
     def __init__(self, *args, truth: dict[str, list[int]], p_wrong: float, seed: int = 0, **kw):
         super().__init__(*args, **kw)
         self.truth, self.p_wrong, self.rng = truth, p_wrong, random.Random(seed)
+        propose = self._propose  # the draft kind's own proposal (a tree of forwards, or parallel drafts)
+        self._propose = lambda n, n_max, B: self._rewrite(propose(n, n_max, B), B)
 
-    def _draft_tree(self, n, n_max, B):
-        tree = super()._draft_tree(n, n_max, B)
+    def _rewrite(self, tree, B):
         tokens = tree.tokens.tolist()
         parents, depth = tree.parents.tolist(), tree.depth.tolist()
         for b in range(B):

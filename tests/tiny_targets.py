@@ -35,15 +35,18 @@ def tiny_gpt_oss(
     return model
 
 
-def draft_for(target, seed, aux_ids=None):
-    """A random EAGLE-3 draft for `target` (its embedding; draft vocab = every other target id)."""
-    from eyas.train.model import DraftConfig, Eagle3Draft
+def draft_for(target, seed, aux_ids=None, kind="eagle3"):
+    """A random draft of `kind` (EAGLE-3; peagle: P-EAGLE with mask token 3) for `target` (its embedding;
+    draft vocab = every other target id)."""
+    from eyas.train.kinds import make_draft
+    from eyas.train.model import DraftConfig
 
     tc = target.config
     torch.manual_seed(seed)
     ids = aux_ids or [0, 2, tc.num_hidden_layers - 1]
-    cfg = DraftConfig.from_target_config(tc, ids, draft_vocab_size=tc.vocab_size // 2)
-    d = Eagle3Draft(cfg)
+    mask = {"kind": kind, "mask_token_id": 3} if kind == "peagle" else {}
+    cfg = DraftConfig.from_target_config(tc, ids, draft_vocab_size=tc.vocab_size // 2, **mask)
+    d = make_draft(cfg)
     d.embed_tokens.weight.data.copy_(target.get_input_embeddings().weight)
     kept = torch.arange(cfg.draft_vocab_size) * 2  # every other target id
     t2d = torch.zeros(cfg.vocab_size, dtype=torch.bool)

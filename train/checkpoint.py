@@ -21,6 +21,7 @@ from eyas import io
 from eyas.data.target import LAYER_ID_CONVENTION
 from eyas.errors import InputError
 
+from .kinds import make_draft
 from .model import DraftConfig, Eagle3Draft, Rotary
 
 
@@ -105,7 +106,7 @@ def load_draft(
     # checkpoint's tensors copied in one at a time: beside the draft, at most one tensor of the file in memory
     # (a built, initialised fp32 draft and the whole file would be 7 GB more at gpt-oss-120b's widths)
     with torch.device("meta"):
-        draft = Eagle3Draft(cfg)
+        draft = make_draft(cfg)
     shared = embed is not None and embed.dtype == dtype and embed.device == torch.device(device)
     if shared:  # no storage of its own (gpt-oss-120b's: 1.16 GB in bf16)
         draft.embed_tokens.weight = None

@@ -52,7 +52,15 @@ import torch.nn.functional as F
 from torch import nn
 
 # recipe `draft` switches
-OPTIONS = ("norm_before_fc", "norm_before_residual", "num_layers", "norm_output", "sliding_window")
+OPTIONS = (
+    "norm_before_fc",
+    "norm_before_residual",
+    "num_layers",
+    "norm_output",
+    "sliding_window",
+    "kind",
+    "mask_token_id",
+)
 
 
 @dataclass
@@ -79,6 +87,10 @@ class DraftConfig:
     # attention over the last `sliding_window` positions only (a query at position p sees keys at p - W + 1
     # .. p, as transformers' and vLLM's windows); None: all of them
     sliding_window: int | None = None
+    # the draft kind (train/kinds.py): eagle3 (a chain of draft forwards) or peagle (one forward, K drafts)
+    kind: str = "eagle3"
+    # peagle: the input token of the mask slots (vLLM's pard_token / mask_token_id)
+    mask_token_id: int | None = None
 
     def __post_init__(self):
         if self.target_hidden_size is None:

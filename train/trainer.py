@@ -45,6 +45,7 @@ from .distributed import (
     launcher_kind,
     process_state,
 )
+from .kinds import kind_of, make_draft
 from .model import OPTIONS, DraftConfig, Eagle3Draft, Rotary
 from .online_vllm import ProducerStopped, VllmFeed, feed_stats, start_feed
 from .optim import make_optimizer
@@ -80,9 +81,25 @@ def draft_config(recipe: Recipe, tcfg, aux_layer_ids: list[int], draft_vocab_siz
         norm_before_fc=d.norm_before_fc,
         norm_before_residual=d.norm_before_residual,
         num_layers=d.num_layers,
-        norm_output=d.norm_output,
+        # P-EAGLE never feeds a draft's output back (one forward a round): norm_output has no effect on it,
+        # and vLLM's speculators loader drops it for peagle
+        norm_output=d.norm_output and d.kind != "peagle",
         sliding_window=d.sliding_window,
+        kind=d.kind,
+        mask_token_id=mask_token(d, tcfg) if d.kind == "peagle" else None,
     )
+
+
+def mask_token(d, tcfg) -> int:
+    """draft.mask_token_id, else the target's pad token (gpt-oss: 199999, <|endoftext|>), else the vocab's
+    last id: a token the mask slots take as input (its embedding is the target's, frozen; mask_hidden
+    learns what the slots need)."""
+    if d.mask_token_id is not None:
+        if d.mask_token_id >= tcfg.vocab_size:
+            raise ValueError(f"draft.mask_token_id={d.mask_token_id}: the target has {tcfg.vocab_size} ids")
+        return d.mask_token_id
+    pad = getattr(tcfg, "pad_token_id", None)
+    return pad if isinstance(pad, int) and 0 <= pad < tcfg.vocab_size else tcfg.vocab_size - 1
 
 
 def build_draft(recipe: Recipe, run_dir: Path, heads: dict[str, torch.Tensor]) -> Eagle3Draft:
@@ -110,7 +127,7 @@ def build_draft(recipe: Recipe, run_dir: Path, heads: dict[str, torch.Tensor]) -
             )
         return draft
     torch.manual_seed(recipe.train.seed)
-    draft = Eagle3Draft(cfg)
+    draft = make_draft(cfg)
     draft.embed_tokens.weight.data.copy_(heads["embed"].float())
     draft.set_vocab_map(vocab["d2t"], vocab["t2d"])
     if d.lm_head != "random":  # speculators: lm_head = the target's lm_head[t2d], frozen
@@ -354,6 +371,8 @@ def _setup_training(recipe, run_dir, acc, heads, index, online, feed, out_dir) -
         tr.loss,
         sampled_at_t1(recipe.data),
         sp,
+        kind_of(draft.config).forward,
+        {"cod": (tr.cod_ratio, tr.cod_floor)} if draft.config.kind == "peagle" else None,
     )
     if acc.is_fsdp2:
         configure_fsdp2(acc, draft)
@@ -681,7 +700,7 @@ def write_draft(t: Training, weights: dict, path: Path, extra: dict) -> None:
     if not t.acc.is_main_process:
         return
     with torch.device("meta"):  # no second, initialised draft: it takes the gathered tensors as they are
-        draft = Eagle3Draft(t.draft_config)
+        draft = make_draft(t.draft_config)
     draft.load_state_dict(
         {k[len("draft.") :]: v for k, v in weights.items() if k.startswith("draft.")}, assign=True
     )

@@ -235,6 +235,15 @@ def ttt_forward(
     if sp is not None:  # the whole row's counts and chains on every rank of the group
         stats = sp.sum(stats) if stats is not None else None
         out.run_length = sp.gather(out.run_length)
+    fill_counts(out, stats, decay)
+    return out
+
+
+def fill_counts(out: TTTOutput, stats: torch.Tensor | list | None, decay: float) -> None:
+    """The steps' STEP_ROWS counts (steps, 7) (or a list of (7,) tensors) into `out`'s per-step lists (one
+    device sync), and the loss over the whole rows."""
+    if isinstance(stats, list):
+        stats = torch.stack(stats) if stats else None
     for values in stats.tolist() if stats is not None else []:
         step = dict(zip(STEP_ROWS, values, strict=True))
         out.step_loss.append(step["loss"])
@@ -247,7 +256,6 @@ def ttt_forward(
         out.step_sampled_base.append(step["sampled_base"])
         out.step_sampled_right.append(step["sampled_right"])
     out.loss_value = sum(decay**j * x for j, x in enumerate(out.step_loss))
-    return out
 
 
 @dataclass(frozen=True)
@@ -411,9 +419,15 @@ class TTTModule(torch.nn.Module):
         loss: str = "kl",
         sampled_text: bool = False,
         sp: SequenceParallel | None = None,
+        unroll=None,
+        options: dict | None = None,
     ):
         super().__init__()
         self.draft = draft
+        # the kind's training unroll (train/kinds.py: ttt_forward, cod_forward) and its own keyword options,
+        # passed in training only (P-EAGLE's COD sampling: validation counts every anchor)
+        self.unroll = unroll or ttt_forward
+        self.options = options or {}
         self.register_buffer("lm_head_weight", lm_head_weight.detach(), persistent=False)  # (V, H_t)
         self.ttt_steps, self.decay = ttt_steps, decay
         self.attention, self.checkpoint_layer, self.loss = attention, checkpoint_layer, loss
@@ -428,7 +442,7 @@ class TTTModule(torch.nn.Module):
             target = target_view(final, self.lm_head_weight, self.draft)
         else:
             target = topk_view(teacher_ids, teacher_logprobs, self.draft)
-        out = ttt_forward(
+        out = self.unroll(
             self.draft,
             aux,
             input_ids,
@@ -442,6 +456,7 @@ class TTTModule(torch.nn.Module):
             loss=self.loss,
             sampled_text=self.sampled_text,
             sp=self.sp,
+            **(self.options if self.training else {}),  # validation (eval mode): the kind's exact defaults
         )
         if self.sp is not None:  # averaged over P x D processes, P parts must add up (sequence_parallel.py)
             out.loss = out.loss * self.sp.size

@@ -155,14 +155,14 @@ def count_draft(recipe: Recipe, cfg: PretrainedConfig) -> DraftCount:
     """Parameters of the draft the recipe trains on this target, built on the meta device."""
     from eyas.data.target import text_config
     from eyas.recipes.load import check_against_target
-    from eyas.train.model import Eagle3Draft
+    from eyas.train.kinds import make_draft
     from eyas.train.trainer import draft_config, lm_head_trains
 
     tcfg = text_config(cfg)
     ids = check_against_target(recipe, tcfg.num_hidden_layers, tcfg.vocab_size)
     dcfg = draft_config(recipe, tcfg, ids, min(recipe.vocab.draft_vocab_size, tcfg.vocab_size))
     with torch.device("meta"):
-        draft = Eagle3Draft(dcfg)
+        draft = make_draft(dcfg)
     draft.lm_head.weight.requires_grad_(lm_head_trains(recipe.draft.lm_head))  # as training builds it
     trainable = draft.num_parameters()
     return DraftCount(

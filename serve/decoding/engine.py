@@ -141,6 +141,13 @@ class Engine:
         self.tap = None
         self.closed = False
         if draft is not None:
+            # each draft kind's proposal (train/kinds.py): a tree of draft forwards, or K drafts from one
+            proposers = {"eagle3": self._draft_tree, "peagle": self._draft_parallel}
+            self._propose = proposers[draft.config.kind]
+            if draft.config.kind == "peagle" and not shape.is_chain:
+                raise ValueError(
+                    f"a P-EAGLE draft proposes a chain of K drafts from one forward, not a {shape.label}"
+                )
             self.tap = HiddenStateTap(target, draft.config.aux_layer_ids)
             self.dcache = RowKVCache(max_batch, max_slots=self.max_model_len + spare)
             H = draft.config.hidden_size
@@ -362,7 +369,7 @@ class Engine:
             return
 
         S, N = self.shape.steps, self.shape.num_draft_tokens
-        tree = self._draft_tree(n, n_max, B)
+        tree = self._propose(n, n_max, B)
         self._sync()
         t1 = time.perf_counter()
         slots = n[:, None] + torch.arange(N, device=dev)
@@ -454,6 +461,31 @@ class Engine:
             torch.cat(cand_score, 1),
             torch.cat(cand_par, 1),
             torch.cat(cand_depth, 1),
+            self.shape,
+        )
+
+    def _draft_parallel(self, n: torch.Tensor, n_max: int, B: int):
+        """Step 2 for P-EAGLE (train/peagle.py): the chain's first draft from the draft head (the step-0 entry
+        of x_n), the other K - 1 from ONE draft forward of mask slots at positions n..n+K-2, each seeing the
+        committed entries and the slots before it (vLLM's parallel drafting). Greedy drafts, as a chain's."""
+        K, dev, d = self.shape.steps, self.device, self.draft
+        p, i = self.head_logits[:B].softmax(-1).max(-1)  # (B,) depth 0
+        probs, ids = [p[:, None]], [i[:, None]]
+        if K > 1:
+            mask_ids, hidden = d.mask_inputs((B, K - 1))
+            pos = n[:, None] + torch.arange(K - 1, device=dev)  # (B, K-1) positions = their draft slots
+            vis = torch.ones(K - 1, K - 1, dtype=torch.bool, device=dev).tril()[None].expand(B, -1, -1)
+            _, logits = self._draft_step(0, mask_ids, hidden, pos, n, pos, pos, vis, n_max + K - 1, False)
+            p, i = logits.float().softmax(-1).max(-1)  # (B, K-1)
+            probs.append(p)
+            ids.append(i)
+        depth = torch.arange(1, K + 1, device=dev).expand(B, K)
+        return select_tree(
+            self.pending[:B],
+            d.to_target_ids(torch.cat(ids, 1)),
+            torch.cat(probs, 1).cumprod(1),  # a chain's scores: each node below its parent
+            depth - 2,  # parents: the previous node (-1: the root)
+            depth,
             self.shape,
         )
 

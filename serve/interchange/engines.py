@@ -133,6 +133,11 @@ def problems(
         raise ValueError(f"unknown engine {engine!r}; choose from {', '.join(ENGINES)}")
     found = _common_problems(cfg)
     label = ENGINE_LABELS[engine]
+    if cfg.kind == "peagle" and engine in ("sglang", "trtllm"):
+        found.append(
+            f"draft kind peagle (parallel drafting): {label}'s EAGLE-3 worker drafts one token per forward "
+            "and reads no mask_hidden; serve it with vLLM (parallel_drafting, vLLM 0.32 llama_eagle3.py)"
+        )
     if cfg.norm_before_residual and engine in ("sglang", "trtllm"):
         found.append(
             f"norm_before_residual: {label}'s first draft layer always keeps the raw hidden state as "

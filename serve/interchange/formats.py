@@ -50,7 +50,8 @@ from dataclasses import dataclass
 
 import torch
 
-from eyas.train.model import DraftConfig, Eagle3Draft
+from eyas.train.kinds import make_draft
+from eyas.train.model import DraftConfig
 
 FORMATS = ("eagle3", "speculators")
 
@@ -142,9 +143,20 @@ def window_fields(cfg: DraftConfig) -> dict:
     return {"layer_types": ["sliding_attention"] * cfg.num_layers, "sliding_window": cfg.sliding_window}
 
 
+def parallel_keys(cfg: DraftConfig) -> dict:
+    """A P-EAGLE draft's (train/peagle.py) mask token: vLLM 0.32's llm_base_proposer reads `mask_token_id`
+    (then `pard_token`) from the draft config for the mask slots; the weights add `mask_hidden`
+    (1, n_aux * H_t), which llama_eagle3.py requires when the speculative config sets parallel_drafting."""
+    return (
+        {"mask_token_id": cfg.mask_token_id, "pard_token": cfg.mask_token_id} if cfg.kind == "peagle" else {}
+    )
+
+
 def eagle3_config(cfg: DraftConfig, dtype: torch.dtype) -> dict:
-    """config.json of the eagle3 (release) layout."""
+    """config.json of the eagle3 (release) layout (a P-EAGLE draft: plus its mask token, served with
+    `"parallel_drafting": true` in vLLM's speculative config)."""
     return {
+        **parallel_keys(cfg),
         "architectures": [EAGLE3_ARCHITECTURE],
         **llama_layer_config(cfg, dtype),
         # lm_head rows. SGLang: absent/null means "take lm_head from the target" (full vocab);
@@ -183,8 +195,10 @@ def speculators_config(
     """config.json of the speculators layout (vLLM SpeculatorsConfig + speculators Eagle3SpeculatorConfig)."""
     return {
         "architectures": [SPECULATORS_ARCHITECTURE],
-        # vLLM detects the format by this key; "eagle3" selects update_eagle3 in algos.py
-        "speculators_model_type": "eagle3",
+        # vLLM detects the format by this key; "eagle3" selects update_eagle3 in algos.py, "peagle"
+        # update_peagle (mask_token_id -> pard_token) and a speculative config with parallel_drafting
+        "speculators_model_type": "peagle" if cfg.kind == "peagle" else "eagle3",
+        **({"mask_token_id": cfg.mask_token_id} if cfg.kind == "peagle" else {}),
         # vLLM: becomes the draft's hf_config (architectures replaced by Eagle3LlamaForCausalLM)
         "transformer_layer_config": llama_layer_config(cfg, dtype),
         "draft_vocab_size": cfg.draft_vocab_size,
@@ -198,7 +212,7 @@ def speculators_config(
         "embed_requires_grad": False,
         "torch_dtype": dtype_name(dtype),
         "speculators_config": {
-            "algorithm": "eagle3",
+            "algorithm": cfg.kind,
             "default_proposal_method": "greedy",
             # vLLM SpeculatorsConfig: proposal_methods[0].speculative_tokens becomes
             # num_speculative_tokens (required by validate_speculators_config)
@@ -246,7 +260,7 @@ def meta_state_shapes(cfg: DraftConfig) -> dict[str, tuple[tuple[int, ...], torc
     the build (transformers' YaRN init cannot run on meta tensors)."""
     plain = dataclasses.replace(cfg, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
     with torch.device("meta"):
-        draft = Eagle3Draft(plain)
+        draft = make_draft(plain)
     return {n: (tuple(t.shape), t.dtype) for n, t in draft.state_dict().items()}
 
 

@@ -40,6 +40,7 @@ from safetensors.torch import load_file
 
 from eyas.errors import InputError, as_input
 from eyas.train.checkpoint import save_draft
+from eyas.train.kinds import make_draft
 from eyas.train.model import DraftConfig, Eagle3Draft
 
 from .formats import (
@@ -120,10 +121,10 @@ def detect_layout(raw: dict, where: str) -> str:
     if "eyas" in raw:
         return "eyas"
     if "speculators_model_type" in raw:
-        if raw["speculators_model_type"] != "eagle3":
+        if raw["speculators_model_type"] not in ("eagle3", "peagle"):
             raise DraftFormatError(
                 f"{where}: speculators_model_type {raw['speculators_model_type']!r}; "
-                "only 'eagle3' drafts can be imported"
+                "only 'eagle3' and 'peagle' drafts can be imported"
             )
         return "speculators"
     architectures = raw.get("architectures") or []
@@ -244,6 +245,7 @@ def published_config(raw: dict, layout: str, target: str | None, where: str, not
     draft_vocab = raw.get("draft_vocab_size") or lcfg.vocab_size
     target_hidden = raw.get("target_hidden_size") or lcfg.hidden_size
     eagle_config = raw.get("eagle_config") or {}
+    parallel = _parallel(raw, where)
     return DraftConfig(
         hidden_size=lcfg.hidden_size,
         num_attention_heads=lcfg.num_attention_heads,
@@ -263,9 +265,25 @@ def published_config(raw: dict, layout: str, target: str | None, where: str, not
         norm_before_fc=bool(eagle_config.get("norm_before_fc", raw.get("norm_before_fc", False))),
         norm_before_residual=bool(raw.get("norm_before_residual", False)),
         num_layers=int(lcfg.num_hidden_layers),
-        norm_output=bool(raw.get("norm_output", False)),  # vLLM algos.update_eagle3: absent = false
+        # vLLM algos.update_eagle3: absent = false. P-EAGLE never feeds a draft's output back (one forward a
+        # round): norm_output has no effect on it (vLLM's update_peagle drops it)
+        norm_output=bool(raw.get("norm_output", False)) and not parallel,
         sliding_window=_sliding_window(raw.get("transformer_layer_config") or raw, where),
+        **parallel,
     )
+
+
+def _parallel(raw: dict, where: str) -> dict:
+    """A P-EAGLE draft (speculators_model_type peagle, or a mask token in the config) -> its kind and mask
+    token, read in vLLM 0.32's order (llm_base_proposer: mask_token_id, pard_token, ptd_token_id)."""
+    mask = next(
+        (raw[k] for k in ("mask_token_id", "pard_token", "ptd_token_id") if raw.get(k) is not None), None
+    )
+    if raw.get("speculators_model_type") == "peagle" and mask is None:
+        raise DraftFormatError(f"{where}: a peagle draft without mask_token_id (vLLM requires it)")
+    if mask is None:
+        return {}
+    return {"kind": "peagle", "mask_token_id": int(mask)}
 
 
 def _sliding_window(layer_raw: dict, where: str) -> int | None:
@@ -294,7 +312,7 @@ def normalize_names(state: dict[str, torch.Tensor], where: str) -> dict[str, tor
             name = (EYAS_LAYER_PREFIX if m.group(1) == "0" else f"layers.{m.group(1)}.") + m.group(2)
         if name in out:
             raise DraftFormatError(f"{where}: tensor {name} appears twice under different published names")
-        out[name] = tensor
+        out[name] = tensor.reshape(1, -1) if name == "mask_hidden" else tensor  # speculators: (1, 1, n_aux*H)
     return out
 
 
@@ -381,7 +399,7 @@ def read_published(
 
 
 def build_draft(cfg: DraftConfig, state: dict[str, torch.Tensor], dtype: torch.dtype) -> Eagle3Draft:
-    draft = Eagle3Draft(cfg)
+    draft = make_draft(cfg)
     draft.load_state_dict(state, strict=True)
     return draft.to(dtype=dtype).eval()
 

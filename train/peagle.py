@@ -1,0 +1,226 @@
+"""P-EAGLE: all K drafts of a round from ONE draft forward (parallel drafting, arXiv 2602.01469).
+
+The draft is EAGLE-3's (`train/model.py`: fc over the aux states, the same decoder layers, norm, lm_head),
+plus two things that stand in for what a parallel slot does not have:
+
+    mask_token_id   the input token of every slot past the first (the draft config's `mask_token_id`,
+                    exported as vLLM's `pard_token`)
+    mask_hidden     (1, n_aux * H_t) learnable: the aux states of those slots, fused by fc like real ones
+
+One round, after the target verified up to x_n (draft cache: step-0 entries for positions 0..n-1):
+
+    slot      0                  1            2           ...  K-1
+    token     x_n (pending)      mask         mask             mask       (the step-0 entry at n-1 is slot 0;
+    hidden    fc(aux_{n-1})      fc(mask_h)   fc(mask_h)       fc(mask_h)  the loop already ran it)
+    position  n-1                n            n+1              n+K-2
+    predicts  x_{n+1}            x_{n+2}      x_{n+3}          x_{n+K}
+                 causal attention over the committed entries and the earlier slots
+
+so depth d of an anchor i (slot d after the step-0 entry at i) predicts x_{i+2+d} from the context up to
+x_{i+1} and its own slots 1..d -- EAGLE-3's TTT attention pattern (`train/attention.py`: the step-0
+prefix, causal, plus the index's own chain), with mask inputs instead of the chain's own outputs. So
+training reuses TTT's attention, its teacher (`TargetView`), its loss and its counts (`train/ttt.py`); a
+depth's inputs do not depend on the depth before it.
+
+COD sampling (training only; validation keeps every anchor so its counts and replay are exact): depth d
+keeps a random share max(cod_ratio**d, cod_floor) of the counted positions, drawn from the anchors depth
+d-1 kept (nested: a kept slot's earlier slots are all there; speculators' `generate_cod_sample_indices`).
+The layers, the MLP, the norms and the loss run over the kept anchors only, so their memory grows as
+sum_d max(r**d, floor) x T instead of depths x T (r = 0.7, floor 0.2, 8 depths: 3.1 T, not 8 T). The
+attention kernels (`train/attention.py`) take queries aligned with their index, so a depth's kept queries
+and keys are scattered into (B, heads, T, d) for the attention call and its output gathered back: attention
+still costs a (T x T) pass per depth, as TTT's does (its memory is O(T) per depth).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.utils.checkpoint
+from torch import nn
+
+from .attention import resolve, ttt_attention
+from .model import DraftConfig, Eagle3Draft, attention_scale
+from .packing import positions_in_doc
+from .ttt import ChainState, StepInput, TargetView, TTTOutput, draft_step, fill_counts, score_step, shift
+
+# COD defaults: speculators 0.9.0's P-EAGLE trainer (down_sample_ratio 0.7, down_sample_ratio_min 0.2)
+COD_RATIO, COD_FLOOR = 0.7, 0.2
+
+
+class PEagleDraft(Eagle3Draft):
+    """EAGLE-3's draft plus the mask slots' inputs: `mask_hidden` (1, n_aux * H_t), config.mask_token_id."""
+
+    def __init__(self, cfg: DraftConfig):
+        if cfg.mask_token_id is None or not 0 <= cfg.mask_token_id < cfg.vocab_size:
+            raise ValueError(
+                f"a P-EAGLE draft needs draft.mask_token_id in [0, {cfg.vocab_size}), got {cfg.mask_token_id}"
+            )
+        super().__init__(cfg)
+        self.mask_hidden = nn.Parameter(torch.empty(1, cfg.fc_in_features))
+        nn.init.normal_(self.mask_hidden)  # std 1, as speculators' randn: comparable to normed aux states
+
+    def mask_inputs(self, shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The mask slots' (token ids `shape`, fused hidden `shape` + (H,)): one mask token and
+        fc(mask_hidden) for every slot (vLLM's llm_base_proposer: combine_hidden_states(mask_hidden))."""
+        hidden = self.fuse(self.mask_hidden)[0]  # (H,)
+        ids = torch.full(shape, self.config.mask_token_id, dtype=torch.long, device=hidden.device)
+        return ids, hidden.expand(*shape, -1)
+
+
+def cod_anchors(valid: list[torch.Tensor], ratio: float, floor: float, generator=None) -> list[torch.Tensor]:
+    """COD sampling. valid[d] (B, T) bool: where depth d's prediction counts -> kept[d] (B, T) bool for
+    d >= 1, nested (kept[d] within kept[d-1] and valid[d]), about max(ratio**d, floor) x the counted positions
+    of depth 0 each (all candidates when fewer). ratio 1: every counted position."""
+    base = int(valid[0].sum()) if valid else 0
+    kept, prev = [], None
+    for d in range(1, len(valid)):
+        cand = valid[d] if prev is None else valid[d] & prev
+        size = int(base * max(ratio**d, floor))
+        flat = cand.flatten().nonzero().squeeze(-1)
+        if flat.numel() > size:
+            pick = torch.randperm(flat.numel(), generator=generator, device="cpu")[:size].to(flat.device)
+            mask = torch.zeros_like(cand).flatten()
+            mask[flat[pick]] = True
+            cand = mask.view_as(cand)
+        kept.append(cand)
+        prev = cand
+    return kept
+
+
+def counted_at(d: int, loss_mask: torch.Tensor, doc_ids: torch.Tensor) -> torch.Tensor:
+    """(B, T) bool: index i's depth-d prediction, of x_{i+2+d}, counts (loss-masked, in i's own sequence)."""
+    ahead = 2 + d
+    ok = shift(loss_mask.bool(), ahead, False) & (shift(doc_ids, ahead, -1) == doc_ids)
+    return ok
+
+
+def cod_forward(
+    draft: PEagleDraft,
+    aux: torch.Tensor,
+    input_ids: torch.Tensor,
+    loss_mask: torch.Tensor,
+    doc_ids: torch.Tensor,
+    target: TargetView | None,
+    depths: int,
+    decay: float = 0.8,
+    attention: str = "auto",
+    keep_logits: bool = False,
+    checkpoint_layer: bool = False,
+    loss: str = "kl",
+    sampled_text: bool = False,
+    sp=None,
+    cod: tuple[float, float] = (1.0, 1.0),
+    generator: torch.Generator | None = None,
+) -> TTTOutput:
+    """`depths` parallel depths over a right-padded (optionally packed) batch: TTT's inputs and outputs
+    (`train/ttt.py` ttt_forward, whose counts, loss and teacher these are), depth d in the place of TTT step
+    d. aux (B, T, n_aux*H_t); input_ids, loss_mask, doc_ids (B, T). `cod` (ratio, floor): the share of the
+    counted positions each depth keeps (module docstring); (1, 1) keeps them all. With `keep_logits` (or no
+    target) out.logits[d] (B, T, V_d) holds depth d's logits at its kept anchors, zeros elsewhere."""
+    if sp is not None:
+        raise ValueError(
+            "train.sequence_parallel > 1 with draft.kind: peagle is not supported yet: train P-EAGLE with "
+            "train.sequence_parallel: 1 (DDP, FSDP2 or ZeRO over the processes)"
+        )
+    B, T = input_ids.shape
+    impl = resolve(attention, input_ids.device, draft.config.sliding_window)
+    pos = positions_in_doc(doc_ids)  # (B, T) RoPE positions, restarting per packed sequence
+    valid = [counted_at(d, loss_mask, doc_ids) for d in range(depths)]
+    kept = [torch.ones_like(valid[0]), *cod_anchors(valid, *cod, generator=generator)]
+
+    hidden = draft.fuse(aux)  # (B, T, H) depth 0: EAGLE-3's step 0
+    kv = [([], []) for _ in draft.decoder_layers]
+    embeds = draft.embed_tokens(shift(input_ids, 1)).to(hidden.dtype)
+    cos, sin = draft.rotary(pos, hidden.dtype)
+    run = StepInput(
+        impl,
+        attention_scale(draft.config.head_dim),
+        draft.config.sliding_window,
+        None,
+        doc_ids,
+        embeds,
+        cos,
+        sin,
+    )
+    prenorm = draft_step(draft, hidden, kv, run, checkpoint_layer)  # (B, T, H), kv: the step-0 keys
+
+    out = TTTOutput(hidden.new_zeros((), dtype=torch.float32), [], [], [], [], [])
+    out.run_length = torch.zeros_like(input_ids)
+    chain, stats, total = ChainState.start(B, T, input_ids.device), [], out.loss
+    for d in range(depths):
+        if d:
+            flat = kept[d].flatten().nonzero().squeeze(-1)  # (N,) kept anchors b * T + i
+            prenorm = depth_forward(draft, kv, flat, d, pos, run, checkpoint_layer)
+        if target is None or keep_logits:
+            out.logits.append(draft.logits(prenorm) * kept[d][..., None])
+        if target is None:
+            continue
+        # TTT's score of step d, its counts restricted to the kept anchors (a prediction of x_{i+2+d} counts
+        # where anchor i was kept): the loss and counts of the kept anchors only
+        masked = loss_mask.bool() & shift_right(kept[d], 2 + d)
+        loss_d, step, chain = score_step(
+            draft, prenorm, d, (input_ids, masked, doc_ids), target, chain, loss, sampled_text
+        )
+        chain.text &= kept[d][:, : chain.text.shape[1]]
+        out.run_length[:, : chain.text.shape[1]] += chain.text
+        total = total + (decay**d) * loss_d
+        stats.append(step)
+    out.loss = total
+    fill_counts(out, stats, decay)
+    return out
+
+
+def shift_right(t: torch.Tensor, s: int) -> torch.Tensor:
+    """(B, T) bool t moved s places right along dim 1, False filling the left: out[:, p] = t[:, p - s]."""
+    return torch.cat([torch.zeros_like(t[:, :s]), t[:, : t.shape[1] - s]], dim=1)
+
+
+def depth_forward(
+    draft: PEagleDraft, kv: list, flat: torch.Tensor, d: int, pos: torch.Tensor, run: StepInput, ckpt: bool
+) -> torch.Tensor:
+    """Depth d >= 1 at the kept anchors `flat` (N,) (b * T + i): the mask slots through every layer, each
+    attending to the step-0 keys up to its anchor and its own slots 1..d. kv: per layer ([keys], [values]) of
+    depths 0..d-1 on the (B, n_kv, T, d) grid; this depth's are appended. -> prenorm (B, T, H), zeros off
+    the anchors."""
+    B, T = pos.shape
+    ids, hidden = draft.mask_inputs((1, flat.numel()))  # (1, N), (1, N, H)
+    embeds = draft.embed_tokens(ids).to(hidden.dtype)
+    cos, sin = draft.rotary(pos.reshape(1, -1)[:, flat] + d, hidden.dtype)  # slot d of anchor i: pos_i + d
+    at = StepInput(run.impl, run.scale, run.window, None, run.doc_ids, embeds, cos, sin)
+    for layer, (keys, values) in zip(draft.decoder_layers, kv, strict=True):
+        args = (layer, at, flat, hidden, *keys, *values)
+        if ckpt and torch.is_grad_enabled():
+            hidden, k, v = torch.utils.checkpoint.checkpoint(cod_layer_step, *args, use_reentrant=False)
+        else:
+            hidden, k, v = cod_layer_step(*args)
+        keys.append(k)
+        values.append(v)
+    return to_grid(hidden, flat, B, T)
+
+
+def to_grid(x: torch.Tensor, flat: torch.Tensor, B: int, T: int) -> torch.Tensor:
+    """(1, N, ...) at the anchors `flat` -> (B, T, ...), zeros elsewhere."""
+    grid = x.new_zeros(B * T, *x.shape[2:]).index_copy(0, flat, x[0])
+    return grid.view(B, T, *x.shape[2:])
+
+
+def cod_layer_step(layer, run: StepInput, flat: torch.Tensor, hidden: torch.Tensor, *kv):
+    """One depth through one decoder layer at the anchors: hidden (1, N, H); kv: keys then values of the
+    earlier depths on the grid (B, n_kv, T, d). -> (output (1, N, H), this depth's keys, values on the grid).
+    The attention kernels want queries where their index is (train/attention.py), so q, k and v go onto the
+    (B, heads, T, d) grid, zeros off the anchors (never seen: a kept anchor's slots lie on kept anchors)."""
+    n, B, T = len(kv) // 2, *run.doc_ids.shape
+    seen = []
+
+    def on_grid(t):  # (1, h, N, d) -> (B, h, T, d)
+        return to_grid(t.transpose(1, 2), flat, B, T).transpose(1, 2)
+
+    def attend(q, k, v):
+        k, v = on_grid(k), on_grid(v)
+        seen.append((k, v))
+        keys, values = [*kv[:n], k], [*kv[n:], v]
+        o = ttt_attention(run.impl, on_grid(q), keys, values, run.doc_ids, run.scale, run.window)
+        return o.transpose(1, 2).reshape(B * T, *o.shape[1:2], o.shape[-1])[flat].transpose(0, 1)[None]
+
+    out, _, _ = layer(run.embeds, hidden, run.cos, run.sin, attend, repeat_kv=False)
+    return out, *seen[0]
