@@ -104,7 +104,7 @@ def test_depths_differ_and_mask_hidden_matters():
     args = (ids, torch.ones(1, 9), torch.zeros(1, 9, dtype=torch.long), None, 3)
     with torch.no_grad():
         a = cod_forward(d, aux, *args)
-        d.mask_hidden.add_(1.0)
+        d.mask_hidden.weight.add_(1.0)
         b = cod_forward(d, aux, *args)
     assert (a.logits[1] - a.logits[2])[:, :5].abs().max() > 1e-2
     assert (a.logits[1] - b.logits[1])[:, :5].abs().max() > 1e-2
@@ -112,17 +112,21 @@ def test_depths_differ_and_mask_hidden_matters():
 
 
 def test_cod_keeps_nested_shares():
-    """ratio 0.5, floor 0.2 over 1,000 counted positions: depth d keeps int(1000 * max(0.5**d, 0.2)) = 500,
-    250, 200, 200 anchors, each within the last depth's and within its own counted positions."""
+    """ratio 0.5, floor 0.2 over 4 rows of 250 counted positions: depth d keeps int(250 * max(0.5**d, 0.2))
+    = 125, 62, 50, 50 anchors a row, each within the last depth's and within its own counted positions; the
+    same seeds draw the same anchors, other seeds others."""
     valid = [torch.ones(4, 250, dtype=torch.bool) for _ in range(5)]
     for d in range(1, 5):
         valid[d][:, 250 - 2 - d :] = False  # past the end: not counted
-    kept = cod_anchors(valid, 0.5, 0.2, torch.Generator().manual_seed(0))
-    assert [int(k.sum()) for k in kept] == [500, 250, 200, 200]
+    kept = cod_anchors(valid, 0.5, 0.2, [1, 2, 3, 4])
+    assert [int(k.sum()) for k in kept] == [500, 248, 200, 200]  # int(250 * 0.25) = 62 per row
     prev = valid[0]
     for d, k in enumerate(kept, 1):
         assert not (k & ~prev).any() and not (k & ~valid[d]).any()
         prev = k
+    again, other = cod_anchors(valid, 0.5, 0.2, [1, 2, 3, 4]), cod_anchors(valid, 0.5, 0.2, [5, 6, 7, 8])
+    assert all(torch.equal(a, b) for a, b in zip(kept, again))
+    assert not torch.equal(kept[0], other[0])
 
 
 @pytest.mark.parametrize("seed,size", CASES_GREEDY[:2])
@@ -157,7 +161,7 @@ def test_engine_proposes_what_training_scores():
     target = tiny_gpt_oss(seed=5)
     draft = draft_for(target, 5, kind="peagle")
     with torch.no_grad():
-        draft.mask_hidden.normal_(0, 3.0)
+        draft.mask_hidden.weight.normal_(0, 3.0)
     K, prompt = 4, [int(t) for t in torch.randint(2, 128, (11,), generator=torch.Generator().manual_seed(5))]
     eng = Engine(target, draft, TreeShape.chain(K), max_batch=1)
     rounds = []
@@ -185,3 +189,13 @@ def test_engine_proposes_what_training_scores():
         assert proposed[: len(depths)] == want, f"round at n={n}: loop {proposed} != training {want}"
         compared += len(depths)
     assert compared >= 20
+
+
+def test_muon_leaves_mask_hidden_to_adamw():
+    """mask_hidden (1, n_aux * H) is 2-D but a learned input vector: Muon would orthogonalise one row (only
+    fix its norm), so AdamW takes it, as it takes the embedding and lm_head."""
+    from eyas.train.optim import muon_params
+
+    d = peagle(0)
+    chosen = {id(p) for p in muon_params(list(d.named_parameters()))}
+    assert id(d.mask_hidden.weight) not in chosen and id(d.fc.weight) in chosen

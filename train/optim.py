@@ -23,7 +23,9 @@ import torch.optim._muon as torch_muon
 
 from eyas.data.target import cpu_bf16_runs
 
-HIDDEN_SKIP = ("lm_head", "embed_tokens")  # 2-D, but the input / output layers: AdamW, as Muon's authors do
+# 2-D, but the input / output layers: AdamW, as Muon's authors do; and P-EAGLE's mask_hidden (1, n_aux * H_t),
+# a learned input vector, not a matrix (orthogonalising one row would only fix its norm)
+HIDDEN_SKIP = ("lm_head", "embed_tokens", "mask_hidden")
 
 
 class Combined(torch.optim.Optimizer):

@@ -34,6 +34,8 @@ still costs a (T x T) pass per depth, as TTT's does (its memory is O(T) per dept
 
 from __future__ import annotations
 
+import zlib
+
 import torch
 import torch.utils.checkpoint
 from torch import nn
@@ -56,35 +58,67 @@ class PEagleDraft(Eagle3Draft):
                 f"a P-EAGLE draft needs draft.mask_token_id in [0, {cfg.vocab_size}), got {cfg.mask_token_id}"
             )
         super().__init__(cfg)
-        self.mask_hidden = nn.Parameter(torch.empty(1, cfg.fc_in_features))
-        nn.init.normal_(self.mask_hidden)  # std 1, as speculators' randn: comparable to normed aux states
+        self.mask_hidden = MaskHidden(cfg.fc_in_features)
 
     def mask_inputs(self, shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
         """The mask slots' (token ids `shape`, fused hidden `shape` + (H,)): one mask token and
         fc(mask_hidden) for every slot (vLLM's llm_base_proposer: combine_hidden_states(mask_hidden))."""
-        hidden = self.fuse(self.mask_hidden)[0]  # (H,)
+        hidden = self.fuse(self.mask_hidden())[0]  # (H,)
         ids = torch.full(shape, self.config.mask_token_id, dtype=torch.long, device=hidden.device)
         return ids, hidden.expand(*shape, -1)
 
 
-def cod_anchors(valid: list[torch.Tensor], ratio: float, floor: float, generator=None) -> list[torch.Tensor]:
-    """COD sampling. valid[d] (B, T) bool: where depth d's prediction counts -> kept[d] (B, T) bool for
-    d >= 1, nested (kept[d] within kept[d-1] and valid[d]), about max(ratio**d, floor) x the counted positions
-    of depth 0 each (all candidates when fewer). ratio 1: every counted position."""
-    base = int(valid[0].sum()) if valid else 0
+class MaskHidden(nn.Module):
+    """The mask slots' learned aux states, `weight` (1, n_aux * H_t), published as the tensor `mask_hidden`
+    (serve/interchange/formats.py). A module of its own, read through its forward: DeepSpeed ZeRO-3 gathers
+    a partitioned parameter in its module's forward only."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(1, width))
+        nn.init.normal_(self.weight)  # std 1, as speculators' randn: comparable to normed aux states
+
+    def forward(self) -> torch.Tensor:
+        return self.weight
+
+
+def cod_anchors(
+    valid: list[torch.Tensor], ratio: float, floor: float, seeds: list[int] | None = None
+) -> list[torch.Tensor]:
+    """COD sampling, row by row. valid[d] (B, T) bool: where depth d's prediction counts -> kept[d] (B, T)
+    bool for d >= 1, nested (kept[d] within kept[d-1] and valid[d]), int(n_b * max(ratio**d, floor)) anchors
+    of each row b with n_b counted depth-0 positions (all candidates when fewer). ratio 1: every counted one.
+    `seeds` (B,): each row's draws from its own generator (row_seeds), so a row keeps the same anchors however
+    the processes deal the rows out; None: the global generator."""
+    B = valid[0].shape[0]
+    gens = [torch.Generator().manual_seed(s) for s in seeds] if seeds is not None else [None] * B
     kept, prev = [], None
     for d in range(1, len(valid)):
         cand = valid[d] if prev is None else valid[d] & prev
-        size = int(base * max(ratio**d, floor))
-        flat = cand.flatten().nonzero().squeeze(-1)
-        if flat.numel() > size:
-            pick = torch.randperm(flat.numel(), generator=generator, device="cpu")[:size].to(flat.device)
-            mask = torch.zeros_like(cand).flatten()
-            mask[flat[pick]] = True
-            cand = mask.view_as(cand)
-        kept.append(cand)
-        prev = cand
+        share = max(ratio**d, floor)
+        rows = []
+        for b in range(B):
+            flat = cand[b].nonzero().squeeze(-1)
+            size = int(int(valid[0][b].sum()) * share)
+            row = cand[b]
+            if flat.numel() > size:
+                pick = torch.randperm(flat.numel(), generator=gens[b])[:size].to(flat.device)
+                row = torch.zeros_like(row)
+                row[flat[pick]] = True
+            rows.append(row)
+        prev = torch.stack(rows)
+        kept.append(prev)
     return kept
+
+
+def row_seeds(seed: tuple[int, ...], input_ids: torch.Tensor, counted: torch.Tensor) -> list[int]:
+    """One seed per row from `seed` (train.seed, the epoch) and the row's own counted tokens: the same row
+    draws the same anchors in one process or many, and other ones the next epoch."""
+    out = []
+    for b in range(input_ids.shape[0]):
+        tokens = input_ids[b][counted[b]].cpu().numpy().tobytes()
+        out.append(zlib.crc32(tokens, zlib.crc32(repr(tuple(seed)).encode())))
+    return out
 
 
 def counted_at(d: int, loss_mask: torch.Tensor, doc_ids: torch.Tensor) -> torch.Tensor:
@@ -110,12 +144,13 @@ def cod_forward(
     sampled_text: bool = False,
     sp=None,
     cod: tuple[float, float] = (1.0, 1.0),
-    generator: torch.Generator | None = None,
+    cod_seed: tuple[int, ...] | None = None,
 ) -> TTTOutput:
     """`depths` parallel depths over a right-padded (optionally packed) batch: TTT's inputs and outputs
     (`train/ttt.py` ttt_forward, whose counts, loss and teacher these are), depth d in the place of TTT step
     d. aux (B, T, n_aux*H_t); input_ids, loss_mask, doc_ids (B, T). `cod` (ratio, floor): the share of the
-    counted positions each depth keeps (module docstring); (1, 1) keeps them all. With `keep_logits` (or no
+    counted positions each depth keeps (module docstring); (1, 1) keeps them all; `cod_seed` seeds each row's
+    draws with its tokens (row_seeds; None: the global generator). With `keep_logits` (or no
     target) out.logits[d] (B, T, V_d) holds depth d's logits at its kept anchors, zeros elsewhere."""
     if sp is not None:
         raise ValueError(
@@ -126,7 +161,8 @@ def cod_forward(
     impl = resolve(attention, input_ids.device, draft.config.sliding_window)
     pos = positions_in_doc(doc_ids)  # (B, T) RoPE positions, restarting per packed sequence
     valid = [counted_at(d, loss_mask, doc_ids) for d in range(depths)]
-    kept = [torch.ones_like(valid[0]), *cod_anchors(valid, *cod, generator=generator)]
+    seeds = row_seeds(cod_seed, input_ids, valid[0]) if cod_seed is not None and cod[0] < 1 else None
+    kept = [torch.ones_like(valid[0]), *cod_anchors(valid, *cod, seeds)]
 
     hidden = draft.fuse(aux)  # (B, T, H) depth 0: EAGLE-3's step 0
     kv = [([], []) for _ in draft.decoder_layers]

@@ -372,7 +372,9 @@ def _setup_training(recipe, run_dir, acc, heads, index, online, feed, out_dir) -
         sampled_at_t1(recipe.data),
         sp,
         kind_of(draft.config).forward,
-        {"cod": (tr.cod_ratio, tr.cod_floor)} if draft.config.kind == "peagle" else None,
+        {"cod": (tr.cod_ratio, tr.cod_floor), "cod_seed": (tr.seed, 0)}
+        if draft.config.kind == "peagle"
+        else None,
     )
     if acc.is_fsdp2:
         configure_fsdp2(acc, draft)
@@ -555,6 +557,7 @@ def train_steps(t: Training, progress: bool) -> None:
         t.module.train()
         try:
             while t.step < t.total:
+                reseed(t, epoch)
                 loader = epoch_loader(t, epoch, skip)
                 skip = 0
                 for batch in t.data.stream(loader):  # on the device (online: the target's states added)
@@ -573,6 +576,13 @@ def train_steps(t: Training, progress: bool) -> None:
         except ProducerStopped as e:
             raise producer_stopped(t, e) from None
     bar.close()
+
+
+def reseed(t: Training, epoch: int) -> None:
+    """P-EAGLE's COD draws (train/peagle.py row_seeds) take the epoch: other anchors each pass over a row."""
+    options = t.acc.unwrap_model(t.module).options
+    if "cod_seed" in options:
+        options["cod_seed"] = (t.recipe.train.seed, epoch)
 
 
 def producer_stopped(t: Training, e: Exception) -> Exception:

@@ -241,7 +241,14 @@ class TensorPlan:
     dtype: torch.dtype
 
 
+# P-EAGLE's learned mask-slot aux states: eyas's module `mask_hidden` (train/peagle.py MaskHidden), the tensor
+# `mask_hidden` in vLLM's llama_eagle3.py and speculators' PEagleDraftModel
+MASK_HIDDEN = ("mask_hidden.weight", "mask_hidden")
+
+
 def published_name(eyas_name: str, fmt: str) -> str:
+    if eyas_name == MASK_HIDDEN[0]:
+        return MASK_HIDDEN[1]
     if eyas_name.startswith(EYAS_LAYER_PREFIX):
         return LAYER_PREFIX[fmt] + eyas_name[len(EYAS_LAYER_PREFIX) :]
     return eyas_name

@@ -46,6 +46,7 @@ from eyas.train.model import DraftConfig, Eagle3Draft
 from .formats import (
     EAGLE3_ARCHITECTURE,
     EYAS_LAYER_PREFIX,
+    MASK_HIDDEN,
     check_vocab_map,
     eagle_config_ids_to_input_ids,
     identity_vocab_map,
@@ -312,7 +313,9 @@ def normalize_names(state: dict[str, torch.Tensor], where: str) -> dict[str, tor
             name = (EYAS_LAYER_PREFIX if m.group(1) == "0" else f"layers.{m.group(1)}.") + m.group(2)
         if name in out:
             raise DraftFormatError(f"{where}: tensor {name} appears twice under different published names")
-        out[name] = tensor.reshape(1, -1) if name == "mask_hidden" else tensor  # speculators: (1, 1, n_aux*H)
+        if name == MASK_HIDDEN[1]:  # P-EAGLE's; speculators stores it (1, 1, n_aux * H), vLLM views (1, -1)
+            name, tensor = MASK_HIDDEN[0], tensor.reshape(1, -1)
+        out[name] = tensor
     return out
 
 
