@@ -6,9 +6,11 @@ Cost model, fitted by least squares to every decoding iteration the eval ran (en
     target forward   T_t(B, N, L) = a0 + a1 * B*N + a2 * B*L       B rows, N tokens verified per
                                                                    row, L mean context length
     draft            T_d = d0 * F + d1 * B*W                       F draft forwards per iteration
-                                                                   (steps - 1 tree levels + the step 0
-                                                                   on the accepted path), W draft
-                                                                   tokens per row (topk*(steps-1) + tau)
+                                                                   (EAGLE-3: steps - 1 tree levels + the
+                                                                   step 0 on the accepted path; P-EAGLE:
+                                                                   that step 0 + one forward of the K - 1
+                                                                   mask slots), W draft tokens per row
+                                                                   (topk*(steps-1) + tau)
     plain decoding   T_b(B, L) = T_t(B, 1, L) + o                  o: its measured per-step overhead
 
     tau(k)           chains: 1 + sum of the measured per-position acceptance up to k (a position's
@@ -27,6 +29,9 @@ import numpy as np
 
 from eyas.serve.decoding.tree import TreeShape
 
+# F, the draft forwards of one iteration, by draft kind (train/kinds.py)
+DRAFT_FORWARDS = {"eagle3": lambda shape: shape.steps, "peagle": lambda shape: min(shape.steps, 2)}
+
 
 def _lstsq(X: list[list[float]], y: list[float]) -> list[float]:
     if not y:
@@ -36,7 +41,8 @@ def _lstsq(X: list[list[float]], y: list[float]) -> list[float]:
 
 
 def fit_cost_model(runs: list[dict]) -> dict:
-    """runs: [{"shape": TreeShape | None, "tau": float | None, "steps": [StepStats]}]; decode steps only."""
+    """runs: [{"shape": TreeShape | None, "kind": draft kind (default eagle3), "steps": [StepStats]}]; decode
+    steps only."""
     tx, ty, dx, dy, overhead = [], [], [], [], []
     for run in runs:
         shape = run["shape"]
@@ -48,7 +54,7 @@ def fit_cost_model(runs: list[dict]) -> dict:
             if shape is None:
                 overhead.append(s.total_s - s.target_s)
             else:
-                F = shape.steps  # steps-1 tree levels + 1 step 0
+                F = DRAFT_FORWARDS[run.get("kind", "eagle3")](shape)
                 W = shape.topk * (shape.steps - 1) + s.emitted / max(s.rows, 1)
                 dx.append([F, s.rows * W])
                 dy.append(s.total_s - s.target_s)
@@ -62,8 +68,11 @@ def fit_cost_model(runs: list[dict]) -> dict:
     }
 
 
-def predict(model: dict, shape: TreeShape | None, tau: float, rows: int, context: float) -> float:
-    """Predicted output tokens/s at `rows` concurrent requests (shape None: plain decoding)."""
+def predict(
+    model: dict, shape: TreeShape | None, tau: float, rows: int, context: float, kind: str = "eagle3"
+) -> float:
+    """Predicted output tokens/s at `rows` concurrent requests (shape None: plain decoding) with a draft of
+    `kind`."""
     t = model["target"]
     N = shape.num_draft_tokens if shape else 1
     target = (
@@ -73,7 +82,7 @@ def predict(model: dict, shape: TreeShape | None, tau: float, rows: int, context
         return rows / max(target + model["plain_overhead_s"], 1e-12)
     d = model["draft"]
     draft_tokens = shape.topk * (shape.steps - 1) + tau  # per row
-    draft = d["per_forward_s"] * shape.steps + d["per_draft_token_s"] * rows * draft_tokens
+    draft = d["per_forward_s"] * DRAFT_FORWARDS[kind](shape) + d["per_draft_token_s"] * rows * draft_tokens
     return rows * tau / max(target + draft, 1e-12)
 
 
@@ -105,11 +114,12 @@ def recommend(results: list[dict], model: dict, context: float) -> list[dict]:
             groups.setdefault((r["draft"], r["benchmark"], r["temperature"]), []).append(r)
     for (draft, bench, temp), group in groups.items():
         cands = candidate_taus(group)
+        kind = group[0].get("draft_kind", "eagle3")
         for c in sorted({r["concurrency"] for r in group}):
             base = predict(model, None, 1.0, c, context)
             scored = sorted(
                 (
-                    (predict(model, s, tau, c, context) / base, label, s, tau)
+                    (predict(model, s, tau, c, context, kind) / base, label, s, tau)
                     for label, (s, tau) in cands.items()
                 ),
                 key=lambda x: -x[0],

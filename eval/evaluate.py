@@ -388,10 +388,11 @@ def measure_point(
             eng.close()
             lengths = [len(p) for p in point.prompts]
             entry = result_entry(name, bench, "eyas", c, temp, shape, res, base, point.refs, lengths=lengths)
+            entry["draft_kind"] = draft.config.kind  # eval/advice.py: the draft forwards of a round
             if entry["num_mismatched"]:  # where they part: numerics of the target's shapes, or a failure
                 entry.update(classified(model, point, res, shape.num_draft_tokens, chunk))
             sweep.results.append(entry)
-            sweep.cost_runs.append({"shape": shape, "steps": res.steps})
+            sweep.cost_runs.append({"shape": shape, "kind": draft.config.kind, "steps": res.steps})
     for name, url in settings.servers:
         from eyas.eval.server_client import run_server  # httpx and prometheus_client: only when asked
 

@@ -199,3 +199,23 @@ def test_muon_leaves_mask_hidden_to_adamw():
     d = peagle(0)
     chosen = {id(p) for p in muon_params(list(d.named_parameters()))}
     assert id(d.mask_hidden.weight) not in chosen and id(d.fc.weight) in chosen
+
+
+def test_k_advice_prices_one_draft_forward_for_parallel_drafts():
+    """eval/advice.py: a round of a P-EAGLE chain costs the step 0 and one mask forward (2 forwards at any
+    K > 1), an EAGLE-3 chain K forwards. With a cost model of 1 ms a draft forward and the same tau, K = 5:
+    EAGLE-3 pays 5 ms of draft, P-EAGLE 2 ms; the fit reads each run's forwards by its kind."""
+    from eyas.eval import advice
+    from eyas.serve.decoding.engine import StepStats
+
+    model = {
+        "target": {"intercept_s": 0.010, "per_verified_token_s": 0.0, "per_context_token_s": 0.0},
+        "draft": {"per_forward_s": 0.001, "per_draft_token_s": 0.0},
+        "plain_overhead_s": 0.0,
+    }
+    shape = TreeShape.chain(5)
+    assert advice.predict(model, shape, 3.0, 1, 0, "eagle3") == pytest.approx(3.0 / 0.015)
+    assert advice.predict(model, shape, 3.0, 1, 0, "peagle") == pytest.approx(3.0 / 0.012)
+    steps = [StepStats("decode", 1, 6, 10, 0.010, 0.010 + f * 0.001, 3) for f in (2, 2, 2)]
+    fit = advice.fit_cost_model([{"shape": shape, "kind": "peagle", "steps": steps}])
+    assert fit["draft"]["per_forward_s"] + fit["draft"]["per_draft_token_s"] * 7 / 2 == pytest.approx(0.001)

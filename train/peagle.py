@@ -26,7 +26,7 @@ COD sampling (training only; validation keeps every anchor so its counts and rep
 keeps a random share max(cod_ratio**d, cod_floor) of the counted positions, drawn from the anchors depth
 d-1 kept (nested: a kept slot's earlier slots are all there; speculators' `generate_cod_sample_indices`).
 The layers, the MLP, the norms and the loss run over the kept anchors only, so their memory grows as
-sum_d max(r**d, floor) x T instead of depths x T (r = 0.7, floor 0.2, 8 depths: 3.1 T, not 8 T). The
+sum_d max(r**d, floor) x T instead of depths x T (r = 0.7, floor 0.2, 8 depths: 3.37 T, not 8 T). The
 attention kernels (`train/attention.py`) take queries aligned with their index, so a depth's kept queries
 and keys are scattered into (B, heads, T, d) for the attention call and its output gathered back: attention
 still costs a (T x T) pass per depth, as TTT's does (its memory is O(T) per depth).

@@ -216,7 +216,24 @@ def training_memory(
     # measured at gpt-oss-120b draft dims: hidden 2880, intermediate 17280
     scale = (2 * draft.config.hidden_size + draft.config.intermediate_size) / (2 * 2880 + 17280)
     tokens = math.ceil(tr.max_length / tr.sequence_parallel)
-    return static, per_ts * scale * tokens * tr.batch_size * tr.ttt_steps
+    layers = draft.config.num_layers  # measured with one layer; each holds its own per step
+    return static, per_ts * scale * layers * tokens * tr.batch_size * unrolled_steps(recipe)
+
+
+def work_per_token(recipe: Recipe) -> float:
+    """A row's training compute in layer-steps (measured: one layer, TTT 7): the unrolled steps x the draft's
+    decoder layers (the lm_head and loss of a step counted as a layer's: an upper bound for deep drafts)."""
+    return unrolled_steps(recipe) * recipe.draft.num_layers
+
+
+def unrolled_steps(recipe: Recipe) -> float:
+    """The steps' worth of per-token activations and compute one training row costs: EAGLE-3, train.ttt_steps
+    (every step over every position); P-EAGLE, depth 0 over every position and depth d over COD's share
+    max(cod_ratio**d, cod_floor) of them (train/peagle.py: 3.37 for 8 depths at 0.7 / 0.2)."""
+    tr = recipe.train
+    if recipe.draft.kind != "peagle":
+        return float(tr.ttt_steps)
+    return 1.0 + sum(max(tr.cod_ratio**d, tr.cod_floor) for d in range(1, tr.ttt_steps))
 
 
 def vllm_replicas(recipe: Recipe, held_bytes: float, n_gpu: int, gpu_memory_gb: int) -> tuple[int, int, bool]:
@@ -324,6 +341,7 @@ def throughputs(
     regen_rate = a.regen_tok_s_hf_h100 if recipe.data.backend == "hf" else a.regen_tok_s_server_h100
     regen_tok_s = (measured.get("regen_tok_s") or gpu_scale * regen_rate) * replicas
     train_tok_s = (
-        measured.get("train_tok_s") or gpu_scale * train_tok_s_h100(tr.max_length, a) * 7 / tr.ttt_steps
+        measured.get("train_tok_s")
+        or gpu_scale * train_tok_s_h100(tr.max_length, a) * 7 / work_per_token(recipe)
     ) * n_gpu
     return regen_tok_s, capture_tok_s, train_tok_s

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from eyas.plan.cost import Plan
+from eyas.plan.cost import Plan, unrolled_steps
 
 if TYPE_CHECKING:
     from eyas.recipes.schema import Recipe
@@ -85,8 +85,8 @@ def resource_lines(recipe: Recipe, p: Plan) -> list[str]:
         f"gradients, {OPTIMIZER_STATE[tr.optimizer]}, frozen weights, teacher lm_head + "
         f"{p.train_activation_gb:,.1f} GB activations at "
         f"max_length {tr.max_length}{sp_note(tr.sequence_parallel)} x batch {tr.batch_size} "
-        f"x TTT {tr.ttt_steps}"
-        f"{' (checkpoint_layer)' if tr.checkpoint_layer else ''}: {fits(p, p.train_gb_per_gpu)}",
+        + steps_note(recipe)
+        + f"{' (checkpoint_layer)' if tr.checkpoint_layer else ''}: {fits(p, p.train_gb_per_gpu)}",
         replicas_line(recipe, p),
         "memory of eyas's own process (a process's GPUs together; — where vLLM holds the target): "
         + ", ".join(f"{k} {v / 1e9:,.1f} GB" if v else f"{k} —" for k, v in p.process_bytes.items()),
@@ -231,4 +231,15 @@ def render(recipe: Recipe, p: Plan) -> str:
             *limits_lines(recipe, p),
             *assumption_lines(recipe, p),
         ]
+    )
+
+
+def steps_note(recipe) -> str:
+    """The training row's unrolled steps: EAGLE-3's TTT steps, or P-EAGLE's depths at their COD shares."""
+    tr = recipe.train
+    if recipe.draft.kind != "peagle":
+        return f"x TTT {tr.ttt_steps}"
+    return (
+        f"x {unrolled_steps(recipe):.2f} steps' worth (P-EAGLE: {tr.ttt_steps} depths, COD "
+        f"{tr.cod_ratio:g} / {tr.cod_floor:g})"
     )
