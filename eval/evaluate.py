@@ -42,12 +42,20 @@ from eyas.data.target import compute_dtype, describe_placement, input_device, lo
 from eyas.errors import InputError
 from eyas.eval import advice
 from eyas.eval.benchmarks import Benchmark, held_out, load_benchmark, tuning
-from eyas.eval.load import LoadResult, acceptance, by_length, draft_time_by_prompt, pct, run_engine
+from eyas.eval.load import (
+    LoadResult,
+    acceptance,
+    by_length,
+    draft_time_by_prompt,
+    pct,
+    round_times,
+    run_engine,
+)
 from eyas.eval.report import report_markdown
 from eyas.recipes.schema import Recipe
 from eyas.serve.decoding.attention import block_bytes
 from eyas.serve.decoding.defaults import PREFILL_TOKENS
-from eyas.serve.decoding.engine import Engine, Request
+from eyas.serve.decoding.engine import Engine, Request, shapes_for
 from eyas.serve.decoding.reference import greedy_generate
 from eyas.serve.decoding.sampling import SamplingParams
 from eyas.serve.decoding.tree import TreeShape
@@ -169,6 +177,8 @@ def result_entry(
             c: acceptance(res.emitted, res.accepted, depth, [x == c for x in bench.categories])
             for c in sorted({c for c in bench.categories if c})
         }
+    if engine == "eyas" and shape is not None:
+        entry.update(round_times(res.steps))  # draft ms per round: a chain's k forwards, P-EAGLE's one
     if res.emitted is not None and lengths:
         rounds = draft_time_by_prompt(res.steps) if concurrency == 1 else None
         entry["by_length"] = by_length(res.emitted, res.accepted, depth, lengths, rounds)
@@ -304,7 +314,7 @@ def measure(
     engine kind; the greedy references once per benchmark when temperature 0 is swept."""
     ev = recipe.eval
     eos = set(chat.eos_token_ids(model, tok))
-    runs_per_point = 1 + len(loaded) * len(settings.shapes) + len(settings.servers)
+    runs_per_point = 1 + sum(len(shapes_for(d, settings.shapes)) for _, d in loaded) + len(settings.servers)
     total = (
         sum(len(b.messages) for b in benches)
         * len(settings.temperatures)
@@ -381,7 +391,7 @@ def measure_point(
     sweep.cost_runs.append({"shape": None, "steps": base.steps})
     sweep.contexts += [s.context for s in base.steps if s.kind == "decode"]
     for name, draft in loaded:
-        for shape in settings.shapes:
+        for shape in shapes_for(draft, settings.shapes):  # a P-EAGLE draft proposes chains only
             bar.set_postfix_str(point.label(f"{name} {shape.label}"))
             eng = Engine(model, draft, shape, max_batch=c, eos_ids=eos, profile=True, prefill_tokens=chunk)
             res = run_engine(eng, point.prompts, point.params, c, bar)
@@ -548,7 +558,7 @@ def _warm_up(
     p = SamplingParams(temperature=0, max_tokens=4)
     Engine(model, max_batch=1, eos_ids=eos).run([Request([1, 2, 3], p)])
     for _, draft in loaded[:1]:
-        for shape in shapes:
+        for shape in shapes_for(draft, shapes):
             eng = Engine(model, draft, shape, max_batch=1, eos_ids=eos)
             eng.run([Request([1, 2, 3], p)])
             eng.close()

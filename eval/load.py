@@ -232,3 +232,14 @@ def run_engine(
             out.emitted.append(list(r.emitted))
             out.accepted.append(list(r.accepted))
     return out
+
+
+def round_times(steps: list) -> dict:
+    """Mean milliseconds per decode round (one verification of every row in flight): the target's forward and
+    the rest (the draft's proposal, its step over the accepted path, bookkeeping), from profiled StepStats."""
+    rounds = [s for s in steps or [] if s.kind == "decode"]
+    if not rounds:
+        return {}
+    target = sum(s.target_s for s in rounds) / len(rounds)
+    total = sum(s.total_s for s in rounds) / len(rounds)
+    return {"target_ms_per_round": 1e3 * target, "draft_ms_per_round": 1e3 * (total - target)}

@@ -49,6 +49,12 @@ from eyas.serve.decoding.sampling import RowSampling, SamplingParams, sample, ve
 from eyas.serve.decoding.tree import TreeShape, select_tree
 
 
+def shapes_for(draft, shapes: list[TreeShape]) -> list[TreeShape]:
+    """The shapes `draft` proposes: every chain and tree for EAGLE-3, chains for P-EAGLE (one forward drafts
+    a chain of K)."""
+    return [s for s in shapes if s.is_chain or draft.config.kind != "peagle"]
+
+
 @dataclass(eq=False)  # requests compare by identity (abort, removal from queues)
 class Request:
     prompt: list[int]
