@@ -28,9 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from eyas.serve.decoding.tree import TreeShape
-
-# F, the draft forwards of one iteration, by draft kind (train/kinds.py)
-DRAFT_FORWARDS = {"eagle3": lambda shape: shape.steps, "peagle": lambda shape: min(shape.steps, 2)}
+from eyas.train.kinds import KINDS
 
 
 def _lstsq(X: list[list[float]], y: list[float]) -> list[float]:
@@ -54,7 +52,7 @@ def fit_cost_model(runs: list[dict]) -> dict:
             if shape is None:
                 overhead.append(s.total_s - s.target_s)
             else:
-                F = DRAFT_FORWARDS[run.get("kind", "eagle3")](shape)
+                F = KINDS[run.get("kind", "eagle3")].draft_forwards(shape)
                 W = shape.topk * (shape.steps - 1) + s.emitted / max(s.rows, 1)
                 dx.append([F, s.rows * W])
                 dy.append(s.total_s - s.target_s)
@@ -82,7 +80,9 @@ def predict(
         return rows / max(target + model["plain_overhead_s"], 1e-12)
     d = model["draft"]
     draft_tokens = shape.topk * (shape.steps - 1) + tau  # per row
-    draft = d["per_forward_s"] * DRAFT_FORWARDS[kind](shape) + d["per_draft_token_s"] * rows * draft_tokens
+    draft = (
+        d["per_forward_s"] * KINDS[kind].draft_forwards(shape) + d["per_draft_token_s"] * rows * draft_tokens
+    )
     return rows * tau / max(target + draft, 1e-12)
 
 

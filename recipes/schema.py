@@ -251,7 +251,9 @@ class DraftSection(Section):
         "export (vLLM reads it; SGLang and TensorRT-LLM exports are refused); null: full attention",
     )
     norm_output: bool = Field(
-        False, description="the next TTT / draft step's h is the final norm's output (speculators' default)"
+        False,
+        description="the next TTT / draft step's h is the final norm's output (speculators' default; no "
+        "effect on draft.kind peagle, which feeds no output back)",
     )
     lm_head: Literal["random", "target", "target_frozen"] = Field(
         "random",
@@ -411,6 +413,10 @@ class Recipe(Section):
             check(1 <= k <= t, f"eval.more_k[{i}]", f"k={k} must be in 1..train.ttt_steps={t}")
         parallel = "P-EAGLE proposes a chain of K drafts from one forward: no trees; give eval.k"
         check(self.draft.kind != "peagle" or not self.eval.tree, "eval.tree", parallel)
+        depths = f"train.ttt_steps={t}: P-EAGLE trains depths 0..ttt_steps-1, and needs a mask slot (>= 2)"
+        check(self.draft.kind != "peagle" or t >= 2, "train.ttt_steps", depths)
+        mask = "is the mask token of a P-EAGLE draft: set draft.kind: peagle, or leave it null"
+        check(self.draft.kind == "peagle" or self.draft.mask_token_id is None, "draft.mask_token_id", mask)
         sp = "with draft.kind peagle is not supported yet (COD sampling spans a whole row): use 1"
         check(self.draft.kind != "peagle" or tr.sequence_parallel == 1, "train.sequence_parallel", sp)
         for i, spec in enumerate(self.eval.tree):

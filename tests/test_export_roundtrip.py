@@ -210,3 +210,29 @@ def test_cli(tmp_path, target, capsys):
     assert main(["export", str(ckpt), "--format", "eagle3", "--out", str(tmp_path / "busy")]) == 2
     assert "refusing to replace" in capsys.readouterr().err
     assert (tmp_path / "busy" / "notes.txt").read_text() == "mine"
+
+
+@pytest.mark.parametrize("fmt", ["eagle3", "speculators"])
+def test_peagle_round_trip_keeps_its_mask_slots(tmp_path, target, fmt):
+    """A P-EAGLE draft exported and imported back: the kind and mask token survive, mask_hidden is written
+    as vLLM reads it (eagle3: (1, W) beside mask_token_id / pard_token; speculators `peagle`: (1, 1, W), as
+    speculators' PEagleDraftModel holds it), and the re-read draft's logits equal the original's, its mask
+    slots included (the export's own check runs them: a changed mask_hidden changes those logits)."""
+    draft = make_draft(0, target, kind="peagle", mask_token_id=7)
+    export(saved(tmp_path, draft), fmt, tmp_path / "out", dtype="float32", num_speculative_tokens=5)
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    tensors = load_file(str(tmp_path / "out" / "model.safetensors"))
+    width = draft.config.fc_in_features
+    if fmt == "eagle3":
+        assert (config["mask_token_id"], config["pard_token"]) == (7, 7)
+        assert tuple(tensors["mask_hidden"].shape) == (1, width)
+    else:
+        assert (config["speculators_model_type"], config["mask_token_id"]) == ("peagle", 7)
+        assert config["speculators_config"]["algorithm"] == "peagle"
+        assert tuple(tensors["mask_hidden"].shape) == (1, 1, width)
+    back = load_draft(import_draft(tmp_path / "out", tmp_path / "back", target=str(target)))
+    assert (back.config.kind, back.config.mask_token_id) == ("peagle", 7)
+    assert same_outputs(draft, back)
+    with torch.no_grad():
+        back.mask_hidden.weight.add_(0.5)
+    assert not same_outputs(draft, back)

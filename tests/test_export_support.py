@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from eyas.train import kinds
 from eyas.train.checkpoint import save_draft
 from eyas.train.model import DraftConfig, Eagle3Draft
 
@@ -74,7 +75,7 @@ def make_draft(
     **options,
 ) -> Eagle3Draft:
     """A random fp32 draft whose embedding is the target's (when given) and whose vocab map is random;
-    `options`: DraftConfig's norm_before_fc, norm_before_residual, num_layers."""
+    `options`: DraftConfig's norm_before_fc, norm_before_residual, num_layers, kind and mask_token_id."""
     torch.manual_seed(seed)
     cfg = DraftConfig(
         hidden_size=HIDDEN,
@@ -90,7 +91,7 @@ def make_draft(
         target_model=str(target) if target else None,
         **options,
     )
-    draft = Eagle3Draft(cfg).float().eval()
+    draft = kinds.make_draft(cfg).float().eval()
     draft.reset_parameters(std=std)
     with torch.no_grad():
         for name, p in draft.named_parameters():

@@ -155,40 +155,71 @@ def test_batched_parallel_drafts_are_lossless(seed, size):
 
 
 def test_engine_proposes_what_training_scores():
-    """Every round of the loop (one request, K = 4) proposes, at each depth, the argmax of training's depth-d
-    logits (cod_forward, every anchor) at that round's anchor, computed from the target's states over the
-    final text: the loop's drafting forward is the one training trains."""
+    """Every round of the loop (3 ragged requests in flight, rows at different lengths, K = 4) proposes for
+    each row, at each depth, the argmax of training's depth-d logits (cod_forward, every anchor) at that
+    row's anchor, computed from the target's states over the request's final text: the loop's drafting
+    forward, batched, is the one training trains."""
     target = tiny_gpt_oss(seed=5)
     draft = draft_for(target, 5, kind="peagle")
     with torch.no_grad():
         draft.mask_hidden.weight.normal_(0, 3.0)
-    K, prompt = 4, [int(t) for t in torch.randint(2, 128, (11,), generator=torch.Generator().manual_seed(5))]
-    eng = Engine(target, draft, TreeShape.chain(K), max_batch=1)
+    K, g = 4, torch.Generator().manual_seed(5)
+    prompts = [[int(t) for t in torch.randint(2, 128, (n,), generator=g)] for n in (11, 3, 19)]
+    eng = Engine(target, draft, TreeShape.chain(K), max_batch=3)
     rounds = []
     propose = eng._propose
 
     def record(n, n_max, B):
         tree = propose(n, n_max, B)
-        rounds.append((int(n[0]), tree.tokens[0, 1:].tolist()))
+        rounds.extend((eng.rows[b].id, int(n[b]), tree.tokens[b, 1:].tolist()) for b in range(B))
         return tree
 
     eng._propose = record
-    req = eng.run([Request(prompt, SamplingParams(temperature=0.0, max_tokens=20))])[0]
-    seq = torch.tensor([prompt + req.tokens])
-    tap = HiddenStateTap(target, draft.config.aux_layer_ids)
-    with torch.no_grad():
-        target(seq)
-        L = seq.shape[1]
-        out = cod_forward(draft, tap.aux, seq, torch.ones(1, L), torch.zeros(1, L, dtype=torch.long), None, K)
-    tap.remove()
-    assert len(rounds) >= 5
+    params = SamplingParams(temperature=0.0, max_tokens=20)
+    reqs = eng.run([Request(p, params, id=str(i)) for i, p in enumerate(prompts)])
+    logits = {}
+    for req, prompt in zip(reqs, prompts):
+        seq = torch.tensor([prompt + req.tokens])
+        tap = HiddenStateTap(target, draft.config.aux_layer_ids)
+        with torch.no_grad():
+            target(seq)
+            L = seq.shape[1]
+            out = cod_forward(
+                draft, tap.aux, seq, torch.ones(1, L), torch.zeros(1, L, dtype=torch.long), None, K
+            )
+        tap.remove()
+        logits[req.id] = (L, out.logits)
     compared = 0
-    for n, proposed in rounds:
+    for rid, n, proposed in rounds:
+        L, depth_logits = logits[rid]
         depths = [d for d in range(K) if n + 1 + d < L]  # training scores x_{n+1+d} only inside the text
-        want = [int(draft.to_target_ids(out.logits[d][0, n - 1].argmax())) for d in depths]
-        assert proposed[: len(depths)] == want, f"round at n={n}: loop {proposed} != training {want}"
+        want = [int(draft.to_target_ids(depth_logits[d][0, n - 1].argmax())) for d in depths]
+        assert proposed[: len(depths)] == want, f"request {rid} at n={n}: loop {proposed} != training {want}"
         compared += len(depths)
-    assert compared >= 20
+    assert compared >= 60 and len({rid for rid, _, _ in rounds}) == 3
+
+
+def test_validation_counts_are_ttts_and_cod_keeps_its_shares():
+    """In eval mode (cod (1, 1)) a loss mask with gaps counts exactly what TTT counts at every depth (a
+    depth's slots exist at every anchor, so a gap drops nothing). With COD (0.5 / 0.2) and a full loss mask,
+    depth d counts int(n_b * max(0.5**d, 0.2)) anchors per row, n_b = T - 2 counted depth-0 positions."""
+    from eyas.train.ttt import target_view, ttt_forward
+
+    d = peagle(2)
+    B, T, K = 2, 24, 5
+    g = torch.Generator().manual_seed(3)
+    ids, aux = torch.randint(0, 97, (B, T), generator=g), torch.randn(B, T, 96, generator=g)
+    mask = torch.ones(B, T)
+    mask[:, :4], mask[0, 9:12], mask[1, 15] = 0, 0, 0  # a prompt, then gaps in the answers
+    doc = torch.zeros(B, T, dtype=torch.long)
+    lm_head = torch.randn(97, 32, generator=g)
+    with torch.no_grad():
+        view = target_view(torch.randn(B, T, 32, generator=g), lm_head, d)
+        exact = cod_forward(d, aux, ids, mask, doc, view, K)
+        ttt = ttt_forward(d, aux, ids, mask, doc, view, K)
+        assert exact.step_count == ttt.step_count and min(exact.step_count) > 0
+        cod = cod_forward(d, aux, ids, torch.ones(B, T), doc, view, K, cod=(0.5, 0.2), cod_seed=(0, 0))
+    assert cod.step_count == [B * int((T - 2) * max(0.5**k, 0.2)) for k in range(K)]
 
 
 def test_muon_leaves_mask_hidden_to_adamw():
@@ -219,3 +250,13 @@ def test_k_advice_prices_one_draft_forward_for_parallel_drafts():
     steps = [StepStats("decode", 1, 6, 10, 0.010, 0.010 + f * 0.001, 3) for f in (2, 2, 2)]
     fit = advice.fit_cost_model([{"shape": shape, "kind": "peagle", "steps": steps}])
     assert fit["draft"]["per_forward_s"] + fit["draft"]["per_draft_token_s"] * 7 / 2 == pytest.approx(0.001)
+
+
+def test_the_recipe_offers_exactly_the_registered_kinds():
+    """recipes/schema.py's draft.kind choices are train/kinds.py's registry (the schema stays free of torch)."""
+    import typing
+
+    from eyas.recipes.schema import DraftSection
+    from eyas.train.kinds import KINDS
+
+    assert set(typing.get_args(DraftSection.model_fields["kind"].annotation)) == set(KINDS)

@@ -1,12 +1,15 @@
 """Draft kinds: one module a kind, one registry, the same faces for every kind.
 
-    kind     model (train/)                 training step                      proposal in the loop
+    kind     model (train/)                 training unroll                    a round in the loop
     eagle3   Eagle3Draft   train/model.py   ttt_forward   train/ttt.py        a chain / tree of draft forwards
     peagle   PEagleDraft   train/peagle.py  cod_forward   train/peagle.py     K drafts from one forward
 
-The recipe picks one with `draft.kind`; a checkpoint's config says its own (DraftConfig.kind). The serving
-loop's proposals (serve/decoding/engine.py) and the export formats (serve/interchange/formats.py) keep
-their own per-kind tables, keyed by the same names.
+The recipe picks one with `draft.kind`; a checkpoint's config says its own (DraftConfig.kind). What differs
+between the kinds is here, read by the stages through `kind_of(config)` / `KINDS[name]`: the model, the
+training unroll and its recipe options, whether it proposes trees, the draft forwards of a round (k advice)
+and the steps' worth of activations a training row costs (`eyas plan`). The loop's proposal functions
+(serve/decoding/engine.py) and the export keys (serve/interchange/formats.py) keep their own tables, keyed
+by the same names.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .model import DraftConfig, Eagle3Draft
-from .peagle import COD_FLOOR, COD_RATIO, PEagleDraft, cod_forward
+from .peagle import PEagleDraft, cod_forward, cod_share
 from .ttt import ttt_forward
 
 
@@ -23,12 +26,41 @@ from .ttt import ttt_forward
 class Kind:
     model: type[Eagle3Draft]  # built from a DraftConfig
     forward: Callable  # the training unroll: (draft, aux, input_ids, loss_mask, doc_ids, target, steps, ...)
+    options: Callable  # train section -> the unroll's own keyword options in training ({}: none)
+    chains_only: bool  # proposes chains only (no trees)
+    draft_forwards: Callable  # TreeShape -> draft forwards of one round (the step over the accepted path too)
+    unrolled: Callable  # train section -> one row's steps' worth of per-token activations and compute
+    # train section -> the steps' worth of the attention's and the loss's tensors that stay on the whole
+    # (B, T) grid beyond `unrolled` (P-EAGLE: each depth's grid, less its COD share)
+    on_grid: Callable
     summary: str
 
 
 KINDS = {
-    "eagle3": Kind(Eagle3Draft, ttt_forward, "EAGLE-3: one draft forward per drafted token (TTT)"),
-    "peagle": Kind(PEagleDraft, cod_forward, "P-EAGLE: all K drafts from one forward (COD-sampled depths)"),
+    "eagle3": Kind(
+        Eagle3Draft,
+        ttt_forward,
+        options=lambda tr: {},
+        chains_only=False,
+        draft_forwards=lambda shape: shape.steps,
+        unrolled=lambda tr: float(tr.ttt_steps),
+        on_grid=lambda tr: 0.0,
+        summary="EAGLE-3: one draft forward per drafted token (TTT)",
+    ),
+    "peagle": Kind(
+        PEagleDraft,
+        cod_forward,
+        # COD sampling, drawn per row from its tokens and the epoch (train/trainer.py reseed)
+        options=lambda tr: {"cod": (tr.cod_ratio, tr.cod_floor), "cod_seed": (tr.seed, 0)},
+        chains_only=True,
+        draft_forwards=lambda shape: min(shape.steps, 2),
+        # depth 0 over every position, depth d over COD's share of them (train/peagle.py)
+        unrolled=lambda tr: (
+            1.0 + sum(cod_share(d, tr.cod_ratio, tr.cod_floor) for d in range(1, tr.ttt_steps))
+        ),
+        on_grid=lambda tr: sum(1 - cod_share(d, tr.cod_ratio, tr.cod_floor) for d in range(1, tr.ttt_steps)),
+        summary="P-EAGLE: all K drafts from one forward (COD-sampled depths)",
+    ),
 }
 
 
@@ -42,6 +74,3 @@ def kind_of(cfg: DraftConfig) -> Kind:
 def make_draft(cfg: DraftConfig) -> Eagle3Draft:
     """The draft module of cfg.kind, initialised (under `torch.device("meta")`: shapes only)."""
     return kind_of(cfg).model(cfg)
-
-
-__all__ = ["COD_FLOOR", "COD_RATIO", "KINDS", "Kind", "kind_of", "make_draft"]

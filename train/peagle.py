@@ -22,14 +22,15 @@ prefix, causal, plus the index's own chain), with mask inputs instead of the cha
 training reuses TTT's attention, its teacher (`TargetView`), its loss and its counts (`train/ttt.py`); a
 depth's inputs do not depend on the depth before it.
 
-COD sampling (training only; validation keeps every anchor so its counts and replay are exact): depth d
+COD sampling (training only; validation keeps every anchor so its counts and replay are TTT's): depth d
 keeps a random share max(cod_ratio**d, cod_floor) of the counted positions, drawn from the anchors depth
 d-1 kept (nested: a kept slot's earlier slots are all there; speculators' `generate_cod_sample_indices`).
-The layers, the MLP, the norms and the loss run over the kept anchors only, so their memory grows as
-sum_d max(r**d, floor) x T instead of depths x T (r = 0.7, floor 0.2, 8 depths: 3.37 T, not 8 T). The
-attention kernels (`train/attention.py`) take queries aligned with their index, so a depth's kept queries
-and keys are scattered into (B, heads, T, d) for the attention call and its output gathered back: attention
-still costs a (T x T) pass per depth, as TTT's does (its memory is O(T) per depth).
+The layers' projections, MLPs and norms run over the kept anchors only, so their memory grows as
+sum_d max(r**d, floor) x T instead of depths x T (r = 0.7, floor 0.2, 8 depths: 3.37 T, not 8 T). Two parts
+stay on the whole (B, T) grid, zeros off the anchors: the attention call (the kernels of
+`train/attention.py` take queries where their index is: a (T x T) pass per depth, as TTT's, O(T) memory)
+and the loss (TTT's `score_step` over the grid's states: gathering the teacher's rows instead would copy
+(N, V_d) per depth, far more than the grid's (B, T, H)). `eyas plan` prices both (eyas/plan/cost.py).
 """
 
 from __future__ import annotations
@@ -44,9 +45,6 @@ from .attention import resolve, ttt_attention
 from .model import DraftConfig, Eagle3Draft, attention_scale
 from .packing import positions_in_doc
 from .ttt import ChainState, StepInput, TargetView, TTTOutput, draft_step, fill_counts, score_step, shift
-
-# COD defaults: speculators 0.9.0's P-EAGLE trainer (down_sample_ratio 0.7, down_sample_ratio_min 0.2)
-COD_RATIO, COD_FLOOR = 0.7, 0.2
 
 
 class PEagleDraft(Eagle3Draft):
@@ -86,16 +84,21 @@ def cod_anchors(
     valid: list[torch.Tensor], ratio: float, floor: float, seeds: list[int] | None = None
 ) -> list[torch.Tensor]:
     """COD sampling, row by row. valid[d] (B, T) bool: where depth d's prediction counts -> kept[d] (B, T)
-    bool for d >= 1, nested (kept[d] within kept[d-1] and valid[d]), int(n_b * max(ratio**d, floor)) anchors
-    of each row b with n_b counted depth-0 positions (all candidates when fewer). ratio 1: every counted one.
-    `seeds` (B,): each row's draws from its own generator (row_seeds), so a row keeps the same anchors however
-    the processes deal the rows out; None: the global generator."""
+    bool for d >= 1, nested (kept[d] within kept[d-1] and valid[d]), int(n_b * cod_share(d)) anchors of each
+    row b with n_b counted depth-0 positions (all candidates when fewer). A share of 1 keeps every position,
+    counted or not (a later depth's slot attends to the earlier ones of its anchor, which a gap in the loss
+    mask must not drop): the counts are then TTT's. `seeds` (B,): each row's draws from its own generator
+    (row_seeds), so a row keeps the same anchors however the processes deal the rows out; None: the global
+    generator."""
     B = valid[0].shape[0]
     gens = [torch.Generator().manual_seed(s) for s in seeds] if seeds is not None else [None] * B
-    kept, prev = [], None
+    kept, prev = [], torch.ones_like(valid[0])
     for d in range(1, len(valid)):
-        cand = valid[d] if prev is None else valid[d] & prev
-        share = max(ratio**d, floor)
+        share = cod_share(d, ratio, floor)
+        if share >= 1:
+            kept.append(prev)
+            continue
+        cand = valid[d] & prev
         rows = []
         for b in range(B):
             flat = cand[b].nonzero().squeeze(-1)
@@ -109,6 +112,11 @@ def cod_anchors(
         prev = torch.stack(rows)
         kept.append(prev)
     return kept
+
+
+def cod_share(d: int, ratio: float, floor: float) -> float:
+    """The share of the counted positions depth d keeps: max(ratio**d, floor) (depth 0: all)."""
+    return max(ratio**d, floor)
 
 
 def row_seeds(seed: tuple[int, ...], input_ids: torch.Tensor, counted: torch.Tensor) -> list[int]:

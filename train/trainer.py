@@ -372,9 +372,7 @@ def _setup_training(recipe, run_dir, acc, heads, index, online, feed, out_dir) -
         sampled_at_t1(recipe.data),
         sp,
         kind_of(draft.config).forward,
-        {"cod": (tr.cod_ratio, tr.cod_floor), "cod_seed": (tr.seed, 0)}
-        if draft.config.kind == "peagle"
-        else None,
+        kind_of(draft.config).options(tr),
     )
     if acc.is_fsdp2:
         configure_fsdp2(acc, draft)

@@ -217,7 +217,20 @@ def training_memory(
     scale = (2 * draft.config.hidden_size + draft.config.intermediate_size) / (2 * 2880 + 17280)
     tokens = math.ceil(tr.max_length / tr.sequence_parallel)
     layers = draft.config.num_layers  # measured with one layer; each holds its own per step
-    return static, per_ts * scale * layers * tokens * tr.batch_size * unrolled_steps(recipe)
+    rows = tokens * tr.batch_size
+    return static, per_ts * scale * layers * rows * unrolled_steps(recipe) + grid_bytes(recipe, draft) * rows
+
+
+def grid_bytes(recipe: Recipe, draft: DraftCount) -> float:
+    """P-EAGLE's per-token bytes that COD does not thin out (train/peagle.py): each depth's attention runs on
+    the (B, T) grid (q, k, v, its output and log-sum-exp, bf16, every layer) and its loss reads the grid's
+    (B, T, H) states (two copies kept): for every depth beyond its COD share (train/kinds.py on_grid)."""
+    from eyas.train.kinds import KINDS
+
+    c = draft.config
+    qkvo = 2 * c.num_attention_heads * c.head_dim + 2 * c.num_key_value_heads * c.head_dim
+    per_depth = c.num_layers * (2 * qkvo + 4 * c.num_attention_heads) + 2 * 2 * c.hidden_size
+    return per_depth * KINDS[recipe.draft.kind].on_grid(recipe.train)
 
 
 def work_per_token(recipe: Recipe) -> float:
@@ -227,13 +240,12 @@ def work_per_token(recipe: Recipe) -> float:
 
 
 def unrolled_steps(recipe: Recipe) -> float:
-    """The steps' worth of per-token activations and compute one training row costs: EAGLE-3, train.ttt_steps
-    (every step over every position); P-EAGLE, depth 0 over every position and depth d over COD's share
-    max(cod_ratio**d, cod_floor) of them (train/peagle.py: 3.37 for 8 depths at 0.7 / 0.2)."""
-    tr = recipe.train
-    if recipe.draft.kind != "peagle":
-        return float(tr.ttt_steps)
-    return 1.0 + sum(max(tr.cod_ratio**d, tr.cod_floor) for d in range(1, tr.ttt_steps))
+    """The steps' worth of per-token activations and compute one training row costs (train/kinds.py): EAGLE-3,
+    train.ttt_steps (every step over every position); P-EAGLE, depth 0 over every position and depth d over
+    COD's share max(cod_ratio**d, cod_floor) of them (3.37 for 8 depths at 0.7 / 0.2)."""
+    from eyas.train.kinds import KINDS
+
+    return KINDS[recipe.draft.kind].unrolled(recipe.train)
 
 
 def vllm_replicas(recipe: Recipe, held_bytes: float, n_gpu: int, gpu_memory_gb: int) -> tuple[int, int, bool]:

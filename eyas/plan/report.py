@@ -235,11 +235,15 @@ def render(recipe: Recipe, p: Plan) -> str:
 
 
 def steps_note(recipe) -> str:
-    """The training row's unrolled steps: EAGLE-3's TTT steps, or P-EAGLE's depths at their COD shares."""
+    """The training row's unrolled steps: EAGLE-3's TTT steps, or P-EAGLE's depths at their COD shares plus
+    the depths' attention and loss tensors on the whole grid (eyas/plan/cost.py grid_bytes)."""
+    from eyas.train.kinds import KINDS
+
     tr = recipe.train
     if recipe.draft.kind != "peagle":
         return f"x TTT {tr.ttt_steps}"
+    grid = KINDS["peagle"].on_grid(tr)
     return (
-        f"x {unrolled_steps(recipe):.2f} steps' worth (P-EAGLE: {tr.ttt_steps} depths, COD "
-        f"{tr.cod_ratio:g} / {tr.cod_floor:g})"
+        f"x {unrolled_steps(recipe):.2f} steps' worth + {grid:.2f} depths' attention and loss on the (B, T) "
+        f"grid (P-EAGLE: {tr.ttt_steps} depths, COD {tr.cod_ratio:g} / {tr.cod_floor:g})"
     )

@@ -47,12 +47,13 @@ from eyas.serve.decoding.cache import RowKVCache
 from eyas.serve.decoding.defaults import DECODE_RESERVE, PREFILL_TOKENS, spare_slots
 from eyas.serve.decoding.sampling import RowSampling, SamplingParams, sample, verify
 from eyas.serve.decoding.tree import TreeShape, select_tree
+from eyas.train.kinds import kind_of
 
 
 def shapes_for(draft, shapes: list[TreeShape]) -> list[TreeShape]:
     """The shapes `draft` proposes: every chain and tree for EAGLE-3, chains for P-EAGLE (one forward drafts
-    a chain of K)."""
-    return [s for s in shapes if s.is_chain or draft.config.kind != "peagle"]
+    a chain of K; train/kinds.py chains_only)."""
+    return [s for s in shapes if s.is_chain or not kind_of(draft.config).chains_only]
 
 
 @dataclass(eq=False)  # requests compare by identity (abort, removal from queues)
@@ -150,7 +151,7 @@ class Engine:
             # each draft kind's proposal (train/kinds.py): a tree of draft forwards, or K drafts from one
             proposers = {"eagle3": self._draft_tree, "peagle": self._draft_parallel}
             self._propose = proposers[draft.config.kind]
-            if draft.config.kind == "peagle" and not shape.is_chain:
+            if not shapes_for(draft, [shape]):
                 raise ValueError(
                     f"a P-EAGLE draft proposes a chain of K drafts from one forward, not a {shape.label}"
                 )

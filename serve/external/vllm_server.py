@@ -52,14 +52,16 @@ def last_error(log: str) -> str:
 
 
 def speculative_config(draft: str | Path | None, k: int, method: str = "eagle3") -> dict | None:
-    """vLLM's --speculative-config for an exported draft (None: no speculation). A P-EAGLE export (a mask
-    token in its config.json, serve/interchange/formats.py) drafts its k tokens in one forward: vLLM 0.32's
-    `parallel_drafting`."""
+    """vLLM's --speculative-config for an exported draft (None: no speculation). A P-EAGLE draft directory (a
+    mask token in its config.json, formats.mask_token_of) drafts its k tokens in one forward: vLLM 0.32's
+    `parallel_drafting` (without it vLLM would skip mask_hidden and chain the head: low acceptance)."""
     if draft is None:
         return None
     spec = {"model": str(draft), "method": method, "num_speculative_tokens": k}
+    from eyas.serve.interchange.formats import mask_token_of
+
     config = Path(draft) / "config.json"
-    if config.is_file() and json.loads(config.read_text()).get("mask_token_id") is not None:
+    if config.is_file() and mask_token_of(json.loads(config.read_text())) is not None:
         spec["parallel_drafting"] = True
     return spec
 

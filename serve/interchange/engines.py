@@ -81,6 +81,9 @@ ENGINES = ("vllm", "sglang", "trtllm")
 ENGINE_LABELS = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM"}
 # which engines load each published layout (serve/formats.py)
 FORMAT_ENGINES = {"eagle3": ("vllm", "sglang", "trtllm"), "speculators": ("vllm",)}
+# which engines serve each draft kind (train/kinds.py): parallel drafting is vLLM's alone (0.32: eagle3 with
+# parallel_drafting); SGLang's and TensorRT-LLM's EAGLE-3 workers draft one token per forward
+KIND_ENGINES = {"eagle3": ENGINES, "peagle": ("vllm",)}
 
 SERVABLE_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 

@@ -173,7 +173,8 @@ def engine_check(
 
 def fixed_batch_outputs(draft: Eagle3Draft) -> list[torch.Tensor]:
     """Logits of a fixed random batch: a 5-token prefix on fused aux states, then one chained step
-    on the draft's own output and its mapped guess. Deterministic for a given config."""
+    on the draft's own output and its mapped guess; a P-EAGLE draft's mask slots too (its mask token and
+    mask_hidden), in place of that step. Deterministic for a given config."""
     cfg = draft.config
     g = torch.Generator().manual_seed(0)
     B, T = 2, 5
@@ -183,6 +184,10 @@ def fixed_batch_outputs(draft: Eagle3Draft) -> list[torch.Tensor]:
     with torch.no_grad():
         cache = KVCache()
         hidden, first = draft.step(ids, draft.fuse(aux), pos, cache)
+        if cfg.kind == "peagle":  # the round's other K - 1 drafts: one forward of mask slots
+            slots = pos[:, -1:] + torch.arange(1, 4)
+            _, second = draft.step(*draft.mask_inputs(tuple(slots.shape)), slots, cache)
+            return [first, second]
         guess = draft.to_target_ids(first[:, -1:].argmax(-1))
         _, second = draft.step(guess, hidden[:, -1:], pos[:, -1:] + 1, cache)
     return [first, second]
@@ -241,7 +246,7 @@ def _write(
 ) -> None:
     state = draft.state_dict()
     tensors = {
-        p.name: state[p.source].detach().to(p.dtype).contiguous()
+        p.name: state[p.source].detach().to(p.dtype).reshape(p.shape).contiguous()
         for p in plan_tensors(draft.config, fmt, dtype, include_embeddings)
     }
     save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
@@ -271,8 +276,8 @@ def export(
 ) -> ExportResult:
     """Export the checkpoint of a run (or a checkpoint directory) to `out_dir` in layout `fmt`.
 
-    `engines` (default: every engine that loads `fmt`) are the engines the export is checked
-    for; `target` overrides the checkpoint's recorded target (e.g. a local copy of it).
+    `engines` (default: every engine that loads `fmt` and serves the draft's kind) are the engines it is
+    checked for; `target` overrides the checkpoint's recorded target (e.g. a local copy of it).
     `include_embeddings` (default: speculators yes, eagle3 no): write embed_tokens.weight. The
     speculators library's loader (transformers 5, meta-device init) leaves a missing embed_tokens as
     uninitialised memory (it fills the verifier's only where the table holds a NaN), so that format
@@ -282,8 +287,8 @@ def export(
     dtype = parse_dtype(dtype) if isinstance(dtype, str) else dtype
     if num_speculative_tokens < 1:
         raise ExportError(f"num_speculative_tokens must be >= 1, got {num_speculative_tokens}")
-    selected = tuple(engines) if engines else engine_rules.FORMAT_ENGINES[fmt]
-    unsupported = [e for e in selected if e not in engine_rules.FORMAT_ENGINES[fmt]]
+    selected = tuple(engines) if engines else None
+    unsupported = [e for e in selected or () if e not in engine_rules.FORMAT_ENGINES[fmt]]
     if unsupported:
         raise ExportError(
             f"engines {unsupported} do not load the {fmt} format "
@@ -295,6 +300,9 @@ def export(
     checkpoint = resolve_checkpoint(src)
     draft = load_draft(checkpoint, dtype=torch.float32).eval()
     cfg = draft.config
+    # default: every engine that loads the format and serves the draft's kind
+    serving = engine_rules.KIND_ENGINES[cfg.kind]
+    selected = selected or tuple(e for e in engine_rules.FORMAT_ENGINES[fmt] if e in serving)
     target = target or cfg.target_model
     notes: list[str] = []
     check_draft(draft)

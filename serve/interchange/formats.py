@@ -143,6 +143,14 @@ def window_fields(cfg: DraftConfig) -> dict:
     return {"layer_types": ["sliding_attention"] * cfg.num_layers, "sliding_window": cfg.sliding_window}
 
 
+def mask_token_of(raw: dict) -> int | None:
+    """A published draft config's mask token (P-EAGLE), read as vLLM 0.32's llm_base_proposer reads it:
+    `mask_token_id`, then `pard_token`, then `ptd_token_id`; None: not a parallel draft."""
+    return next(
+        (raw[k] for k in ("mask_token_id", "pard_token", "ptd_token_id") if raw.get(k) is not None), None
+    )
+
+
 def parallel_keys(cfg: DraftConfig) -> dict:
     """A P-EAGLE draft's (train/peagle.py) mask token: vLLM 0.32's llm_base_proposer reads `mask_token_id`
     (then `pard_token`) from the draft config for the mask slots; the weights add `mask_hidden`
@@ -284,6 +292,8 @@ def plan_tensors(
         if name in INDEX_DTYPES and not writes_vocab_map(cfg, fmt):
             continue
         out_dtype = INDEX_DTYPES.get(name, dtype if src_dtype.is_floating_point else src_dtype)
+        if name == MASK_HIDDEN[0] and fmt == "speculators":
+            shape = (1, *shape)  # speculators' PEagleDraftModel holds (1, 1, n_aux * H); vLLM views (1, -1)
         plan.append(TensorPlan(published_name(name, fmt), name, shape, out_dtype))
     return plan
 

@@ -50,6 +50,7 @@ from .formats import (
     check_vocab_map,
     eagle_config_ids_to_input_ids,
     identity_vocab_map,
+    mask_token_of,
     meta_state_shapes,
     parse_dtype,
     t2d_from_d2t,
@@ -275,16 +276,12 @@ def published_config(raw: dict, layout: str, target: str | None, where: str, not
 
 
 def _parallel(raw: dict, where: str) -> dict:
-    """A P-EAGLE draft (speculators_model_type peagle, or a mask token in the config) -> its kind and mask
-    token, read in vLLM 0.32's order (llm_base_proposer: mask_token_id, pard_token, ptd_token_id)."""
-    mask = next(
-        (raw[k] for k in ("mask_token_id", "pard_token", "ptd_token_id") if raw.get(k) is not None), None
-    )
+    """A P-EAGLE draft (speculators_model_type peagle, or a mask token in the config: formats.mask_token_of)
+    -> its kind and mask token."""
+    mask = mask_token_of(raw)
     if raw.get("speculators_model_type") == "peagle" and mask is None:
         raise DraftFormatError(f"{where}: a peagle draft without mask_token_id (vLLM requires it)")
-    if mask is None:
-        return {}
-    return {"kind": "peagle", "mask_token_id": int(mask)}
+    return {} if mask is None else {"kind": "peagle", "mask_token_id": int(mask)}
 
 
 def _sliding_window(layer_raw: dict, where: str) -> int | None:
