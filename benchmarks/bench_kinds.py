@@ -27,6 +27,9 @@ from eyas.eval.evaluate import run_eval
 from eyas.recipes.load import load_recipe
 from eyas.train.checkpoint import read_config
 
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_defaults import BASE_STAGES, link_stages  # noqa: E402
+
 
 def parse(argv) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -60,9 +63,11 @@ def measure(args, recipe, drafts) -> list[dict]:
         mine = [(n, c) for _, n, c in drafts if read_config(c).kind == kind]
         if not mine:
             continue
+        out = args.out / kind
+        link_stages(out, args.run, BASE_STAGES)  # eval reads the run's prompts; its report goes here
         report = run_eval(
             recipe,
-            args.out / kind,
+            out,
             drafts=mine,
             ks=args.k_eagle3 if kind == "eagle3" else args.k_peagle,
             trees=args.tree if kind == "eagle3" else [],
