@@ -253,7 +253,7 @@ def test_k_advice_prices_one_draft_forward_for_parallel_drafts():
 
 
 def test_the_recipe_offers_exactly_the_registered_kinds():
-    """recipes/schema.py's draft.kind choices are train/kinds.py's registry (the schema stays free of torch)."""
+    """recipes/schema.py's draft.kind choices are train/kinds.py's registry (the schema stays torch-free)."""
     import typing
 
     from eyas.recipes.schema import DraftSection
