@@ -35,10 +35,10 @@ and the loss (TTT's `score_step` over the grid's states: gathering the teacher's
 
 from __future__ import annotations
 
+import functools
 import zlib
 
 import torch
-import torch.utils.checkpoint
 from torch import nn
 
 from .attention import resolve, ttt_attention
@@ -132,8 +132,7 @@ def row_seeds(seed: tuple[int, ...], input_ids: torch.Tensor, counted: torch.Ten
 def counted_at(d: int, loss_mask: torch.Tensor, doc_ids: torch.Tensor) -> torch.Tensor:
     """(B, T) bool: index i's depth-d prediction, of x_{i+2+d}, counts (loss-masked, in i's own sequence)."""
     ahead = 2 + d
-    ok = shift(loss_mask.bool(), ahead, False) & (shift(doc_ids, ahead, -1) == doc_ids)
-    return ok
+    return shift(loss_mask.bool(), ahead, False) & (shift(doc_ids, ahead, -1) == doc_ids)
 
 
 def cod_forward(
@@ -231,14 +230,7 @@ def depth_forward(
     embeds = draft.embed_tokens(ids).to(hidden.dtype)
     cos, sin = draft.rotary(pos.reshape(1, -1)[:, flat] + d, hidden.dtype)  # slot d of anchor i: pos_i + d
     at = StepInput(run.impl, run.scale, run.window, None, run.doc_ids, embeds, cos, sin)
-    for layer, (keys, values) in zip(draft.decoder_layers, kv, strict=True):
-        args = (layer, at, flat, hidden, *keys, *values)
-        if ckpt and torch.is_grad_enabled():
-            hidden, k, v = torch.utils.checkpoint.checkpoint(cod_layer_step, *args, use_reentrant=False)
-        else:
-            hidden, k, v = cod_layer_step(*args)
-        keys.append(k)
-        values.append(v)
+    hidden = draft_step(draft, hidden, kv, at, ckpt, functools.partial(cod_layer_step, flat=flat))
     return to_grid(hidden, flat, B, T)
 
 
@@ -248,11 +240,17 @@ def to_grid(x: torch.Tensor, flat: torch.Tensor, B: int, T: int) -> torch.Tensor
     return grid.view(B, T, *x.shape[2:])
 
 
-def cod_layer_step(layer, run: StepInput, flat: torch.Tensor, hidden: torch.Tensor, *kv):
-    """One depth through one decoder layer at the anchors: hidden (1, N, H); kv: keys then values of the
-    earlier depths on the grid (B, n_kv, T, d). -> (output (1, N, H), this depth's keys, values on the grid).
-    The attention kernels want queries where their index is (train/attention.py), so q, k and v go onto the
-    (B, heads, T, d) grid, zeros off the anchors (never seen: a kept anchor's slots lie on kept anchors)."""
+def from_grid(x: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
+    """(B, T, ...) -> (1, N, ...) at the anchors `flat` (to_grid's inverse there)."""
+    return x.reshape(-1, *x.shape[2:])[flat][None]
+
+
+def cod_layer_step(layer, run: StepInput, hidden: torch.Tensor, *kv, flat: torch.Tensor):
+    """One depth through one decoder layer at the anchors `flat` (N,): hidden (1, N, H); kv: keys then values
+    of the earlier depths on the grid (B, n_kv, T, d). -> (output (1, N, H), this depth's keys, values on the
+    grid). The attention kernels want queries where their index is (train/attention.py), so q, k and v go
+    onto the (B, heads, T, d) grid, zeros off the anchors (never seen: a kept anchor's slots lie on kept
+    anchors)."""
     n, B, T = len(kv) // 2, *run.doc_ids.shape
     seen = []
 
@@ -264,7 +262,7 @@ def cod_layer_step(layer, run: StepInput, flat: torch.Tensor, hidden: torch.Tens
         seen.append((k, v))
         keys, values = [*kv[:n], k], [*kv[n:], v]
         o = ttt_attention(run.impl, on_grid(q), keys, values, run.doc_ids, run.scale, run.window)
-        return o.transpose(1, 2).reshape(B * T, *o.shape[1:2], o.shape[-1])[flat].transpose(0, 1)[None]
+        return from_grid(o.transpose(1, 2), flat).transpose(1, 2)  # (1, heads, N, d)
 
     out, _, _ = layer(run.embeds, hidden, run.cos, run.sin, attend, repeat_kv=False)
     return out, *seen[0]

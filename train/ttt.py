@@ -277,17 +277,19 @@ STEP_ROWS = ("loss", "counted", "right", "cond_base", "cond_right", "sampled_bas
 
 
 def draft_step(
-    draft: Eagle3Draft, hidden: torch.Tensor, kv: list, run: StepInput, checkpoint_layer: bool
+    draft: Eagle3Draft, hidden: torch.Tensor, kv: list, run: StepInput, checkpoint_layer: bool, step=None
 ) -> torch.Tensor:
     """Step j through every decoder layer; each layer attends over its own keys of every step so far and
     appends this step's. hidden (B, n, H) (n = T, or the shard's tokens under sp); kv: per layer ([keys],
-    [values]) (B, n_kv, T, d) per step (sp: n_kv / P heads). -> (B, n, H) the step's prenorm output."""
+    [values]) (B, n_kv, T, d) per step (sp: n_kv / P heads). `step`: one layer's step (default layer_step;
+    P-EAGLE's depths: train/peagle.py cod_layer_step). -> (B, n, H) the step's prenorm output."""
+    step = step or layer_step
     for layer, (keys, values) in zip(draft.decoder_layers, kv, strict=True):
         args = (layer, run, hidden, *keys, *values)
         if checkpoint_layer and torch.is_grad_enabled():
-            hidden, k, v = torch.utils.checkpoint.checkpoint(layer_step, *args, use_reentrant=False)
+            hidden, k, v = torch.utils.checkpoint.checkpoint(step, *args, use_reentrant=False)
         else:
-            hidden, k, v = layer_step(*args)
+            hidden, k, v = step(*args)
         keys.append(k)
         values.append(v)
     return hidden
