@@ -417,8 +417,6 @@ class Recipe(Section):
         check(self.draft.kind != "peagle" or t >= 2, "train.ttt_steps", depths)
         mask = "is the mask token of a P-EAGLE draft: set draft.kind: peagle, or leave it null"
         check(self.draft.kind == "peagle" or self.draft.mask_token_id is None, "draft.mask_token_id", mask)
-        sp = "with draft.kind peagle is not supported yet (COD sampling spans a whole row): use 1"
-        check(self.draft.kind != "peagle" or tr.sequence_parallel == 1, "train.sequence_parallel", sp)
         for i, spec in enumerate(self.eval.tree):
             try:
                 steps = TreeShape.parse(spec).steps

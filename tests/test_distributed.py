@@ -240,6 +240,32 @@ def test_peagle_with_cod_sampling_trains_alike_on_every_launcher(base, config, r
     assert_close_weights(weights(run), weights(one), rel=1e-4 if config == "zero3" else 2e-6)
 
 
+def test_peagle_sequence_parallel_equals_one_process(deepspeed, base):
+    """P-EAGLE with COD sampling, each row over 2 processes (train.sequence_parallel=2, grad_accum 2): every
+    rank draws the whole row's anchors (its tokens are whole there) and runs its shard's, the depths' grids
+    cross the ranks as TTT's steps do (train/peagle.py cod_forward). The steps, logged losses (within 1e-5),
+    validation counts and replayed tau of one process, and its weights within 2e-6 of each tensor's largest
+    (fp32; the all-to-all and all-reduce sum in another order)."""
+    peagle = ("draft.kind=peagle", "train.cod_ratio=0.5", "train.cod_floor=0.3")
+    one = train(base, "peagle-single", 1, "train.grad_accum=2", *peagle)
+    run = train(base, "peagle-sp2", 2, "train.grad_accum=2", "train.sequence_parallel=2", *peagle)
+    ref, done = (layout.read_done(r, "train") for r in (one, run))
+    assert (done["num_processes"], done["sequence_parallel"], done["steps"]) == (2, 2, ref["steps"])
+    losses = [
+        [
+            e["loss"]
+            for e in map(json.loads, (r / "train" / "log.jsonl").read_text().splitlines())
+            if "loss" in e
+        ]
+        for r in (run, one)
+    ]
+    assert len(losses[0]) == ref["steps"] and losses[0] == pytest.approx(losses[1], rel=1e-5)
+    assert done["validation"]["positions"] == ref["validation"]["positions"] > 0
+    assert done["validation"]["acc"] == pytest.approx(ref["validation"]["acc"], abs=1e-9)
+    assert done["validation"]["replayed_tau"] == pytest.approx(ref["validation"]["replayed_tau"], rel=1e-6)
+    assert_close_weights(weights(run), weights(one))
+
+
 def test_accelerate_launch_with_the_shipped_ddp_config(base, two_procs):
     """`accelerate launch --config_file recipes/accelerate/ddp.yaml` (CPU: ACCELERATE_USE_CPU=true) runs the
     same 2-process DDP training as torchrun: bit-identical weights."""

@@ -71,7 +71,6 @@ def test_wrong_type_is_named(raw, key):
         ({"draft": {"kind": "medusa"}}, "draft.kind"),
         ({"draft": {"kind": "peagle"}, "eval": {"tree": ["2,2,4"]}}, "eval.tree"),
         ({"draft": {"kind": "peagle"}, "train": {"ttt_steps": 1}, "eval": {"k": 1}}, "train.ttt_steps"),
-        ({"draft": {"kind": "peagle"}, "train": {"sequence_parallel": 2}}, "train.sequence_parallel"),
         ({"draft": {"mask_token_id": 3}}, "draft.mask_token_id"),
         ({"train": {"cod_ratio": 0}}, "train.cod_ratio"),
         ({"train": {"decay": 1.5}}, "train.decay"),

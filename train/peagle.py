@@ -158,57 +158,52 @@ def cod_forward(
     d. aux (B, T, n_aux*H_t); input_ids, loss_mask, doc_ids (B, T). `cod` (ratio, floor): the share of the
     counted positions each depth keeps (module docstring); (1, 1) keeps them all; `cod_seed` seeds each row's
     draws with its tokens (row_seeds; None: the global generator). With `keep_logits` (or no
-    target) out.logits[d] (B, T, V_d) holds depth d's logits at its kept anchors, zeros elsewhere."""
-    if sp is not None:
-        raise ValueError(
-            "train.sequence_parallel > 1 with draft.kind: peagle is not supported yet: train P-EAGLE with "
-            "train.sequence_parallel: 1 (DDP, FSDP2 or ZeRO over the processes)"
-        )
+    target) out.logits[d] (B, T, V_d) holds depth d's logits at its kept anchors, zeros elsewhere.
+    `sp` (train/sequence_parallel.py), as ttt_forward: this process computes its shard [lo, hi) of each row
+    (aux, logits and run_length on it; the target on it and its halo), attention crosses the group's ranks;
+    every rank draws the anchors over the whole row (its tokens are whole there) and keeps its shard's."""
     B, T = input_ids.shape
+    lo, hi, ext = sp.bounds(T) if sp is not None else (0, T, T)
     impl = resolve(attention, input_ids.device, draft.config.sliding_window)
-    pos = positions_in_doc(doc_ids)  # (B, T) RoPE positions, restarting per packed sequence
+    pos = positions_in_doc(doc_ids)[:, lo:hi]  # (B, n) RoPE positions, restarting per packed sequence
     valid = [counted_at(d, loss_mask, doc_ids) for d in range(depths)]
     seeds = row_seeds(cod_seed, input_ids, valid[0]) if cod_seed is not None and cod[0] < 1 else None
-    kept = [torch.ones_like(valid[0]), *cod_anchors(valid, *cod, seeds)]
+    kept = [torch.ones_like(valid[0]), *cod_anchors(valid, *cod, seeds)]  # (B, T) each, the whole row
 
-    hidden = draft.fuse(aux)  # (B, T, H) depth 0: EAGLE-3's step 0
+    hidden = draft.fuse(aux)  # (B, n, H) depth 0: EAGLE-3's step 0
     kv = [([], []) for _ in draft.decoder_layers]
-    embeds = draft.embed_tokens(shift(input_ids, 1)).to(hidden.dtype)
+    embeds = draft.embed_tokens(shift(input_ids, 1)[:, lo:hi]).to(hidden.dtype)
     cos, sin = draft.rotary(pos, hidden.dtype)
-    run = StepInput(
-        impl,
-        attention_scale(draft.config.head_dim),
-        draft.config.sliding_window,
-        None,
-        doc_ids,
-        embeds,
-        cos,
-        sin,
-    )
-    prenorm = draft_step(draft, hidden, kv, run, checkpoint_layer)  # (B, T, H), kv: the step-0 keys
+    scale = attention_scale(draft.config.head_dim)
+    run = StepInput(impl, scale, draft.config.sliding_window, sp, doc_ids, embeds, cos, sin)
+    prenorm = draft_step(draft, hidden, kv, run, checkpoint_layer)  # (B, n, H), kv: the step-0 keys
 
     out = TTTOutput(hidden.new_zeros((), dtype=torch.float32), [], [], [], [], [])
-    out.run_length = torch.zeros_like(input_ids)
-    chain, stats, total = ChainState.start(B, T, input_ids.device), [], out.loss
+    out.run_length = torch.zeros_like(input_ids[:, lo:hi])
+    chain, stats, total = ChainState.start(B, hi - lo, input_ids.device), [], out.loss
     for d in range(depths):
+        mine = kept[d][:, lo:hi]  # (B, n) this shard's kept anchors
         if d:
-            flat = kept[d].flatten().nonzero().squeeze(-1)  # (N,) kept anchors b * T + i
+            flat = mine.flatten().nonzero().squeeze(-1)  # (N,) b * n + i
             prenorm = depth_forward(draft, kv, flat, d, pos, run, checkpoint_layer)
         if target is None or keep_logits:
-            out.logits.append(draft.logits(prenorm) * kept[d][..., None])
+            out.logits.append(draft.logits(prenorm) * mine[..., None])
         if target is None:
             continue
         # TTT's score of step d, its counts restricted to the kept anchors (a prediction of x_{i+2+d} counts
         # where anchor i was kept): the loss and counts of the kept anchors only
         masked = loss_mask.bool() & shift_right(kept[d], 2 + d)
-        loss_d, step, chain = score_step(
-            draft, prenorm, d, (input_ids, masked, doc_ids), target, chain, loss, sampled_text
-        )
-        chain.text &= kept[d][:, : chain.text.shape[1]]
+        batch = (input_ids[:, lo:ext], masked[:, lo:ext], doc_ids[:, lo:ext])  # the shard and its halo
+        loss_d, step, chain = score_step(draft, prenorm, d, batch, target, chain, loss, sampled_text, sp)
+        chain.text &= mine[:, : chain.text.shape[1]]
         out.run_length[:, : chain.text.shape[1]] += chain.text
         total = total + (decay**d) * loss_d
         stats.append(step)
     out.loss = total
+    stats = torch.stack(stats) if stats else None
+    if sp is not None:  # the whole row's counts and chains on every rank of the group
+        stats = sp.sum(stats) if stats is not None else None
+        out.run_length = sp.gather(out.run_length)
     fill_counts(out, stats, decay)
     return out
 
@@ -221,17 +216,18 @@ def shift_right(t: torch.Tensor, s: int) -> torch.Tensor:
 def depth_forward(
     draft: PEagleDraft, kv: list, flat: torch.Tensor, d: int, pos: torch.Tensor, run: StepInput, ckpt: bool
 ) -> torch.Tensor:
-    """Depth d >= 1 at the kept anchors `flat` (N,) (b * T + i): the mask slots through every layer, each
-    attending to the step-0 keys up to its anchor and its own slots 1..d. kv: per layer ([keys], [values]) of
-    depths 0..d-1 on the (B, n_kv, T, d) grid; this depth's are appended. -> prenorm (B, T, H), zeros off
-    the anchors."""
-    B, T = pos.shape
+    """Depth d >= 1 at the kept anchors `flat` (N,) (b * n + i) of the (B, n) positions `pos` (n = T, or the
+    shard's under run.sp): the mask slots through every layer, each attending to the step-0 keys up to its
+    anchor and its own slots 1..d. kv: per layer ([keys], [values]) of depths 0..d-1 on the (B, n_kv, T, d)
+    grid (run.sp: this rank's heads); this depth's are appended. -> prenorm (B, n, H), zeros off the
+    anchors."""
+    B, n = pos.shape
     ids, hidden = draft.mask_inputs((1, flat.numel()))  # (1, N), (1, N, H)
     embeds = draft.embed_tokens(ids).to(hidden.dtype)
     cos, sin = draft.rotary(pos.reshape(1, -1)[:, flat] + d, hidden.dtype)  # slot d of anchor i: pos_i + d
-    at = StepInput(run.impl, run.scale, run.window, None, run.doc_ids, embeds, cos, sin)
-    hidden = draft_step(draft, hidden, kv, at, ckpt, functools.partial(cod_layer_step, flat=flat))
-    return to_grid(hidden, flat, B, T)
+    at = StepInput(run.impl, run.scale, run.window, run.sp, run.doc_ids, embeds, cos, sin)
+    step = functools.partial(cod_layer_step, flat=flat, grid=(B, n))
+    return to_grid(draft_step(draft, hidden, kv, at, ckpt, step), flat, B, n)
 
 
 def to_grid(x: torch.Tensor, flat: torch.Tensor, B: int, T: int) -> torch.Tensor:
@@ -245,23 +241,27 @@ def from_grid(x: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
     return x.reshape(-1, *x.shape[2:])[flat][None]
 
 
-def cod_layer_step(layer, run: StepInput, hidden: torch.Tensor, *kv, flat: torch.Tensor):
-    """One depth through one decoder layer at the anchors `flat` (N,): hidden (1, N, H); kv: keys then values
-    of the earlier depths on the grid (B, n_kv, T, d). -> (output (1, N, H), this depth's keys, values on the
-    grid). The attention kernels want queries where their index is (train/attention.py), so q, k and v go
-    onto the (B, heads, T, d) grid, zeros off the anchors (never seen: a kept anchor's slots lie on kept
-    anchors)."""
-    n, B, T = len(kv) // 2, *run.doc_ids.shape
+def cod_layer_step(layer, run: StepInput, hidden: torch.Tensor, *kv, flat: torch.Tensor, grid: tuple):
+    """One depth through one decoder layer at the anchors `flat` (N,) of the (B, n) `grid`: hidden (1, N, H);
+    kv: keys then values of the earlier depths on the grid (B, n_kv, T, d). -> (output (1, N, H), this
+    depth's keys, values on the grid). The attention kernels want queries where their index is
+    (train/attention.py), so q, k and v go onto the (B, heads, n, d) grid, zeros off the anchors (never seen:
+    a kept anchor's slots lie on kept anchors); under run.sp the grid's shards then cross the group as TTT's
+    steps do (layer_step), and the keys are kept in that layout."""
+    n = len(kv) // 2
     seen = []
 
-    def on_grid(t):  # (1, h, N, d) -> (B, h, T, d)
-        return to_grid(t.transpose(1, 2), flat, B, T).transpose(1, 2)
+    def on_grid(t):  # (1, h, N, d) -> (B, h, n, d)
+        return to_grid(t.transpose(1, 2), flat, *grid).transpose(1, 2)
+
+    def local(q, k, v):  # every token of the row (run.sp: this rank's heads)
+        seen.append((k, v))
+        return ttt_attention(run.impl, q, [*kv[:n], k], [*kv[n:], v], run.doc_ids, run.scale, run.window)
+
+    across = local if run.sp is None else run.sp.attend(local)
 
     def attend(q, k, v):
-        k, v = on_grid(k), on_grid(v)
-        seen.append((k, v))
-        keys, values = [*kv[:n], k], [*kv[n:], v]
-        o = ttt_attention(run.impl, on_grid(q), keys, values, run.doc_ids, run.scale, run.window)
+        o = across(on_grid(q), on_grid(k), on_grid(v))
         return from_grid(o.transpose(1, 2), flat).transpose(1, 2)  # (1, heads, N, d)
 
     out, _, _ = layer(run.embeds, hidden, run.cos, run.sin, attend, repeat_kv=False)
