@@ -4,6 +4,7 @@
     python benchmarks/bench_ttt_step.py --size gpt-oss-attention --attention dense chunked sdpa \
         --lengths 1024 2048 4096 8192 16384 --repeat 1                    # linear vs quadratic, CPU
     python benchmarks/bench_ttt_step.py --size gpt-oss-120b --device cuda --lengths 4096 16384 32768
+    python benchmarks/bench_ttt_step.py --kind peagle --ttt-steps 8 ...   # P-EAGLE: 8 depths, COD 0.7 / 0.2
 
 Prints one line per (attention, length), in the anchors' format (../shared/bench):
 
@@ -15,6 +16,8 @@ CPU: the peak RSS of a fresh process per length, so allocator reuse across lengt
 growth). A length that runs out of memory prints OOM and the next one runs.
 Precision: --precision bf16 autocasts like the trainer on GPUs (fp32 weights and AdamW, bf16
 matmuls; the default on CUDA); fp32 is the default on CPU.
+--kind peagle: a P-EAGLE draft (train/peagle.py) trained as the trainer trains it, --ttt-steps its depths,
+COD sampling at --cod RATIO FLOOR (speculators' and the gpt-oss-120b-peagle recipe's 0.7 / 0.2).
 """
 
 import argparse
@@ -27,6 +30,8 @@ from contextlib import AbstractContextManager, nullcontext
 
 import torch
 
+from eyas.train import kinds
+from eyas.train.kinds import KINDS
 from eyas.train.model import DraftConfig, Eagle3Draft
 from eyas.train.packing import doc_ids_from_lengths
 from eyas.train.ttt import TTTModule
@@ -63,7 +68,9 @@ def parse_args() -> argparse.Namespace:
         "--attention", nargs="+", default=["auto"], choices=["auto", "flex", "chunked", "sdpa", "dense"]
     )
     p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--ttt-steps", type=int, default=7)
+    p.add_argument("--ttt-steps", type=int, default=7, help="TTT steps (--kind peagle: depths)")
+    p.add_argument("--kind", choices=list(KINDS), default="eagle3", help="the draft kind (train/kinds.py)")
+    p.add_argument("--cod", type=float, nargs=2, default=[0.7, 0.2], metavar=("RATIO", "FLOOR"))
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument(
         "--warmup", type=int, default=None, help="untimed steps per length (default: 1 on CUDA, 0 on CPU)"
@@ -95,8 +102,9 @@ def parse_args() -> argparse.Namespace:
     return p.parse_args()
 
 
-def make_draft(size: str, compiled: bool) -> tuple[Eagle3Draft, torch.Tensor]:
-    """A random draft of `size` (SIZES) with a random draft vocabulary, and a random target lm_head (V, H)."""
+def make_draft(size: str, compiled: bool, kind: str = "eagle3") -> tuple[Eagle3Draft, torch.Tensor]:
+    """A random draft of `size` (SIZES) and `kind` with a random draft vocabulary, and a random target lm_head
+    (V, H)."""
     H, nh, nkv, hd, inter, V, Vd = SIZES[size]
     cfg = DraftConfig(
         hidden_size=H,
@@ -107,9 +115,11 @@ def make_draft(size: str, compiled: bool) -> tuple[Eagle3Draft, torch.Tensor]:
         vocab_size=V,
         draft_vocab_size=Vd,
         aux_layer_ids=[2, 18, 33],
+        kind=kind,
+        mask_token_id=V - 1 if kind == "peagle" else None,
     )
     torch.manual_seed(0)
-    draft = Eagle3Draft(cfg)
+    draft = kinds.make_draft(cfg)
     ids = torch.randperm(V)[:Vd].sort().values
     t2d = torch.zeros(V, dtype=torch.bool)
     t2d[ids] = True
@@ -131,6 +141,10 @@ def run_in_subprocesses(
         str(args.batch),
         "--ttt-steps",
         str(args.ttt_steps),
+        "--kind",
+        args.kind,
+        "--cod",
+        *map(str, args.cod),
         "--repeat",
         str(args.repeat),
         "--warmup",
@@ -177,7 +191,17 @@ def measure_length(
     """`warmup` untimed then --repeat timed training steps (forward + backward + AdamW) at length T.
     -> (median seconds per step, peak MiB, warm-up seconds, last loss); None when out of memory."""
     dev = torch.device(args.device)
-    module = TTTModule(draft, lm_head, args.ttt_steps, 0.8, attention, args.checkpoint_layer).to(dev)
+    options = {"cod": tuple(args.cod), "cod_seed": (0, 0)} if args.kind == "peagle" else {}
+    module = TTTModule(
+        draft,
+        lm_head,
+        args.ttt_steps,
+        0.8,
+        attention,
+        args.checkpoint_layer,
+        unroll=KINDS[args.kind].forward,
+        options=options,
+    ).to(dev)
     opt = torch.optim.AdamW(
         [q for q in module.parameters() if q.requires_grad], lr=1e-4, fused=dev.type == "cuda"
     )  # as the trainer
@@ -219,10 +243,11 @@ def main() -> None:
         cap = int(args.memory_limit_gb * 2**30)
         resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
     compiled = args.compile == "on" or (args.compile == "auto" and dev.type == "cuda")
-    draft, lm_head = make_draft(args.size, compiled)
+    draft, lm_head = make_draft(args.size, compiled, args.kind)
     if not args.one_process:
         print(
-            f"size={args.size} trainable={draft.num_parameters() / 1e6:.1f}M ttt_steps={args.ttt_steps} "
+            f"size={args.size} kind={args.kind} trainable={draft.num_parameters() / 1e6:.1f}M "
+            f"ttt_steps={args.ttt_steps} "
             f"batch={args.batch} device={dev} precision={precision} "
             f"checkpoint_layer={args.checkpoint_layer} compile={compiled}",
             flush=True,

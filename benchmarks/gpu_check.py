@@ -9,7 +9,8 @@ GPU), then one table:
     tests      the `gpu` tests (python -m pytest -m gpu tests)
     ttt        a TTT training step at gpt-oss-120b's draft dims (recipes/gpt-oss-120b.yaml: 215.5M trainable,
                TTT 5, bf16 autocast), T = 4K and 32K: seconds per step, tokens/s, peak GPU memory against
-               `eyas plan`'s training memory per GPU at that length (benchmarks/bench_ttt_step.py)
+               `eyas plan`'s training memory per GPU at that length (benchmarks/bench_ttt_step.py); then
+               the same for P-EAGLE's COD step (one layer, 8 depths, COD 0.7 / 0.2: gpt-oss-120b-peagle)
     target     the full-width target at gpt-oss-20b's depth: gpt-oss-120b's widths with 24 layers of 32
                experts, random weights stored as the hub stores them (MXFP4 experts:
                eyas/demo_target/full_width.py)
@@ -115,7 +116,10 @@ def section_ttt(a, s) -> None:
     from eyas.plan.command import plan
     from eyas.recipes.load import load_recipe
 
-    for T in s["ttt"]:
+    # EAGLE-3's TTT (5 steps, recipes/gpt-oss-120b.yaml) and P-EAGLE's COD (8 depths, 0.7 / 0.2,
+    # recipes/gpt-oss-120b-peagle.yaml's one-layer vLLM 0.32 variant), each against its recipe's plan
+    kinds = (("TTT", "eagle3", "gpt-oss-120b", 5), ("COD", "peagle", "gpt-oss-120b-peagle", 8))
+    for (label, kind, name, steps), T in [(k, T) for k in kinds for T in s["ttt"]]:
         cmd = [
             sys.executable,
             str(HERE / "bench_ttt_step.py"),
@@ -124,20 +128,18 @@ def section_ttt(a, s) -> None:
             "--device",
             s["device"],
         ]
-        cmd += ["--lengths", str(T), "--ttt-steps", "5", "--repeat", "2"]
+        cmd += ["--lengths", str(T), "--ttt-steps", str(steps), "--repeat", "2", "--kind", kind]
         r = subprocess.run(cmd, capture_output=True, text=True)
         m = re.search(r"([\d.]+) s/step\s+(\d+) tok/s\s+peak \w+\s+(\d+) MiB", r.stdout)
-        recipe = load_recipe(
-            "gpt-oss-120b", [f"train.max_length={T}", "train.ttt_steps=5", "train.pack=false"]
-        )
-        planned = plan(recipe, "1xH200").train_gb_per_gpu
+        over = [f"train.max_length={T}", f"train.ttt_steps={steps}", "train.pack=false", "draft.num_layers=1"]
+        planned = plan(load_recipe(name, over), "1xH200").train_gb_per_gpu
         if not m:
-            emit(section="ttt", what=f"TTT step T={T}", ok=False, error=(r.stdout + r.stderr)[-400:])
+            emit(section="ttt", what=f"{label} step T={T}", ok=False, error=(r.stdout + r.stderr)[-400:])
             continue
         sec, tok_s, mib = float(m.group(1)), int(m.group(2)), int(m.group(3))
         emit(
             section="ttt",
-            what=f"TTT step T={T}",
+            what=f"{label} step T={T}",
             ok=True,
             seconds=sec,
             tok_s=tok_s,
