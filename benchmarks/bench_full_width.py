@@ -2,7 +2,12 @@
 gpt-oss-120b's config but 2 layers and 4 MXFP4-stored experts) with recipes/gpt-oss-120b.yaml's draft, each
 stage in its own process, its peak memory against `eyas plan`'s prediction for that process.
 
-    python benchmarks/bench_full_width.py [--out runs/bench-full-width] [key.sub=value ...]
+    python benchmarks/bench_full_width.py [--recipe NAME] [--out runs/bench-full-width] [key.sub=value ...]
+
+--recipe gpt-oss-120b-peagle runs the P-EAGLE recipe's draft (4 layers, 8 depths, COD) the same way. A draft
+that vLLM 0.32 cannot serve on gpt-oss (several layers over its sliding + full attention:
+serve/interchange/engines.py) is refused by `eyas export`; the table then says so and skips export, publish
+and vLLM (`draft.num_layers=1` runs them).
 
 Stages: prompts, regenerate, capture, vocab, train (offline), then online training on a copy (capture.mode
 online: vLLM's producers where vLLM runs MXFP4 here, else the target in the training process), eval,
@@ -29,13 +34,15 @@ EYAS = [sys.executable, "-m", "eyas"]
 BASELINE = "import eyas.train.trainer, eyas.eval.evaluate, eyas.data.capture, eyas.data.regenerate"
 
 
-def measured(cmd: list[str]) -> tuple[float, float]:
-    """Run `cmd` under GNU time; -> (seconds, its peak resident bytes). A failure stops the benchmark. (Not
-    os.wait4 on a child of this process: Linux counts in a child's peak the memory of the process it was
-    forked from.)"""
+def measured(cmd: list[str], check: bool = True) -> tuple[float, float] | None:
+    """Run `cmd` under GNU time; -> (seconds, its peak resident bytes). A failure stops the benchmark, or
+    with check=False returns None (its `eyas: error:` line is on stderr). (Not os.wait4 on a child of this
+    process: Linux counts in a child's peak the memory of the process it was forked from.)"""
     t0 = time.time()
     with tempfile.NamedTemporaryFile("r") as peak:
         if subprocess.run(["/usr/bin/time", "-f", "%M", "-o", peak.name, *cmd]).returncode != 0:
+            if not check:
+                return None
             raise SystemExit(f"{' '.join(cmd)} failed")
         return time.time() - t0, int(peak.read().split()[-1]) * 1024
 
@@ -66,12 +73,13 @@ def vllm_loads(run: Path, export: Path, out: Path) -> dict:
     from eyas.data.target import resolve_path
     from eyas.serve.external.vllm_env import mxfp4_runs_here
     from eyas.serve.external.vllm_jobs import run_offline
+    from eyas.serve.external.vllm_server import speculative_config
 
     target = resolve_path("eyas-full-width")
     if not mxfp4_runs_here():
         target = bf16_copy(Path(target), out / "target-bf16")
     prompts = [s["input_ids"][: s["prompt_len"]] for s in read_sequences(run)[:2]]
-    spec = {"model": str(export), "method": "eagle3", "num_speculative_tokens": 2}
+    spec = speculative_config(export, 2)  # a P-EAGLE export: parallel_drafting
     res = run_offline(
         target,
         [{"name": "eagle3", "speculative_config": spec}],
@@ -114,6 +122,7 @@ def bf16_copy(src: Path, dst: Path) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--recipe", default="gpt-oss-120b", help="a shipped gpt-oss-120b recipe")
     p.add_argument("--out", default="runs/bench-full-width")
     p.add_argument("overrides", nargs="*", help="recipe overrides (key.sub=value)")
     args = p.parse_args(argv)
@@ -126,9 +135,9 @@ def main(argv=None) -> int:
     out = Path(args.out)
     shutil.rmtree(out, ignore_errors=True)
     run, over = out / "run", run_overrides() + args.overrides
-    recipe = load_recipe("gpt-oss-120b", over)
+    recipe = load_recipe(args.recipe, over)
     base = measured([sys.executable, "-c", BASELINE])[1]
-    rows = {"prompts": measured([*EYAS, "prompts", "gpt-oss-120b", "--out", str(run), *over])}
+    rows = {"prompts": measured([*EYAS, "prompts", args.recipe, "--out", str(run), *over])}
     for stage in ("regenerate", "capture", "vocab", "train", "eval"):
         rows[stage] = measured([*EYAS, stage, str(run), "--no-progress"])
     online = out / "online"
@@ -139,34 +148,40 @@ def main(argv=None) -> int:
     for stage in ("capture", "vocab", "train"):
         rows[f"online {stage}"] = measured([*EYAS, stage, str(online), "--no-progress", *more])
     export = out / "export"
-    rows["export"] = measured([*EYAS, "export", str(run), "--format", "eagle3", "--out", str(export)])
-    publish = [*EYAS, "publish", str(run), "--repo", "someone/draft", "--dry-run"]
-    publish += ["--out", str(out / "publish")]
-    rows["publish --dry-run"] = measured(publish)
-    vllm = vllm_loads(run, export, out)
+    rows["export"] = measured([*EYAS, "export", str(run), "--format", "eagle3", "--out", str(export)], False)
+    vllm = None
+    if rows["export"]:
+        publish = [*EYAS, "publish", str(run), "--repo", "someone/draft", "--dry-run"]
+        rows["publish --dry-run"] = measured([*publish, "--out", str(out / "publish")])
+        vllm = vllm_loads(run, export, out)
     predicted = predictions(recipe) | {
-        "online train": predictions(load_recipe("gpt-oss-120b", over + more))["train"]
+        "online train": predictions(load_recipe(args.recipe, over + more))["train"]
     }
     print(f"\ninterpreter with eyas's stages imported: {base / 1e9:.2f} GB")
     print("| stage | wall s | peak GB | above the interpreter GB | eyas plan GB | ratio |")
     print("|---|---|---|---|---|---|")
-    for name, (secs, peak) in rows.items():
+    for name, row in rows.items():
+        if row is None:
+            print(f"| {name} | refused (its `eyas: error` above): publish and vLLM skipped | | | | |")
+            continue
+        secs, peak = row
         pred = predicted.get(name)
         ratio = f"{(peak - base) / pred:.2f}" if pred else "—"
         shown = f"{pred / 1e9:.2f}" if pred else "—"
         print(f"| {name} | {secs:.0f} | {peak / 1e9:.2f} | {(peak - base) / 1e9:.2f} | {shown} | {ratio} |")
-    p120 = plan(load_recipe("gpt-oss-120b"), "8xH100")
+    p120 = plan(load_recipe(args.recipe, args.overrides), "8xH100")  # gpt-oss-120b itself, the draft as run
     index = json.loads((run / "capture" / "index.json").read_text())
     trained = read_done(run, "train")["trainable_parameters"]
     print(
-        f"capture: {index['bytes_per_token']:.1f} bytes/token stored (eyas plan, gpt-oss-120b: "
+        f"capture: {index['bytes_per_token']:.1f} bytes/token stored (eyas plan, {args.recipe}: "
         f"{p120.capture_bytes_per_token:,}); draft: {trained:,} trainable "
         f"(eyas plan: {p120.draft_trainable:,})"
     )
-    print(
-        f"vLLM: {vllm['target']} with the eagle3 export loaded in {vllm['init_s']} s; outputs "
-        f"{vllm['outputs']}; spec-decode counters {vllm['counters']}"
-    )
+    if vllm:
+        print(
+            f"vLLM: {vllm['target']} with the eagle3 export loaded in {vllm['init_s']} s; outputs "
+            f"{vllm['outputs']}; spec-decode counters {vllm['counters']}"
+        )
     return 0
 
 
