@@ -58,6 +58,7 @@ def score_drafts(
 
     from eyas.data.target import load_head_weights
     from eyas.train.checkpoint import load_draft
+    from eyas.train.kinds import kind_of
     from eyas.train.packing import PackedRows, collate_rows
     from eyas.train.trainer import mixed_precision
     from eyas.train.ttt import TTTModule
@@ -76,7 +77,9 @@ def score_drafts(
     out = []
     for (name, ckpt), t in zip(drafts, steps):
         draft = load_draft(ckpt, device=acc.device, embed=heads["embed"])
-        module = TTTModule(draft, heads["lm_head"].float().to(acc.device), t, 1.0, sampled_text=sampled)
+        lm_head = heads["lm_head"].float().to(acc.device)
+        # the kind's unroll (a P-EAGLE draft's depths, every anchor kept) as its training validates
+        module = TTTModule(draft, lm_head, t, 1.0, sampled_text=sampled, unroll=kind_of(draft.config).forward)
         with acc.autocast():
             out.append((name, validate(module, batches, acc, t)))
     return out

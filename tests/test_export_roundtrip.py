@@ -4,7 +4,7 @@ import json
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from test_export_support import YARN, make_draft, tiny_target
 
 from eyas.cli import main
@@ -236,3 +236,34 @@ def test_peagle_round_trip_keeps_its_mask_slots(tmp_path, target, fmt):
     with torch.no_grad():
         back.mask_hidden.weight.add_(0.5)
     assert not same_outputs(draft, back)
+
+
+def test_a_trained_embedding_is_the_drafts_own_wherever_it_runs(tmp_path, target):
+    """A published P-EAGLE draft whose embed_tokens differs from the target's (speculators 0.9.0's P-EAGLE
+    trains it: embed_requires_grad) is imported as the draft's own embedding (own_embedding): loading it
+    with the target's embedding at hand (the loop, score_drafts) keeps the file's table, its mask slots
+    read the trained mask row, and the eagle3 export ships the table (vLLM then keeps it), refused for SGLang.
+    A published draft that ships the target's own table is not marked."""
+    draft = make_draft(0, target, kind="peagle", mask_token_id=7)
+    export(saved(tmp_path, draft), "speculators", tmp_path / "same", dtype="float32")
+    plain = load_draft(import_draft(tmp_path / "same", tmp_path / "plain", target=str(target)))
+    assert plain.config.own_embedding is False
+    tensors = load_file(str(tmp_path / "same" / "model.safetensors"))
+    tensors["embed_tokens.weight"][7] += 0.25  # the mask row, trained
+    src = tmp_path / "trained"
+    src.mkdir()
+    (src / "config.json").write_text((tmp_path / "same" / "config.json").read_text())
+    save_file(tensors, str(src / "model.safetensors"))
+    ckpt = import_draft(src, tmp_path / "own", target=str(target))
+    target_embed = plain.embed_tokens.weight.detach()
+    back = load_draft(ckpt, embed=target_embed)
+    assert back.config.own_embedding is True
+    assert torch.equal(back.embed_tokens.weight, tensors["embed_tokens.weight"])
+    assert not same_outputs(draft, back)  # its mask slots read the trained row
+    export(ckpt, "eagle3", tmp_path / "vllm", dtype="float32")
+    assert torch.equal(
+        load_file(str(tmp_path / "vllm" / "model.safetensors"))["embed_tokens.weight"],
+        tensors["embed_tokens.weight"],
+    )
+    with pytest.raises(ExportError, match="own_embedding"):
+        export(ckpt, "eagle3", tmp_path / "sglang", dtype="float32", engines=["sglang"])

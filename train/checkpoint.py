@@ -102,6 +102,7 @@ def load_draft(
     target named in the config."""
     path = Path(path)
     cfg = read_config(path)
+    embed = None if cfg.own_embedding else embed  # its own table: the file's
     # built without initialising (on the meta device), given storage in `dtype` on `device`, then the
     # checkpoint's tensors copied in one at a time: beside the draft, at most one tensor of the file in memory
     # (a built, initialised fp32 draft and the whole file would be 7 GB more at gpt-oss-120b's widths)

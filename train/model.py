@@ -91,6 +91,9 @@ class DraftConfig:
     kind: str = "eagle3"
     # peagle: the input token of the mask slots (vLLM's pard_token / mask_token_id)
     mask_token_id: int | None = None
+    # the draft's embed_tokens is its own (trained: speculators' P-EAGLE trains it), not the target's: read
+    # from its file wherever it runs and exported with it (vLLM keeps a draft's distinct embedding)
+    own_embedding: bool = False
 
     def __post_init__(self):
         if self.target_hidden_size is None:

@@ -141,6 +141,12 @@ def problems(
             f"draft kind peagle (parallel drafting): {label}'s EAGLE-3 worker drafts one token per forward "
             "and reads no mask_hidden; serve it with vLLM (parallel_drafting, vLLM 0.32 llama_eagle3.py)"
         )
+    if cfg.own_embedding and engine in ("sglang", "trtllm"):
+        found.append(
+            f"own_embedding (a trained embed_tokens): {label} runs an EAGLE-3 draft with the target's "
+            "embedding (SGLang eagle_worker.py set_embed; TensorRT-LLM's was not verified); serve it with "
+            "vLLM, which keeps a draft's distinct embed_tokens (vllm/v1/spec_decode/llm_base_proposer.py)"
+        )
     if cfg.norm_before_residual and engine in ("sglang", "trtllm"):
         found.append(
             f"norm_before_residual: {label}'s first draft layer always keeps the raw hidden state as "

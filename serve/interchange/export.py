@@ -202,10 +202,16 @@ def round_to(draft: Eagle3Draft, dtype: torch.dtype) -> None:
 
 def verify_export(path: Path, draft: Eagle3Draft) -> None:
     """Re-read `path` with the importer; it must equal `draft` (already rounded to the export dtype)."""
-    imported, _, _ = load_published(path, embed=draft.embed_tokens.weight.detach())
+    own = draft.config.own_embedding  # its own table: the file's is read back and compared
+    imported, _, _ = load_published(path, embed=None if own else draft.embed_tokens.weight.detach())
+    if own and not torch.equal(imported.embed_tokens.weight, draft.embed_tokens.weight):
+        raise ExportError("export check failed: re-read embed_tokens differs from the draft's own")
     mine, theirs = draft.config, imported.config
     for f in dataclasses.fields(DraftConfig):
-        if f.name != "target_model" and getattr(mine, f.name) != getattr(theirs, f.name):
+        # own_embedding says where eyas's table came from; no format writes it (the table is compared above)
+        if f.name in ("target_model", "own_embedding"):
+            continue
+        if getattr(mine, f.name) != getattr(theirs, f.name):
             raise ExportError(
                 f"export check failed: re-read {f.name} = {getattr(theirs, f.name)!r}, "
                 f"the checkpoint has {getattr(mine, f.name)!r}"
@@ -295,11 +301,15 @@ def export(
             f"(it is loaded by {', '.join(engine_rules.FORMAT_ENGINES[fmt])})"
         )
 
-    if include_embeddings is None:
-        include_embeddings = fmt == "speculators"
     checkpoint = resolve_checkpoint(src)
     draft = load_draft(checkpoint, dtype=torch.float32).eval()
     cfg = draft.config
+    if include_embeddings is None:  # a draft's own (trained) embedding always goes with it
+        include_embeddings = fmt == "speculators" or cfg.own_embedding
+    if cfg.own_embedding and not include_embeddings:
+        raise ExportError(
+            "the draft's embed_tokens is its own (trained), not the target's: export it with it"
+        )
     # default: every engine that loads the format and serves the draft's kind
     serving = engine_rules.KIND_ENGINES[cfg.kind]
     selected = selected or tuple(e for e in engine_rules.FORMAT_ENGINES[fmt] if e in serving)
@@ -310,7 +320,7 @@ def export(
     if tcfg is not None:
         check_against_target(cfg, tcfg)
     engine_check(cfg, selected, include_embeddings, tcfg, notes)
-    if target:
+    if target and not cfg.own_embedding:
         check_embedding(draft, target, dtype, notes)
     if fmt == "eagle3":
         config = eagle3_config(cfg, dtype)

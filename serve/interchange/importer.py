@@ -336,6 +336,8 @@ def complete_state(
             heads = heads or _target_heads(cfg.target_model, "embed_tokens.weight", where)
             embed = heads["embed"]
         state["embed_tokens.weight"] = embed
+    elif cfg.target_model:
+        heads = own_embedding(state, cfg, where, embed, notes)
     if "lm_head.weight" not in state:
         if cfg.draft_vocab_size != cfg.vocab_size:
             raise DraftFormatError(
@@ -372,6 +374,29 @@ def complete_state(
                 f"{where}: tensor {name} has shape {tuple(state[name].shape)}, the config implies {shape}"
             )
     return state
+
+
+def own_embedding(
+    state: dict[str, torch.Tensor], cfg: DraftConfig, where: str, embed: torch.Tensor | None, notes: list[str]
+) -> dict[str, torch.Tensor]:
+    """A draft that ships embed_tokens: where it differs from the target's (a draft that trained its
+    embedding, as speculators 0.9.0's P-EAGLE does by default: embed_requires_grad), it is the draft's own
+    (cfg.own_embedding: loaded from its file and exported with it, as vLLM serves it), said in `notes`.
+    -> the target's heads read (reused by the caller)."""
+    heads: dict[str, torch.Tensor] = {}
+    if embed is None:
+        heads = _target_heads(cfg.target_model, "embed_tokens.weight", where)
+        embed = heads["embed"]
+    mine = state["embed_tokens.weight"]
+    if tuple(mine.shape) == tuple(embed.shape) and torch.equal(mine.to(embed.dtype), embed):
+        return heads
+    cfg.own_embedding = True
+    rows = int((mine.float() != embed.float()).any(-1).sum()) if mine.shape == embed.shape else mine.shape[0]
+    notes.append(
+        f"embed_tokens differs from the target's in {rows} rows: the draft's own (trained) embedding, "
+        "kept and used wherever it runs"
+    )
+    return heads
 
 
 def read_published(
