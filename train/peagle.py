@@ -160,13 +160,18 @@ def cod_forward(
     draws with its tokens (row_seeds; None: the global generator). With `keep_logits` (or no
     target) out.logits[d] (B, T, V_d) holds depth d's logits at its kept anchors, zeros elsewhere.
     `sp` (train/sequence_parallel.py), as ttt_forward: this process computes its shard [lo, hi) of each row
-    (aux, logits and run_length on it; the target on it and its halo), attention crosses the group's ranks;
-    every rank draws the anchors over the whole row (its tokens are whole there) and keeps its shard's."""
+    (aux and logits on it; the target on it and its halo), attention crosses the group's ranks; every rank
+    draws the anchors over the whole row (its tokens are whole there) and keeps its shard's; the counts and
+    run_length come back for the whole row."""
     B, T = input_ids.shape
     lo, hi, ext = sp.bounds(T) if sp is not None else (0, T, T)
     impl = resolve(attention, input_ids.device, draft.config.sliding_window)
     pos = positions_in_doc(doc_ids)[:, lo:hi]  # (B, n) RoPE positions, restarting per packed sequence
     valid = [counted_at(d, loss_mask, doc_ids) for d in range(depths)]
+    if sp is not None and cod_seed is None and cod[0] < 1:
+        raise ValueError(
+            "COD under sequence parallelism needs cod_seed: every rank must draw the same anchors"
+        )
     seeds = row_seeds(cod_seed, input_ids, valid[0]) if cod_seed is not None and cod[0] < 1 else None
     kept = [torch.ones_like(valid[0]), *cod_anchors(valid, *cod, seeds)]  # (B, T) each, the whole row
 
