@@ -49,7 +49,7 @@ def parse(argv) -> argparse.Namespace:
     p.add_argument(
         "--num-prompts", type=int, default=12, help="per benchmark of the recipe's eval.benchmarks"
     )
-    p.add_argument("--out", type=Path, default=Path("bench-kinds"))
+    p.add_argument("--out", type=Path, default=Path("runs/bench-kinds"))
     p.add_argument("--vllm", action="store_true", help="also in vLLM (`eyas install-vllm`), module docstring")
     p.add_argument("--no-loop", action="store_true", help="vLLM only (with --vllm): skip eyas's loop")
     return p.parse_args(argv)
