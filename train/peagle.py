@@ -41,10 +41,20 @@ import zlib
 import torch
 from torch import nn
 
-from .attention import resolve, ttt_attention
+from .attention import resolve
 from .model import DraftConfig, Eagle3Draft, attention_scale
 from .packing import positions_in_doc
-from .ttt import ChainState, StepInput, TargetView, TTTOutput, draft_step, fill_counts, score_step, shift
+from .ttt import (
+    ChainState,
+    StepInput,
+    TargetView,
+    TTTOutput,
+    draft_step,
+    fill_counts,
+    score_step,
+    shift,
+    step_attention,
+)
 
 
 class PEagleDraft(Eagle3Draft):
@@ -253,17 +263,11 @@ def cod_layer_step(layer, run: StepInput, hidden: torch.Tensor, *kv, flat: torch
     (train/attention.py), so q, k and v go onto the (B, heads, n, d) grid, zeros off the anchors (never seen:
     a kept anchor's slots lie on kept anchors); under run.sp the grid's shards then cross the group as TTT's
     steps do (layer_step), and the keys are kept in that layout."""
-    n = len(kv) // 2
     seen = []
+    across = step_attention(run, kv, seen)
 
     def on_grid(t):  # (1, h, N, d) -> (B, h, n, d)
         return to_grid(t.transpose(1, 2), flat, *grid).transpose(1, 2)
-
-    def local(q, k, v):  # every token of the row (run.sp: this rank's heads)
-        seen.append((k, v))
-        return ttt_attention(run.impl, q, [*kv[:n], k], [*kv[n:], v], run.doc_ids, run.scale, run.window)
-
-    across = local if run.sp is None else run.sp.attend(local)
 
     def attend(q, k, v):
         o = across(on_grid(q), on_grid(k), on_grid(v))

@@ -380,17 +380,24 @@ def layer_step(layer, run: StepInput, hidden, *kv):
     (B, n_kv, T, d); under run.sp the attention runs over every token and this rank's heads (kv in that
     layout: train/sequence_parallel.py). -> (prenorm output (B, n, H), this step's keys, values as attention
     saw them)."""
-    n = len(kv) // 2
     seen = []
+    # through forward: FSDP / ZeRO-3 hooks
+    out, _, _ = layer(run.embeds, hidden, run.cos, run.sin, step_attention(run, kv, seen), repeat_kv=False)
+    return out, *seen[0]
 
-    def local(q, k, v):  # scores against the step-0 prefix (causal, same sequence) and the index's own chain
+
+def step_attention(run: StepInput, kv: tuple, seen: list):
+    """-> attend(q, k, v) of one step: scores against the step-0 prefix (causal, same sequence) and the
+    index's own chain, kv being the earlier steps' keys then values; under run.sp across the group's ranks
+    (every token, this rank's heads). Each call appends its (k, v) as attention saw them to `seen` (what
+    the step keeps for the next ones)."""
+    n = len(kv) // 2
+
+    def local(q, k, v):
         seen.append((k, v))
         return ttt_attention(run.impl, q, [*kv[:n], k], [*kv[n:], v], run.doc_ids, run.scale, run.window)
 
-    attend = local if run.sp is None else run.sp.attend(local)
-    # through forward: FSDP / ZeRO-3 hooks
-    out, _, _ = layer(run.embeds, hidden, run.cos, run.sin, attend, repeat_kv=False)
-    return out, *seen[0]
+    return local if run.sp is None else run.sp.attend(local)
 
 
 def step_loss(
