@@ -140,20 +140,26 @@ def vllm_measure(args, recipe, drafts) -> list[dict]:
     return rows
 
 
-def vllm_table(rows: list[dict], drafts) -> list[str]:
-    """vLLM's rows per (label, k, C): tau mean over seeds (each seed), tok/s, plain tok/s, speedup."""
+def cells_of(rows: list[dict], drafts) -> dict[tuple, list[dict]]:
+    """rows grouped by (label, shape, concurrency), sorted; shape: "k=K" or "tree S,K,N"."""
     label_of = {name: label for label, name, _ in drafts}
     cells: dict[tuple, list[dict]] = {}
     for r in rows:
-        cells.setdefault((label_of[r["draft"]], r["k"], r["concurrency"]), []).append(r)
+        shape = f"k={r['k']}" if r.get("tree") is None else "tree " + ",".join(map(str, r["tree"]))
+        cells.setdefault((label_of[r["draft"]], shape, r["concurrency"]), []).append(r)
+    return dict(sorted(cells.items()))
+
+
+def vllm_table(rows: list[dict], drafts) -> list[str]:
+    """vLLM's rows per (label, k, C): tau mean over seeds (each seed), tok/s, plain tok/s, speedup."""
     out = [
         "| draft (vLLM) | k | C | tau (seeds) | tok/s | plain tok/s | speedup |",
         "|---|---|---|---|---|---|---|",
     ]
-    for (label, k, c), group in sorted(cells.items()):
+    for (label, shape, c), group in cells_of(rows, drafts).items():
         taus = [r["tau"] for r in group]
         out.append(
-            f"| {label} | k={k} | {c} | {statistics.mean(taus):.3f} ({'/'.join(f'{t:.2f}' for t in taus)}) "
+            f"| {label} | {shape} | {c} | {statistics.mean(taus):.3f} ({'/'.join(f'{t:.2f}' for t in taus)}) "
             f"| {statistics.mean(r['output_tokens_per_s'] for r in group):.1f} "
             f"| {group[0]['baseline_output_tokens_per_s']:.1f} "
             f"| {statistics.mean(r['speedup'] for r in group):.2f}x |"
@@ -162,16 +168,13 @@ def vllm_table(rows: list[dict], drafts) -> list[str]:
 
 
 def table(rows: list[dict], drafts) -> list[str]:
-    label_of = {name: label for label, name, _ in drafts}
-    cells: dict[tuple, list[dict]] = {}
-    for r in rows:
-        shape = f"k={r['k']}" if r.get("tree") is None else "tree " + ",".join(map(str, r["tree"]))
-        cells.setdefault((label_of[r["draft"]], shape, r["concurrency"]), []).append(r)
+    """eyas's loop rows per (label, shape, C): pooled tau mean over seeds (each seed), draft ms per round,
+    tok/s, plain tok/s, speedup (the mean of the rows')."""
     out = [
         "| draft | shape | C | tau (seeds) | draft ms / round | tok/s | plain tok/s | speedup |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for (label, shape, c), group in sorted(cells.items()):
+    for (label, shape, c), group in cells_of(rows, drafts).items():
         by_seed: dict[str, list[dict]] = {}
         for r in group:
             by_seed.setdefault(r["draft"], []).append(r)
