@@ -238,8 +238,8 @@ def train_speculators(args, meta: dict, seed: int, lr: float | None) -> dict:
 def depth_flags(args) -> list[str]:
     """speculators' flags for --ttt: TTT steps of an EAGLE-3 draft, the depths of a P-EAGLE draft. Its other
     P-EAGLE settings are its defaults: COD 0.7 / 0.2 as eyas's, at most 512 anchors a packed row
-    (--max-anchors; eyas keeps every counted position), and a trained embedding (embed_requires_grad, which
-    its CLI does not expose: `eyas import` keeps the table as the draft's own, DraftConfig.own_embedding). A
+    (--max-anchors; eyas keeps every counted position), and a trained embedding (its P-EAGLE model ignores
+    --no-embed-requires-grad; `eyas import` keeps the table as the draft's own, DraftConfig.own_embedding). A
     P-EAGLE draft's layer is set to Llama's: speculators defaults it to Qwen3's (q/k norms), which vLLM's
     llama_eagle3 (the P-EAGLE it serves) and `eyas import` do not load."""
     if args.kind == "peagle":
