@@ -224,16 +224,27 @@ class VocabSection(Section):
 
 
 class DraftSection(Section):
-    kind: Literal["eagle3", "peagle"] = Field(
+    kind: Literal["eagle3", "peagle", "dflash"] = Field(
         "eagle3",
         description="eagle3: a chain (or tree) of draft forwards, trained with TTT; peagle: P-EAGLE, all K "
-        "drafts of a round from one forward (mask slots), trained with COD sampling (train/kinds.py)",
+        "drafts of a round from one forward (mask slots), trained with COD sampling; dflash: DFlash, a block "
+        "of drafts from one non-causal forward fed the target's states as keys / values, trained on random "
+        "anchors (train/kinds.py)",
     )
     mask_token_id: int | None = Field(
         None,
         ge=0,
-        description="peagle: the mask slots' input token (vLLM's pard_token); null: the target's pad token, "
-        "else its vocabulary's last id",
+        description="peagle, dflash: the mask slots' input token (vLLM's pard_token / dflash_config."
+        "mask_token_id); null: the target's pad token, else its vocabulary's last id",
+    )
+    block_size: int | None = Field(
+        None,
+        ge=2,
+        description="dflash: the block, the anchor and block_size - 1 mask slots (drafts per round); null: "
+        "train.ttt_steps + 1. train.ttt_steps follows it (block_size - 1)",
+    )
+    attention_bias: bool = Field(
+        False, description="dflash: q/k/v/o projections with a bias (z-lab's gpt-oss DFlash drafts have one)"
     )
     intermediate_size: int | None = Field(None, ge=1, description="MLP width (null: the target's)")
     num_attention_heads: int | None = Field(None, ge=1, description="attention heads (null: the target's)")
@@ -293,6 +304,12 @@ class TrainSection(Section):
         "positions (COD sampling, nested; speculators' default 0.7); 1: every position",
     )
     cod_floor: Num = Field(0.2, gt=0, le=1, description="draft.kind peagle: the share no depth goes below")
+    max_anchors: int = Field(
+        512,
+        ge=1,
+        description="draft.kind dflash: blocks drawn at random anchors per row each step (speculators' "
+        "default 512; validation runs one at every position)",
+    )
     attention: Attention = Field("auto", description="TTT attention")
     checkpoint_layer: bool = Field(False, description="recompute each step's layer in backward: less memory")
     compile: Literal["auto", "on", "off"] = Field("auto", description="torch.compile the norms and MLP")
@@ -391,6 +408,7 @@ class Recipe(Section):
     def _across(self) -> "Recipe":
         from eyas.serve.decoding.tree import TreeShape
 
+        self._block()
         t = self.train.ttt_steps
         why = "capture.mode online with capture.backend hf runs a whole target on each training process's "
         why += "device; leave the map unset (or set capture.backend: vllm)"
@@ -411,12 +429,13 @@ class Recipe(Section):
         check(not tr.keep_best or (tr.val_every > 0 and tr.val_fraction > 0), "train.keep_best", best)
         for i, k in enumerate(self.eval.more_k):
             check(1 <= k <= t, f"eval.more_k[{i}]", f"k={k} must be in 1..train.ttt_steps={t}")
-        parallel = "P-EAGLE proposes a chain of K drafts from one forward: no trees; give eval.k"
-        check(self.draft.kind != "peagle" or not self.eval.tree, "eval.tree", parallel)
+        kind = self.draft.kind
+        parallel = "P-EAGLE and DFlash propose a chain of drafts from one forward: no trees; give eval.k"
+        check(kind == "eagle3" or not self.eval.tree, "eval.tree", parallel)
         depths = f"train.ttt_steps={t}: P-EAGLE trains depths 0..ttt_steps-1, and needs a mask slot (>= 2)"
-        check(self.draft.kind != "peagle" or t >= 2, "train.ttt_steps", depths)
-        mask = "is the mask token of a P-EAGLE draft: set draft.kind: peagle, or leave it null"
-        check(self.draft.kind == "peagle" or self.draft.mask_token_id is None, "draft.mask_token_id", mask)
+        check(kind != "peagle" or t >= 2, "train.ttt_steps", depths)
+        mask = "is the mask token of a P-EAGLE or DFlash draft: set draft.kind, or leave it null"
+        check(kind != "eagle3" or self.draft.mask_token_id is None, "draft.mask_token_id", mask)
         for i, spec in enumerate(self.eval.tree):
             try:
                 steps = TreeShape.parse(spec).steps
@@ -424,6 +443,25 @@ class Recipe(Section):
                 raise RecipeError(f"eval.tree[{i}]: {e}") from None
             check(steps <= t, f"eval.tree[{i}]", f"{steps} steps draft {past}")
         return self
+
+    def _block(self) -> None:
+        """draft.kind dflash: the block and train.ttt_steps (its drafts) agree; one follows the other."""
+        d, tr = self.draft, self.train
+        bias = "is a DFlash draft's option: set draft.kind: dflash, or leave it false"
+        check(d.kind == "dflash" or not d.attention_bias, "draft.attention_bias", bias)
+        if d.kind != "dflash":
+            check(
+                d.block_size is None, "draft.block_size", "is a DFlash draft's block: set draft.kind: dflash"
+            )
+            return
+        sp = "DFlash trains without sequence parallelism: its blocks attend to the whole row's context"
+        check(tr.sequence_parallel == 1, "train.sequence_parallel", sp)
+        if d.block_size is None:
+            d.block_size = tr.ttt_steps + 1
+        elif "ttt_steps" not in tr.model_fields_set:
+            tr.ttt_steps = d.block_size - 1
+        drafts = f"a block of {d.block_size} drafts {d.block_size - 1} tokens: set train.ttt_steps to that"
+        check(tr.ttt_steps == d.block_size - 1, "train.ttt_steps", drafts)
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump()

@@ -36,15 +36,17 @@ def tiny_gpt_oss(
 
 
 def draft_for(target, seed, aux_ids=None, kind="eagle3"):
-    """A random draft of `kind` (EAGLE-3; peagle: P-EAGLE with mask token 3) for `target` (its embedding;
-    draft vocab = every other target id)."""
+    """A random draft of `kind` (EAGLE-3; peagle: P-EAGLE with mask token 3; dflash: DFlash, mask token 3,
+    block 6, 2 layers) for `target` (its embedding; draft vocab = every other target id)."""
     from eyas.train.kinds import make_draft
     from eyas.train.model import DraftConfig
 
     tc = target.config
     torch.manual_seed(seed)
     ids = aux_ids or [0, 2, tc.num_hidden_layers - 1]
-    mask = {"kind": kind, "mask_token_id": 3} if kind == "peagle" else {}
+    mask = {"kind": kind, "mask_token_id": 3} if kind != "eagle3" else {}
+    if kind == "dflash":
+        mask.update(block_size=6, num_layers=2)
     cfg = DraftConfig.from_target_config(tc, ids, draft_vocab_size=tc.vocab_size // 2, **mask)
     d = make_draft(cfg)
     d.embed_tokens.weight.data.copy_(target.get_input_embeddings().weight)

@@ -3,6 +3,7 @@
     kind     model (train/)                 training unroll                    a round in the loop
     eagle3   Eagle3Draft   train/model.py   ttt_forward   train/ttt.py        a chain / tree of draft forwards
     peagle   PEagleDraft   train/peagle.py  cod_forward   train/peagle.py     K drafts from one forward
+    dflash   DFlashDraft   train/dflash.py  dflash_forward train/dflash.py    a block of drafts, one forward
 
 The recipe picks one with `draft.kind`; a checkpoint's config says its own (DraftConfig.kind). What differs
 between the kinds is here, read by the stages through `kind_of(config)` / `KINDS[name]`: the model, the
@@ -17,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from .dflash import DFlashDraft, dflash_forward
 from .model import DraftConfig, Eagle3Draft
 from .peagle import PEagleDraft, cod_forward, cod_share
 from .ttt import ttt_forward
@@ -24,7 +26,7 @@ from .ttt import ttt_forward
 
 @dataclass(frozen=True)
 class Kind:
-    model: type[Eagle3Draft]  # built from a DraftConfig
+    model: type  # built from a DraftConfig: Eagle3Draft or a kind of its own with the same faces
     forward: Callable  # the training unroll: (draft, aux, input_ids, loss_mask, doc_ids, target, steps, ...)
     options: Callable  # train section -> the unroll's own keyword options in training ({}: none)
     chains_only: bool  # proposes chains only (no trees)
@@ -61,7 +63,25 @@ KINDS = {
         on_grid=lambda tr: sum(1 - cod_share(d, tr.cod_ratio, tr.cod_floor) for d in range(1, tr.ttt_steps)),
         summary="P-EAGLE: all K drafts from one forward (COD-sampled depths)",
     ),
+    "dflash": Kind(
+        DFlashDraft,
+        dflash_forward,
+        # blocks at random anchors, drawn per row from its tokens and the epoch (train/trainer.py reseed)
+        options=lambda tr: {"anchors": tr.max_anchors, "anchor_seed": (tr.seed, 0)},
+        chains_only=True,
+        draft_forwards=lambda shape: 1,  # one block a round (the context's keys: a projection per token)
+        # the blocks' tokens through every layer: max_anchors blocks of ttt_steps + 1 slots per row
+        unrolled=lambda tr: anchor_share(tr) * (tr.ttt_steps + 1),
+        # each draft's loss on the (B, T) grid, zeros off the kept anchors (train/dflash.py)
+        on_grid=lambda tr: tr.ttt_steps * (1 - anchor_share(tr)),
+        summary="DFlash: a block of drafts from one non-causal forward (random anchors)",
+    ),
 }
+
+
+def anchor_share(tr) -> float:
+    """DFlash: the share of a row's positions that anchor a block in training (max_anchors of max_length)."""
+    return min(tr.max_anchors, tr.max_length) / tr.max_length
 
 
 def kind_of(cfg: DraftConfig) -> Kind:
@@ -71,6 +91,6 @@ def kind_of(cfg: DraftConfig) -> Kind:
         raise ValueError(f"unknown draft kind {cfg.kind!r} (expected one of {', '.join(KINDS)})") from None
 
 
-def make_draft(cfg: DraftConfig) -> Eagle3Draft:
+def make_draft(cfg: DraftConfig):
     """The draft module of cfg.kind, initialised (under `torch.device("meta")`: shapes only)."""
     return kind_of(cfg).model(cfg)

@@ -60,6 +60,8 @@ OPTIONS = (
     "sliding_window",
     "kind",
     "mask_token_id",
+    "block_size",
+    "attention_bias",
 )
 
 
@@ -87,10 +89,15 @@ class DraftConfig:
     # attention over the last `sliding_window` positions only (a query at position p sees keys at p - W + 1
     # .. p, as transformers' and vLLM's windows); None: all of them
     sliding_window: int | None = None
-    # the draft kind (train/kinds.py): eagle3 (a chain of draft forwards) or peagle (one forward, K drafts)
+    # the draft kind (train/kinds.py): eagle3 (a chain of draft forwards), peagle (one forward, K drafts) or
+    # dflash (one non-causal forward over a block)
     kind: str = "eagle3"
-    # peagle: the input token of the mask slots (vLLM's pard_token / mask_token_id)
+    # peagle, dflash: the input token of the mask slots (vLLM's pard_token / dflash_config.mask_token_id)
     mask_token_id: int | None = None
+    # dflash: the slots of a block (the anchor and block_size - 1 mask slots; train/dflash.py)
+    block_size: int | None = None
+    # dflash: q/k/v/o projections with a bias (z-lab's gpt-oss drafts; vLLM qwen3_dflash attention_bias)
+    attention_bias: bool = False
     # the draft's embed_tokens is its own (trained: speculators' P-EAGLE trains it), not the target's: read
     # from its file wherever it runs and exported with it (vLLM keeps a draft's distinct embedding)
     own_embedding: bool = False

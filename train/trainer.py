@@ -86,7 +86,9 @@ def draft_config(recipe: Recipe, tcfg, aux_layer_ids: list[int], draft_vocab_siz
         norm_output=d.norm_output and d.kind != "peagle",
         sliding_window=d.sliding_window,
         kind=d.kind,
-        mask_token_id=mask_token(d, tcfg) if d.kind == "peagle" else None,
+        mask_token_id=mask_token(d, tcfg) if d.kind in ("peagle", "dflash") else None,
+        block_size=d.block_size,
+        attention_bias=d.attention_bias or None,
     )
 
 
@@ -577,10 +579,12 @@ def train_steps(t: Training, progress: bool) -> None:
 
 
 def reseed(t: Training, epoch: int) -> None:
-    """P-EAGLE's COD draws (train/peagle.py row_seeds) take the epoch: other anchors each pass over a row."""
+    """P-EAGLE's COD draws and DFlash's anchors (train/peagle.py row_seeds) take the epoch: other anchors each
+    pass over a row."""
     options = t.acc.unwrap_model(t.module).options
-    if "cod_seed" in options:
-        options["cod_seed"] = (t.recipe.train.seed, epoch)
+    for key in ("cod_seed", "anchor_seed"):
+        if key in options:
+            options[key] = (t.recipe.train.seed, epoch)
 
 
 def producer_stopped(t: Training, e: Exception) -> Exception:

@@ -149,11 +149,23 @@ class Engine:
         self.closed = False
         if draft is not None:
             # each draft kind's proposal (train/kinds.py): a tree of draft forwards, or K drafts from one
-            proposers = {"eagle3": self._draft_tree, "peagle": self._draft_parallel}
+            proposers = {
+                "eagle3": self._draft_tree,
+                "peagle": self._draft_parallel,
+                "dflash": self._draft_block,
+            }
             self._propose = proposers[draft.config.kind]
+            # what the draft keeps of each committed position: EAGLE-3's and P-EAGLE's step 0 (an entry and
+            # the head's next draft), DFlash's context keys (train/dflash.py)
+            self._commit = self._write_context if draft.config.kind == "dflash" else self._draft_step
             if not shapes_for(draft, [shape]):
                 raise ValueError(
-                    f"a P-EAGLE draft proposes a chain of K drafts from one forward, not a {shape.label}"
+                    f"a {draft.config.kind} draft proposes a chain from one forward, not a {shape.label}"
+                )
+            block = draft.config.block_size
+            if block is not None and shape.steps > block - 1:
+                raise ValueError(
+                    f"a DFlash block of {block} drafts at most {block - 1} tokens, not {shape.steps}"
                 )
             self.tap = HiddenStateTap(target, draft.config.aux_layer_ids)
             self.dcache = RowKVCache(max_batch, max_slots=self.max_model_len + spare)
@@ -259,6 +271,13 @@ class Engine:
             ids, hidden, pos, self.dcache, attn_mask=allowed, logits_to_keep=1 if last_only else 0
         )
 
+    def _write_context(self, row0: int, ids, hidden, pos, committed, write, spec_pos, vis, kv_len, last_only):
+        """DFlash's commit: the context keys / values of these positions (hidden: fc(aux)) into the draft's
+        cache at their slots; no draft logits (the block drafts from them next round). -> (None, None)."""
+        self.dcache.plan(row0, write, kv_len)
+        self.draft.write_context(hidden, pos, self.dcache)
+        return None, None
+
     # ------------------------------------------------------------------ 1. admit
 
     def _admit(self) -> None:
@@ -319,10 +338,8 @@ class Engine:
                 # step 0 over the chunk: the entry at position j pairs x_j's aux state with x_{j+1}
                 dids = ids[:, s + 1 : e + 1] if e < q else torch.cat([ids[:, s + 1 :], first[:, None]], 1)
                 hidden = self.draft.fuse(aux)
-                h, dl = self._draft_step(
-                    row0, dids, hidden, pos, done, write, pos, vis, kv_len, last_only=True
-                )
-        if self.draft is not None:
+                h, dl = self._commit(row0, dids, hidden, pos, done, write, pos, vis, kv_len, last_only=True)
+        if self.draft is not None and dl is not None:
             self.head_logits[row0 : row0 + n] = dl[:, -1].float()
             self.head_state[row0 : row0 + n] = h[:, -1]
         now = time.perf_counter()
@@ -409,11 +426,12 @@ class Engine:
         hidden = self.draft.fuse(aux.gather(1, node[:, :, None].expand(-1, -1, aux.shape[-1])))
         dpos = n[:, None] + jc
         write = M.left_padded_slots(n, lens, q)
-        h, dl = self._draft_step(
+        h, dl = self._commit(
             0, nxt_tok, hidden, dpos, n, write, dpos, M.causal_vis(lens, q), n_max + q, last_only=True
         )
-        self.head_logits[:B] = dl[:, -1].float()
-        self.head_state[:B] = h[:, -1]
+        if dl is not None:
+            self.head_logits[:B] = dl[:, -1].float()
+            self.head_state[:B] = h[:, -1]
         self.pending[:B] = nxt
         for b in range(B):
             self.n[b] += host_acc[b] + 1
@@ -495,6 +513,22 @@ class Engine:
             depth,
             self.shape,
         )
+
+    def _draft_block(self, n: torch.Tensor, n_max: int, B: int):
+        """Step 2 for DFlash (train/dflash.py): one forward of the block [x_n, mask x k] at positions
+        n..n+k over the context keys of positions < n, non-causal within the block; slot s drafts x_{n+s}
+        (vLLM's DFlash proposer: num_speculative_tokens = k). Greedy drafts, as a chain's."""
+        k, dev, d = self.shape.steps, self.device, self.draft
+        S = k + 1
+        ids = torch.full((B, S), d.config.mask_token_id, dtype=torch.long, device=dev)
+        ids[:, 0] = self.pending[:B]
+        pos = n[:, None] + torch.arange(S, device=dev)  # (B, S) positions = their draft slots
+        vis = torch.ones(B, S, S, dtype=torch.bool, device=dev)
+        allowed = M.attention_allowed(n, pos, pos, vis, n_max + S)
+        self.dcache.plan(0, pos, n_max + S)
+        p, i = d.block(ids, pos, self.dcache, allowed)[:, 1:].float().softmax(-1).max(-1)  # (B, k)
+        depth = torch.arange(1, k + 1, device=dev).expand(B, k)
+        return select_tree(self.pending[:B], d.to_target_ids(i), p.cumprod(1), depth - 2, depth, self.shape)
 
     # ------------------------------------------------------------------ bookkeeping
 

@@ -80,10 +80,10 @@ from .formats import output_numbering
 ENGINES = ("vllm", "sglang", "trtllm")
 ENGINE_LABELS = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM"}
 # which engines load each published layout (serve/formats.py)
-FORMAT_ENGINES = {"eagle3": ("vllm", "sglang", "trtllm"), "speculators": ("vllm",)}
+FORMAT_ENGINES = {"eagle3": ("vllm", "sglang", "trtllm"), "speculators": ("vllm",), "dflash": ("vllm",)}
 # which engines serve each draft kind (train/kinds.py): parallel drafting is vLLM's alone (0.32: eagle3 with
 # parallel_drafting); SGLang's and TensorRT-LLM's EAGLE-3 workers draft one token per forward
-KIND_ENGINES = {"eagle3": ENGINES, "peagle": ("vllm",)}
+KIND_ENGINES = {"eagle3": ENGINES, "peagle": ("vllm",), "dflash": ("vllm",)}
 
 SERVABLE_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
@@ -136,6 +136,8 @@ def problems(
         raise ValueError(f"unknown engine {engine!r}; choose from {', '.join(ENGINES)}")
     found = _common_problems(cfg)
     label = ENGINE_LABELS[engine]
+    if cfg.kind == "dflash" and engine in ("sglang", "trtllm"):
+        found.append("draft kind dflash: eyas exports it for vLLM (method dflash, qwen3_dflash.py) only")
     if cfg.kind == "peagle" and engine in ("sglang", "trtllm"):
         found.append(
             f"draft kind peagle (parallel drafting): {label}'s EAGLE-3 worker drafts one token per forward "
@@ -213,7 +215,7 @@ def notes(cfg: DraftConfig, engine: str, target_layers: int | None = None) -> li
     n_aux, ids = len(cfg.aux_layer_ids), list(cfg.aux_layer_ids)
     last = target_layers is not None and target_layers in ids
     if engine == "vllm":
-        if n_aux != 3:
+        if n_aux != 3 and cfg.kind != "dflash":
             out.append(
                 f"{n_aux} aux states: needs a vLLM whose llama_eagle3.py sizes fc from num_aux_hidden_states "
                 "(older releases build fc for 3)"

@@ -35,8 +35,10 @@ from eyas.train.checkpoint import load_draft
 from eyas.train.model import DraftConfig, Eagle3Draft, KVCache
 
 from . import engines as engine_rules
+from .dflash_layout import dflash_config, dflash_speculators_config
 from .formats import (
     FORMATS,
+    KIND_FORMATS,
     check_vocab_map,
     eagle3_config,
     parse_dtype,
@@ -183,6 +185,12 @@ def fixed_batch_outputs(draft: Eagle3Draft) -> list[torch.Tensor]:
     pos = torch.arange(T).expand(B, T)
     with torch.no_grad():
         cache = KVCache()
+        if cfg.kind == "dflash":  # the context's keys, then one block after it
+            draft.write_context(draft.fuse(aux), pos, cache)
+            block = draft.block_inputs(ids[:, -1], cfg.block_size)
+            slots = pos[:, -1:] + 1 + torch.arange(cfg.block_size)
+            mask = torch.ones(B, cfg.block_size, T + cfg.block_size, dtype=torch.bool)
+            return [draft.block(block, slots, cache, mask)]
         hidden, first = draft.step(ids, draft.fuse(aux), pos, cache)
         if cfg.kind == "peagle":  # the round's other K - 1 drafts: one forward of mask slots
             slots = pos[:, -1:] + torch.arange(1, 4)
@@ -304,6 +312,10 @@ def export(
     checkpoint = resolve_checkpoint(src)
     draft = load_draft(checkpoint, dtype=torch.float32).eval()
     cfg = draft.config
+    if fmt not in KIND_FORMATS[cfg.kind]:
+        raise ExportError(
+            f"a {cfg.kind} draft is published in the {' or '.join(KIND_FORMATS[cfg.kind])} layout, not {fmt}"
+        )
     if include_embeddings is None:  # a draft's own (trained) embedding always goes with it
         include_embeddings = fmt == "speculators" or cfg.own_embedding
     if cfg.own_embedding and not include_embeddings:
@@ -324,9 +336,14 @@ def export(
         check_embedding(draft, target, dtype, notes)
     if fmt == "eagle3":
         config = eagle3_config(cfg, dtype)
+    elif fmt == "dflash":
+        config = dflash_config(cfg, dtype)
     else:
         verifier, architectures = _verifier(cfg, target, tcfg, notes)
-        config = speculators_config(cfg, dtype, num_speculative_tokens, verifier, architectures)
+        if cfg.kind == "dflash":  # its speculative tokens are its block's (block_size - 1)
+            config = dflash_speculators_config(cfg, dtype, verifier, architectures)
+        else:
+            config = speculators_config(cfg, dtype, num_speculative_tokens, verifier, architectures)
 
     out_dir = Path(out_dir)
     _check_replaceable(out_dir)
@@ -355,7 +372,13 @@ def main_export(argv: list[str] | None = None) -> int:
         "EAGLE-3 layout, checked for the serving engines and re-read.",
     )
     parser.add_argument("src", help="run directory (uses RUN/train/checkpoint-final) or eyas checkpoint")
-    parser.add_argument("--format", required=True, choices=FORMATS, dest="fmt")
+    parser.add_argument(
+        "--format",
+        required=True,
+        choices=FORMATS,
+        dest="fmt",
+        help="eagle3 / speculators (EAGLE-3, P-EAGLE drafts); dflash / speculators (DFlash drafts)",
+    )
     parser.add_argument("--out", required=True, help="directory to write")
     parser.add_argument(
         "--num-speculative-tokens",

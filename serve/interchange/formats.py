@@ -53,7 +53,14 @@ import torch
 from eyas.train.kinds import make_draft
 from eyas.train.model import DraftConfig
 
-FORMATS = ("eagle3", "speculators")
+FORMATS = ("eagle3", "speculators", "dflash")
+# the layouts each draft kind (train/kinds.py) is published in: DFlash's own (z-lab's, serve/interchange/
+# dflash_layout.py) and speculators'; EAGLE-3 and P-EAGLE in the EAGLE-3 release layout and speculators'
+KIND_FORMATS = {
+    "eagle3": ("eagle3", "speculators"),
+    "peagle": ("eagle3", "speculators"),
+    "dflash": ("dflash", "speculators"),
+}
 
 EAGLE3_ARCHITECTURE = "LlamaForCausalLMEagle3"  # vLLM registry entry, SGLang EntryClass
 SPECULATORS_ARCHITECTURE = "Eagle3Speculator"  # speculators Eagle3SpeculatorConfig default
@@ -264,7 +271,8 @@ def published_name(eyas_name: str, fmt: str) -> str:
 
 def writes_vocab_map(cfg: DraftConfig, fmt: str) -> bool:
     """The speculators library registers d2t/t2d only when the draft vocab is smaller than the
-    target's (DraftVocabMixin._init_vocab); the eagle3 layout always carries them."""
+    target's (DraftVocabMixin._init_vocab), vLLM's DFlash model likewise; the eagle3 layout always carries
+    them."""
     return fmt == "eagle3" or cfg.draft_vocab_size != cfg.vocab_size
 
 

@@ -43,6 +43,7 @@ from eyas.train.checkpoint import save_draft
 from eyas.train.kinds import make_draft
 from eyas.train.model import DraftConfig, Eagle3Draft
 
+from .dflash_layout import is_dflash, read_dflash_config
 from .formats import (
     EAGLE3_ARCHITECTURE,
     EYAS_LAYER_PREFIX,
@@ -56,7 +57,7 @@ from .formats import (
     t2d_from_d2t,
 )
 
-LAYOUTS = ("eyas", "eagle3", "modelopt", "speculators")
+LAYOUTS = ("eyas", "eagle3", "modelopt", "speculators", "dflash")
 
 # Tensors some published drafts carry that are not part of the served draft: the speculators
 # trainer's frozen verifier head/norm, and RoPE buffers old HF checkpoints stored.
@@ -122,11 +123,13 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
 def detect_layout(raw: dict, where: str) -> str:
     if "eyas" in raw:
         return "eyas"
+    if "DFlashDraftModel" in (raw.get("architectures") or []):
+        return "dflash"
     if "speculators_model_type" in raw:
-        if raw["speculators_model_type"] not in ("eagle3", "peagle"):
+        if raw["speculators_model_type"] not in ("eagle3", "peagle", "dflash"):
             raise DraftFormatError(
                 f"{where}: speculators_model_type {raw['speculators_model_type']!r}; "
-                "only 'eagle3' and 'peagle' drafts can be imported"
+                "only 'eagle3', 'peagle' and 'dflash' drafts can be imported"
             )
         return "speculators"
     architectures = raw.get("architectures") or []
@@ -296,16 +299,18 @@ def _sliding_window(layer_raw: dict, where: str) -> int | None:
     return None
 
 
-def normalize_names(state: dict[str, torch.Tensor], where: str) -> dict[str, torch.Tensor]:
+def normalize_names(
+    state: dict[str, torch.Tensor], where: str, dflash: bool = False
+) -> dict[str, torch.Tensor]:
     """Published tensor names -> eyas names (`model.` prefix dropped; `layers.0.` / `midlayer.0.` ->
-    `midlayer.`; `midlayer.i.` -> `layers.i.`)."""
+    `midlayer.`; `midlayer.i.` -> `layers.i.`; a DFlash draft's `layers.i.` stay)."""
     out = {}
     for name, tensor in state.items():
         if name.startswith("model."):
             name = name[len("model.") :]
         if name in IGNORED_TENSORS or name.endswith(IGNORED_SUFFIXES):
             continue
-        m = re.match(r"^(?:layers|midlayer)\.(\d+)\.(.+)$", name)
+        m = None if dflash else re.match(r"^(?:layers|midlayer)\.(\d+)\.(.+)$", name)
         if m:
             name = (EYAS_LAYER_PREFIX if m.group(1) == "0" else f"layers.{m.group(1)}.") + m.group(2)
         if name in out:
@@ -417,9 +422,14 @@ def read_published(
         cfg = DraftConfig(**raw["eyas"]["draft_config"])
         if target:
             cfg.target_model = target
+    elif is_dflash(raw):
+        try:
+            cfg = read_dflash_config(raw, _target_name(raw, "speculators", target), str(config_path))
+        except ValueError as e:
+            raise DraftFormatError(str(e)) from None
     else:
         cfg = published_config(raw, layout, _target_name(raw, layout, target), str(config_path), notes)
-    state = normalize_names(read_weights(path), str(path))
+    state = normalize_names(read_weights(path), str(path), dflash=cfg.kind == "dflash")
     return cfg, complete_state(state, cfg, str(path), embed, notes), layout, notes
 
 

@@ -1,0 +1,211 @@
+"""DFlash (train/dflash.py): training's block logits equal the loop's one block forward on the same context
+(fp32), packed or not; the loop's batched blocks are lossless and propose what training scores; validation
+counts what TTT counts; the anchors are drawn as stated."""
+
+import pytest
+import torch
+from oracle import OracleEngine
+from test_batched_greedy import CASES as CASES_GREEDY
+from test_batched_greedy import NEW, prompts_for, run_batched
+from tiny_targets import draft_for, tiny_gpt_oss
+
+from eyas.data.target import HiddenStateTap
+from eyas.serve.decoding.engine import Engine, Request
+from eyas.serve.decoding.reference import greedy_generate
+from eyas.serve.decoding.sampling import SamplingParams
+from eyas.serve.decoding.tree import TreeShape
+from eyas.train.dflash import dflash_forward
+from eyas.train.kinds import make_draft
+from eyas.train.model import DraftConfig, KVCache
+from eyas.train.packing import doc_ids_from_lengths
+
+MASK = 5
+
+
+def dflash(seed, **options):
+    torch.manual_seed(seed)
+    options = {"aux_layer_ids": [1, 2, 3], "num_layers": 2, "block_size": 5, **options}
+    cfg = DraftConfig(
+        hidden_size=32,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        intermediate_size=48,
+        vocab_size=97,
+        draft_vocab_size=40,
+        kind="dflash",
+        mask_token_id=MASK,
+        **options,
+    )
+    d = make_draft(cfg).float().eval()
+    d.reset_parameters(std=0.2)  # large weights so that slots differ noticeably
+    with torch.no_grad():
+        for name, p in d.named_parameters():
+            if name.endswith("norm.weight"):
+                p.uniform_(0.5, 1.5)
+            elif name.endswith(".bias"):
+                p.normal_(0, 0.1)
+    return d
+
+
+def loop_block(d, aux, ids, lo, n, S):
+    """The loop's round after x_lo..x_{n-1} committed and x_n pending: context keys of lo..n-1, then one
+    block [x_n, mask...] at positions n-lo .. (positions restart at lo) -> logits (S, V_d)."""
+    cache = KVCache()
+    pos = torch.arange(n - lo)[None]
+    d.write_context(d.fuse(aux[None, lo:n]), pos, cache)
+    block = d.block_inputs(ids[n : n + 1], S)
+    slots = (n - lo) + torch.arange(S)[None]
+    return d.block(block, slots, cache, torch.ones(1, S, n - lo + S, dtype=torch.bool))[0]
+
+
+@pytest.mark.parametrize("options", [{}, {"attention_bias": True, "num_layers": 1}])
+def test_block_logits_equal_the_loops_one_forward(options, monkeypatch):
+    """Slot s of the block anchored at i + 1 (training's draft s - 1 at index i) == the loop's block after
+    x_0..x_i with x_{i+1} pending, for every anchor of two packed sequences in one row and a row of its own
+    (fp32, <= 2e-5): positions restart, nothing crosses a sequence. Anchor chunks of 3 blocks (ANCHOR_KEYS)
+    give the same logits as one chunk."""
+    d = dflash(1, **options)
+    S, T = d.config.block_size, 14
+    g = torch.Generator().manual_seed(7)
+    ids = torch.randint(0, 97, (2, T), generator=g)
+    aux = torch.randn(2, T, d.config.fc_in_features, generator=g) * 3
+    doc = torch.stack([doc_ids_from_lengths(torch.tensor([8, 6]), T)[0], torch.zeros(T, dtype=torch.long)])
+    with torch.no_grad():
+        out = dflash_forward(d, aux, ids, torch.ones(2, T), doc, None, S - 1)
+        monkeypatch.setattr("eyas.train.dflash.ANCHOR_KEYS", 3 * S * (T + S))
+        chunked = dflash_forward(d, aux, ids, torch.ones(2, T), doc, None, S - 1)
+    checked = 0
+    for b in range(2):
+        starts = [0, 8, T] if b == 0 else [0, T]
+        for lo, hi in zip(starts, starts[1:]):
+            for i in range(lo, hi - 1):
+                want = loop_block(d, aux[b], ids[b], lo, i + 1, S)
+                for s in range(1, S):
+                    got = out.logits[s - 1][b, i]
+                    assert torch.allclose(got, want[s], atol=2e-5), (b, i, s, (got - want[s]).abs().max())
+                    assert torch.allclose(chunked.logits[s - 1][b, i], got, atol=2e-5)
+                    checked += 1
+    assert checked == (7 + 5 + 13) * (S - 1)
+    drafts = torch.stack([lg.argmax(-1) for lg in out.logits])  # (S - 1, B, T)
+    assert (drafts[0] != drafts[1]).float().mean() > 0.3  # the slots draft different tokens
+
+
+def test_the_mask_slots_see_each_other_and_the_context_before_the_anchor_only():
+    """Non-causal block: changing the block's last slot token changes slot 1's logits; changing the aux state
+    at the anchor's own position (not yet the context) changes nothing, one position before it does."""
+    d = dflash(2, num_layers=1)
+    S, T = d.config.block_size, 10
+    g = torch.Generator().manual_seed(1)
+    ids, aux = torch.randint(0, 97, (T,), generator=g), torch.randn(T, 96, generator=g)
+    base = loop_block(d, aux, ids, 0, 6, S)
+    cache = KVCache()
+    d.write_context(d.fuse(aux[None, :6]), torch.arange(6)[None], cache)
+    block = d.block_inputs(ids[6:7], S)
+    block[0, -1] = 11
+    other = d.block(block, 6 + torch.arange(S)[None], cache, torch.ones(1, S, 6 + S, dtype=torch.bool))[0]
+    assert (other[1] - base[1]).abs().max() > 1e-3
+    with torch.no_grad():
+        moved = aux.clone()
+        moved[6] += 5.0
+        assert torch.equal(loop_block(d, moved, ids, 0, 6, S), base)
+        moved[5] += 5.0
+        assert (loop_block(d, moved, ids, 0, 6, S) - base).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("seed,size", CASES_GREEDY[:2])
+def test_batched_blocks_are_lossless(seed, size):
+    """8 requests in flight, ragged, joining as others finish: DFlash blocks of k + 1 (k = 1..5, one block
+    forward a round) emit exactly each request's plain greedy output, with the real (random) draft and with
+    oracle drafts that exercise every acceptance length."""
+    target = tiny_gpt_oss(seed=seed, **size)
+    draft = draft_for(target, seed, kind="dflash")
+    prompts = prompts_for(target, seed)
+    refs = [greedy_generate(target, p, max_new_tokens=NEW)[0] for p in prompts]
+    truth = {f"r{i}": p + ref for i, (p, ref) in enumerate(zip(prompts, refs))}
+    greedy = SamplingParams(temperature=0.0, max_tokens=NEW)
+    for k in range(1, 6):
+        seen = set()
+        for p_wrong in (None, 0.0, 0.4):
+            shape = TreeShape.chain(k)
+            if p_wrong is None:
+                eng = Engine(target, draft, shape, max_batch=8)
+            else:
+                eng = OracleEngine(target, draft, shape, max_batch=8, truth=truth, p_wrong=p_wrong, seed=seed)
+            reqs = run_batched(eng, prompts, greedy)
+            assert [r.tokens for r in reqs] == refs, f"k={k} p_wrong={p_wrong}: diverged from plain greedy"
+            seen |= {a for r in reqs for a in r.accepted}
+        assert seen >= set(range(k + 1)), (k, seen)
+
+
+def test_engine_proposes_what_training_scores():
+    """Every round of the loop (3 ragged requests in flight, k = 5: the whole block) proposes for each row
+    the argmax of training's block logits (dflash_forward, every anchor) at that row's anchor, computed from
+    the target's states over the request's final text: the loop's batched block is the one training trains."""
+    target = tiny_gpt_oss(seed=5)
+    draft = draft_for(target, 5, kind="dflash")
+    k, g = draft.config.block_size - 1, torch.Generator().manual_seed(5)
+    prompts = [[int(t) for t in torch.randint(2, 128, (n,), generator=g)] for n in (11, 3, 19)]
+    eng = Engine(target, draft, TreeShape.chain(k), max_batch=3)
+    rounds = []
+    propose = eng._propose
+
+    def record(n, n_max, B):
+        tree = propose(n, n_max, B)
+        rounds.extend((eng.rows[b].id, int(n[b]), tree.tokens[b, 1:].tolist()) for b in range(B))
+        return tree
+
+    eng._propose = record
+    reqs = eng.run(
+        [Request(p, SamplingParams(temperature=0.0, max_tokens=20), id=str(i)) for i, p in enumerate(prompts)]
+    )
+    logits = {}
+    for req, prompt in zip(reqs, prompts):
+        seq = torch.tensor([prompt + req.tokens])
+        tap = HiddenStateTap(target, draft.config.aux_layer_ids)
+        with torch.no_grad():
+            target(seq)
+            L = seq.shape[1]
+            out = dflash_forward(
+                draft, tap.aux, seq, torch.ones(1, L), torch.zeros(1, L, dtype=torch.long), None, k
+            )
+        tap.remove()
+        logits[req.id] = (L, out.logits)
+    compared = 0
+    for rid, n, proposed in rounds:
+        L, slot_logits = logits[rid]
+        if n >= L:
+            continue
+        want = [int(draft.to_target_ids(slot_logits[s][0, n - 1].argmax())) for s in range(k)]
+        assert proposed == want, f"request {rid} at n={n}: loop {proposed} != training {want}"
+        compared += k
+    assert compared >= 60 and len({rid for rid, _, _ in rounds}) == 3
+
+
+def test_validation_counts_are_ttts_and_anchors_are_drawn_per_row():
+    """Every anchor (validation): with gaps in the loss mask the counts are exactly TTT's at every draft.
+    Training (anchors=4, seeded): each row keeps min(4, its counted first drafts) blocks, the same ones for
+    the same tokens and seed, others for another epoch."""
+    from eyas.train.ttt import target_view
+
+    d = dflash(2, block_size=6)
+    B, T, k = 2, 24, 5
+    g = torch.Generator().manual_seed(3)
+    ids, aux = torch.randint(0, 97, (B, T), generator=g), torch.randn(B, T, 96, generator=g)
+    mask = torch.ones(B, T)
+    mask[:, :4], mask[0, 9:12], mask[1, 15] = 0, 0, 0
+    doc = torch.zeros(B, T, dtype=torch.long)
+    lm_head = torch.randn(97, 32, generator=g)
+    with torch.no_grad():
+        view = target_view(torch.randn(B, T, 32, generator=g), lm_head, d)
+        every = dflash_forward(d, aux, ids, mask, doc, view, k)
+    # TTT counts draft j at index i where x_{i+2+j} is loss-masked (one sequence a row)
+    assert every.step_count == [int(mask[:, 2 + j :].sum()) for j in range(k)]
+    with torch.no_grad():
+        a = dflash_forward(d, aux, ids, mask, doc, view, k, anchors=4, anchor_seed=(0, 0))
+        b = dflash_forward(d, aux, ids, mask, doc, view, k, anchors=4, anchor_seed=(0, 0))
+        c = dflash_forward(d, aux, ids, mask, doc, view, k, anchors=4, anchor_seed=(0, 1))
+    assert (
+        a.step_count[0] == B * 4 and a.step_count == b.step_count and torch.equal(a.run_length, b.run_length)
+    )
+    assert not torch.equal(a.run_length, c.run_length) or a.step_count != c.step_count

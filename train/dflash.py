@@ -1,0 +1,341 @@
+"""DFlash: a block of drafts from ONE forward of a small non-causal stack (block diffusion, arXiv 2602.06036).
+
+The draft, as vLLM 0.32's qwen3_dflash.py runs it (module and tensor names are vLLM's and z-lab's):
+
+    aux states of the target  (B, T, n_aux * H_t)   vLLM ids: id k = input of decoder layer k
+            │ fc (no bias) -> hidden_norm                      (the *context*, one per committed position)
+            ▼
+    ctx (B, T, H) ──┬──────────────┬─── ... every layer projects it with its own k_proj / v_proj
+                    ▼              ▼        (+ k_norm, RoPE at the context's positions): keys/values only
+    block  [x_n, mask, ..., mask]  (S = B slots at positions n .. n+S-1), embedded by the target's table
+            │ layer l: input_layernorm -> q (q_norm, RoPE), k/v of the block itself
+            │          attention over [ctx keys at positions < n ; the whole block (non-causal)]
+            │          + residual; post_attention_layernorm -> SwiGLU MLP, + residual
+            ▼  (num_layers Qwen3-style layers, `layers.0..`)
+    norm -> lm_head -> logits (S, V_d): slot s >= 1 drafts x_{n+s}; slot 0 (the anchor x_n) drafts nothing
+                                         (speculators' sample_from_anchor = false, vLLM's DFlash proposer)
+
+One round in the loop, after the target verified up to x_{n-1} and sampled x_n: the draft's cache holds
+the context keys of positions 0..n-1 (written as the target committed them), and the block above gives
+S - 1 drafts at once (vLLM: num_speculative_tokens = S - 1).
+
+Training (`dflash_forward`): anchors a = i + 1 drawn at random in each row (`train.max_anchors` per row;
+validation takes every one), each anchor's block run at once against the row's context keys (only those
+before the anchor, in its own packed sequence). Slot d + 1 of anchor i + 1 predicts x_{i+2+d} from the text
+up to x_{i+1}: exactly TTT step d at index i (train/ttt.py), so the teacher, the loss (train.loss), its
+decay over the block (decay**d, the DFlash paper's exp(-d / gamma) for decay = exp(-1 / gamma)), the counts
+and the run lengths validation replays are TTT's `score_step`, on a (B, T) grid of the kept anchors.
+
+Attention in training: a block's queries see the context keys before its anchor and its own S keys. The
+blocks of a row run in chunks of anchors through SDPA with an explicit mask over [context ; the chunk's
+blocks], so the scores are bounded by `ANCHOR_KEYS` whatever the number of anchors.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .model import MLP, DraftConfig, Eagle3Draft, RMSNorm, Rotary, apply_rope, attention_scale
+from .packing import positions_in_doc
+from .peagle import row_seeds, shift_right, to_grid
+from .ttt import ChainState, TargetView, TTTOutput, fill_counts, score_step
+
+# query x key elements of one chunk's scores per head (fp32: 4 bytes each): 2**22 is 16 MiB a head
+ANCHOR_KEYS = 1 << 22
+
+
+class DFlashAttention(nn.Module):
+    """Qwen3 attention (per-head q_norm / k_norm, RoPE after the norm) whose keys / values come from two
+    inputs: the context and the block."""
+
+    def __init__(self, cfg: DraftConfig):
+        super().__init__()
+        self.n_heads, self.n_kv, self.head_dim = (
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+        )
+        H, bias = cfg.hidden_size, cfg.attention_bias
+        self.q_proj = nn.Linear(H, self.n_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(H, self.n_kv * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(H, self.n_kv * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.n_heads * self.head_dim, H, bias=bias)
+        self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+
+    def _heads(self, x: torch.Tensor, n: int) -> torch.Tensor:  # (B, L, n * d) -> (B, n, L, d)
+        B, L, _ = x.shape
+        return x.view(B, L, n, self.head_dim).transpose(1, 2)
+
+    def query(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """x (B, L, H) -> q (B, n_heads, L, d), normed and rotated."""
+        return apply_rope(self.q_norm(self._heads(self.q_proj(x), self.n_heads)), cos, sin)
+
+    def key_value(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """x (B, L, H) -> k, v (B, n_kv, L, d), k normed and rotated (as vLLM's context keys)."""
+        k = apply_rope(self.k_norm(self._heads(self.k_proj(x), self.n_kv)), cos, sin)
+        return k, self._heads(self.v_proj(x), self.n_kv)
+
+    def out(self, o: torch.Tensor) -> torch.Tensor:  # (B, n_heads, L, d) -> (B, L, H)
+        B, _, L, _ = o.shape
+        return self.o_proj(o.transpose(1, 2).reshape(B, L, self.n_heads * self.head_dim))
+
+
+class DFlashLayer(nn.Module):
+    """One Qwen3-style decoder layer over the block, its keys / values extended by the context's."""
+
+    def __init__(self, cfg: DraftConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = DFlashAttention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, ctx, rope_q, rope_c, attend) -> torch.Tensor:
+        """x (B, L, H) the block's stream; ctx (B, C, H) the normed context (None: its keys are in the
+        cache); rope_q / rope_c: (cos, sin) of their positions; attend(q, k, v, k_ctx, v_ctx) -> o
+        (B, n_heads, L, d). Through forward: FSDP / ZeRO-3 gather the layer's weights here."""
+        h = self.input_layernorm(x)
+        q = self.self_attn.query(h, *rope_q)
+        k, v = self.self_attn.key_value(h, *rope_q)
+        kc, vc = self.self_attn.key_value(ctx, *rope_c) if ctx is not None else (None, None)
+        x = x + self.self_attn.out(attend(q, k, v, kc, vc))
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DFlashDraft(nn.Module):
+    """fc + hidden_norm over the aux states, `layers.*` (DFlashLayer), norm, lm_head; the target's frozen
+    embedding (its mask token embeds the mask slots); d2t / t2d as EAGLE-3's."""
+
+    def __init__(self, cfg: DraftConfig):
+        super().__init__()
+        if cfg.mask_token_id is None or not 0 <= cfg.mask_token_id < cfg.vocab_size:
+            raise ValueError(
+                f"a DFlash draft needs draft.mask_token_id in [0, {cfg.vocab_size}), got {cfg.mask_token_id}"
+            )
+        if not cfg.block_size or cfg.block_size < 2:
+            raise ValueError(f"a DFlash draft needs a block_size >= 2, got {cfg.block_size}")
+        self.config = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens.weight.requires_grad_(False)  # the target's, frozen
+        self.fc = nn.Linear(cfg.fc_in_features, cfg.hidden_size, bias=False)
+        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.layers = nn.ModuleList([DFlashLayer(cfg) for _ in range(cfg.num_layers)])
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
+        self.rotary = Rotary(cfg)
+        self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.int64))
+        self.register_buffer("t2d", torch.zeros(cfg.vocab_size, dtype=torch.bool))
+        self.reset_parameters()
+
+    # the vocab map, the fused aux states and the logits are EAGLE-3's (train/model.py, their one home)
+    fuse = Eagle3Draft.fuse  # fc(aux) (no norm_before_fc here): vLLM's combine_hidden_states
+    logits = Eagle3Draft.logits
+    to_target_ids = Eagle3Draft.to_target_ids
+    set_vocab_map = Eagle3Draft.set_vocab_map
+    num_parameters = Eagle3Draft.num_parameters
+
+    @property
+    def decoder_layers(self) -> list[DFlashLayer]:
+        return list(self.layers)
+
+    def reset_parameters(self, std: float = 0.02) -> None:
+        for lin in (self.fc, self.lm_head):
+            nn.init.normal_(lin.weight, std=std)
+        for layer in self.layers:
+            a, m = layer.self_attn, layer.mlp
+            for lin in (a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj):
+                nn.init.normal_(lin.weight, std=std)
+                if lin.bias is not None:
+                    nn.init.zeros_(lin.bias)
+
+    def compile_math(self) -> None:
+        """torch.compile the norms' and MLPs' forward in place (as Eagle3Draft.compile_math)."""
+        modules = [self.norm, self.hidden_norm]
+        for m in self.layers:
+            modules += [m.input_layernorm, m.post_attention_layernorm, m.mlp]
+        for module in modules:
+            module.forward = torch.compile(module.forward)
+
+    def context(self, fused: torch.Tensor) -> torch.Tensor:
+        """fc(aux) (B, C, H) -> the normed context every layer projects to keys / values."""
+        return self.hidden_norm(fused)
+
+    def block_inputs(self, anchors: torch.Tensor, slots: int) -> torch.Tensor:
+        """anchor tokens (N,) -> the blocks' input ids (N, slots): the anchor, then the mask token."""
+        ids = torch.full((anchors.shape[0], slots), self.config.mask_token_id, dtype=torch.long)
+        ids = ids.to(anchors.device)
+        ids[:, 0] = anchors
+        return ids
+
+    # ---- inference: the serving loop's cache (serve/decoding/cache.py) or a KVCache
+
+    def write_context(self, fused: torch.Tensor, position_ids: torch.Tensor, cache) -> None:
+        """Committed positions' context keys / values into `cache` (its planned slots): fused (B, C, H)
+        fc(aux), position_ids (B, C). vLLM: precompute_and_store_context_kv."""
+        ctx = self.context(fused)
+        rope = self.rotary(position_ids, ctx.dtype)
+        for i, layer in enumerate(self.layers):
+            cache.update(*layer.self_attn.key_value(ctx, *rope), i)
+
+    def block(self, input_ids: torch.Tensor, position_ids: torch.Tensor, cache, attn_mask) -> torch.Tensor:
+        """One block per row: input_ids, position_ids (B, S); cache holds the context (written through
+        write_context) and takes the block's own keys at its planned slots; attn_mask (B, S, L) which of the
+        cache's L slots each slot sees (the context before the anchor and the whole block). -> logits
+        (B, S, V_d)."""
+        x = self.embed_tokens(input_ids).to(self.fc.weight.dtype)
+        rope = self.rotary(position_ids, x.dtype)
+        for i, layer in enumerate(self.layers):
+
+            def attend(q, k, v, _kc, _vc, i=i):
+                k_all, v_all = cache.update(k, v, i)
+                gqa = k_all.shape[1] != q.shape[1]
+                return F.scaled_dot_product_attention(
+                    q, k_all, v_all, attn_mask=attn_mask[:, None], enable_gqa=gqa
+                )
+
+            x = layer(x, None, rope, rope, attend)
+        return self.logits(x)
+
+
+def anchor_picks(valid: torch.Tensor, per_row: int | None, seeds: list[int] | None) -> torch.Tensor:
+    """valid (B, T) bool: indices i whose block (anchor i + 1) has a counted first draft -> kept (B, T) bool:
+    `per_row` of them drawn at random in each row (all when fewer, or per_row None), each row from its own
+    generator (row_seeds) when seeded."""
+    if per_row is None:
+        return valid.clone()
+    kept = torch.zeros_like(valid)
+    for b in range(valid.shape[0]):
+        flat = valid[b].nonzero().squeeze(-1)
+        if flat.numel() > per_row:
+            gen = torch.Generator().manual_seed(seeds[b]) if seeds is not None else None
+            flat = flat[torch.randperm(flat.numel(), generator=gen)[:per_row].to(flat.device)]
+        kept[b, flat] = True
+    return kept
+
+
+def dflash_forward(
+    draft: DFlashDraft,
+    aux: torch.Tensor,
+    input_ids: torch.Tensor,
+    loss_mask: torch.Tensor,
+    doc_ids: torch.Tensor,
+    target: TargetView | None,
+    depths: int,
+    decay: float = 0.8,
+    attention: str = "auto",
+    keep_logits: bool = False,
+    checkpoint_layer: bool = False,
+    loss: str = "kl",
+    sampled_text: bool = False,
+    sp=None,
+    anchors: int | None = None,
+    anchor_seed: tuple[int, ...] | None = None,
+) -> TTTOutput:
+    """The blocks of `depths` + 1 slots (the draft's block_size) at the kept anchors of a right-padded
+    (optionally packed) batch, scored as TTT's steps (module docstring): TTT's inputs and outputs. aux
+    (B, T, n_aux*H_t); input_ids, loss_mask, doc_ids (B, T). `anchors`: blocks per row (None: one at every
+    index); `anchor_seed` seeds each row's draw with its tokens (row_seeds; None: the global generator).
+    With `keep_logits` (or no target) out.logits[d] (B, T, V_d) holds slot d + 1's logits at index i for
+    the block anchored at i + 1, zeros off the kept anchors. `attention` is unused (SDPA over the blocks)."""
+    if sp is not None:
+        raise ValueError("DFlash does not train under sequence parallelism (train.sequence_parallel: 1)")
+    if depths + 1 > draft.config.block_size:
+        raise ValueError(
+            f"{depths} drafts need a block of {depths + 1}; the draft's is {draft.config.block_size}"
+        )
+    B, T = input_ids.shape
+    S = depths + 1
+    pos = positions_in_doc(doc_ids)  # (B, T) RoPE positions, restarting per packed sequence
+    valid = torch.zeros_like(doc_ids, dtype=torch.bool)
+    valid[:, : T - 1] = doc_ids[:, 1:] == doc_ids[:, :-1]  # anchor i + 1 lies in i's own sequence
+    first = torch.zeros_like(valid)
+    first[:, : T - 2] = loss_mask[:, 2:].bool() & (doc_ids[:, 2:] == doc_ids[:, :-2])
+    seeds = row_seeds(anchor_seed, input_ids, first) if anchor_seed is not None and anchors else None
+    kept = anchor_picks(valid & first if anchors else valid, anchors, seeds)  # (B, T) indices i
+
+    prenorm = block_outputs(draft, aux, input_ids, doc_ids, pos, kept, S, checkpoint_layer)  # (N, S, H)
+    flat = kept.flatten().nonzero().squeeze(-1)  # (N,) b * T + i
+    out = TTTOutput(prenorm.new_zeros((), dtype=torch.float32), [], [], [], [], [])
+    out.run_length = torch.zeros_like(input_ids)
+    chain, stats, total = ChainState.start(B, T, input_ids.device), [], out.loss
+    for d in range(depths):
+        grid = to_grid(prenorm[None, :, d + 1], flat, B, T)  # (B, T, H): slot d + 1 at index i
+        if target is None or keep_logits:
+            out.logits.append(draft.logits(grid) * kept[..., None])
+        if target is None:
+            continue
+        masked = loss_mask.bool() & shift_right(kept, 2 + d)  # a prediction of x_{i+2+d} counts at kept i
+        batch = (input_ids, masked, doc_ids)
+        loss_d, step, chain = score_step(draft, grid, d, batch, target, chain, loss, sampled_text)
+        chain.text &= kept[:, : chain.text.shape[1]]
+        out.run_length[:, : chain.text.shape[1]] += chain.text
+        total = total + (decay**d) * loss_d
+        stats.append(step)
+    out.loss = total
+    fill_counts(out, torch.stack(stats) if stats else None, decay)
+    return out
+
+
+def block_outputs(draft, aux, input_ids, doc_ids, pos, kept, S: int, ckpt: bool) -> torch.Tensor:
+    """The blocks anchored at i + 1 for the kept indices i (B, T), row by row -> prenorm (N, S, H), N the
+    kept count in row-major order (kept.flatten().nonzero())."""
+    ctx = draft.context(draft.fuse(aux))  # (B, T, H)
+    outs = []
+    for b in range(input_ids.shape[0]):
+        idx = kept[b].nonzero().squeeze(-1)  # (N_b,) indices i; anchors a = i + 1
+        if idx.numel() == 0:
+            continue
+        a = idx + 1
+        ids = draft.block_inputs(input_ids[b, a], S)  # (N_b, S)
+        x = draft.embed_tokens(ids).to(ctx.dtype).reshape(1, -1, ctx.shape[-1])  # (1, N_b * S, H)
+        rope_q = draft.rotary(
+            (pos[b, a][:, None] + torch.arange(S, device=a.device)).reshape(1, -1), ctx.dtype
+        )
+        rope_c = draft.rotary(pos[b][None], ctx.dtype)
+        attend = block_attention(doc_ids[b], a, S)
+        for layer in draft.layers:
+            args = (x, ctx[b][None], rope_q, rope_c, attend)
+            if ckpt and torch.is_grad_enabled():
+                x = torch.utils.checkpoint.checkpoint(layer, *args, use_reentrant=False)
+            else:
+                x = layer(*args)
+        outs.append(x.view(-1, S, x.shape[-1]))
+    H = draft.config.hidden_size
+    return torch.cat(outs) if outs else ctx.new_zeros(0, S, H)
+
+
+def block_attention(doc: torch.Tensor, anchors: torch.Tensor, S: int):
+    """-> attend(q, k, v, kc, vc) for one row's blocks: q, k, v (1, heads, N * S, d) the blocks' own
+    (block j's slots at j * S ..), kc, vc (1, n_kv, T, d) the row's context. Block j sees the context
+    positions p < anchors[j] with doc[p] == doc[anchors[j]], and its own S keys (non-causal); chunks of
+    blocks keep the scores within ANCHOR_KEYS a head."""
+    T, N = doc.shape[0], anchors.shape[0]
+    p = torch.arange(T, device=doc.device)
+    sees = (p[None] < anchors[:, None]) & (doc[None] == doc[anchors][:, None])  # (N, T)
+    chunk = max(1, ANCHOR_KEYS // (S * (T + S)))
+
+    def attend(q, k, v, kc, vc):
+        rep = q.shape[1] // kc.shape[1]
+        kc, vc = kc.repeat_interleave(rep, 1), vc.repeat_interleave(rep, 1)
+        k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+        outs = []
+        scale = attention_scale(q.shape[-1])
+        for s in range(0, N, chunk):
+            e = min(N, s + chunk)
+            n = e - s
+            own = (
+                torch.eye(n, dtype=torch.bool, device=doc.device)
+                .repeat_interleave(S, 0)
+                .repeat_interleave(S, 1)
+            )
+            mask = torch.cat([sees[s:e].repeat_interleave(S, 0), own], dim=1)  # (n * S, T + n * S)
+            keys = torch.cat([kc, k[:, :, s * S : e * S]], dim=2)
+            values = torch.cat([vc, v[:, :, s * S : e * S]], dim=2)
+            qs = q[:, :, s * S : e * S]
+            outs.append(F.scaled_dot_product_attention(qs, keys, values, attn_mask=mask, scale=scale))
+        return torch.cat(outs, dim=2)
+
+    return attend
