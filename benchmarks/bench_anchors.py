@@ -170,12 +170,9 @@ def train_eyas(args, meta: dict, seed: int, lr: float | None) -> dict:
 
 
 def budget(args) -> list[str]:
-    """The overrides that give eyas the shared budget."""
-    return [
-        f"train.epochs={args.epochs}",
-        f"train.ttt_steps={args.ttt}",
-        f"draft.kind={args.kind}",
-    ]
+    """The overrides that give eyas the shared budget (DFlash: the block of --ttt + 1 and --anchors)."""
+    block = [f"train.max_anchors={args.anchors}"] if args.kind == "dflash" else []
+    return [f"train.epochs={args.epochs}", f"train.ttt_steps={args.ttt}", f"draft.kind={args.kind}", *block]
 
 
 def trainer_name(args, trainer: str, lr: float | None) -> str:
@@ -236,7 +233,10 @@ def train_speculators(args, meta: dict, seed: int, lr: float | None) -> dict:
 
 
 def depth_flags(args) -> list[str]:
-    """speculators' flags for --ttt: TTT steps of an EAGLE-3 draft, the depths of a P-EAGLE draft. Its other
+    """speculators' flags for --ttt: TTT steps of an EAGLE-3 draft, the depths of a P-EAGLE draft, the drafts
+    of a DFlash block (--block-size --ttt + 1, --max-anchors --anchors; its other DFlash settings are its
+    defaults: 5 Qwen3 layers, D-PACE over the block, cross-entropy; eyas's default layers are the same 5). Its
+    other
     P-EAGLE settings are its defaults: COD 0.7 / 0.2 as eyas's, at most 512 anchors a packed row
     (--max-anchors; eyas keeps every counted position), and a trained embedding (its P-EAGLE model ignores
     --no-embed-requires-grad; `eyas import` keeps the table as the draft's own, DraftConfig.own_embedding). A
@@ -244,6 +244,8 @@ def depth_flags(args) -> list[str]:
     llama_eagle3 (the P-EAGLE it serves) and `eyas import` do not load."""
     if args.kind == "peagle":
         return ["--num-depths", str(args.ttt), "--draft-arch", "llama"]
+    if args.kind == "dflash":  # its DFlash defaults otherwise: 5 Qwen3 layers, D-PACE, CE
+        return ["--block-size", str(args.ttt + 1), "--max-anchors", str(args.anchors)]
     return ["--ttt-steps", str(args.ttt)]
 
 
@@ -319,14 +321,16 @@ def imported(args, name: str, trainer: str, ckpt: str, target: str) -> str:
 
 
 def exported(args, name: str, ckpt: str) -> None:
-    """The draft exported for vLLM (`eyas export --format eagle3 --engines vllm`, re-read and checked) in
+    """The draft exported for vLLM (`eyas export --engines vllm` in its kind's layout, re-read and checked) in
     WORK/exported/<name>, once: kept so that anyone can serve and re-measure it. vLLM only: the peers'
     speculators drafts carry `norm_output`, which SGLang and TensorRT-LLM do not load."""
     from eyas.serve.interchange.export import export
+    from eyas.serve.interchange.formats import KIND_FORMATS
+    from eyas.train.checkpoint import read_config
 
     out = args.work / "exported" / name
     if not (out / "config.json").is_file():
-        export(ckpt, "eagle3", out, engines=("vllm",))
+        export(ckpt, KIND_FORMATS[read_config(ckpt).kind][0], out, engines=("vllm",))
 
 
 def held_out_tau(args, recipe, drafts: list[tuple[str, str]]) -> list[dict]:
@@ -579,9 +583,13 @@ def parse(argv) -> argparse.Namespace:
     p.add_argument("--ttt", type=int, default=5, help="TTT steps (P-EAGLE: depths) of every trainer")
     p.add_argument(
         "--kind",
-        choices=("eagle3", "peagle"),
+        choices=("eagle3", "peagle", "dflash"),
         default="eagle3",
-        help="the draft kind every trainer trains (peagle: eyas and speculators; SpecForge 0.2.0 has none)",
+        help="the draft kind every trainer trains (peagle, dflash: eyas and speculators; SpecForge 0.2.0 has "
+        "neither)",
+    )
+    p.add_argument(
+        "--anchors", type=int, default=512, help="--kind dflash: blocks per packed row (speculators' default)"
     )
     p.add_argument("--max-length", type=int, default=1024, help="the longest sequence scored, and trained on")
     p.add_argument(
@@ -629,9 +637,10 @@ def parse(argv) -> argparse.Namespace:
         if o.split("=", 1)[0] in shared:
             p.error(f"{o}: every trainer's budget; set it with {shared[o.split('=', 1)[0]]}")
     args.lr = lr_sweep(p, args.lr, args.split)
-    if args.kind == "peagle" and "specforge" in args.trainers:
+    if args.kind != "eagle3" and "specforge" in args.trainers:
         p.error(
-            "--kind peagle: SpecForge 0.2.0 (the peers' venv) trains no P-EAGLE; --trainers eyas speculators"
+            f"--kind {args.kind}: SpecForge 0.2.0 (the peers' venv) trains no {args.kind}; --trainers eyas "
+            "speculators"
         )
     if args.probe and args.split == "tuning":
         p.error(

@@ -4,14 +4,16 @@ stage in its own process, its peak memory against `eyas plan`'s prediction for t
 
     python benchmarks/bench_full_width.py [--recipe NAME] [--out runs/bench-full-width] [key.sub=value ...]
 
---recipe gpt-oss-120b-peagle runs the P-EAGLE recipe's draft (4 layers, 8 depths, COD) the same way. A draft
-that vLLM 0.32 cannot serve on gpt-oss (several layers over its sliding + full attention:
-serve/interchange/engines.py) is refused by `eyas export`; the table then says so and skips export, publish
-and vLLM (`draft.num_layers=1` runs them).
+--recipe gpt-oss-120b-peagle runs the P-EAGLE recipe's draft (4 layers, 8 depths, COD) the same way, and
+--recipe gpt-oss-120b-dflash the DFlash recipe's (8 layers, block 10, z-lab's shape; pass
+capture.aux_layer_ids=[0,1,2,3,4] for its five target states on this 4-layer target). A draft that vLLM 0.32
+cannot serve on this target (its layers over more than one KV-cache group of the 2 sliding + 2 full layers:
+serve/interchange/engines.py draft_kv_groups) is refused by `eyas export`; the table then says so and skips
+export, publish and vLLM (`draft.num_layers=1` runs them).
 
 Stages: prompts, regenerate, capture, vocab, train (offline), then online training on a copy (capture.mode
 online: vLLM's producers where vLLM runs MXFP4 here, else the target in the training process), eval,
-`eyas export --format eagle3`, `eyas publish --dry-run`, and vLLM loading the target with the export and
+`eyas export` (the kind's layout), `eyas publish --dry-run`, and vLLM loading the target with the export and
 decoding with it (on a CPU without AMX, where vLLM's CPU build has no MXFP4 kernel, a bf16 copy of the
 target). Peak memory is each process's maximum resident set (GNU time's %M), less the interpreter's own (a
 process that imports eyas's stages); the prediction is eyas/plan/cost.py `process_memory` with the target
@@ -68,7 +70,7 @@ def predictions(recipe) -> dict[str, float]:
 
 
 def vllm_loads(run: Path, export: Path, out: Path) -> dict:
-    """vLLM with the target and the eagle3 export, greedy, 8 tokens on 2 prompts -> what it reported."""
+    """vLLM with the target and the export, greedy, 8 tokens on 2 prompts -> what it reported."""
     from eyas.data.regenerate import read_sequences
     from eyas.data.target import resolve_path
     from eyas.serve.external.vllm_env import mxfp4_runs_here
@@ -79,16 +81,16 @@ def vllm_loads(run: Path, export: Path, out: Path) -> dict:
     if not mxfp4_runs_here():
         target = bf16_copy(Path(target), out / "target-bf16")
     prompts = [s["input_ids"][: s["prompt_len"]] for s in read_sequences(run)[:2]]
-    spec = speculative_config(export, 2)  # a P-EAGLE export: parallel_drafting
+    spec = speculative_config(export, 2)  # a P-EAGLE export: parallel_drafting; DFlash: method dflash
     res = run_offline(
         target,
-        [{"name": "eagle3", "speculative_config": spec}],
+        [{"name": "draft", "speculative_config": spec}],
         prompts,
         {"temperature": 0.0, "max_tokens": 8},
         dtype="bfloat16",
         max_model_len=512,
         log_path=out / "vllm.log",
-    )["eagle3"]
+    )["draft"]
     if "error" in res:
         raise SystemExit(f"vLLM refused the export: {res['error']}")
     return {
@@ -126,10 +128,12 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="runs/bench-full-width")
     p.add_argument("overrides", nargs="*", help="recipe overrides (key.sub=value)")
     args = p.parse_args(argv)
-    from eyas.demo_target.full_width import ensure_full_width_target, run_overrides
+    from eyas.demo_target.full_width import ensure_full_width_target, full_width_config, run_overrides
     from eyas.layout import read_done
     from eyas.plan.command import plan
     from eyas.recipes.load import load_recipe
+    from eyas.serve.interchange.engines import draft_kv_groups
+    from eyas.serve.interchange.formats import KIND_FORMATS
 
     ensure_full_width_target()
     out = Path(args.out)
@@ -147,10 +151,12 @@ def main(argv=None) -> int:
     more = ["capture.mode=online"] + (["vllm.devices=[0]"] if "capture.backend=vllm" in over else [])
     for stage in ("capture", "vocab", "train"):
         rows[f"online {stage}"] = measured([*EYAS, stage, str(online), "--no-progress", *more])
-    export = out / "export"
-    rows["export"] = measured([*EYAS, "export", str(run), "--format", "eagle3", "--out", str(export)], False)
-    # the one refusal expected: several draft layers over gpt-oss's sliding + full attention (engines.py)
-    if (rows["export"] is None) != (recipe.draft.num_layers > 1):
+    export, fmt = out / "export", KIND_FORMATS[recipe.draft.kind][0]
+    rows["export"] = measured([*EYAS, "export", str(run), "--format", fmt, "--out", str(export)], False)
+    # the one refusal expected: draft layers over more than one of vLLM's KV-cache groups on the target's
+    # sliding + full attention (engines.py draft_kv_groups)
+    types = full_width_config().layer_types
+    if (rows["export"] is None) != (draft_kv_groups(types, recipe.draft.num_layers) > 1):
         raise SystemExit(f"export {'failed' if rows['export'] is None else 'passed'}, which it should not")
     vllm = None
     if rows["export"]:
@@ -182,7 +188,7 @@ def main(argv=None) -> int:
     )
     if vllm:
         print(
-            f"vLLM: {vllm['target']} with the eagle3 export loaded in {vllm['init_s']} s; outputs "
+            f"vLLM: {vllm['target']} with the {fmt} export loaded in {vllm['init_s']} s; outputs "
             f"{vllm['outputs']}; spec-decode counters {vllm['counters']}"
         )
     return 0

@@ -44,6 +44,13 @@ def parse(argv) -> argparse.Namespace:
     p.add_argument("--draft", action="append", required=True, help="LABEL=CHECKPOINT (repeatable: seeds)")
     p.add_argument("--k-eagle3", type=int, nargs="+", default=[3, 5], help="EAGLE-3 chains")
     p.add_argument("--k-peagle", type=int, nargs="+", default=[3, 5, 8], help="P-EAGLE's K")
+    p.add_argument(
+        "--k-dflash",
+        type=int,
+        nargs="+",
+        default=[3, 15],
+        help="DFlash's drafts a round (at most its block's)",
+    )
     p.add_argument("--tree", nargs="*", default=["5,4,8"], help="EAGLE-3 trees (S,K,N)")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
     p.add_argument(
@@ -65,20 +72,33 @@ def drafts_of(args) -> list[tuple[str, str, str]]:
     return out
 
 
+def groups(args, drafts) -> dict[tuple, tuple[list[tuple[str, str]], list[int]]]:
+    """The drafts by (kind, DFlash block) -> (their (name, checkpoint), the chain lengths they run): a
+    P-EAGLE draft up to its depths, a DFlash draft up to its block's drafts (--k-dflash beyond it: the
+    block's own, block_size - 1)."""
+    ks_of = {"eagle3": args.k_eagle3, "peagle": args.k_peagle, "dflash": args.k_dflash}
+    out: dict[tuple, tuple[list, list[int]]] = {}
+    for _, name, ckpt in drafts:
+        cfg = read_config(ckpt)
+        ks = ks_of[cfg.kind]
+        if cfg.kind == "dflash":
+            ks = sorted({min(k, cfg.block_size - 1) for k in ks})
+        out.setdefault((cfg.kind, cfg.block_size), ([], ks))[0].append((name, ckpt))
+    return out
+
+
 def measure(args, recipe, drafts) -> list[dict]:
-    """eyas's loop: one run_eval per draft kind (a P-EAGLE draft proposes chains only, up to its depths)."""
+    """eyas's loop: one run_eval per draft kind (and DFlash block): a P-EAGLE or DFlash draft proposes chains
+    only."""
     rows = []
-    for kind in ("eagle3", "peagle"):
-        mine = [(n, c) for _, n, c in drafts if read_config(c).kind == kind]
-        if not mine:
-            continue
-        out = args.out / kind
+    for (kind, block), (mine, ks) in groups(args, drafts).items():
+        out = args.out / (kind if block is None else f"{kind}-b{block}")
         link_stages(out, args.run, BASE_STAGES)  # eval reads the run's prompts; its report goes here
         report = run_eval(
             recipe,
             out,
             drafts=mine,
-            ks=args.k_eagle3 if kind == "eagle3" else args.k_peagle,
+            ks=ks,
             trees=args.tree if kind == "eagle3" else [],
             concurrency=args.concurrency,
             temperatures=[0.0],
@@ -100,6 +120,7 @@ def vllm_measure(args, recipe, drafts) -> list[dict]:
     from eyas.serve.decoding.sampling import SamplingParams
     from eyas.serve.external.vllm_server import VllmServer
     from eyas.serve.interchange.export import export
+    from eyas.serve.interchange.formats import KIND_FORMATS
 
     target = resolve_path(recipe.target.model)
     tok = AutoTokenizer.from_pretrained(target, trust_remote_code=recipe.target.trust_remote_code)
@@ -118,25 +139,32 @@ def vllm_measure(args, recipe, drafts) -> list[dict]:
             return {c: run_server(server.url, prompts, params, c) for c in args.concurrency}
 
     plain = {c: r[0].tokens_per_s for c, r in serve().items()}
-    for _, name, ckpt in drafts:
-        kind = read_config(ckpt).kind
-        exported = export(ckpt, "eagle3", out / name, engines=["vllm"], dtype=dtype).path
-        for k in args.k_eagle3 if kind == "eagle3" else args.k_peagle:
-            for c, (res, _, _, acc, _) in serve(exported, k, f"{name}-k{k}").items():
-                rows.append(
-                    {
-                        "engine": "vllm",
-                        "draft": name,
-                        "k": k,
-                        "concurrency": c,
-                        "tau": acc["acceptance_length"],
-                        "per_position_acceptance": acc["per_position_acceptance"],
-                        "output_tokens_per_s": res.tokens_per_s,
-                        "baseline_output_tokens_per_s": plain[c],
-                        "speedup": res.tokens_per_s / plain[c],
-                    }
-                )
-                print(json.dumps(rows[-1]), flush=True)
+    for (kind, _), (mine, ks) in groups(args, drafts).items():
+        for name, ckpt in mine:
+            path = export(ckpt, KIND_FORMATS[kind][0], out / name, engines=["vllm"], dtype=dtype).path
+            rows += vllm_draft_rows(serve, path, name, ks, plain)
+    return rows
+
+
+def vllm_draft_rows(serve, exported, name: str, ks: list[int], plain: dict) -> list[dict]:
+    """One vLLM server per k for the export of draft `name` -> its rows (vllm_measure)."""
+    rows = []
+    for k in ks:
+        for c, (res, _, _, acc, _) in serve(exported, k, f"{name}-k{k}").items():
+            rows.append(
+                {
+                    "engine": "vllm",
+                    "draft": name,
+                    "k": k,
+                    "concurrency": c,
+                    "tau": acc["acceptance_length"],
+                    "per_position_acceptance": acc["per_position_acceptance"],
+                    "output_tokens_per_s": res.tokens_per_s,
+                    "baseline_output_tokens_per_s": plain[c],
+                    "speedup": res.tokens_per_s / plain[c],
+                }
+            )
+            print(json.dumps(rows[-1]), flush=True)
     return rows
 
 

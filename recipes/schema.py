@@ -241,7 +241,8 @@ class DraftSection(Section):
         None,
         ge=2,
         description="dflash: the block, the anchor and block_size - 1 mask slots (drafts per round); null: "
-        "train.ttt_steps + 1. train.ttt_steps follows it (block_size - 1)",
+        "train.ttt_steps + 1 when that is given, else 16 (speculators 0.9.0's DFlash default). train.ttt_steps "
+        "follows it (block_size - 1)",
     )
     attention_bias: bool = Field(
         False, description="dflash: q/k/v/o projections with a bias (z-lab's gpt-oss DFlash drafts have one)"
@@ -254,7 +255,7 @@ class DraftSection(Section):
     init_from: str | None = Field(None, description="an eyas checkpoint to warm-start from")
     norm_before_fc: bool = Field(False, description="one RMSNorm over the concatenated aux states before fc")
     norm_before_residual: bool = Field(False, description="first layer: the residual is hidden_norm(h)")
-    num_layers: int = Field(1, ge=1, description="decoder layers")
+    num_layers: int = Field(1, ge=1, description="decoder layers (draft.kind dflash: 5 when not given)")
     sliding_window: int | None = Field(
         None,
         ge=2,
@@ -304,6 +305,13 @@ class TrainSection(Section):
         "positions (COD sampling, nested; speculators' default 0.7); 1: every position",
     )
     cod_floor: Num = Field(0.2, gt=0, le=1, description="draft.kind peagle: the share no depth goes below")
+    block_weight: Literal["decay", "dpace"] = Field(
+        "dpace",
+        description="draft.kind dflash: each draft's weight in its block's loss: decay**d (the DFlash "
+        "paper's exp(-d / gamma)), or D-PACE's expected accepted run it starts (speculators 0.9.0's default; "
+        "train/dflash.py dpace_weights)",
+    )
+    dpace_alpha: Num = Field(0.5, gt=0, le=1, description="block_weight dpace: the confidences' smoothing")
     max_anchors: int = Field(
         512,
         ge=1,
@@ -456,8 +464,14 @@ class Recipe(Section):
             return
         sp = "DFlash trains without sequence parallelism: its blocks attend to the whole row's context"
         check(tr.sequence_parallel == 1, "train.sequence_parallel", sp)
+        for key in ("norm_before_fc", "norm_before_residual", "norm_output", "sliding_window"):
+            why = "is an EAGLE-3 layer's option: a DFlash draft (vLLM's qwen3_dflash.py) has fc, then "
+            check(not getattr(d, key), f"draft.{key}", why + "hidden_norm, then Qwen3 layers; unset it")
+        if "num_layers" not in d.model_fields_set:
+            d.num_layers = 5  # speculators 0.9.0's DFlash default (its issue #979's recipe)
         if d.block_size is None:
-            d.block_size = tr.ttt_steps + 1
+            d.block_size = tr.ttt_steps + 1 if "ttt_steps" in tr.model_fields_set else 16
+            tr.ttt_steps = d.block_size - 1
         elif "ttt_steps" not in tr.model_fields_set:
             tr.ttt_steps = d.block_size - 1
         drafts = f"a block of {d.block_size} drafts {d.block_size - 1} tokens: set train.ttt_steps to that"

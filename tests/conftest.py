@@ -1,3 +1,4 @@
+import json
 import os
 import sys
 from pathlib import Path
@@ -149,3 +150,46 @@ def demo_run(tmp_path_factory):
     with FileLock(str(shared / "demo-run.lock")):
         assert main(["run", "demo", "--out", str(run), "--no-progress"]) == 0
     return run
+
+
+@pytest.fixture(scope="session")
+def dflash_llama(tmp_path_factory):
+    """A DFlash draft (3 layers, block 4, four aux states) trained by `run_all` on the learnable tiny Llama
+    (data_fixtures: its residual branches scaled down so that its answers are learnable), once per session
+    and shared like demo_run under xdist -> (target dir, run dir, the rendered eval prompts)."""
+    from data_fixtures import (
+        LEARNABLE_SCALE,
+        LEARNABLE_TRAINING,
+        make_family_target,
+        tiny_recipe,
+        write_prompts,
+    )
+    from filelock import FileLock
+
+    from eyas.data.chat import render_prompt
+    from eyas.data.target import load_target
+    from eyas.pipeline import run_all
+    from eyas.recipes.load import load_recipe
+
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent
+    root = shared / "dflash-llama"
+    with FileLock(str(shared / "dflash-llama.lock")):
+        target = root / "target"
+        if not (target / "config.json").is_file():
+            make_family_target(
+                target, "llama", num_layers=4, head_dim=32, branch_scale=LEARNABLE_SCALE["llama"]
+            )
+        over = {
+            **LEARNABLE_TRAINING,
+            "draft": {"kind": "dflash", "block_size": 4, "num_layers": 3},
+            "capture": {**LEARNABLE_TRAINING["capture"], "aux_layer_ids": [1, 2, 3, 4]},
+            "train": {**LEARNABLE_TRAINING["train"], "ttt_steps": 3, "max_anchors": 32},
+        }
+        recipe = tiny_recipe(target, write_prompts(root / "train.jsonl", 112, seed=1), **over)
+        stages = ("prompts", "regenerate", "capture", "vocab", "train")
+        run_all(load_recipe(recipe), root / "run", stages=stages, progress=False)
+        tok = load_target(str(target), dtype="float32", device="cpu")[1]
+        records = [json.loads(line) for line in write_prompts(root / "p.jsonl", 12).read_text().splitlines()]
+    return target, root / "run", [render_prompt(tok, r["messages"][:1]) for r in records]

@@ -233,13 +233,15 @@ def dflash_forward(
     sp=None,
     anchors: int | None = None,
     anchor_seed: tuple[int, ...] | None = None,
+    dpace: float | None = None,
 ) -> TTTOutput:
     """The blocks of `depths` + 1 slots (the draft's block_size) at the kept anchors of a right-padded
     (optionally packed) batch, scored as TTT's steps (module docstring): TTT's inputs and outputs. aux
     (B, T, n_aux*H_t); input_ids, loss_mask, doc_ids (B, T). `anchors`: blocks per row (None: one at every
     index); `anchor_seed` seeds each row's draw with its tokens (row_seeds; None: the global generator).
     With `keep_logits` (or no target) out.logits[d] (B, T, V_d) holds slot d + 1's logits at index i for
-    the block anchored at i + 1, zeros off the kept anchors. `attention` is unused (SDPA over the blocks)."""
+    the block anchored at i + 1, zeros off the kept anchors. `attention` is unused (SDPA over the blocks).
+    `dpace` (alpha): D-PACE's weights over each block (`dpace_weights`) instead of decay**d."""
     if sp is not None:
         raise ValueError("DFlash does not train under sequence parallelism (train.sequence_parallel: 1)")
     if depths + 1 > draft.config.block_size:
@@ -261,6 +263,9 @@ def dflash_forward(
     out = TTTOutput(prenorm.new_zeros((), dtype=torch.float32), [], [], [], [], [])
     out.run_length = torch.zeros_like(input_ids)
     chain, stats, total = ChainState.start(B, T, input_ids.device), [], out.loss
+    weights = None
+    if dpace is not None and target is not None:
+        weights = dpace_weights(draft, prenorm, kept, target, loss_mask, doc_ids, dpace)
     for d in range(depths):
         grid = to_grid(prenorm[None, :, d + 1], flat, B, T)  # (B, T, H): slot d + 1 at index i
         if target is None or keep_logits:
@@ -269,14 +274,47 @@ def dflash_forward(
             continue
         masked = loss_mask.bool() & shift_right(kept, 2 + d)  # a prediction of x_{i+2+d} counts at kept i
         batch = (input_ids, masked, doc_ids)
-        loss_d, step, chain = score_step(draft, grid, d, batch, target, chain, loss, sampled_text)
+        w = weights[d] if weights is not None else None
+        loss_d, step, chain = score_step(draft, grid, d, batch, target, chain, loss, sampled_text, weight=w)
         chain.text &= kept[:, : chain.text.shape[1]]
         out.run_length[:, : chain.text.shape[1]] += chain.text
-        total = total + (decay**d) * loss_d
+        total = total + (1.0 if weights is not None else decay**d) * loss_d
         stats.append(step)
     out.loss = total
     fill_counts(out, torch.stack(stats) if stats else None, decay)
     return out
+
+
+@torch.no_grad()
+def dpace_weights(draft, prenorm, kept, target: TargetView, loss_mask, doc_ids, alpha: float) -> list:
+    """D-PACE (speculators' dpace_loss_decay): in each block the weight of draft d is
+    sum_{m >= d} prod_{l <= m} c_l over the trained drafts (the rest count as 1 in the product, 0 in the
+    sum), c_l = (1 - alpha) q_l + alpha and q_l the draft's probability of the target's argmax: the expected
+    accepted run that draft d's being right starts. -> per draft d a (B, T) grid at the kept indices.
+    speculators takes q = exp(-CE) and so requires its CE loss; here q is the probability itself, whatever
+    train.loss is."""
+    B, T = kept.shape
+    N, S, _ = prenorm.shape
+    b, i = kept.flatten().nonzero().squeeze(-1).div(T, rounding_mode="floor"), kept.nonzero()[:, 1]
+    to_draft = torch.full((draft.config.vocab_size,), 0, dtype=torch.long, device=prenorm.device)
+    ids = torch.arange(draft.config.draft_vocab_size, device=prenorm.device)
+    to_draft[draft.to_target_ids(ids)] = ids
+    q = prenorm.new_zeros(N, S - 1, dtype=torch.float32)
+    trained = torch.zeros(N, S - 1, dtype=torch.bool, device=prenorm.device)
+    for d in range(S - 1):
+        at, pred = i + 1 + d, i + 2 + d  # the teacher z_{i+1+d} of x_{i+2+d}
+        ok = pred < T
+        at_c, pred_c = at.clamp(max=T - 1), pred.clamp(max=T - 1)
+        counted = ok & loss_mask[b, pred_c].bool() & (doc_ids[b, pred_c] == doc_ids[b, i])
+        trained[:, d] = counted & target.in_draft[b, at_c]
+        logp = draft.logits(prenorm[:, d + 1]).float().log_softmax(-1)  # (N, V_d)
+        q[:, d] = logp.gather(-1, to_draft[target.argmax[b, at_c]][:, None]).squeeze(-1).exp()
+    c = torch.where(trained, (1 - alpha) * q + alpha, torch.ones_like(q))
+    prefix = c.cumprod(-1) * trained
+    w = prefix.flip(-1).cumsum(-1).flip(-1) * trained  # (N, S - 1)
+    return [
+        to_grid(w[None, :, d, None], kept.flatten().nonzero().squeeze(-1), B, T)[..., 0] for d in range(S - 1)
+    ]
 
 
 def block_outputs(draft, aux, input_ids, doc_ids, pos, kept, S: int, ckpt: bool) -> torch.Tensor:

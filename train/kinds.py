@@ -67,13 +67,17 @@ KINDS = {
         DFlashDraft,
         dflash_forward,
         # blocks at random anchors, drawn per row from its tokens and the epoch (train/trainer.py reseed)
-        options=lambda tr: {"anchors": tr.max_anchors, "anchor_seed": (tr.seed, 0)},
+        options=lambda tr: {
+            "anchors": tr.max_anchors,
+            "anchor_seed": (tr.seed, 0),
+            "dpace": tr.dpace_alpha if tr.block_weight == "dpace" else None,
+        },
         chains_only=True,
         draft_forwards=lambda shape: 1,  # one block a round (the context's keys: a projection per token)
         # the blocks' tokens through every layer: max_anchors blocks of ttt_steps + 1 slots per row
         unrolled=lambda tr: anchor_share(tr) * (tr.ttt_steps + 1),
         # each draft's loss on the (B, T) grid, zeros off the kept anchors (train/dflash.py)
-        on_grid=lambda tr: tr.ttt_steps * (1 - anchor_share(tr)),
+        on_grid=lambda tr: float(tr.ttt_steps),
         summary="DFlash: a block of drafts from one non-causal forward (random anchors)",
     ),
 }

@@ -328,12 +328,15 @@ def score_step(
     loss: str,
     sampled_text: bool = False,
     sp: SequenceParallel | None = None,
+    weight: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, ChainState]:
     """Step j's loss and counts. Prediction (j, i) is of x_{i+2+j}, with target distribution z_{i+1+j}:
     indices i < L = min(T-2-j, n) only. hidden (B, n, H); batch: input_ids, loss_mask, doc_ids (B, T), T >= n
     (under `sp` this rank's shard and its halo; target likewise); chain: the chains after steps 0..j-1
     (B, >=L). -> (loss_j, stats (7,): STEP_ROWS: loss, counted, right, cond_base, cond_right, sampled base,
-    sampled right (module docstring); the chains after step j (B, L)). Under `sp` loss_j is the shard's sum
+    sampled right (module docstring); the chains after step j (B, L)). `weight` (B, >= L): each prediction's
+    weight in the loss (None: 1; DFlash's D-PACE weights, train/dflash.py), the loss still divided by the
+    count of trained predictions. Under `sp` loss_j is the shard's sum
     over the whole row's count."""
     input_ids, loss_mask, doc_ids = batch
     T = input_ids.shape[1]
@@ -343,7 +346,8 @@ def score_step(
     counted = loss_mask[:, 2 + j : 2 + j + L].bool() & same_doc  # (B, L)
     trained = counted & target.in_draft[:, at]
     probs = target.probs[:, at]  # (B, L, V_d)
-    loss_sum, pred = step_loss(draft, hidden[:, :L], probs, trained, loss)
+    w = trained if weight is None else trained * weight[:, :L]
+    loss_sum, pred = step_loss(draft, hidden[:, :L], probs, w, loss)
     n_trained = trained.sum() if sp is None else sp.sum(trained.sum())
     loss_j = loss_sum / n_trained.clamp(min=1)
 
@@ -405,7 +409,7 @@ def step_loss(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """sum over weighted positions of the loss `kind` (train/loss.py: kl, lk, ce) of the draft's
     distribution against the target's, and the draft's argmax.
-    hidden (B, L, H) prenorm, probs (B, L, V_d), weight (B, L) bool -> (scalar, (B, L) draft ids).
+    hidden (B, L, H) prenorm, probs (B, L, V_d), weight (B, L) bool or float -> (scalar, (B, L) draft ids).
     Fused with the lm_head (`train/loss.py`), except where DeepSpeed ZeRO-3 holds the lm_head
     weight partitioned outside its module's forward: there through the modules and autograd."""
     if hasattr(draft.lm_head.weight, "ds_id"):

@@ -222,14 +222,21 @@ def training_memory(
 
 
 def grid_bytes(recipe: Recipe, draft: DraftCount) -> float:
-    """P-EAGLE's per-token bytes that COD does not thin out (train/peagle.py): each depth's attention runs on
-    the (B, T) grid (q, k, v, its output and log-sum-exp, bf16, every layer) and its loss reads the grid's
-    (B, T, H) states (two copies kept): for every depth beyond its COD share (train/kinds.py on_grid)."""
+    """The per-token bytes on the whole (B, T) grid beyond the unrolled steps (train/kinds.py on_grid).
+    P-EAGLE's, that COD does not thin out (train/peagle.py): each depth's attention runs on the grid (q, k,
+    v, its output and log-sum-exp, bf16, every layer) and its loss reads the grid's (B, T, H) states (two
+    copies kept). DFlash's (train/dflash.py): each draft's loss reads its grid of states (two copies), and
+    every layer projects the whole row's context to keys and values (k before and after its norm and RoPE,
+    v; bf16), plus the fused and normed context itself (fp32)."""
     from eyas.train.kinds import KINDS
 
     c = draft.config
+    states = 2 * 2 * c.hidden_size
+    if recipe.draft.kind == "dflash":
+        context = c.num_layers * 3 * 2 * c.num_key_value_heads * c.head_dim + 2 * 4 * c.hidden_size
+        return states * KINDS["dflash"].on_grid(recipe.train) + context
     qkvo = 2 * c.num_attention_heads * c.head_dim + 2 * c.num_key_value_heads * c.head_dim
-    per_depth = c.num_layers * (2 * qkvo + 4 * c.num_attention_heads) + 2 * 2 * c.hidden_size
+    per_depth = c.num_layers * (2 * qkvo + 4 * c.num_attention_heads) + states
     return per_depth * KINDS[recipe.draft.kind].on_grid(recipe.train)
 
 

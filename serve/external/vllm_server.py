@@ -52,16 +52,22 @@ def last_error(log: str) -> str:
 
 
 def speculative_config(draft: str | Path | None, k: int, method: str = "eagle3") -> dict | None:
-    """vLLM's --speculative-config for an exported draft (None: no speculation). A P-EAGLE draft directory (a
-    mask token in its config.json, formats.mask_token_of) drafts its k tokens in one forward: vLLM 0.32's
-    `parallel_drafting` (without it vLLM would skip mask_hidden and chain the head: low acceptance)."""
+    """vLLM's --speculative-config for an exported draft (None: no speculation). A DFlash draft directory
+    (serve/interchange/dflash_layout.py is_dflash) takes method "dflash": a block of k + 1 slots. A P-EAGLE
+    draft directory (a mask token in its config.json, formats.mask_token_of) drafts its k tokens in one
+    forward: vLLM 0.32's `parallel_drafting` (without it vLLM would skip mask_hidden and chain the head: low
+    acceptance)."""
     if draft is None:
         return None
-    spec = {"model": str(draft), "method": method, "num_speculative_tokens": k}
+    from eyas.serve.interchange.dflash_layout import is_dflash
     from eyas.serve.interchange.formats import mask_token_of
 
     config = Path(draft) / "config.json"
-    if config.is_file() and mask_token_of(json.loads(config.read_text())) is not None:
+    raw = json.loads(config.read_text()) if config.is_file() else {}
+    if is_dflash(raw):
+        return {"model": str(draft), "method": "dflash", "num_speculative_tokens": k}
+    spec = {"model": str(draft), "method": method, "num_speculative_tokens": k}
+    if mask_token_of(raw) is not None:
         spec["parallel_drafting"] = True
     return spec
 

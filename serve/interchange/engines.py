@@ -25,10 +25,15 @@ brought each feature, since releases were not tagged in the copies read):
     - sliding_window: written as `layer_types: [sliding_attention, ...]` + `sliding_window`, which llama.py's
       LlamaAttention turns into the layer's per_layer_sliding_window (draft layers indexed from 0 via
       target_layer_count).
-    - num_layers > 1 on a target with both sliding-window and full-attention layers (gpt-oss):
-      vLLM 0.32 stops at start, "All drafting layers should belong to the same kv cache group"
-      (v1/spec_decode/llm_base_proposer.py validate_same_kv_cache_group: the hybrid KV cache
-      manager puts the draft's layers in different groups). Measured on the demo target.
+    - num_layers > 1 on a target with both sliding-window and full-attention layers (gpt-oss), when the
+      draft's layers land in more than one KV-cache group: vLLM 0.32 stops at start, "All drafting layers
+      should belong to the same kv cache group" (v1/spec_decode/llm_base_proposer.py
+      validate_same_kv_cache_group). The groups (v1/core/kv_cache_utils.py
+      _get_kv_cache_groups_uniform_page_size): one bucket a attention type, the draft's full-attention
+      layers in the target's full bucket; the group size is the largest bucket if it holds fewer than 1.5x
+      the smallest's layers, else the smallest; each bucket's layers are dealt round-robin over its groups
+      (`draft_kv_groups`). So gpt-oss-120b (18 + 18) takes up to 8 draft layers (18 + 8 < 27: one group a
+      type), gpt-oss-20b (12 + 12) up to 5, the 4-layer demo target 1. Measured on the demo target.
     - notes (version needed): a number of aux states other than 3 (fc sized from
       `num_aux_hidden_states` / the eagle_config ids; older releases build `target_hidden_size * 3`);
       id N, the last layer's output (PR #36063: capture after each layer, `EagleModelMixin`);
@@ -127,11 +132,11 @@ def problems(
     include_embeddings: bool,
     target_type: str | None = None,
     target_layers: int | None = None,
-    target_hybrid: bool = False,
+    target_layer_types: list[str] | None = None,
 ) -> list[str]:
     """Reasons `engine` cannot serve this draft as eyas trained it (empty: it can). `target_type`,
     `target_layers`: the target's model_type and layer count, when its config is readable;
-    `target_hybrid`: it has both sliding-window and full-attention layers (gpt-oss)."""
+    `target_layer_types`: its `layer_types` (gpt-oss: sliding_attention / full_attention), when given."""
     if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r}; choose from {', '.join(ENGINES)}")
     found = _common_problems(cfg)
@@ -167,11 +172,13 @@ def problems(
         )
     if engine == "vllm":
         found += _own_embedding(cfg, engine, include_embeddings, "vllm/v1/spec_decode/eagle.py")
-        if cfg.num_layers > 1 and target_hybrid:
+        groups = draft_kv_groups(target_layer_types or [], cfg.num_layers)
+        if groups > 1:
             found.append(
-                f"num_layers {cfg.num_layers} on a target with sliding-window and full-attention layers: "
-                'vLLM 0.32 stops at start with "All drafting layers should belong to the same kv cache '
-                'group" (vllm/v1/spec_decode/llm_base_proposer.py); train a one-layer draft for it'
+                f"num_layers {cfg.num_layers} on this target's {len(target_layer_types)} sliding-window "
+                f"and full-attention layers: vLLM 0.32 puts the draft's layers in {groups} KV-cache groups "
+                'and stops at start with "All drafting layers should belong to the same kv cache group" '
+                "(vllm/v1/spec_decode/llm_base_proposer.py, v1/core/kv_cache_utils.py); train fewer layers"
             )
     elif engine == "sglang":
         if cfg.hidden_size != cfg.target_hidden_size:
@@ -207,6 +214,18 @@ def problems(
                 "vLLM (PR #26164) or SGLang (PR #24663)"
             )
     return found
+
+
+def draft_kv_groups(layer_types: list[str], draft_layers: int) -> int:
+    """How many of vLLM 0.32's KV-cache groups a draft's `draft_layers` (full attention) land in on a target
+    with `layer_types` (module docstring; 1 on a target of one attention type)."""
+    sliding = sum(t == "sliding_attention" for t in layer_types)
+    full = len(layer_types) - sliding + draft_layers
+    if not sliding or not layer_types:
+        return 1
+    lo, hi = min(sliding, full), max(sliding, full)
+    group = hi if hi < lo * 1.5 else lo
+    return min(draft_layers, -(-full // group))
 
 
 def notes(cfg: DraftConfig, engine: str, target_layers: int | None = None) -> list[str]:

@@ -152,11 +152,11 @@ def engine_check(
 ) -> None:
     target_type = getattr(tcfg, "model_type", None) if tcfg is not None else None
     target_layers = tcfg.num_hidden_layers if tcfg is not None else None
-    hybrid = len(set(getattr(tcfg, "layer_types", None) or [])) > 1
+    types = list(getattr(tcfg, "layer_types", None) or []) if tcfg is not None else []
     refused = [
         f"{engine_rules.ENGINE_LABELS[e]}: {p}"
         for e in selected
-        for p in engine_rules.problems(cfg, e, include_embeddings, target_type, target_layers, hybrid)
+        for p in engine_rules.problems(cfg, e, include_embeddings, target_type, target_layers, types)
     ]
     if refused:
         raise ExportError(

@@ -158,22 +158,52 @@ def _recipe_facts(recipe: dict) -> list[str]:
     return facts
 
 
-def front_matter(target: str | None, engines: tuple[str, ...], license: str) -> str:
+def front_matter(target: str | None, engines: tuple[str, ...], license: str, kind: str = "eagle3") -> str:
     meta = {
         "license": license,
         "library_name": "eyas",
-        "tags": ["speculative-decoding", "eagle3", "eyas", *(ENGINE_TAGS[e] for e in engines)],
+        "tags": ["speculative-decoding", kind, "eyas", *(ENGINE_TAGS[e] for e in engines)],
     }
     if is_hub_id(target):
         meta["base_model"] = target
     return "---\n" + yaml.safe_dump(meta, sort_keys=False) + "---\n"
 
 
+# what the card says the draft is, per kind (train/kinds.py), and the layout its weights are in
+KIND_TITLES = {
+    "eagle3": "An EAGLE-3 speculative-decoding draft head",
+    "peagle": "A P-EAGLE (parallel drafting) speculative-decoding draft head",
+    "dflash": "A DFlash (block drafting) speculative-decoding draft",
+}
+KIND_LAYOUTS = {
+    "eagle3": "EAGLE-3 release layout (`fc`, `midlayer.*`, `norm`, `lm_head`, `d2t`, `t2d`)",
+    "peagle": "EAGLE-3 release layout (`fc`, `midlayer.*`, `mask_hidden`, `norm`, `lm_head`, `d2t`, `t2d`)",
+    "dflash": "z-lab's DFlash layout (`fc`, `hidden_norm`, `layers.*` Qwen3 layers, `norm`, `lm_head`)",
+}
+AUX_NOTE = {
+    "eagle3": "vLLM reads the aux layers from `eagle_aux_hidden_state_layer_ids` in this repo's config.json.",
+    "peagle": "vLLM reads the aux layers from `eagle_aux_hidden_state_layer_ids` in this repo's config.json, "
+    "and the mask slots' token from `mask_token_id`.",
+    "dflash": "vLLM reads the target layers from `dflash_config.target_layer_ids` (output-of-layer "
+    "numbering: eyas id - 1) and the mask token from `dflash_config.mask_token_id`; a block is "
+    "`num_speculative_tokens` + 1 slots.",
+}
+
+
+def vllm_spec(kind: str, repo_id: str, k: int) -> dict:
+    """vLLM 0.32's --speculative-config for a published draft of `kind` (serve/external/vllm_server.py runs
+    the same for a local export)."""
+    if kind == "dflash":
+        return {"method": "dflash", "model": repo_id, "num_speculative_tokens": k}
+    spec = {"method": "eagle3", "model": repo_id, "num_speculative_tokens": k}
+    return {**spec, "parallel_drafting": True} if kind == "peagle" else spec
+
+
 def serving_section(repo_id: str, target: str, k: int, result: ExportResult) -> str:
     cfg = result.config
     parts = ["## Serving", ""]
     if "vllm" in result.engines:
-        spec = json.dumps({"method": "eagle3", "model": repo_id, "num_speculative_tokens": k})
+        spec = json.dumps(vllm_spec(cfg.kind, repo_id, k))
         parts += [
             "### vLLM",
             "",
@@ -182,7 +212,7 @@ def serving_section(repo_id: str, target: str, k: int, result: ExportResult) -> 
             f"  --speculative-config '{spec}'",
             "```",
             "",
-            "vLLM reads the aux layers from `eagle_aux_hidden_state_layer_ids` in this repo's config.json.",
+            AUX_NOTE[cfg.kind],
             "",
         ]
     if "sglang" in result.engines:
@@ -240,46 +270,70 @@ def convention_section(result: ExportResult) -> str:
             "*input* of decoder layer k, 0-based — Hugging Face `hidden_states[k]`; id N, the layer count, "
             "is the output of the last layer before the final norm), concatenated in that order into `fc`.",
             "",
-            f"- `eagle_aux_hidden_state_layer_ids: {ids}` (top level) — read by vLLM.",
-            f"- `eagle_config.eagle_aux_hidden_state_layer_ids: {sglang_layer_ids(ids)}` — read by SGLang, "
-            "which takes a list starting at 1 as the *output* of decoder layer j (as ModelOpt, SpecForge and "
-            "TensorRT-LLM's `eagle3_layers_to_capture` number them) and any other list as these boundary ids "
-            "(PR #25454).",
+            *written_ids(result.config.kind, ids),
             "",
         ]
+    )
+
+
+def written_ids(kind: str, ids: list[int]) -> list[str]:
+    """Where the config.json of `kind`'s layout writes the aux ids, and who reads them how."""
+    if kind == "dflash":
+        return [
+            f"- `dflash_config.target_layer_ids: {[k - 1 for k in ids]}` — z-lab's numbering, the *output* "
+            "of decoder layer j = k - 1; vLLM adds 1 back (get_eagle3_aux_layers_from_config)."
+        ]
+    return [
+        f"- `eagle_aux_hidden_state_layer_ids: {ids}` (top level) — read by vLLM.",
+        f"- `eagle_config.eagle_aux_hidden_state_layer_ids: {sglang_layer_ids(ids)}` — read by SGLang, "
+        "which takes a list starting at 1 as the *output* of decoder layer j (as ModelOpt, SpecForge and "
+        "TensorRT-LLM's `eagle3_layers_to_capture` number them) and any other list as these boundary ids "
+        "(PR #25454).",
+    ]
+
+
+def options_row(cfg) -> str:
+    if cfg.kind == "dflash":
+        return (
+            f"| options | block_size {cfg.block_size} (the anchor and {cfg.block_size - 1} mask slots), "
+            f"mask_token_id {cfg.mask_token_id}, attention_bias {str(cfg.attention_bias).lower()} "
+            "(vLLM qwen3_dflash.py) |"
+        )
+    return (
+        f"| options | norm_before_fc {str(cfg.norm_before_fc).lower()}, norm_before_residual "
+        f"{str(cfg.norm_before_residual).lower()}, norm_output {str(cfg.norm_output).lower()} "
+        "(vLLM llama_eagle3.py) |"
     )
 
 
 def render_model_card(
     run: FinishedRun, repo_id: str, result: ExportResult, k: int, license: str = "apache-2.0"
 ) -> str:
-    """README.md text for `repo_id`, published from `run` via the eagle3 export `result`."""
+    """README.md text for `repo_id`, published from `run` via the export `result` (its kind's layout)."""
     cfg = result.config
     report = run.report
     target = result.target or report.get("target") or "TARGET"
     settings = report.get("eval_settings") or {}
     target_ref = f"[{target}](https://huggingface.co/{target})" if is_hub_id(target) else f"`{target}`"
     lines = [
-        front_matter(target, result.engines, license),
+        front_matter(target, result.engines, license, cfg.kind),
         f"# {repo_id.split('/')[-1]}",
         "",
-        f"An EAGLE-3 speculative-decoding draft head for {target_ref}, trained with eyas. It proposes "
+        f"{KIND_TITLES[cfg.kind]} for {target_ref}, trained with eyas. It proposes "
         "tokens that the target verifies, so outputs are those of the target alone.",
         "",
         "| | |",
         "|---|---|",
         f"| target | {target} |",
-        f"| draft layers | {cfg.num_layers} Llama layer{'s' if cfg.num_layers > 1 else ''}, hidden "
+        f"| draft layers | {cfg.num_layers} {'Qwen3' if cfg.kind == 'dflash' else 'Llama'} "
+        f"layer{'s' if cfg.num_layers > 1 else ''}, hidden "
         f"{cfg.hidden_size}, {cfg.num_attention_heads} heads × {cfg.head_dim} ({cfg.num_key_value_heads} KV "
         f"heads), MLP {cfg.intermediate_size} |",
-        f"| options | norm_before_fc {str(cfg.norm_before_fc).lower()}, norm_before_residual "
-        f"{str(cfg.norm_before_residual).lower()}, norm_output {str(cfg.norm_output).lower()} "
-        "(vLLM llama_eagle3.py) |",
+        options_row(cfg),
         f"| vocab | draft {cfg.draft_vocab_size} of the target's {cfg.vocab_size} (`d2t`/`t2d`) |",
         f"| aux layers | {list(cfg.aux_layer_ids)} (see below) |",
         f"| RoPE | `{json.dumps(cfg.rope_parameters)}`, max positions {cfg.max_position_embeddings} |",
-        f"| weights | {str(result.dtype).replace('torch.', '')}, EAGLE-3 release layout "
-        f"(`fc`, `midlayer.*`, `norm`, `lm_head`, `d2t`, `t2d`) |",
+        f"| weights | {str(result.dtype).replace('torch.', '')}, {KIND_LAYOUTS[cfg.kind]} |",
         f"| checked for | {', '.join(engine_rules.ENGINE_LABELS[e] for e in result.engines)}; re-read by "
         f"eyas, logits identical to the trained checkpoint's at {str(result.dtype).replace('torch.', '')} |",
         "",

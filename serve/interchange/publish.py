@@ -21,8 +21,10 @@ from pathlib import Path
 
 from eyas.errors import InputError, RunError, as_input
 from eyas.layout import load_run
+from eyas.train.checkpoint import read_config
 
 from .export import export
+from .formats import KIND_FORMATS
 from .model_card import HUB_ID, render_model_card
 
 
@@ -71,7 +73,9 @@ def publish(
     # after an upload (at gpt-oss-120b's widths it holds gigabytes)
     temp = None if out else Path(tempfile.mkdtemp(prefix="eyas-publish-"))
     folder = Path(out) if out else temp / repo.split("/")[-1]
-    result = export(finished.checkpoint, "eagle3", folder, num_speculative_tokens=k, engines=engines)
+    # the kind's own layout first (formats.KIND_FORMATS): EAGLE-3's release layout, DFlash's z-lab layout
+    fmt = KIND_FORMATS[read_config(finished.checkpoint).kind][0]
+    result = export(finished.checkpoint, fmt, folder, num_speculative_tokens=k, engines=engines)
     (folder / "README.md").write_text(render_model_card(finished, repo, result, k, license))
     shutil.copyfile(finished.root / "report.json", folder / "eyas_report.json")
     (folder / "recipe.yaml").write_text(finished.recipe_text)
