@@ -241,8 +241,8 @@ class DraftSection(Section):
         None,
         ge=2,
         description="dflash: the block, the anchor and block_size - 1 mask slots (drafts per round); null: "
-        "train.ttt_steps + 1 when that is given, else 16 (speculators 0.9.0's DFlash default). train.ttt_steps "
-        "follows it (block_size - 1)",
+        "train.ttt_steps + 1 when that is given, else 16 (speculators 0.9.0's DFlash default). "
+        "train.ttt_steps follows it (block_size - 1)",
     )
     attention_bias: bool = Field(
         False, description="dflash: q/k/v/o projections with a bias (z-lab's gpt-oss DFlash drafts have one)"
