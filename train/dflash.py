@@ -258,9 +258,18 @@ def dflash_forward(
     seeds = row_seeds(anchor_seed, input_ids, first) if anchor_seed is not None and anchors else None
     kept = anchor_picks(valid & first if anchors else valid, anchors, seeds)  # (B, T) indices i
 
-    prenorm = block_outputs(draft, aux, input_ids, doc_ids, pos, kept, S, checkpoint_layer)  # (N, S, H)
+    # no anchor (a batch with nothing to learn, e.g. a rank's filler): one block at index 0 whose output
+    # enters the loss times 0, so that every weight takes part (DDP / FSDP / ZeRO reduce alike on each rank)
+    blocks = (
+        kept
+        if kept.any()
+        else torch.zeros_like(kept).index_fill_(1, torch.tensor([0], device=kept.device), True)
+    )
+    prenorm = block_outputs(draft, aux, input_ids, doc_ids, pos, blocks, S, checkpoint_layer)  # (N, S, H)
+    idle = 0.0 if kept.any() else prenorm.float().sum() * 0
+    prenorm = prenorm if kept.any() else prenorm[:0]
     flat = kept.flatten().nonzero().squeeze(-1)  # (N,) b * T + i
-    out = TTTOutput(prenorm.new_zeros((), dtype=torch.float32), [], [], [], [], [])
+    out = TTTOutput(prenorm.new_zeros((), dtype=torch.float32) + idle, [], [], [], [], [])
     out.run_length = torch.zeros_like(input_ids)
     chain, stats, total = ChainState.start(B, T, input_ids.device), [], out.loss
     weights = None

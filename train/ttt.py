@@ -437,6 +437,9 @@ class TTTModule(torch.nn.Module):
     ):
         super().__init__()
         self.draft = draft
+        # what FSDP2 wraps as its units (accelerate's TRANSFORMER_BASED_WRAP reads the model's
+        # _no_split_modules when the config names no class: recipes/accelerate/fsdp2.yaml): the decoder layer
+        self._no_split_modules = sorted({type(layer).__name__ for layer in draft.decoder_layers})
         # the kind's training unroll (train/kinds.py: ttt_forward, cod_forward) and its own keyword options,
         # passed in training only (P-EAGLE's COD sampling: validation counts every anchor)
         self.unroll = unroll or ttt_forward
