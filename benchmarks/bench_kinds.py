@@ -78,9 +78,10 @@ def drafts_of(args) -> list[tuple[str, str, str]]:
 
 
 def groups(args, drafts) -> dict[tuple, tuple[list[tuple[str, str]], list[int]]]:
-    """The drafts by (kind, DFlash block) -> (their (name, checkpoint), the chain lengths they run): a
-    P-EAGLE draft up to its depths, a DFlash draft up to its block's drafts (--k-dflash beyond it: the
-    block's own, block_size - 1)."""
+    """The drafts by (kind, DFlash block) -> (their (name, checkpoint), the chain lengths they run):
+    --k-eagle3, --k-peagle, and for a DFlash draft --k-dflash up to its block's drafts (beyond it:
+    block_size - 1). A k below that runs a block of k + 1 (as vLLM does at that num_speculative_tokens): a
+    shape not trained."""
     ks_of = {"eagle3": args.k_eagle3, "peagle": args.k_peagle, "dflash": args.k_dflash}
     out: dict[tuple, tuple[list, list[int]]] = {}
     for _, name, ckpt in drafts:

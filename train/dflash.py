@@ -28,7 +28,7 @@ and the run lengths validation replays are TTT's `score_step`, on a (B, T) grid 
 
 Attention in training: a block's queries see the context keys before its anchor and its own S keys. The
 blocks of a row run in chunks of anchors through SDPA with an explicit mask over [context ; the chunk's
-blocks], so the scores are bounded by `ANCHOR_KEYS` whatever the number of anchors.
+blocks] (`chunk_of`: bounded scores on a CPU, a bounded mask on CUDA), whatever the number of anchors.
 """
 
 from __future__ import annotations
@@ -37,13 +37,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .model import MLP, DraftConfig, Eagle3Draft, RMSNorm, Rotary, apply_rope, attention_scale
+from .model import MLP, DraftConfig, Eagle3Draft, RMSNorm, Rotary, apply_rope
 from .packing import positions_in_doc
 from .peagle import row_seeds, shift_right, to_grid
 from .ttt import ChainState, TargetView, TTTOutput, fill_counts, score_step
 
-# query x key elements of one chunk's scores per head (fp32: 4 bytes each): 2**22 is 16 MiB a head
+# query x key elements of one chunk of blocks (chunk_of): its scores a head on a CPU (fp32: 2**22 is 16 MiB a
+# head), its mask on CUDA (bool: 2**28 is 256 MiB; the gpt-oss recipe's 512 blocks of 10 over 8,192 tokens
+# take one chunk)
 ANCHOR_KEYS = 1 << 22
+MASK_ELEMENTS = 1 << 28
 
 
 class DFlashAttention(nn.Module):
@@ -94,8 +97,9 @@ class DFlashLayer(nn.Module):
         self.mlp = MLP(cfg)
 
     def forward(self, x, ctx, rope_q, rope_c, attend) -> torch.Tensor:
-        """x (B, L, H) the block's stream; ctx (B, C, H) the normed context (None: its keys are in the
-        cache); rope_q / rope_c: (cos, sin) of their positions; attend(q, k, v, k_ctx, v_ctx) -> o
+        """x (B, L, H) the blocks' stream (training: (1, N * S, H), every block of the batch); ctx (B, C, H)
+        the rows' normed context (None: its keys are in the cache); rope_q / rope_c: (cos, sin) of their
+        positions; attend(q, k, v, k_ctx, v_ctx) -> o
         (B, n_heads, L, d). Through forward: FSDP / ZeRO-3 gather the layer's weights here."""
         h = self.input_layernorm(x)
         q = self.self_attn.query(h, *rope_q)
@@ -251,12 +255,13 @@ def dflash_forward(
     B, T = input_ids.shape
     S = depths + 1
     pos = positions_in_doc(doc_ids)  # (B, T) RoPE positions, restarting per packed sequence
-    valid = torch.zeros_like(doc_ids, dtype=torch.bool)
-    valid[:, : T - 1] = doc_ids[:, 1:] == doc_ids[:, :-1]  # anchor i + 1 lies in i's own sequence
-    first = torch.zeros_like(valid)
-    first[:, : T - 2] = loss_mask[:, 2:].bool() & (doc_ids[:, 2:] == doc_ids[:, :-2])
-    seeds = row_seeds(anchor_seed, input_ids, first) if anchor_seed is not None and anchors else None
-    kept = anchor_picks(valid & first if anchors else valid, anchors, seeds)  # (B, T) indices i
+    counted = torch.zeros(depths, B, T, dtype=torch.bool, device=input_ids.device)  # draft d at index i
+    for d in range(min(depths, T - 2)):
+        j = 2 + d  # x_{i+2+d}, loss-masked and in i's own sequence
+        counted[d, :, : T - j] = loss_mask[:, j:].bool() & (doc_ids[:, j:] == doc_ids[:, :-j])
+    seeds = row_seeds(anchor_seed, input_ids, counted[0]) if anchor_seed is not None and anchors else None
+    # training: blocks whose first draft counts, drawn; validation: every block with a draft that counts
+    kept = anchor_picks(counted[0] if anchors else counted.any(0), anchors, seeds)  # (B, T) indices i
 
     # no anchor (a batch with nothing to learn, e.g. a rank's filler): one block at index 0 whose output
     # enters the loss times 0, so that every weight takes part (DDP / FSDP / ZeRO reduce alike on each rank)
@@ -327,62 +332,64 @@ def dpace_weights(draft, prenorm, kept, target: TargetView, loss_mask, doc_ids, 
 
 
 def block_outputs(draft, aux, input_ids, doc_ids, pos, kept, S: int, ckpt: bool) -> torch.Tensor:
-    """The blocks anchored at i + 1 for the kept indices i (B, T), row by row -> prenorm (N, S, H), N the
-    kept count in row-major order (kept.flatten().nonzero())."""
+    """The blocks anchored at i + 1 for the kept indices i (B, T) -> prenorm (N, S, H), N the kept count in
+    row-major order (kept.flatten().nonzero()). Every row's blocks go through each layer in ONE call (the
+    batch's context keys of all rows projected there): the same calls on every rank, which FSDP2's and
+    ZeRO-3's gathers need."""
     ctx = draft.context(draft.fuse(aux))  # (B, T, H)
-    outs = []
-    for b in range(input_ids.shape[0]):
-        idx = kept[b].nonzero().squeeze(-1)  # (N_b,) indices i; anchors a = i + 1
-        if idx.numel() == 0:
-            continue
-        a = idx + 1
-        ids = draft.block_inputs(input_ids[b, a], S)  # (N_b, S)
-        x = draft.embed_tokens(ids).to(ctx.dtype).reshape(1, -1, ctx.shape[-1])  # (1, N_b * S, H)
-        rope_q = draft.rotary(
-            (pos[b, a][:, None] + torch.arange(S, device=a.device)).reshape(1, -1), ctx.dtype
-        )
-        rope_c = draft.rotary(pos[b][None], ctx.dtype)
-        attend = block_attention(doc_ids[b], a, S)
-        for layer in draft.layers:
-            args = (x, ctx[b][None], rope_q, rope_c, attend)
-            if ckpt and torch.is_grad_enabled():
-                x = torch.utils.checkpoint.checkpoint(layer, *args, use_reentrant=False)
-            else:
-                x = layer(*args)
-        outs.append(x.view(-1, S, x.shape[-1]))
-    H = draft.config.hidden_size
-    return torch.cat(outs) if outs else ctx.new_zeros(0, S, H)
+    b, i = kept.nonzero(as_tuple=True)  # (N,) rows, indices; anchors a = i + 1
+    a = i + 1
+    x = draft.embed_tokens(draft.block_inputs(input_ids[b, a], S)).to(ctx.dtype)  # (N, S, H)
+    x = x.reshape(1, -1, ctx.shape[-1])  # (1, N * S, H)
+    rope_q = draft.rotary((pos[b, a][:, None] + torch.arange(S, device=a.device)).reshape(1, -1), ctx.dtype)
+    rope_c = draft.rotary(pos, ctx.dtype)  # (B, T, d)
+    attend = block_attention(doc_ids, b, a, S)
+    for layer in draft.layers:
+        args = (x, ctx, rope_q, rope_c, attend)
+        if ckpt and torch.is_grad_enabled():
+            x = torch.utils.checkpoint.checkpoint(layer, *args, use_reentrant=False)
+        else:
+            x = layer(*args)
+    return x.view(-1, S, x.shape[-1])
 
 
-def block_attention(doc: torch.Tensor, anchors: torch.Tensor, S: int):
-    """-> attend(q, k, v, kc, vc) for one row's blocks: q, k, v (1, heads, N * S, d) the blocks' own
-    (block j's slots at j * S ..), kc, vc (1, n_kv, T, d) the row's context. Block j sees the context
-    positions p < anchors[j] with doc[p] == doc[anchors[j]], and its own S keys (non-causal); chunks of
-    blocks keep the scores within ANCHOR_KEYS a head."""
-    T, N = doc.shape[0], anchors.shape[0]
+def block_attention(doc: torch.Tensor, rows: torch.Tensor, anchors: torch.Tensor, S: int):
+    """-> attend(q, k, v, kc, vc) for the batch's blocks: q, k, v (1, heads, N * S, d) the blocks' own (block
+    j's slots at j * S .., its row rows[j], row-major), kc, vc (B, n_kv, T, d) the rows' context. Block j sees
+    its row's context positions p < anchors[j] with doc[p] == doc[anchors[j]], and its own S keys
+    (non-causal). A row's blocks run in chunks: `chunk_of` bounds each chunk's scores (CPU) or mask (CUDA)."""
+    B, T = doc.shape
     p = torch.arange(T, device=doc.device)
-    sees = (p[None] < anchors[:, None]) & (doc[None] == doc[anchors][:, None])  # (N, T)
-    chunk = max(1, ANCHOR_KEYS // (S * (T + S)))
+    sees = (p[None] < anchors[:, None]) & (doc[rows] == doc[rows, anchors][:, None])  # (N, T)
+    bounds = torch.searchsorted(rows, torch.arange(B + 1, device=rows.device)).tolist()  # row r: [lo, hi)
 
     def attend(q, k, v, kc, vc):
-        rep = q.shape[1] // kc.shape[1]
-        kc, vc = kc.repeat_interleave(rep, 1), vc.repeat_interleave(rep, 1)
-        k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
-        outs = []
-        scale = attention_scale(q.shape[-1])
-        for s in range(0, N, chunk):
-            e = min(N, s + chunk)
-            n = e - s
-            own = (
-                torch.eye(n, dtype=torch.bool, device=doc.device)
-                .repeat_interleave(S, 0)
-                .repeat_interleave(S, 1)
-            )
-            mask = torch.cat([sees[s:e].repeat_interleave(S, 0), own], dim=1)  # (n * S, T + n * S)
-            keys = torch.cat([kc, k[:, :, s * S : e * S]], dim=2)
-            values = torch.cat([vc, v[:, :, s * S : e * S]], dim=2)
-            qs = q[:, :, s * S : e * S]
-            outs.append(F.scaled_dot_product_attention(qs, keys, values, attn_mask=mask, scale=scale))
+        gqa = not q.is_cuda  # CUDA's SDPA with a mask takes its math kernel for grouped heads: repeat there
+        if not gqa:
+            rep = q.shape[1] // kc.shape[1]
+            kc, vc = kc.repeat_interleave(rep, 1), vc.repeat_interleave(rep, 1)
+            k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+        outs, chunk = [], chunk_of(S, T, q.is_cuda)
+        for r in range(B):
+            for s in range(bounds[r], bounds[r + 1], chunk):
+                e = min(bounds[r + 1], s + chunk)
+                own = torch.eye(e - s, dtype=torch.bool, device=doc.device).repeat_interleave(S, 0)
+                mask = torch.cat([sees[s:e].repeat_interleave(S, 0), own.repeat_interleave(S, 1)], dim=1)
+                keys = torch.cat([kc[r : r + 1], k[:, :, s * S : e * S]], dim=2)  # (1, h, T + n * S, d)
+                values = torch.cat([vc[r : r + 1], v[:, :, s * S : e * S]], dim=2)
+                qs = q[:, :, s * S : e * S]
+                outs.append(F.scaled_dot_product_attention(qs, keys, values, attn_mask=mask, enable_gqa=gqa))
         return torch.cat(outs, dim=2)
 
     return attend
+
+
+def chunk_of(S: int, T: int, cuda: bool) -> int:
+    """Blocks a chunk of attention takes: n blocks' n * S queries over T + n * S keys within ANCHOR_KEYS
+    elements (CPU: the scores a head, which its kernels may hold) or MASK_ELEMENTS (CUDA: the mask; the
+    memory-efficient kernel holds no scores, and fewer chunks copy the context's keys fewer times)."""
+    limit = MASK_ELEMENTS if cuda else ANCHOR_KEYS
+    n = max(1, limit // (S * (T + S)))
+    while n > 1 and n * S * (T + n * S) > limit:
+        n = max(1, n * 3 // 4)
+    return n

@@ -227,14 +227,18 @@ def grid_bytes(recipe: Recipe, draft: DraftCount) -> float:
     v, its output and log-sum-exp, bf16, every layer) and its loss reads the grid's (B, T, H) states (two
     copies kept). DFlash's (train/dflash.py): each draft's loss reads its grid of states (two copies), and
     every layer projects the whole row's context to keys and values (k before and after its norm and RoPE,
-    v; bf16), plus the fused and normed context itself (fp32)."""
+    v; bf16) and its attention keeps [context ; blocks] keys and values for every query head (repeated for
+    CUDA's kernel, one chunk), plus the fused and normed context itself (fp32)."""
     from eyas.train.kinds import KINDS
 
     c = draft.config
     states = 2 * 2 * c.hidden_size
     if recipe.draft.kind == "dflash":
-        context = c.num_layers * 3 * 2 * c.num_key_value_heads * c.head_dim + 2 * 4 * c.hidden_size
-        return states * KINDS["dflash"].on_grid(recipe.train) + context
+        from eyas.train.kinds import anchor_share
+
+        blocks = 1 + anchor_share(recipe.train) * (recipe.train.ttt_steps + 1)  # keys a context token brings
+        kv = 3 * 2 * c.num_key_value_heads * c.head_dim + 2 * 2 * c.num_attention_heads * c.head_dim * blocks
+        return states * KINDS["dflash"].on_grid(recipe.train) + c.num_layers * kv + 2 * 4 * c.hidden_size
     qkvo = 2 * c.num_attention_heads * c.head_dim + 2 * c.num_key_value_heads * c.head_dim
     per_depth = c.num_layers * (2 * qkvo + 4 * c.num_attention_heads) + states
     return per_depth * KINDS[recipe.draft.kind].on_grid(recipe.train)

@@ -517,7 +517,9 @@ class Engine:
     def _draft_block(self, n: torch.Tensor, n_max: int, B: int):
         """Step 2 for DFlash (train/dflash.py): one forward of the block [x_n, mask x k] at positions
         n..n+k over the context keys of positions < n, non-causal within the block; slot s drafts x_{n+s}
-        (vLLM's DFlash proposer: num_speculative_tokens = k). Greedy drafts, as a chain's."""
+        (vLLM's DFlash proposer: num_speculative_tokens = k). A k below the trained block's drafts runs a
+        shorter block, as vLLM does: non-causal, its slots then see fewer mask slots than in training.
+        Greedy drafts, as a chain's."""
         k, dev, d = self.shape.steps, self.device, self.draft
         S = k + 1
         ids = torch.full((B, S), d.config.mask_token_id, dtype=torch.long, device=dev)

@@ -126,6 +126,21 @@ def _own_embedding(cfg: DraftConfig, engine: str, include_embeddings: bool, sour
     ]
 
 
+def _kind_problems(cfg: DraftConfig, engine: str) -> list[str]:
+    """A parallel draft kind (train/kinds.py) on an engine that only chains EAGLE-3 drafts."""
+    if engine == "vllm":
+        return []
+    if cfg.kind == "dflash":
+        return ["draft kind dflash: eyas exports it for vLLM (method dflash, qwen3_dflash.py) only"]
+    if cfg.kind == "peagle":
+        return [
+            f"draft kind peagle (parallel drafting): {ENGINE_LABELS[engine]}'s EAGLE-3 worker drafts one "
+            "token per forward and reads no mask_hidden; serve it with vLLM (parallel_drafting, vLLM 0.32 "
+            "llama_eagle3.py)"
+        ]
+    return []
+
+
 def problems(
     cfg: DraftConfig,
     engine: str,
@@ -139,15 +154,8 @@ def problems(
     `target_layer_types`: its `layer_types` (gpt-oss: sliding_attention / full_attention), when given."""
     if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r}; choose from {', '.join(ENGINES)}")
-    found = _common_problems(cfg)
+    found = _common_problems(cfg) + _kind_problems(cfg, engine)
     label = ENGINE_LABELS[engine]
-    if cfg.kind == "dflash" and engine in ("sglang", "trtllm"):
-        found.append("draft kind dflash: eyas exports it for vLLM (method dflash, qwen3_dflash.py) only")
-    if cfg.kind == "peagle" and engine in ("sglang", "trtllm"):
-        found.append(
-            f"draft kind peagle (parallel drafting): {label}'s EAGLE-3 worker drafts one token per forward "
-            "and reads no mask_hidden; serve it with vLLM (parallel_drafting, vLLM 0.32 llama_eagle3.py)"
-        )
     if cfg.own_embedding and engine in ("sglang", "trtllm"):
         found.append(
             f"own_embedding (a trained embed_tokens): {label} runs an EAGLE-3 draft with the target's "
@@ -245,7 +253,7 @@ def notes(cfg: DraftConfig, engine: str, target_layers: int | None = None) -> li
             out.append(
                 "norm_before_fc: needs vLLM with PR #36545 (eagle3 config) / #38111 (speculators config)"
             )
-        if cfg.num_layers > 1:
+        if cfg.num_layers > 1 and cfg.kind != "dflash":
             out.append(f"num_layers {cfg.num_layers}: needs vLLM with PR #26164")
     elif engine == "sglang":
         if ids and ids[0] >= 3:

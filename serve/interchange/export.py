@@ -267,6 +267,18 @@ def _write(
     (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
+def config_json(cfg: DraftConfig, fmt: str, dtype, num_speculative_tokens: int, target, tcfg, notes) -> dict:
+    """The config.json of layout `fmt` (serve/interchange/formats.py, dflash_layout.py)."""
+    if fmt == "eagle3":
+        return eagle3_config(cfg, dtype)
+    if fmt == "dflash":
+        return dflash_config(cfg, dtype)
+    verifier, architectures = _verifier(cfg, target, tcfg, notes)
+    if cfg.kind == "dflash":  # its speculative tokens are its block's (block_size - 1)
+        return dflash_speculators_config(cfg, dtype, verifier, architectures)
+    return speculators_config(cfg, dtype, num_speculative_tokens, verifier, architectures)
+
+
 def _check_replaceable(out_dir: Path) -> None:
     """Never replace a directory holding files an export does not write."""
     if out_dir.exists():
@@ -334,16 +346,7 @@ def export(
     engine_check(cfg, selected, include_embeddings, tcfg, notes)
     if target and not cfg.own_embedding:
         check_embedding(draft, target, dtype, notes)
-    if fmt == "eagle3":
-        config = eagle3_config(cfg, dtype)
-    elif fmt == "dflash":
-        config = dflash_config(cfg, dtype)
-    else:
-        verifier, architectures = _verifier(cfg, target, tcfg, notes)
-        if cfg.kind == "dflash":  # its speculative tokens are its block's (block_size - 1)
-            config = dflash_speculators_config(cfg, dtype, verifier, architectures)
-        else:
-            config = speculators_config(cfg, dtype, num_speculative_tokens, verifier, architectures)
+    config = config_json(cfg, fmt, dtype, num_speculative_tokens, target, tcfg, notes)
 
     out_dir = Path(out_dir)
     _check_replaceable(out_dir)

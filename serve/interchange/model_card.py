@@ -330,7 +330,8 @@ def render_model_card(
         f"{cfg.hidden_size}, {cfg.num_attention_heads} heads × {cfg.head_dim} ({cfg.num_key_value_heads} KV "
         f"heads), MLP {cfg.intermediate_size} |",
         options_row(cfg),
-        f"| vocab | draft {cfg.draft_vocab_size} of the target's {cfg.vocab_size} (`d2t`/`t2d`) |",
+        f"| vocab | draft {cfg.draft_vocab_size} of the target's {cfg.vocab_size}"
+        f"{' (`d2t`/`t2d`)' if cfg.draft_vocab_size != cfg.vocab_size or cfg.kind != 'dflash' else ''} |",
         f"| aux layers | {list(cfg.aux_layer_ids)} (see below) |",
         f"| RoPE | `{json.dumps(cfg.rope_parameters)}`, max positions {cfg.max_position_embeddings} |",
         f"| weights | {str(result.dtype).replace('torch.', '')}, {KIND_LAYOUTS[cfg.kind]} |",
