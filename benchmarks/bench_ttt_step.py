@@ -18,6 +18,8 @@ Precision: --precision bf16 autocasts like the trainer on GPUs (fp32 weights and
 matmuls; the default on CUDA); fp32 is the default on CPU.
 --kind peagle: a P-EAGLE draft (train/peagle.py) trained as the trainer trains it, --ttt-steps its depths,
 COD sampling at --cod RATIO FLOOR (speculators' and the gpt-oss-120b-peagle recipe's 0.7 / 0.2).
+--kind dflash --size gpt-oss-120b-dflash --ttt-steps 9: the DFlash recipe's draft (train/dflash.py; 8 layers,
+blocks of 10 at 512 random anchors a row, D-PACE).
 """
 
 import argparse
@@ -44,7 +46,11 @@ SIZES = {
     # gpt-oss-120b's attention shape (64 heads of 64, 8 KV heads) with small H/MLP/vocab: what
     # the TTT attention costs at that head count, on a machine without a GPU
     "gpt-oss-attention": (512, 64, 8, 64, 1024, 4096, 1024),
+    # recipes/gpt-oss-120b-dflash.yaml: z-lab's shape (MLP 7680, the whole vocabulary; 8 biased layers)
+    "gpt-oss-120b-dflash": (2880, 64, 8, 64, 7680, 201088, 201088),
 }
+# --kind dflash: z-lab's gpt-oss-120b DFlash draft (train/dflash.py), blocks of --ttt-steps + 1 at 512 anchors
+DFLASH = {"num_layers": 8, "attention_bias": True, "aux_layer_ids": [2, 10, 18, 26, 34]}
 
 
 def peak_rss_mb() -> float:
@@ -102,10 +108,13 @@ def parse_args() -> argparse.Namespace:
     return p.parse_args()
 
 
-def make_draft(size: str, compiled: bool, kind: str = "eagle3") -> tuple[Eagle3Draft, torch.Tensor]:
+def make_draft(
+    size: str, compiled: bool, kind: str = "eagle3", steps: int = 7
+) -> tuple[Eagle3Draft, torch.Tensor]:
     """A random draft of `size` (SIZES) and `kind` with a random draft vocabulary, and a random target lm_head
-    (V, H)."""
+    (V, H). DFlash: DFLASH's layers and aux states, a block of `steps` + 1."""
     H, nh, nkv, hd, inter, V, Vd = SIZES[size]
+    dflash = {**DFLASH, "block_size": steps + 1} if kind == "dflash" else {"aux_layer_ids": [2, 18, 33]}
     cfg = DraftConfig(
         hidden_size=H,
         num_attention_heads=nh,
@@ -114,9 +123,9 @@ def make_draft(size: str, compiled: bool, kind: str = "eagle3") -> tuple[Eagle3D
         intermediate_size=inter,
         vocab_size=V,
         draft_vocab_size=Vd,
-        aux_layer_ids=[2, 18, 33],
         kind=kind,
-        mask_token_id=V - 1 if kind == "peagle" else None,
+        mask_token_id=V - 1 if kind != "eagle3" else None,
+        **dflash,
     )
     torch.manual_seed(0)
     draft = kinds.make_draft(cfg)
@@ -166,12 +175,12 @@ def run_in_subprocesses(
 
 
 def step_inputs(
-    B: int, T: int, H: int, V: int, dev: torch.device
+    B: int, T: int, H: int, V: int, dev: torch.device, n_aux: int = 3
 ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
-    """Random (aux (B, T, 3H), input ids (B, T), loss mask (B, T), doc ids (B, T)) and final (B, T, H),
-    seeded by T."""
+    """Random (aux (B, T, n_aux * H), input ids (B, T), loss mask (B, T), doc ids (B, T)) and final
+    (B, T, H), seeded by T."""
     g = torch.Generator().manual_seed(T)
-    aux = torch.randn(B, T, 3 * H, generator=g).to(dev)
+    aux = torch.randn(B, T, n_aux * H, generator=g).to(dev)
     final = torch.randn(B, T, H, generator=g).to(dev)
     x = torch.randint(0, V, (B, T), generator=g).to(dev)
     mask = torch.ones(B, T, device=dev)
@@ -191,7 +200,11 @@ def measure_length(
     """`warmup` untimed then --repeat timed training steps (forward + backward + AdamW) at length T.
     -> (median seconds per step, peak MiB, warm-up seconds, last loss); None when out of memory."""
     dev = torch.device(args.device)
-    options = {"cod": tuple(args.cod), "cod_seed": (0, 0)} if args.kind == "peagle" else {}
+    options = {
+        "eagle3": {},
+        "peagle": {"cod": tuple(args.cod), "cod_seed": (0, 0)},
+        "dflash": {"anchors": 512, "anchor_seed": (0, 0), "dpace": 0.5},  # the gpt-oss-120b-dflash recipe's
+    }[args.kind]
     module = TTTModule(
         draft,
         lm_head,
@@ -206,7 +219,7 @@ def measure_length(
         [q for q in module.parameters() if q.requires_grad], lr=1e-4, fused=dev.type == "cuda"
     )  # as the trainer
     V, H = lm_head.shape
-    inputs, final = step_inputs(args.batch, T, H, V, dev)
+    inputs, final = step_inputs(args.batch, T, H, V, dev, len(draft.config.aux_layer_ids))
     if dev.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
@@ -243,7 +256,7 @@ def main() -> None:
         cap = int(args.memory_limit_gb * 2**30)
         resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
     compiled = args.compile == "on" or (args.compile == "auto" and dev.type == "cuda")
-    draft, lm_head = make_draft(args.size, compiled, args.kind)
+    draft, lm_head = make_draft(args.size, compiled, args.kind, args.ttt_steps)
     if not args.one_process:
         print(
             f"size={args.size} kind={args.kind} trainable={draft.num_parameters() / 1e6:.1f}M "

@@ -11,6 +11,7 @@ GPU), then one table:
                TTT 5, bf16 autocast), T = 4K and 32K: seconds per step, tokens/s, peak GPU memory against
                `eyas plan`'s training memory per GPU at that length (benchmarks/bench_ttt_step.py); then
                the same for P-EAGLE's COD step (one layer, 8 depths, COD 0.7 / 0.2: gpt-oss-120b-peagle)
+               and DFlash's block step (8 layers, block 10, 512 anchors: gpt-oss-120b-dflash)
     target     the full-width target at gpt-oss-20b's depth: gpt-oss-120b's widths with 24 layers of 32
                experts, random weights stored as the hub stores them (MXFP4 experts:
                eyas/demo_target/full_width.py)
@@ -118,20 +119,20 @@ def section_ttt(a, s) -> None:
 
     # EAGLE-3's TTT (5 steps, recipes/gpt-oss-120b.yaml) and P-EAGLE's COD (8 depths, 0.7 / 0.2,
     # recipes/gpt-oss-120b-peagle.yaml's one-layer vLLM 0.32 variant), each against its recipe's plan
-    kinds = (("TTT", "eagle3", "gpt-oss-120b", 5), ("COD", "peagle", "gpt-oss-120b-peagle", 8))
+    # and DFlash's blocks (the gpt-oss-120b-dflash recipe's 8 layers, block 10, 512 anchors)
+    kinds = (
+        ("TTT", "eagle3", "gpt-oss-120b", 5),
+        ("COD", "peagle", "gpt-oss-120b-peagle", 8),
+        ("DFlash", "dflash", "gpt-oss-120b-dflash", 9),
+    )
     for (label, kind, name, steps), T in [(k, T) for k in kinds for T in s["ttt"]]:
-        cmd = [
-            sys.executable,
-            str(HERE / "bench_ttt_step.py"),
-            "--size",
-            "gpt-oss-120b",
-            "--device",
-            s["device"],
-        ]
+        size = "gpt-oss-120b-dflash" if kind == "dflash" else "gpt-oss-120b"
+        cmd = [sys.executable, str(HERE / "bench_ttt_step.py"), "--size", size, "--device", s["device"]]
         cmd += ["--lengths", str(T), "--ttt-steps", str(steps), "--repeat", "2", "--kind", kind]
         r = subprocess.run(cmd, capture_output=True, text=True)
         m = re.search(r"([\d.]+) s/step\s+(\d+) tok/s\s+peak \w+\s+(\d+) MiB", r.stdout)
-        over = [f"train.max_length={T}", f"train.ttt_steps={steps}", "train.pack=false", "draft.num_layers=1"]
+        over = [f"train.max_length={T}", f"train.ttt_steps={steps}", "train.pack=false"]
+        over += [] if kind == "dflash" else ["draft.num_layers=1"]
         planned = plan(load_recipe(name, over), "1xH200").train_gb_per_gpu
         if not m:
             emit(section="ttt", what=f"{label} step T={T}", ok=False, error=(r.stdout + r.stderr)[-400:])
