@@ -130,10 +130,12 @@ def build_draft(recipe: Recipe, run_dir: Path, heads: dict[str, torch.Tensor]) -
         return draft
     torch.manual_seed(recipe.train.seed)
     draft = make_draft(cfg)
-    draft.embed_tokens.weight.data.copy_(heads["embed"].float())
+    # copy_ casts in place: no fp32 temporary of the (V, H) tables (2.3 GB each at gpt-oss's vocab)
+    draft.embed_tokens.weight.data.copy_(heads["embed"])
     draft.set_vocab_map(vocab["d2t"], vocab["t2d"])
     if d.lm_head != "random":  # speculators: lm_head = the target's lm_head[t2d], frozen
-        draft.lm_head.weight.data.copy_(heads["lm_head"][vocab["t2d"]].float())
+        whole = bool(vocab["t2d"].all())  # a draft vocab of every id (DFlash's): no gathered copy either
+        draft.lm_head.weight.data.copy_(heads["lm_head"] if whole else heads["lm_head"][vocab["t2d"]])
         draft.lm_head.weight.requires_grad_(lm_head_trains(d.lm_head))
     return draft
 
