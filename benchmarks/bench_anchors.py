@@ -234,9 +234,9 @@ def train_speculators(args, meta: dict, seed: int, lr: float | None) -> dict:
 
 def depth_flags(args) -> list[str]:
     """speculators' flags for --ttt: TTT steps of an EAGLE-3 draft, the depths of a P-EAGLE draft, the drafts
-    of a DFlash block (--block-size --ttt + 1, --max-anchors --anchors; its other DFlash settings are its
-    defaults: 5 Qwen3 layers, D-PACE over the block, cross-entropy; eyas's default layers are the same 5). Its
-    other
+    of a DFlash block (--block-size --ttt + 1, --max-anchors --anchors, every layer full attention; its
+    other DFlash settings are its defaults: 5 Qwen3 layers, D-PACE over the block, cross-entropy; eyas's
+    default layers are the same 5). Its other
     P-EAGLE settings are its defaults: COD 0.7 / 0.2 as eyas's, at most 512 anchors a packed row
     (--max-anchors; eyas keeps every counted position), and a trained embedding (its P-EAGLE model ignores
     --no-embed-requires-grad; `eyas import` keeps the table as the draft's own, DraftConfig.own_embedding). A
@@ -245,7 +245,11 @@ def depth_flags(args) -> list[str]:
     if args.kind == "peagle":
         return ["--num-depths", str(args.ttt), "--draft-arch", "llama"]
     if args.kind == "dflash":  # its DFlash defaults otherwise: 5 Qwen3 layers, D-PACE, CE
-        return ["--block-size", str(args.ttt + 1), "--max-anchors", str(args.anchors)]
+        # every layer full attention, non-causal in the block (DFlash's, z-lab's and eyas's layer): by default
+        # speculators makes its layers sliding-window ones, causal in the block (sliding_window_non_causal
+        # false), which vLLM's update_dflash then serves causal on every layer, its full ones included
+        full = ["--full-attention-indices", *map(str, range(5))]
+        return ["--block-size", str(args.ttt + 1), "--max-anchors", str(args.anchors), *full]
     return ["--ttt-steps", str(args.ttt)]
 
 
