@@ -67,7 +67,7 @@ def chunk_positions(B: int, V: int, budget: int = BUDGET) -> int:
 
 class _LinearLoss(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, probs, w, with_grad: bool, budget: int, kind: str):
+    def forward(ctx, x, weight, probs, w, with_grad: bool, budget: int, kind: str, grad_w: bool = True):
         # x (B, L, H); weight (V_d, H); probs (B, L, V_d); w (B, L) -> (scalar fp32, argmax (B, L) int64)
         B, L, _ = x.shape
         c = chunk_positions(B, weight.shape[0], budget)
@@ -81,7 +81,10 @@ class _LinearLoss(torch.autograd.Function):
         # the gradients are kept until backward in the matmuls' dtype (bf16 under autocast: 0.4 GB per TTT
         # step at gpt-oss size and T = 32K), dW summed over chunks in fp32 first
         dx = torch.empty(x.shape, dtype=mm, device=x.device) if with_grad else None
-        dw = torch.zeros(weight.shape, dtype=acc, device=x.device) if with_grad else None
+        # dW only for a trained lm_head: a frozen one (draft.lm_head target_frozen) would hold a (V_d, H) fp32
+        # sum per call until backward (2.3 GB a DFlash draft at gpt-oss's whole vocabulary)
+        grad_w = with_grad and grad_w
+        dw = torch.zeros(weight.shape, dtype=acc, device=x.device) if grad_w else None
         W = weight.to(mm)  # cast once (V_d, H)
         for s in range(0, L, c):
             xc = x[:, s : s + c].to(mm)  # (B, c, H)
@@ -93,8 +96,9 @@ class _LinearLoss(torch.autograd.Function):
             if with_grad:
                 dz = (dz * wc).to(mm)
                 dx[:, s : s + c] = dz @ W  # (B, c, H)
-                dw += dz.flatten(0, 1).T @ xc.flatten(0, 1)  # (V_d, H), in place: no fp32 copy of the product
-        ctx.save_for_backward(dx, dw.to(mm) if with_grad else None)
+                if grad_w:  # (V_d, H), in place: no fp32 copy of the product
+                    dw += dz.flatten(0, 1).T @ xc.flatten(0, 1)
+        ctx.save_for_backward(dx, dw.to(mm) if grad_w else None)
         ctx.dtypes = x.dtype, weight.dtype
         ctx.mark_non_differentiable(pred)
         return total, pred
@@ -104,8 +108,8 @@ class _LinearLoss(torch.autograd.Function):
         dx, dw = ctx.saved_tensors
         x_dtype, w_dtype = ctx.dtypes
         gx = dx.to(x_dtype) * g if ctx.needs_input_grad[0] else None
-        gw = dw.to(w_dtype) * g if ctx.needs_input_grad[1] else None
-        return gx, gw, None, None, None, None, None
+        gw = dw.to(w_dtype) * g if ctx.needs_input_grad[1] and dw is not None else None
+        return gx, gw, None, None, None, None, None, None
 
 
 def linear_loss(
@@ -119,7 +123,7 @@ def linear_loss(
     """x (B, L, H) normed hidden states, weight (V_d, H), probs (B, L, V_d), w (B, L) ->
     (sum of the w-weighted loss `kind`, fp32 scalar; the draft's argmax (B, L) draft ids)."""
     with_grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
-    return _LinearLoss.apply(x, weight, probs, w, with_grad, budget, kind)
+    return _LinearLoss.apply(x, weight, probs, w, with_grad, budget, kind, weight.requires_grad)
 
 
 def position_loss(kind: str, logits: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:

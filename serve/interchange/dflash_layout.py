@@ -124,6 +124,8 @@ def read_dflash_config(raw: dict, target: str | None, where: str) -> DraftConfig
             )
     if base.get("layer_types") and set(base["layer_types"]) != {"full_attention"}:
         raise ValueError(f"{where}: layer_types {base['layer_types']}: eyas's DFlash layers attend fully")
+    # a Qwen3Config whatever model_type says: z-lab's DFlashDraftModel (config_class = Qwen3Config) reads its
+    # gpt-oss drafts' `model_type: gpt_oss` configs so (full attention, plain RoPE unless the config has more)
     fields = {k: v for k, v in base.items() if k not in ("model_type", "architectures") and v is not None}
     lcfg = Qwen3Config(**fields)
     if speculators:

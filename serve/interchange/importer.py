@@ -8,6 +8,9 @@ Layouts read (see serve/formats.py for the sources):
                (use_input_layernorm_in_first_layer, use_last_layernorm, ...), tensors
                `layers.0.*`, no embed_tokens / t2d, d2t optional.
   speculators  vLLM speculators `speculators_model_type: "eagle3"` with `transformer_layer_config`.
+  dflash       a DFlash draft (serve/interchange/dflash_layout.py): z-lab's `DFlashDraftModel` config.json
+               (read as a Qwen3Config whatever its model_type, as z-lab's DFlashDraftModel reads it: its
+               config_class; z-lab's gpt-oss drafts say `gpt_oss`) or speculators `dflash`; names kept.
   eyas         an eyas checkpoint (config.json "eyas" block), re-saved.
 
 What is filled in the way the engines would fill it:
