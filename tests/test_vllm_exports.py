@@ -227,14 +227,15 @@ def test_a_dflash_export_drafts_in_vllm_as_in_eyas(vllm_python, dflash_llama, tm
     """A DFlash draft (draft.kind dflash, 3 layers, block 4; conftest dflash_llama) trained by `run_all` on
     the learnable Llama, exported in both vLLM layouts (z-lab's `DFlashDraftModel`; speculators `dflash`) and
     served by vLLM 0.32 with method "dflash": k = 3 drafts from one block forward a round, over the context
-    keys vLLM writes from the target's four aux states; both equal plain greedy. The drafts and the first
-    position's acceptances equal exactly; a later position within one draft (same_counters: every slot is one
-    forward's argmax, and vLLM's CPU kernels -- its RMSNorm, RoPE and attention ops -- round differently from
-    eyas's, so a near-tie can flip). Measured here (2-core EPYC), both layouts: vLLM 97 / 73 / 57 accepted of
-    169 drafts, eyas's loop 97 / 72 / 57 (first position 0.574; the floor 0.3 against the weakened drafts of
-    tests/test_dflash.py). A 2-layer DFlash draft on the demo gpt-oss target (2 sliding + 2 full layers: the
-    draft's layers fall in 2 KV-cache groups) is refused by eyas's export and, written anyway, by vLLM with
-    its own words."""
+    keys vLLM writes from the target's four aux states; both equal plain greedy. The drafts equal exactly; the
+    acceptances within one draft at every position, the first included: every slot is the argmax of one
+    forward over the context keys, which vLLM's CPU kernels (its RMSNorm, RoPE and attention ops) round
+    differently from eyas's, so a near-tie can flip at any slot. Measured here (2-core EPYC), both layouts:
+    vLLM 97 / 73 / 57 accepted of 169 drafts; eyas's loop 97 / 72 / 57 with one training of the draft and
+    96 / 72 / 58 with another (the same recipe, float order moved). First position 0.57; the floor 0.3 against
+    the weakened drafts of tests/test_dflash.py. A 2-layer DFlash draft on the demo gpt-oss target (2 sliding
+    + 2 full layers: the draft's layers fall in 2 KV-cache groups) is refused by eyas's export and, written
+    anyway, by vLLM with its own words."""
     from tiny_targets import draft_for
 
     target, run, prompts = dflash_llama
@@ -260,7 +261,9 @@ def test_a_dflash_export_drafts_in_vllm_as_in_eyas(vllm_python, dflash_llama, tm
         assert "error" not in got[name], f"vLLM refused the {name} export: {got[name].get('error')}"
         ours = eyas_loop(model, tok, path, prompts, SAMPLING, K, concurrency=len(prompts))
         assert got[name]["outputs"] == plain and ours["outputs"] == plain, name
-        same_counters(name, got[name]["counters"], ours["counters"])
-        table[name] = {"vllm": got[name]["counters"], "eyas": ours["counters"], **rates(ours["counters"])}
+        theirs, mine = got[name]["counters"], ours["counters"]
+        assert theirs["drafts"] == mine["drafts"] and theirs["draft_tokens"] == mine["draft_tokens"], name
+        assert all(abs(a - b) <= 1 for a, b in zip(theirs["per_pos"], mine["per_pos"])), (name, theirs, mine)
+        table[name] = {"vllm": theirs, "eyas": mine, **rates(mine)}
     print(json.dumps(table))
     assert table["dflash"]["per_position_acceptance"][0] > 0.3, table
