@@ -265,14 +265,13 @@ def dflash_forward(
 
     # no anchor (a batch with nothing to learn, e.g. a rank's filler): one block at index 0 whose output
     # enters the loss times 0, so that every weight takes part (DDP / FSDP / ZeRO reduce alike on each rank)
+    any_kept = bool(kept.any())
     blocks = (
-        kept
-        if kept.any()
-        else torch.zeros_like(kept).index_fill_(1, torch.tensor([0], device=kept.device), True)
+        kept if any_kept else torch.zeros_like(kept).index_fill_(1, kept.new_zeros(1, dtype=torch.long), True)
     )
     prenorm = block_outputs(draft, aux, input_ids, doc_ids, pos, blocks, S, checkpoint_layer)  # (N, S, H)
-    idle = 0.0 if kept.any() else prenorm.float().sum() * 0
-    prenorm = prenorm if kept.any() else prenorm[:0]
+    idle = 0.0 if any_kept else prenorm.float().sum() * 0
+    prenorm = prenorm if any_kept else prenorm[:0]
     flat = kept.flatten().nonzero().squeeze(-1)  # (N,) b * T + i
     out = TTTOutput(prenorm.new_zeros((), dtype=torch.float32) + idle, [], [], [], [], [])
     out.run_length = torch.zeros_like(input_ids)
@@ -295,7 +294,7 @@ def dflash_forward(
         total = total + (1.0 if weights is not None else decay**d) * loss_d
         stats.append(step)
     out.loss = total
-    fill_counts(out, torch.stack(stats) if stats else None, decay)
+    fill_counts(out, stats, decay)  # the steps' counts (a list: fill_counts stacks it)
     return out
 
 
