@@ -294,8 +294,9 @@ class TrainSection(Section):
     sequence_parallel: int = Field(
         1,
         ge=1,
-        description="processes one row is spread over (Ulysses, train/sequence_parallel.py): it divides the "
-        "draft's query and key/value heads and the process count (P x D processes: D rows at a time)",
+        description="processes one row is spread over (train/sequence_parallel.py; EAGLE-3 and P-EAGLE: "
+        "Ulysses, it divides the draft's query and key/value heads; DFlash: the row's context gathered on "
+        "each) and it divides the process count (P x D processes: D rows at a time)",
     )
     cod_ratio: Num = Field(
         0.7,
@@ -462,8 +463,6 @@ class Recipe(Section):
                 d.block_size is None, "draft.block_size", "is a DFlash draft's block: set draft.kind: dflash"
             )
             return
-        sp = "DFlash trains without sequence parallelism: its blocks attend to the whole row's context"
-        check(tr.sequence_parallel == 1, "train.sequence_parallel", sp)
         for key in ("norm_before_fc", "norm_before_residual", "norm_output", "sliding_window"):
             why = "is an EAGLE-3 layer's option: a DFlash draft (vLLM's qwen3_dflash.py) has fc, then "
             check(not getattr(d, key), f"draft.{key}", why + "hidden_norm, then Qwen3 layers; unset it")

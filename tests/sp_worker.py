@@ -7,7 +7,8 @@ DDP does) from the reference's, next to the reference's largest entry.
     python -m torch.distributed.run --nproc_per_node P tests/sp_worker.py OUT T [key=value ...]
 
 key=value: draft options (norm_before_fc, norm_before_residual, norm_output: 0/1; num_layers, sliding_window),
-attention, checkpoint_layer (0/1), loss (kl | lk | ce), docs (sequences packed in the row).
+attention, checkpoint_layer (0/1), loss (kl | lk | ce), docs (sequences packed in the row); kind=dflash: a
+DFlash draft (block TTT + 1, train/dflash.py) with `anchors` random anchors (seeded) and `dpace` (alpha).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import sys
 import torch
 import torch.distributed as dist
 
+from eyas.train.dflash import dflash_forward
+from eyas.train.kinds import make_draft
 from eyas.train.model import DraftConfig, Eagle3Draft
 from eyas.train.sequence_parallel import SequenceParallel
 from eyas.train.ttt import target_view, ttt_forward
@@ -42,8 +45,11 @@ def draft(opts: dict) -> Eagle3Draft:
         norm_output=bool(opts.get("norm_output", 0)),
         num_layers=int(opts.get("num_layers", 1)),
         sliding_window=int(opts.get("sliding_window", 0)) or None,
+        kind=opts.get("kind", "eagle3"),
+        mask_token_id=V - 1 if opts.get("kind") == "dflash" else None,
+        block_size=TTT + 1 if opts.get("kind") == "dflash" else None,
     )
-    d = Eagle3Draft(cfg)
+    d = make_draft(cfg)
     for p in d.parameters():  # away from the initial zeros / ones, so every option changes the outputs
         p.data.add_(torch.randn_like(p) * 0.05)
     d2t = torch.arange(V_D) * 2 - torch.arange(V_D)  # draft id i -> target id 2i (as an offset)
@@ -77,7 +83,10 @@ def row(T: int, docs: int) -> dict[str, torch.Tensor]:
 
 
 def run(model: Eagle3Draft, batch: dict, lm_head: torch.Tensor, opts: dict, sp=None):
-    out = ttt_forward(
+    dflash = opts.get("kind") == "dflash"
+    anchors = int(opts["anchors"]) if "anchors" in opts else None
+    options = {"anchors": anchors, "anchor_seed": (0, 0), "dpace": float(opts.get("dpace", 0)) or None}
+    out = (dflash_forward if dflash else ttt_forward)(
         model,
         batch["aux"],
         batch["input_ids"],
@@ -89,6 +98,7 @@ def run(model: Eagle3Draft, batch: dict, lm_head: torch.Tensor, opts: dict, sp=N
         checkpoint_layer=bool(int(opts.get("checkpoint_layer", 0))),
         loss=opts.get("loss", "kl"),
         sp=sp,
+        **(options if dflash else {}),
     )
     (out.loss * (sp.size if sp is not None else 1)).backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}

@@ -270,8 +270,8 @@ def test_dpace_weights_are_the_expected_run_each_draft_starts():
 
 def test_the_recipe_ties_the_block_to_the_drafts():
     """draft.block_size sets train.ttt_steps (block_size - 1), and the other way round (neither: speculators'
-    16, and 5 layers); disagreeing values,
-    a block on another kind, trees and sequence parallelism are refused by name."""
+    16, and 5 layers); disagreeing values, a block on another kind, trees and EAGLE-3's layer options are
+    refused by name. Sequence parallelism is taken (train/sequence_parallel.py: the context gathered)."""
     from eyas.recipes.load import RecipeError
     from eyas.recipes.schema import Recipe
 
@@ -281,12 +281,13 @@ def test_the_recipe_ties_the_block_to_the_drafts():
     assert r.draft.block_size == 6 and r.draft.num_layers == 5
     r = Recipe.model_validate({"draft": {"kind": "dflash", "num_layers": 2}})  # speculators' block
     assert (r.draft.block_size, r.train.ttt_steps, r.draft.num_layers) == (16, 15, 2)
+    r = Recipe.model_validate({"draft": {"kind": "dflash"}, "train": {"sequence_parallel": 2}})
+    assert r.train.sequence_parallel == 2
     bad = [
         ({"draft": {"kind": "dflash", "block_size": 8}, "train": {"ttt_steps": 5}}, "train.ttt_steps"),
         ({"draft": {"block_size": 8}}, "draft.block_size"),
         ({"draft": {"attention_bias": True}}, "draft.attention_bias"),
         ({"draft": {"kind": "dflash"}, "eval": {"tree": ["3,2,4"]}}, "eval.tree"),
-        ({"draft": {"kind": "dflash"}, "train": {"sequence_parallel": 2}}, "train.sequence_parallel"),
         ({"draft": {"kind": "dflash", "norm_before_fc": True}}, "draft.norm_before_fc"),
     ]
     for raw, key in bad:

@@ -1,6 +1,7 @@
 """Sequence parallelism (train/sequence_parallel.py): one packed row of >= 4K tokens spread over P = 2 and 4
 CPU processes (gloo, torchrun) gives the loss, the counts, the replayed chains and the gradients of one
-process over the whole row (tests/sp_worker.py runs both in the same processes). Tolerances, fp32: the loss
+process over the whole row (tests/sp_worker.py runs both in the same processes): EAGLE-3's TTT (Ulysses) and
+DFlash's blocks (the context gathered). Tolerances, fp32: the loss
 within 1e-6 relative; every gradient within 2e-6 of its tensor's largest entry (measured <= 3e-7: the
 all-to-all and all-reduce add in another order); counts and run_length exact."""
 
@@ -19,6 +20,9 @@ CASES = {
     "P2-every-option-checkpointed": (2, 4099, [*ALL_OPTIONS, "checkpoint_layer=1"]),
     "P4-every-option": (4, 4096, ALL_OPTIONS),
     "P2-window-lk": (2, 4096, ["sliding_window=512", "loss=lk", "docs=9"]),  # a window: chunked attention
+    # DFlash: the context gathered, each rank's shard of the anchors (random, and D-PACE; every one)
+    "P2-dflash-anchors-dpace": (2, 4099, ["kind=dflash", "num_layers=2", "anchors=1200", "dpace=0.7"]),
+    "P4-dflash-every-block-ce": (4, 4096, ["kind=dflash", "loss=ce", "checkpoint_layer=1"]),
 }
 
 

@@ -245,14 +245,17 @@ def dflash_forward(
     index); `anchor_seed` seeds each row's draw with its tokens (row_seeds; None: the global generator).
     With `keep_logits` (or no target) out.logits[d] (B, T, V_d) holds slot d + 1's logits at index i for
     the block anchored at i + 1, zeros off the kept anchors. `attention` is unused (SDPA over the blocks).
-    `dpace` (alpha): D-PACE's weights over each block (`dpace_weights`) instead of decay**d."""
-    if sp is not None:
-        raise ValueError("DFlash does not train under sequence parallelism (train.sequence_parallel: 1)")
+    `dpace` (alpha): D-PACE's weights over each block (`dpace_weights`) instead of decay**d.
+    `sp` (train/sequence_parallel.py): aux is this rank's shard [lo, hi) of each row and `target` the shard
+    and its halo, the rest whole; the rank runs the blocks of its shard's indices against the whole row's
+    context (`block_outputs`), and out holds the shard's grids (B, n, ...), the whole row's counts and run
+    lengths and the shard's part of the row's loss."""
     if depths + 1 > draft.config.block_size:
         raise ValueError(
             f"{depths} drafts need a block of {depths + 1}; the draft's is {draft.config.block_size}"
         )
     B, T = input_ids.shape
+    lo, hi, _ = sp.bounds(T) if sp is not None else (0, T, T)
     S = depths + 1
     pos = positions_in_doc(doc_ids)  # (B, T) RoPE positions, restarting per packed sequence
     counted = torch.zeros(depths, B, T, dtype=torch.bool, device=input_ids.device)  # draft d at index i
@@ -260,41 +263,68 @@ def dflash_forward(
         j = 2 + d  # x_{i+2+d}, loss-masked and in i's own sequence
         counted[d, :, : T - j] = loss_mask[:, j:].bool() & (doc_ids[:, j:] == doc_ids[:, :-j])
     seeds = row_seeds(anchor_seed, input_ids, counted[0]) if anchor_seed is not None and anchors else None
-    # training: blocks whose first draft counts, drawn; validation: every block with a draft that counts
+    # training: blocks whose first draft counts, drawn (the whole row's: every rank of an sp group draws
+    # the same); validation: every block with a draft that counts. This rank runs its shard's indices.
     kept = anchor_picks(counted[0] if anchors else counted.any(0), anchors, seeds)  # (B, T) indices i
+    mine = torch.zeros_like(kept)
+    mine[:, lo:hi] = kept[:, lo:hi]
 
-    # no anchor (a batch with nothing to learn, e.g. a rank's filler): one block at index 0 whose output
-    # enters the loss times 0, so that every weight takes part (DDP / FSDP / ZeRO reduce alike on each rank)
-    any_kept = bool(kept.any())
+    # no anchor (a batch with nothing to learn: a rank's filler, an sp rank's shard): one block at index 0
+    # whose output enters the loss times 0, so that every weight takes part (DDP / FSDP / ZeRO reduce
+    # alike on each rank)
+    any_kept = bool(mine.any())
     blocks = (
-        kept if any_kept else torch.zeros_like(kept).index_fill_(1, kept.new_zeros(1, dtype=torch.long), True)
+        mine if any_kept else torch.zeros_like(mine).index_fill_(1, mine.new_zeros(1, dtype=torch.long), True)
     )
-    prenorm = block_outputs(draft, aux, input_ids, doc_ids, pos, blocks, S, checkpoint_layer)  # (N, S, H)
+    prenorm = block_outputs(draft, aux, input_ids, doc_ids, pos, blocks, S, checkpoint_layer, sp)  # (N, S, H)
     idle = 0.0 if any_kept else prenorm.float().sum() * 0
     prenorm = prenorm if any_kept else prenorm[:0]
-    flat = kept.flatten().nonzero().squeeze(-1)  # (N,) b * T + i
+    opts = dict(
+        decay=decay, keep_logits=keep_logits, loss=loss, sampled_text=sampled_text, sp=sp, dpace=dpace
+    )
+    return score_blocks(draft, prenorm, kept, (input_ids, loss_mask, doc_ids), target, depths, idle, **opts)
+
+
+def score_blocks(
+    draft, prenorm, kept, batch, target, depths, idle, *, decay, keep_logits, loss, sampled_text, sp, dpace
+) -> TTTOutput:
+    """The blocks' outputs prenorm (N, S, H) at this rank's kept indices (kept (B, T): the whole row's) scored
+    as TTT's steps on (B, n) grids of this rank's shard [lo, hi) (n = T without sp); batch: input_ids,
+    loss_mask, doc_ids (B, T) whole. Under `sp` the counts and run lengths come back for the whole row and
+    the loss is this shard's part of the row's (as ttt_forward); `idle` (0, or a zero that holds the
+    idle block's graph) starts the loss. -> TTTOutput."""
+    input_ids, loss_mask, doc_ids = batch
+    B, T = input_ids.shape
+    lo, hi, ext = sp.bounds(T) if sp is not None else (0, T, T)
+    local = kept[:, lo:hi]  # (B, n) this rank's blocks, in block_outputs' (row-major) order
+    flat = local.flatten().nonzero().squeeze(-1)  # (N,) b * n + i - lo
     out = TTTOutput(prenorm.new_zeros((), dtype=torch.float32) + idle, [], [], [], [], [])
-    out.run_length = torch.zeros_like(input_ids)
-    chain, stats, total = ChainState.start(B, T, input_ids.device), [], out.loss
+    out.run_length = torch.zeros_like(local, dtype=input_ids.dtype)
+    chain, stats, total = ChainState.start(B, hi - lo, input_ids.device), [], out.loss
+    window = (loss_mask[:, lo:ext], doc_ids[:, lo:ext])  # the shard and its halo (the teacher's window)
     weights = None
     if dpace is not None and target is not None:
-        weights = dpace_weights(draft, prenorm, kept, target, loss_mask, doc_ids, dpace)
+        weights = dpace_weights(draft, prenorm, local, target, *window, dpace)
     for d in range(depths):
-        grid = to_grid(prenorm[None, :, d + 1], flat, B, T)  # (B, T, H): slot d + 1 at index i
+        grid = to_grid(prenorm[None, :, d + 1], flat, B, hi - lo)  # (B, n, H): slot d + 1 at index i
         if target is None or keep_logits:
-            out.logits.append(draft.logits(grid) * kept[..., None])
+            out.logits.append(draft.logits(grid) * local[..., None])
         if target is None:
             continue
         masked = loss_mask.bool() & shift_right(kept, 2 + d)  # a prediction of x_{i+2+d} counts at kept i
-        batch = (input_ids, masked, doc_ids)
+        step_batch = (input_ids[:, lo:ext], masked[:, lo:ext], doc_ids[:, lo:ext])
         w = weights[d] if weights is not None else None
-        loss_d, step, chain = score_step(draft, grid, d, batch, target, chain, loss, sampled_text, weight=w)
-        chain.text &= kept[:, : chain.text.shape[1]]
+        loss_d, step, chain = score_step(draft, grid, d, step_batch, target, chain, loss, sampled_text, sp, w)
+        chain.text &= local[:, : chain.text.shape[1]]
         out.run_length[:, : chain.text.shape[1]] += chain.text
         total = total + (1.0 if weights is not None else decay**d) * loss_d
         stats.append(step)
     out.loss = total
-    fill_counts(out, stats, decay)  # the steps' counts (a list: fill_counts stacks it)
+    stats = torch.stack(stats) if stats else None
+    if sp is not None:  # the whole row's counts and chains on every rank of the group
+        stats = sp.sum(stats) if stats is not None else None
+        out.run_length = sp.gather(out.run_length)
+    fill_counts(out, stats, 1.0 if weights is not None else decay)  # logged as trained: D-PACE's in loss_d
     return out
 
 
@@ -303,12 +333,13 @@ def dpace_weights(draft, prenorm, kept, target: TargetView, loss_mask, doc_ids, 
     """D-PACE (speculators' dpace_loss_decay): in each block the weight of draft d is
     sum_{m >= d} prod_{l <= m} c_l over the trained drafts (the rest count as 1 in the product, 0 in the
     sum), c_l = (1 - alpha) q_l + alpha and q_l the draft's probability of the target's argmax: the expected
-    accepted run that draft d's being right starts. -> per draft d a (B, T) grid at the kept indices.
+    accepted run that draft d's being right starts. -> per draft d a (B, n) grid at the kept indices.
     speculators takes q = exp(-CE) and so requires its CE loss; here q is the probability itself, whatever
-    train.loss is."""
-    B, T = kept.shape
+    train.loss is. kept (B, n) the grid's indices (sp: this rank's shard, from its start); loss_mask, doc_ids
+    and target (B, T) over the same start (sp: the shard and its halo)."""
+    (B, n), T = kept.shape, loss_mask.shape[1]
     N, S, _ = prenorm.shape
-    b, i = kept.flatten().nonzero().squeeze(-1).div(T, rounding_mode="floor"), kept.nonzero()[:, 1]
+    b, i = kept.nonzero(as_tuple=True)  # (N,) rows, indices (row-major: the blocks' order)
     to_draft = torch.full((draft.config.vocab_size,), 0, dtype=torch.long, device=prenorm.device)
     ids = torch.arange(draft.config.draft_vocab_size, device=prenorm.device)
     to_draft[draft.to_target_ids(ids)] = ids
@@ -326,16 +357,19 @@ def dpace_weights(draft, prenorm, kept, target: TargetView, loss_mask, doc_ids, 
     prefix = c.cumprod(-1) * trained
     w = prefix.flip(-1).cumsum(-1).flip(-1) * trained  # (N, S - 1)
     return [
-        to_grid(w[None, :, d, None], kept.flatten().nonzero().squeeze(-1), B, T)[..., 0] for d in range(S - 1)
+        to_grid(w[None, :, d, None], kept.flatten().nonzero().squeeze(-1), B, n)[..., 0] for d in range(S - 1)
     ]
 
 
-def block_outputs(draft, aux, input_ids, doc_ids, pos, kept, S: int, ckpt: bool) -> torch.Tensor:
+def block_outputs(draft, aux, input_ids, doc_ids, pos, kept, S: int, ckpt: bool, sp=None) -> torch.Tensor:
     """The blocks anchored at i + 1 for the kept indices i (B, T) -> prenorm (N, S, H), N the kept count in
     row-major order (kept.flatten().nonzero()). Every row's blocks go through each layer in ONE call (the
     batch's context keys of all rows projected there): the same calls on every rank, which FSDP2's and
-    ZeRO-3's gathers need."""
-    ctx = draft.context(draft.fuse(aux))  # (B, T, H)
+    ZeRO-3's gathers need. Under `sp` aux (B, n, n_aux*H_t) is this rank's shard: its context is gathered
+    whole (SequenceParallel.all_tokens, once, before the layers), and every layer projects it all."""
+    ctx = draft.context(draft.fuse(aux))  # (B, T, H) (sp: (B, n, H), then the whole row's)
+    if sp is not None:
+        ctx = sp.all_tokens(ctx)
     b, i = kept.nonzero(as_tuple=True)  # (N,) rows, indices; anchors a = i + 1
     a = i + 1
     x = draft.embed_tokens(draft.block_inputs(input_ids[b, a], S)).to(ctx.dtype)  # (N, S, H)

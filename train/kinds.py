@@ -36,6 +36,9 @@ class Kind:
     # (B, T) grid beyond `unrolled` (P-EAGLE: each depth's grid, less its COD share)
     on_grid: Callable
     summary: str
+    # train.sequence_parallel splits the attention's heads over a row's ranks (Ulysses: P divides them);
+    # DFlash gathers the row's context instead (train/sequence_parallel.py)
+    sp_splits_heads: bool = True
 
 
 KINDS = {
@@ -79,6 +82,7 @@ KINDS = {
         # each draft's loss on the (B, T) grid, zeros off the kept anchors (train/dflash.py)
         on_grid=lambda tr: float(tr.ttt_steps),
         summary="DFlash: a block of drafts from one non-causal forward (random anchors)",
+        sp_splits_heads=False,
     ),
 }
 

@@ -33,6 +33,13 @@ averaged over the D groups, as D processes of whole rows would get.
 The mesh: P x D processes, groups of P consecutive ranks (torch DeviceMesh ("dp", "sp")); the D groups are
 dealt different micro-batches (train/schedule.py with world D, rank = the group's index).
 
+DFlash (train/dflash.py) crosses ranks once, not per layer: its blocks sit at random anchors (a varying
+number per shard) and each attends to the whole row's context before its anchor, so a rank gathers the
+row's normed context (B, T, H) (`all_tokens`, an all-gather whose backward sums each shard's gradient over
+the group) and runs its own shard's blocks against it: every layer projects the whole context to keys and
+values on every rank (the context parallelism of an all-gather of keys / values, Llama 3's; the aux
+states, fc and norm, the blocks and the loss stay on the shard). P need not divide the heads there.
+
 Why not accelerate's `ParallelismConfig(sp_size=...)`: its DeepSpeed backend (ALST) patches the attention
 of a transformers model (`UlyssesSPAttentionHF`) and shards each batch with no halo; the draft is not a
 transformers model, its attention is TTT's, and TTT's step j reads j + 2 positions past a shard. Its
@@ -122,6 +129,13 @@ class SequenceParallel:
         parts = [torch.empty_like(x) for _ in range(self.size)]
         dist.all_gather(parts, x.contiguous(), group=self.group)
         return torch.cat(parts, dim=1)
+
+    def all_tokens(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, n, ...) shards -> (B, T, ...) the whole row, with the gradient: torch.distributed.nn's
+        all_gather, whose backward sums each shard's part over the group (DFlash's context)."""
+        from torch.distributed.nn.functional import all_gather
+
+        return torch.cat(all_gather(x.contiguous(), group=self.group), dim=1)
 
     def attend(self, local):
         """local(q, k, v) over every token and this rank's heads ((B, h, T, d), train/attention.py's layout)

@@ -357,7 +357,8 @@ def _setup_training(recipe, run_dir, acc, heads, index, online, feed, out_dir) -
     sp = None
     if tr.sequence_parallel > 1:
         c = draft.config
-        check_heads(tr.sequence_parallel, c.num_attention_heads, c.num_key_value_heads)
+        if kind_of(c).sp_splits_heads:
+            check_heads(tr.sequence_parallel, c.num_attention_heads, c.num_key_value_heads)
         sp = SequenceParallel.build(tr.sequence_parallel, tr.ttt_steps, acc.device.type)
         if feed is not None:
             feed.sp = sp  # the group's first process asks vLLM for each row, the others get its states

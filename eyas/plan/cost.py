@@ -218,17 +218,23 @@ def training_memory(
     tokens = math.ceil(tr.max_length / tr.sequence_parallel)
     layers = draft.config.num_layers  # measured with one layer; each holds its own per step
     rows = tokens * tr.batch_size
-    return static, per_ts * scale * layers * rows * unrolled_steps(recipe) + grid_bytes(recipe, draft) * rows
+    shard, whole = grid_bytes(recipe, draft)
+    grids = shard * rows + whole * tr.max_length * tr.batch_size
+    return static, per_ts * scale * layers * rows * unrolled_steps(recipe) + grids
 
 
-def grid_bytes(recipe: Recipe, draft: DraftCount) -> float:
-    """The per-token bytes on the whole (B, T) grid beyond the unrolled steps (train/kinds.py on_grid).
+def grid_bytes(recipe: Recipe, draft: DraftCount) -> tuple[float, float]:
+    """The per-token bytes on the whole (B, T) grid beyond the unrolled steps (train/kinds.py on_grid) ->
+    (bytes a token of the rank's shard, bytes a token of the whole row: DFlash's context, which a rank holds
+    whole under train.sequence_parallel; without it, both count every token).
     P-EAGLE's, that COD does not thin out (train/peagle.py): each depth's attention runs on the grid (q, k,
     v, its output and log-sum-exp, bf16, every layer) and its loss reads the grid's (B, T, H) states (two
     copies kept). DFlash's (train/dflash.py): each draft's loss reads its grid of states (two copies), and
     every layer projects the whole row's context to keys and values (k before and after its norm and RoPE,
     v; bf16) and its attention keeps [context ; blocks] keys and values for every query head (repeated for
-    CUDA's kernel, one chunk), plus the fused and normed context itself (fp32)."""
+    CUDA's kernel, one chunk), plus the fused and normed context itself (fp32). Under sequence parallelism
+    the context's keys and values (and the gathered context) are the whole row's, the blocks' the shard's
+    (train/sequence_parallel.py)."""
     from eyas.train.kinds import KINDS
 
     c = draft.config
@@ -236,12 +242,15 @@ def grid_bytes(recipe: Recipe, draft: DraftCount) -> float:
     if recipe.draft.kind == "dflash":
         from eyas.train.kinds import anchor_share
 
-        blocks = 1 + anchor_share(recipe.train) * (recipe.train.ttt_steps + 1)  # keys a context token brings
-        kv = 3 * 2 * c.num_key_value_heads * c.head_dim + 2 * 2 * c.num_attention_heads * c.head_dim * blocks
-        return states * KINDS["dflash"].on_grid(recipe.train) + c.num_layers * kv + 2 * 4 * c.hidden_size
+        tr = recipe.train
+        heads = 2 * 2 * c.num_attention_heads * c.head_dim  # a key and a value for every query head (bf16)
+        context = c.num_layers * (3 * 2 * c.num_key_value_heads * c.head_dim + heads)  # a context token's
+        blocks = c.num_layers * heads * anchor_share(tr) * (tr.ttt_steps + 1)  # the keys of its blocks
+        shard = states * KINDS["dflash"].on_grid(tr) + blocks + 2 * 4 * c.hidden_size
+        return shard, context + (4 * c.hidden_size if tr.sequence_parallel > 1 else 0)
     qkvo = 2 * c.num_attention_heads * c.head_dim + 2 * c.num_key_value_heads * c.head_dim
     per_depth = c.num_layers * (2 * qkvo + 4 * c.num_attention_heads) + states
-    return per_depth * KINDS[recipe.draft.kind].on_grid(recipe.train)
+    return per_depth * KINDS[recipe.draft.kind].on_grid(recipe.train), 0.0
 
 
 def work_per_token(recipe: Recipe) -> float:

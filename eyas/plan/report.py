@@ -235,11 +235,19 @@ def render(recipe: Recipe, p: Plan) -> str:
 
 
 def steps_note(recipe) -> str:
-    """The training row's unrolled steps: EAGLE-3's TTT steps, or P-EAGLE's depths at their COD shares plus
-    the depths' attention and loss tensors on the whole grid (eyas/plan/cost.py grid_bytes)."""
+    """The training row's unrolled steps: EAGLE-3's TTT steps, P-EAGLE's depths at their COD shares plus
+    the depths' attention and loss tensors on the whole grid, or DFlash's blocks plus its drafts' grids and
+    the context's keys and values (eyas/plan/cost.py grid_bytes)."""
     from eyas.train.kinds import KINDS
 
     tr = recipe.train
+    if recipe.draft.kind == "dflash":
+        whole = " (the whole row's on each GPU)" if tr.sequence_parallel > 1 else ""
+        return (
+            f"x {unrolled_steps(recipe):.3f} steps' worth ({tr.max_anchors} blocks of {tr.ttt_steps + 1} a "
+            f"row) + {tr.ttt_steps} drafts' loss on the (B, T) grid + the context's keys and values{whole} "
+            "(DFlash)"
+        )
     if recipe.draft.kind != "peagle":
         return f"x TTT {tr.ttt_steps}"
     grid = KINDS["peagle"].on_grid(tr)
