@@ -14,6 +14,11 @@ the storages autograd keeps from the forward (torch.autograd.graph.saved_tensors
 them), exact where the resident set also holds what the allocator has freed but kept: the activations, which
 should fall about 1/P ("x P" should stay level). The last lines name the longest measured T each P trains
 within --memory-cap-gb.
+
+--kind dflash (train/dflash.py; bench_ttt_step.py's DFlash layers, a block of --ttt-steps + 1, D-PACE):
+--anchors random blocks a row, drawn where the loss mask is on; --answer-share F puts the loss mask on the
+row's last F only (a long prompt, then its answer), so the blocks fall in the last shards. Each rank gathers
+the row's context and runs its shard's blocks (train/sequence_parallel.py).
 """
 
 from __future__ import annotations
@@ -43,6 +48,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--checkpoint-layer", action="store_true")
     p.add_argument("--memory-cap-gb", type=float, default=16.0)
     p.add_argument("--device", default="cpu")
+    p.add_argument("--kind", choices=["eagle3", "dflash"], default="eagle3")
+    p.add_argument("--anchors", type=int, default=512, help="DFlash: blocks a row")
+    p.add_argument("--answer-share", type=float, default=1.0, help="the loss mask on the row's last share")
     p.add_argument("--worker", metavar="OUT", help="(internal) run one step as a torchrun worker")
     p.add_argument("--length", type=int, help="(internal) the worker's T")
     return p.parse_args()
@@ -64,21 +72,27 @@ def worker(args: argparse.Namespace) -> None:
     sys.path.insert(0, str(HERE))
     from bench_ttt_step import make_draft, step_inputs
 
+    from eyas.train.kinds import KINDS
     from eyas.train.sequence_parallel import SequenceParallel
     from eyas.train.ttt import TTTModule
 
     dev = torch.device(args.device if args.device == "cpu" else f"cuda:{os.environ.get('LOCAL_RANK', 0)}")
     dist.init_process_group("gloo" if dev.type == "cpu" else "nccl")
     P = dist.get_world_size()
-    sp = SequenceParallel.build(P, args.ttt_steps, dev.type) if P > 1 else None
-    draft, lm_head = make_draft(args.size, compiled=dev.type == "cuda")
-    module = TTTModule(draft, lm_head, args.ttt_steps, 0.8, args.attention, args.checkpoint_layer, sp=sp).to(
-        dev
-    )
+    kind = KINDS[args.kind]
+    sp = SequenceParallel.build(P, args.ttt_steps, dev.type, kind.sp_splits_heads) if P > 1 else None
+    draft, lm_head = make_draft(args.size, dev.type == "cuda", args.kind, args.ttt_steps)
+    options = {"anchors": args.anchors, "anchor_seed": (0, 0), "dpace": 0.5} if args.kind == "dflash" else {}
+    module = TTTModule(
+        draft, lm_head, args.ttt_steps, 0.8, args.attention, args.checkpoint_layer, sp=sp,
+        unroll=kind.forward, options=options,
+    ).to(dev)  # fmt: skip
     params = [q for q in module.parameters() if q.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-4)
     V, H = lm_head.shape
-    (aux, x, mask, doc), final = step_inputs(1, args.length, H, V, torch.device("cpu"))
+    n_aux = len(draft.config.aux_layer_ids)
+    (aux, x, mask, doc), final = step_inputs(1, args.length, H, V, torch.device("cpu"), n_aux)
+    mask[:, : int(args.length * (1 - args.answer_share))] = 0  # the prompt
     batch = {"aux": aux, "input_ids": x, "loss_mask": mask, "doc_ids": doc, "final": final}
     batch = {k: v.to(dev) for k, v in (sp.window(batch) if sp else batch).items()}
     autocast = (
@@ -124,6 +138,7 @@ def launch(args: argparse.Namespace, P: int, T: int) -> dict | None:
         sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={P}", "--master_addr=127.0.0.1",
         f"--master_port={port}", __file__, "--worker", str(out), "--length", str(T), "--size", args.size,
         "--ttt-steps", str(args.ttt_steps), "--attention", args.attention, "--device", args.device,
+        "--kind", args.kind, "--anchors", str(args.anchors), "--answer-share", str(args.answer_share),
         *(["--checkpoint-layer"] if args.checkpoint_layer else []),
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // P))}
@@ -144,8 +159,10 @@ def main() -> None:
     if args.worker:
         worker(args)
         return
-    print(f"size={args.size} ttt_steps={args.ttt_steps} device={args.device} attention={args.attention} "
-          f"checkpoint_layer={args.checkpoint_layer} cpus={os.cpu_count()}", flush=True)  # fmt: skip
+    print(f"size={args.size} kind={args.kind} ttt_steps={args.ttt_steps} device={args.device} "
+          f"attention={args.attention} checkpoint_layer={args.checkpoint_layer} cpus={os.cpu_count()}"
+          + (f" anchors={args.anchors} answer_share={args.answer_share}" if args.kind == "dflash" else ""),
+          flush=True)  # fmt: skip
     print(
         "| P | T | s/step | peak GB per process | above T0 GB | saved for backward GB per process | x P |",
         "|---|---|---|---|---|---|---|",

@@ -269,27 +269,32 @@ def test_peagle_sequence_parallel_equals_one_process(deepspeed, base):
     assert_sp_run_is_one_process(run, one)
 
 
-def test_dflash_sequence_parallel_equals_one_process(deepspeed, base):
+def test_dflash_sequence_parallel_equals_one_process(base):
     """DFlash with random anchors (2 layers, block 4, 6 anchors a row), each row over 2 processes
-    (train.sequence_parallel=2, grad_accum 2): every rank draws the whole row's anchors and runs its shard's
-    blocks against the whole row's context, gathered once (train/sequence_parallel.py all_tokens: its
-    backward sums each shard's gradient over the group); the teacher's halo covers the blocks of the shard's
-    last anchors. As P-EAGLE's above: one process's steps, losses, validation and weights, these within 1e-4
-    of each tensor's largest: one step's gradients agree within 3.2e-7 (test_sequence_parallel.py), and over
-    the run Muon's orthogonalized updates grow that to 1.1e-5 (layers.0.mlp.down_proj, measured on the 2-core
-    EPYC); without the context's cross-shard gradient the logged losses part and fc by 0.53."""
+    (train.sequence_parallel=2) on 2 processes (grad_accum 2) and on 2 x 2 (grad_accum 1; no DeepSpeed
+    needed): every rank draws the whole row's anchors and runs its shard's blocks against the whole row's
+    context, gathered once (train/sequence_parallel.py all_tokens: its backward sums each shard's gradient
+    over the group); the teacher's halo covers the blocks of the shard's last anchors. As P-EAGLE's above:
+    one process's steps, losses, validation and weights, these within 1e-4 of each tensor's largest: one
+    step's gradients agree within 3.2e-7 (test_sequence_parallel.py: a rank's blocks go through SDPA in
+    other chunks, so sums run in another order), and over the run's AdamW steps that grew to 1.1e-5
+    (layers.0.mlp.down_proj, measured on the 2-core EPYC); without the context's cross-shard gradient the
+    logged losses part, and fc by 0.53."""
     dflash = ("draft.kind=dflash", "draft.num_layers=2", "train.max_anchors=6")
     one = train(base, "dflash-single", 1, "train.grad_accum=2", *dflash)
-    run = train(base, "dflash-sp2", 2, "train.grad_accum=2", "train.sequence_parallel=2", *dflash)
-    assert_sp_run_is_one_process(run, one, rel=1e-4)
+    for nproc, accum in ((2, 2), (4, 1)):
+        sp = ("train.sequence_parallel=2", f"train.grad_accum={accum}")
+        run = train(base, f"dflash-sp2-{nproc}", nproc, *sp, *dflash)
+        assert_sp_run_is_one_process(run, one, rel=1e-4, nproc=nproc)
 
 
-def assert_sp_run_is_one_process(run, one, rel=2e-6):
-    """A train.sequence_parallel=2 run on 2 processes (D = 1) against one process with the same global batch:
-    the steps, the logged losses (within 1e-5), validation's positions, accuracy and replayed tau, and the
-    weights within `rel` of each tensor's largest (fp32; the collectives sum in another order)."""
+def assert_sp_run_is_one_process(run, one, rel=2e-6, nproc=2):
+    """A train.sequence_parallel=2 run on `nproc` processes against one process with the same global batch:
+    the steps, the logged losses (D = 1: the main process's rows are the step's; within 1e-5), validation's
+    positions, accuracy and replayed tau, and the weights within `rel` of each tensor's largest (fp32; the
+    collectives sum in another order)."""
     ref, done = (layout.read_done(r, "train") for r in (one, run))
-    assert (done["num_processes"], done["sequence_parallel"], done["steps"]) == (2, 2, ref["steps"])
+    assert (done["num_processes"], done["sequence_parallel"], done["steps"]) == (nproc, 2, ref["steps"])
     losses = [
         [
             e["loss"]
@@ -298,7 +303,8 @@ def assert_sp_run_is_one_process(run, one, rel=2e-6):
         ]
         for r in (run, one)
     ]
-    assert len(losses[0]) == ref["steps"] and losses[0] == pytest.approx(losses[1], rel=1e-5)
+    assert len(losses[0]) == ref["steps"]
+    assert nproc > 2 or losses[0] == pytest.approx(losses[1], rel=1e-5)
     assert done["validation"]["positions"] == ref["validation"]["positions"] > 0
     assert done["validation"]["acc"] == pytest.approx(ref["validation"]["acc"], abs=1e-9)
     assert done["validation"]["replayed_tau"] == pytest.approx(ref["validation"]["replayed_tau"], rel=1e-6)

@@ -254,6 +254,8 @@ def dflash_forward(
         raise ValueError(
             f"{depths} drafts need a block of {depths + 1}; the draft's is {draft.config.block_size}"
         )
+    if sp is not None and anchors and anchor_seed is None:
+        raise ValueError("random anchors under sequence parallelism need anchor_seed: every rank draws alike")
     B, T = input_ids.shape
     lo, hi, _ = sp.bounds(T) if sp is not None else (0, T, T)
     S = depths + 1

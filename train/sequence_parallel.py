@@ -1,8 +1,9 @@
-"""Sequence parallelism (Ulysses) for TTT: one packed row spread over P processes.
+"""Sequence parallelism: one packed row spread over P processes (Ulysses for TTT and P-EAGLE; DFlash
+gathers the row's context, below).
 
 A row of T tokens (padded to a multiple of P) is cut into P contiguous shards; rank r of a group owns
 indices [r*n, (r+1)*n), n = T / P. Everything per token (fc, norms, qkv, MLP, lm_head, loss) runs on the
-shard alone; only attention crosses ranks, and it does as DeepSpeed-Ulysses does it:
+shard alone; for TTT only attention crosses ranks, and it does as DeepSpeed-Ulysses does it:
 
     rank r: q (B, n, nh, d), k, v (B, n, nkv, d)            its tokens, every head
         │ all-to-all (deepspeed.sequence.layer.DistributedAttention)
@@ -38,7 +39,10 @@ number per shard) and each attends to the whole row's context before its anchor,
 row's normed context (B, T, H) (`all_tokens`, an all-gather whose backward sums each shard's gradient over
 the group) and runs its own shard's blocks against it: every layer projects the whole context to keys and
 values on every rank (the context parallelism of an all-gather of keys / values, Llama 3's; the aux
-states, fc and norm, the blocks and the loss stay on the shard). P need not divide the heads there.
+states, fc and norm, the blocks and the loss stay on the shard). P need not divide the heads there, and
+DeepSpeed is not needed. A rank runs the blocks of the anchors in its shard: where a row's answer lies in
+one shard (a long prompt, then its answer), that rank runs all of the row's blocks (`eyas plan` prices a
+GPU for them all).
 
 Why not accelerate's `ParallelismConfig(sp_size=...)`: its DeepSpeed backend (ALST) patches the attention
 of a transformers model (`UlyssesSPAttentionHF`) and shards each batch with no halo; the draft is not a
@@ -75,9 +79,10 @@ class SequenceParallel:
     halo: int
 
     @staticmethod
-    def build(size: int, ttt_steps: int, device_type: str) -> SequenceParallel:
+    def build(size: int, ttt_steps: int, device_type: str, ulysses: bool = True) -> SequenceParallel:
         """The mesh over every process of the launch, groups of `size` consecutive ranks (a collective:
-        every process calls it)."""
+        every process calls it); `ulysses`: the kind's attention crosses ranks through DeepSpeed's
+        all-to-all (`attend`; DFlash's `all_tokens` needs no DeepSpeed)."""
         from torch.distributed.device_mesh import init_device_mesh
 
         world = dist.get_world_size() if dist.is_initialized() else 1
@@ -87,7 +92,8 @@ class SequenceParallel:
                 "multiple of it"
             )
         mesh = init_device_mesh(device_type, (world // size, size), mesh_dim_names=("dp", "sp"))
-        _init_deepspeed_comm()
+        if ulysses:
+            _init_deepspeed_comm()
         return SequenceParallel(
             size=size,
             rank=mesh.get_local_rank("sp"),
@@ -131,11 +137,9 @@ class SequenceParallel:
         return torch.cat(parts, dim=1)
 
     def all_tokens(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, n, ...) shards -> (B, T, ...) the whole row, with the gradient: torch.distributed.nn's
-        all_gather, whose backward sums each shard's part over the group (DFlash's context)."""
-        from torch.distributed.nn.functional import all_gather
-
-        return torch.cat(all_gather(x.contiguous(), group=self.group), dim=1)
+        """(B, n, ...) shards -> (B, T, ...) the whole row, with the gradient: backward sums each shard's part
+        over the group (DFlash's context)."""
+        return _AllTokens.apply(x, self)
 
     def attend(self, local):
         """local(q, k, v) over every token and this rank's heads ((B, h, T, d), train/attention.py's layout)
@@ -153,6 +157,27 @@ class SequenceParallel:
             return ulysses(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), 0).transpose(1, 2)
 
         return attend
+
+
+class _AllTokens(torch.autograd.Function):
+    """An all-gather along the tokens whose backward gives each rank the group's summed gradient of its own
+    shard (an all-reduce, then its slice). Why not torch.distributed.nn.functional.all_gather: on gloo its
+    backward scatters from each group rank as if it were a global rank, which fails in every group but the
+    first (P x D processes, D > 1; torch 2.13)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, sp: SequenceParallel) -> torch.Tensor:
+        ctx.sp, ctx.n = sp, x.shape[1]
+        parts = [torch.empty_like(x) for _ in range(sp.size)]
+        dist.all_gather(parts, x.contiguous(), group=sp.group)
+        return torch.cat(parts, dim=1)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        grad = grad.clone(memory_format=torch.contiguous_format)  # autograd's buffer: not ours to sum into
+        dist.all_reduce(grad, op=dist.ReduceOp.SUM, group=ctx.sp.group)
+        lo = ctx.sp.rank * ctx.n
+        return grad[:, lo : lo + ctx.n], None
 
 
 def check_heads(size: int, num_attention_heads: int, num_key_value_heads: int) -> None:

@@ -357,9 +357,10 @@ def _setup_training(recipe, run_dir, acc, heads, index, online, feed, out_dir) -
     sp = None
     if tr.sequence_parallel > 1:
         c = draft.config
-        if kind_of(c).sp_splits_heads:
+        ulysses = kind_of(c).sp_splits_heads
+        if ulysses:
             check_heads(tr.sequence_parallel, c.num_attention_heads, c.num_key_value_heads)
-        sp = SequenceParallel.build(tr.sequence_parallel, tr.ttt_steps, acc.device.type)
+        sp = SequenceParallel.build(tr.sequence_parallel, tr.ttt_steps, acc.device.type, ulysses)
         if feed is not None:
             feed.sp = sp  # the group's first process asks vLLM for each row, the others get its states
     if compile_math(tr.compile, acc):

@@ -204,7 +204,9 @@ def training_memory(
     weights, gradients and optimizer state, the fp32 frozen weights (embedding; lm_head where frozen), the
     teacher lm_head (teacher final).
     Activations: the measured bytes per token per TTT step, scaled by the draft's layer width, for the
-    tokens of a row one GPU holds (train.sequence_parallel P: T / P of each; train/sequence_parallel.py)."""
+    tokens of a row one GPU holds (train.sequence_parallel P: T / P of each; train/sequence_parallel.py),
+    DFlash's blocks and context for the whole row (its blocks sit where the answers are: one shard may
+    run them all)."""
     tr = recipe.train
     static = (
         8 * draft.trainable
@@ -220,7 +222,8 @@ def training_memory(
     rows = tokens * tr.batch_size
     shard, whole = grid_bytes(recipe, draft)
     grids = shard * rows + whole * tr.max_length * tr.batch_size
-    return static, per_ts * scale * layers * rows * unrolled_steps(recipe) + grids
+    unrolled_rows = tr.max_length * tr.batch_size if recipe.draft.kind == "dflash" else rows
+    return static, per_ts * scale * layers * unrolled_rows * unrolled_steps(recipe) + grids
 
 
 def grid_bytes(recipe: Recipe, draft: DraftCount) -> tuple[float, float]:
@@ -233,8 +236,8 @@ def grid_bytes(recipe: Recipe, draft: DraftCount) -> tuple[float, float]:
     every layer projects the whole row's context to keys and values (k before and after its norm and RoPE,
     v; bf16) and its attention keeps [context ; blocks] keys and values for every query head (repeated for
     CUDA's kernel, one chunk), plus the fused and normed context itself (fp32). Under sequence parallelism
-    the context's keys and values (and the gathered context) are the whole row's, the blocks' the shard's
-    (train/sequence_parallel.py)."""
+    the context's keys and values (and the gathered context) are the whole row's, and so are the blocks'
+    (all of a row's anchors may lie in one shard: train/sequence_parallel.py)."""
     from eyas.train.kinds import KINDS
 
     c = draft.config
@@ -246,8 +249,8 @@ def grid_bytes(recipe: Recipe, draft: DraftCount) -> tuple[float, float]:
         heads = 2 * 2 * c.num_attention_heads * c.head_dim  # a key and a value for every query head (bf16)
         context = c.num_layers * (3 * 2 * c.num_key_value_heads * c.head_dim + heads)  # a context token's
         blocks = c.num_layers * heads * anchor_share(tr) * (tr.ttt_steps + 1)  # the keys of its blocks
-        shard = states * KINDS["dflash"].on_grid(tr) + blocks + 2 * 4 * c.hidden_size
-        return shard, context + (4 * c.hidden_size if tr.sequence_parallel > 1 else 0)
+        shard = states * KINDS["dflash"].on_grid(tr) + 2 * 4 * c.hidden_size
+        return shard, context + blocks + (4 * c.hidden_size if tr.sequence_parallel > 1 else 0)
     qkvo = 2 * c.num_attention_heads * c.head_dim + 2 * c.num_key_value_heads * c.head_dim
     per_depth = c.num_layers * (2 * qkvo + 4 * c.num_attention_heads) + states
     return per_depth * KINDS[recipe.draft.kind].on_grid(recipe.train), 0.0
