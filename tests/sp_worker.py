@@ -110,7 +110,8 @@ def main() -> None:
     opts = dict(x.split("=", 1) for x in rest)
     dist.init_process_group("gloo")
     torch.set_num_threads(1)
-    sp = SequenceParallel.build(dist.get_world_size(), TTT, "cpu")
+    ulysses = opts.get("kind", "eagle3") != "dflash"  # DFlash gathers its context (no DeepSpeed)
+    sp = SequenceParallel.build(dist.get_world_size(), TTT, "cpu", ulysses)
     batch = row(int(T), int(opts.get("docs", 5)))
     g = torch.Generator().manual_seed(2)
     lm_head = torch.randn(V, H, generator=g) * 0.3

@@ -15,9 +15,9 @@
   bit-identical weights of an uninterrupted 2-process run: DDP, and FSDP2 and ZeRO-3, whose saved
   state is sharded;
 * SIGTERM to torchrun: both ranks stop at the same step and save it; the re-run resumes to the same weights;
-* sequence parallelism (train.sequence_parallel=2) on 2 processes and on 2 x 2 equals 1 process (EAGLE-3;
-  P-EAGLE and DFlash on 2), and a killed run of it resumes to the same weights (a row over P processes against
-  one process: test_sequence_parallel).
+* sequence parallelism (train.sequence_parallel=2) on 2 processes and on 2 x 2 equals 1 process (EAGLE-3
+  and DFlash; P-EAGLE on 2), and a killed run of it resumes to the same weights (a row over P processes
+  against one process: test_sequence_parallel).
 """
 
 import json
