@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from eyas.train.dflash import dflash_forward
-from eyas.train.kinds import make_draft
+from eyas.train.kinds import KINDS, make_draft
 from eyas.train.model import DraftConfig, Eagle3Draft
 from eyas.train.sequence_parallel import SequenceParallel
 from eyas.train.ttt import target_view, ttt_forward
@@ -110,7 +110,7 @@ def main() -> None:
     opts = dict(x.split("=", 1) for x in rest)
     dist.init_process_group("gloo")
     torch.set_num_threads(1)
-    ulysses = opts.get("kind", "eagle3") != "dflash"  # DFlash gathers its context (no DeepSpeed)
+    ulysses = KINDS[opts.get("kind", "eagle3")].sp_splits_heads  # DFlash gathers its context (no DeepSpeed)
     sp = SequenceParallel.build(dist.get_world_size(), TTT, "cpu", ulysses)
     batch = row(int(T), int(opts.get("docs", 5)))
     g = torch.Generator().manual_seed(2)

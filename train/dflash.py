@@ -358,9 +358,8 @@ def dpace_weights(draft, prenorm, kept, target: TargetView, loss_mask, doc_ids, 
     c = torch.where(trained, (1 - alpha) * q + alpha, torch.ones_like(q))
     prefix = c.cumprod(-1) * trained
     w = prefix.flip(-1).cumsum(-1).flip(-1) * trained  # (N, S - 1)
-    return [
-        to_grid(w[None, :, d, None], kept.flatten().nonzero().squeeze(-1), B, n)[..., 0] for d in range(S - 1)
-    ]
+    flat = kept.flatten().nonzero().squeeze(-1)  # (N,) b * n + i, once for every draft's grid
+    return [to_grid(w[None, :, d, None], flat, B, n)[..., 0] for d in range(S - 1)]
 
 
 def block_outputs(draft, aux, input_ids, doc_ids, pos, kept, S: int, ckpt: bool, sp=None) -> torch.Tensor:
