@@ -247,11 +247,12 @@ def test_bf16_on_a_cpu_without_bf16_arithmetic_computes_in_float32(regen_run, na
     )
 
 
-def test_hf_backend_refuses_a_target_that_cannot_fit_before_loading_anything(tmp_path, capsys):
+def test_hf_backend_refuses_a_target_that_cannot_fit_before_loading_anything(tmp_path, capsys, monkeypatch):
     """gpt-oss-120b's own config (eyas's copy of the hub's, MXFP4 experts; no weights, nothing is loaded) with
     `data.backend: hf` on this CPU: transformers would dequantize its experts (its MXFP4 kernels do not run
     here) and hold 116.83B parameters in bf16, 233.7 GB (float32, 467.3 GB, on a CPU without bf16
-    arithmetic), more than this machine has. One line names target.weights, both sizes and the fix."""
+    arithmetic), more than this machine has. One line names target.weights, both sizes and the fix. A host
+    with that much memory is told it has 64 GB (os.sysconf's page count): the refusal is tested there too."""
     import os
 
     from data_fixtures import write_prompts
@@ -268,8 +269,13 @@ def test_hf_backend_refuses_a_target_that_cannot_fit_before_loading_anything(tmp
     over += [f"data.prompts={write_prompts(tmp_path / 'p.jsonl', 8)}", "data.num_eval_prompts=2"]
     assert main(["prompts", "gpt-oss-120b", "--out", str(run), *over]) == 0
     capsys.readouterr()
-    assert main(["regenerate", str(run), "--no-progress"]) == 2
     dtype, size = ("bfloat16", 2) if native_bf16_cpu() else ("float32", 4)
+    real = os.sysconf
+    if real("SC_PAGE_SIZE") * real("SC_PHYS_PAGES") >= 116_829_156_672 * size:  # a host it would fit
+        monkeypatch.setattr(
+            os, "sysconf", lambda k: 2**36 // real("SC_PAGE_SIZE") if k == "SC_PHYS_PAGES" else real(k)
+        )
+    assert main(["regenerate", str(run), "--no-progress"]) == 2
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         f"eyas: error: target.weights: transformers would hold {target} as {dtype}, its MXFP4 experts "

@@ -2,10 +2,12 @@
 in bf16 the parting is classified from the target computed again at that token, numerical (the target's own
 computations disagree there) or a failure (the target would not emit the loop's token)."""
 
+import contextlib
 import copy
 
 import pytest
 import torch
+import torch.nn.functional as F
 from tiny_targets import draft_for, tiny_gpt_oss
 from tqdm import tqdm
 
@@ -45,13 +47,44 @@ def loop(target, draft, prompts):
     return res
 
 
+@contextlib.contextmanager
+def one_row_split_k(model):
+    """The target's linear layers, in a forward of one row, reduce over their inputs in two halves, each
+    rounded to the model's dtype before the sum (split-K: what GPU GEMM kernels pick for skinny inputs, and
+    what makes a bf16 target's one-token step round differently from its several-token verification). CPUs
+    differ here: on an AMD EPYC with AVX512-BF16 the kernels for one row and for several already round
+    differently (6 of 16 outputs of the test below parted by themselves there); on an AVX2-only EPYC a bf16
+    matmul gives the same bits for any row count, and there, as on an Intel Xeon with AMX, no output parts by
+    itself (0 of 16). This makes the rounding differ on every CPU; the CPU's own kernels add to it."""
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+
+    def split(m):
+        def forward(x):
+            if x.numel() != x.shape[-1]:  # several rows: the model's own kernel
+                return F.linear(x, m.weight, m.bias)
+            h = x.shape[-1] // 2
+            y = F.linear(x[..., :h], m.weight[:, :h]) + F.linear(x[..., h:], m.weight[:, h:])
+            return y if m.bias is None else y + m.bias
+
+        return forward
+
+    for m in linears:
+        m.forward = split(m)
+    try:
+        yield
+    finally:
+        for m in linears:
+            del m.forward
+
+
 def test_real_bf16_partings_are_numerical_and_fp32_has_none():
     """A random 128-wide gpt-oss (transformers' GptOssForCausalLM, the demo target's class; random weights
     make close top-two logits common) and a random draft, 16 prompts x 48 tokens at k = 3. In fp32 the loop
-    is exact. In bf16 outputs part from plain greedy decoding (6 of 16 on an AMD EPYC with AVX512-BF16):
-    every parting is numerical, its gap (plain decoding's lead of its token) positive (0.03 to 1.25 there,
-    the verification's way moving the margin by 0.06 to 6.1). A classifier that called every parting a
-    failure, or that took the greedy token for the loop's, fails here."""
+    is exact. In bf16, with the one-token forwards rounding as a split-K kernel does (`one_row_split_k`),
+    outputs part from plain greedy decoding (15 of 16 on an AVX2-only AMD EPYC, gaps 0.03 to 2.2): every
+    parting is numerical, plain decoding ranks its own token first (gap > 0, or a tie that argmax breaks to
+    the lower id), and the loop's token is the loop's. A classifier that called every parting a failure, or
+    that took the greedy token for the loop's, fails here."""
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(2, 128, (20 + i,), generator=g).tolist() for i in range(16)]
     target = tiny_gpt_oss(seed=0, layers=4, hidden=128, window=8)
@@ -60,31 +93,33 @@ def test_real_bf16_partings_are_numerical_and_fp32_has_none():
     assert res.outputs == [greedy_generate(target, p, T)[0] for p in prompts]  # fp32: exact
     target, draft = target.to(torch.bfloat16), draft.to(torch.bfloat16)
     assert compute_dtype(target) == torch.bfloat16 == draft.fc.weight.dtype
-    refs = [greedy_generate(target, p, T)[0] for p in prompts]
-    res = loop(target, draft, prompts)
-    numerical, failures, partings = verdict(target, prompts, res.outputs, refs, res.emitted, K + 1)
+    with one_row_split_k(target):
+        refs = [greedy_generate(target, p, T)[0] for p in prompts]
+        res = loop(target, draft, prompts)
+        numerical, failures, partings = verdict(target, prompts, res.outputs, refs, res.emitted, K + 1)
     print(f"bf16: {numerical} of 16 outputs part from greedy, all numerical: {partings}")
-    assert (
-        numerical >= 1 and failures == 0 and len(partings) == sum(o != r for o, r in zip(res.outputs, refs))
-    )
+    assert numerical >= 1 and failures == 0  # 15 of 16 seen on the AVX2-only EPYC
+    assert len(partings) == sum(o != r for o, r in zip(res.outputs, refs))
     for p in partings:
         assert p["loop_token"] == res.outputs[p["prompt"]][p["at"]] != p["greedy_token"]
-        assert p["gap"] > 0  # plain decoding ranks its own token first
+        assert p["gap"] > 0 or (p["gap"] == 0 and p["greedy_token"] < p["loop_token"])
     report = {"results": [{"partings": partings, "failures": failures}]}
     assert partings_note(report).startswith(f"; {numerical} numerical parting(s) (plain decoding's lead")
 
 
 def test_an_injected_wrong_token_is_a_failure(demo_target_bf16):
-    """The demo target in bf16 and the loop's own output, exact here, with one token replaced by one the
-    target ranks low: a failure, with its gap; the report is then not lossless."""
+    """The demo target in bf16 and the loop's own output (greedy's up to there) with one token replaced by
+    one the target ranks low: a failure, with its gap; the report is then not lossless."""
     target, prompt = demo_target_bf16
     # any draft (the verdict reads the target), built on an fp32 copy: .float() would convert the fixture
     draft = draft_for(copy.deepcopy(target).float(), 0).to(torch.bfloat16)
     assert compute_dtype(target) == torch.bfloat16 == draft.fc.weight.dtype  # the bf16 verdict, in bf16
     res = loop(target, draft, [prompt])
     ref = greedy_generate(target, prompt, T)[0]
-    assert res.outputs == [ref] and len(ref) > 12
     at = 10
+    # the loop's own output up to the injected token: exact on every CPU tried (a later numerical parting,
+    # where a CPU's bf16 kernels round one row and several differently, would not matter here)
+    assert len(ref) > 12 and res.outputs[0][: at + 1] == ref[: at + 1]
     with torch.no_grad():
         logits = target(torch.tensor([prompt + ref[:at]])).logits[0, -1].float()
     wrong = int(logits.argsort()[len(logits) // 2])  # a middling token: no computation ranks it first

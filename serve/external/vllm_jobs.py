@@ -25,9 +25,11 @@ def run_offline(
     log_path: str | Path | None = None,
     timeout_s: float = 1800,
     eager: bool | None = None,
+    per_request: bool = False,
 ) -> dict[str, dict]:
     """`runs`: [{"name", "speculative_config": dict or None}]. -> {name: result} (vllm_offline.py),
-    a refused configuration as {"error": vLLM's message}. `eager` (None: on a CPU only): --enforce-eager."""
+    a refused configuration as {"error": vLLM's message}. `eager` (None: on a CPU only): --enforce-eager.
+    `per_request`: the prompts one at a time, each result with its prompts' own counters."""
     python = require_vllm("running vLLM offline")
     job = {
         "target": str(target),
@@ -37,6 +39,7 @@ def run_offline(
         "prompts": prompts,
         "sampling": sampling,
         "runs": runs,
+        "per_request": per_request,
     }
     with tempfile.TemporaryDirectory(prefix="eyas-vllm-") as tmp:
         job_path, out_path = Path(tmp) / "job.json", Path(tmp) / "out.jsonl"

@@ -13,7 +13,9 @@ JOB.json:
 OUT.jsonl gets one line per run, written as soon as the run ends:
     {"name", "outputs": [[generated ids], ...], "counters": {"drafts", "draft_tokens", "accepted",
      "per_pos": [n_0, n_1, ...]}, "init_s", "generate_s"}
-or, when vLLM refuses the configuration, {"name", "error": vLLM's own message}.
+or, when vLLM refuses the configuration, {"name", "error": vLLM's own message}. With "per_request": true
+in JOB.json the prompts go in one at a time (batch 1) and each line adds "per_request": the counters of
+each prompt's own generation (the difference of the counters around it), in the order of the prompts.
 
 The counters are vLLM's own spec-decode metrics (`LLM.get_metrics()`, the same counters
 `/metrics` serves: vllm:spec_decode_num_drafts / _num_draft_tokens / _num_accepted_tokens /
@@ -51,6 +53,14 @@ def counters(llm) -> dict:
     return out
 
 
+def difference(after: dict, before: dict) -> dict:
+    """The counters one generation added: `after` - `before` (counters())."""
+    out = {key: after[key] - before[key] for key in ("drafts", "draft_tokens", "accepted")}
+    pos = before["per_pos"] + [0] * (len(after["per_pos"]) - len(before["per_pos"]))
+    out["per_pos"] = [a - b for a, b in zip(after["per_pos"], pos)]
+    return out
+
+
 def error_line(exc: BaseException) -> str:
     """vLLM's own message: the innermost exception of the chain (config validation wraps it)."""
     while exc.__cause__ is not None or exc.__context__ is not None:
@@ -80,7 +90,15 @@ def one_run(job: dict, run: dict) -> dict:
     t1 = time.time()
     prompts = [TokensPrompt(prompt_token_ids=ids) for ids in job["prompts"]]
     params = SamplingParams(**job["sampling"])
-    outs = llm.generate(prompts, params, use_tqdm=False)
+    per_request = None
+    if job.get("per_request"):
+        outs, per_request = [], []
+        for prompt in prompts:
+            before = counters(llm)
+            outs += llm.generate([prompt], params, use_tqdm=False)
+            per_request.append(difference(counters(llm), before))
+    else:
+        outs = llm.generate(prompts, params, use_tqdm=False)
     t2 = time.time()
     result = {
         "name": run["name"],
@@ -89,6 +107,8 @@ def one_run(job: dict, run: dict) -> dict:
         "init_s": round(t1 - t0, 2),
         "generate_s": round(t2 - t1, 3),
     }
+    if per_request is not None:
+        result["per_request"] = per_request
     llm.llm_engine.engine_core.shutdown()
     del llm
     gc.collect()
