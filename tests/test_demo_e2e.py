@@ -4,7 +4,8 @@
 The floor, against weakened drafts in the same loop on the same 32 prompts (2-core AMD EPYC, AVX512-BF16):
 the trained draft 3.570; the same draft fed its aux states in reverse order (a capture or serving that
 swaps the layers) 2.829; trained 1 epoch instead of 5, 2.009; untrained (1 step at lr 1e-12) 1.004. Other
-CPUs build other demo targets: their trained drafts measured 3.475 (AVX2 only) to 3.588 (AMX)."""
+CPUs build other demo targets: their trained drafts measured 3.475 and 3.493 (AVX2 only: two builds; the
+latter's 1-epoch draft 1.885) to 3.588 (AMX)."""
 
 import json
 import os
