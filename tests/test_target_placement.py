@@ -273,7 +273,7 @@ def test_hf_backend_refuses_a_target_that_cannot_fit_before_loading_anything(tmp
     real = os.sysconf
     if real("SC_PAGE_SIZE") * real("SC_PHYS_PAGES") >= 116_829_156_672 * size:  # a host it would fit
         monkeypatch.setattr(
-            os, "sysconf", lambda k: 2**36 // real("SC_PAGE_SIZE") if k == "SC_PHYS_PAGES" else real(k)
+            os, "sysconf", lambda k: 64 * 10**9 // real("SC_PAGE_SIZE") if k == "SC_PHYS_PAGES" else real(k)
         )
     assert main(["regenerate", str(run), "--no-progress"]) == 2
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

@@ -49,13 +49,15 @@ def loop(target, draft, prompts):
 
 @contextlib.contextmanager
 def one_row_split_k(model):
-    """The target's linear layers, in a forward of one row, reduce over their inputs in two halves, each
-    rounded to the model's dtype before the sum (split-K: what GPU GEMM kernels pick for skinny inputs, and
-    what makes a bf16 target's one-token step round differently from its several-token verification). CPUs
-    differ here: on an AMD EPYC with AVX512-BF16 the kernels for one row and for several already round
-    differently (6 of 16 outputs of the test below parted by themselves there); on an AVX2-only EPYC a bf16
-    matmul gives the same bits for any row count, and there, as on an Intel Xeon with AMX, no output parts by
-    itself (0 of 16). This makes the rounding differ on every CPU; the CPU's own kernels add to it."""
+    """The target's nn.Linear layers (gpt-oss: q, k, v, o and lm_head; its router and experts are not
+    nn.Linear), in a forward of one row, reduce over their inputs in two halves, each rounded to the model's
+    dtype before the sum: a stand-in for the kernel-dependent rounding that makes a bf16 target's one-token
+    step part from its several-token verification (a GEMM library picks other kernels, split-K among them,
+    for a skinny input). CPUs differ here: on an AMD EPYC with AVX512-BF16 the kernels for one row and for
+    several already round differently (6 of 16 outputs of the test below parted by themselves there); on an
+    AVX2-only EPYC a bf16 matmul gives the same bits for any row count, and there, as on an Intel Xeon with
+    AMX, no output parts by itself (0 of 16). This makes the rounding differ on every CPU; the CPU's own
+    kernels add to it."""
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
 
     def split(m):
@@ -108,8 +110,8 @@ def test_real_bf16_partings_are_numerical_and_fp32_has_none():
 
 
 def test_an_injected_wrong_token_is_a_failure(demo_target_bf16):
-    """The demo target in bf16 and the loop's own output (greedy's up to there) with one token replaced by
-    one the target ranks low: a failure, with its gap; the report is then not lossless."""
+    """The demo target in bf16 and its greedy output with one token replaced by one the target ranks low,
+    classified along the loop's rounds: a failure, with its gap; the report is then not lossless."""
     target, prompt = demo_target_bf16
     # any draft (the verdict reads the target), built on an fp32 copy: .float() would convert the fixture
     draft = draft_for(copy.deepcopy(target).float(), 0).to(torch.bfloat16)
@@ -117,9 +119,7 @@ def test_an_injected_wrong_token_is_a_failure(demo_target_bf16):
     res = loop(target, draft, [prompt])
     ref = greedy_generate(target, prompt, T)[0]
     at = 10
-    # the loop's own output up to the injected token: exact on every CPU tried (a later numerical parting,
-    # where a CPU's bf16 kernels round one row and several differently, would not matter here)
-    assert len(ref) > 12 and res.outputs[0][: at + 1] == ref[: at + 1]
+    assert len(ref) > 12 and len(res.outputs[0]) > at  # the loop's rounds (emitted) reach the injected token
     with torch.no_grad():
         logits = target(torch.tensor([prompt + ref[:at]])).logits[0, -1].float()
     wrong = int(logits.argsort()[len(logits) // 2])  # a middling token: no computation ranks it first

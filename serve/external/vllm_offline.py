@@ -83,6 +83,8 @@ def one_run(job: dict, run: dict) -> dict:
             distributed_executor_backend="uni",
             disable_log_stats=False,
             speculative_config=run.get("speculative_config"),
+            # one prompt at a time means alone: no prefix of an earlier prompt's cache reused
+            enable_prefix_caching=not job.get("per_request"),
         )
     except Exception as e:  # noqa: BLE001 - vLLM refuses a config with many exception types
         traceback.print_exc()
