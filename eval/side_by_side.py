@@ -62,7 +62,9 @@ def eyas_loop(
     `sampling`: vLLM SamplingParams fields (temperature, max_tokens, ignore_eos, seed).
     -> {"outputs", "counters" (None without a draft), "wall_s", "emitted" and "accepted" (the loop's, per
     request and verification)}."""
-    if draft is None and draft_dir is not None:
+    if draft is not None and draft_dir is not None:
+        raise ValueError("eyas_loop: give draft_dir or draft, not both")
+    if draft_dir is not None:
         draft = load_draft_for(target_model, draft_dir)
     shape = TreeShape.chain(k) if draft is not None else None
     eos = () if sampling.get("ignore_eos") else eos_token_ids(target_model, tokenizer)

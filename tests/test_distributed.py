@@ -148,7 +148,11 @@ def one_proc(base):
 
 def assert_close_weights(a, b, rel=2e-6):
     assert a.keys() == b.keys()
-    worst = max(((a[k] - b[k]).abs().max() / b[k].abs().max()).item() for k in a if a[k].is_floating_point())
+    worst = max(
+        ((a[k] - b[k]).abs().max() / b[k].abs().max().clamp_min(1e-30)).item()
+        for k in a
+        if a[k].is_floating_point()
+    )
     print(f"weights: largest difference {worst:.2e} of a tensor's largest (tolerance {rel:.0e})")
     for k in a:
         if a[k].is_floating_point():

@@ -323,12 +323,13 @@ def test_t1_acceptance_adds_up_to_its_expectation_in_the_loop(demo_run, monkeypa
     (speculative sampling with the drafter's one-hot q), so over every round of the demo draft on the demo
     target (its 32 held-out prompts, 160 tokens each, all in flight) the accepted drafts add up to the sum
     of those expectations, computed from each verification's own logits: |z| < 4 for k = 1..5 (z: realized
-    minus expected total over the square root of the summed variances). A verifier that accepts by a sharper p
-    (p squared, renormalised) fails at every k: what a fault in the T = 1 loop's acceptance would show, as
-    against noise in tau(k) (docs/benchmarks.md's T = 1 rows carry their bootstrap intervals).
-    How many requests is what the statistic needs, not a draft's quality: each prompt runs with more seeds
-    until the sharper rule's |z| passes 4 (at most 8 seeds), and the lossless rule is tested on as many
-    requests with other seeds (the seeds that stopped the growth would lean its draws).
+    minus expected total over the square root of the summed variances). The power: a verifier that accepts by
+    a sharper p (p squared, renormalised; what a fault in the T = 1 loop's acceptance would show, as against
+    noise in tau(k)) stands about 4 standard deviations off at that many requests. How many is what the
+    statistic needs, not a draft's quality: each prompt runs with more seeds until the sharper rule's |z|
+    passes 4 (at most 8 seeds), and the lossless rule is tested on as many requests with other seeds (the
+    seeds that stopped the growth would lean its draws; on them the sharper rule's |z| is expected near 4,
+    not certainly past it).
     Measured on the AVX2-only EPYC: its demo draft (0.65 drafts expected a round at k = 2) took 32 requests at
     every k, the sharper rule's z +4.2 to +6.4, the lossless rule's -2.2 to +0.9; a 1-epoch draft of it (0.43
     at k = 2, weaker than the AMX Xeon's 0.58, which failed the former fixed precondition of 0.6) took 32, 64,

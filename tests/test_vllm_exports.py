@@ -12,7 +12,7 @@ drafts on this Llama (at every position, in every shape), so equal counters woul
 
 Tolerance. Outputs: equal, token for token, on every prompt. Counters: compared prompt by prompt, each
 prompt alone in both engines (vllm_runs(per_request=True), eyas_per_request): equal on every prompt whose
-draft never led its runner-up by less than NEAR_TIE (1e-3 logits), and those are at least a quarter of the
+draft never led its runner-up by less than NEAR_TIE (1e-3 logits), and those are at least half the
 prompts (same_counters). Both engines run fp32, but vLLM's CPU kernels (its fused MoE, its attention) round
 differently from HF's eager ones, each CPU's differently again, and where the draft nearly ties the other
 engine may pick the other token: the prompt's rounds part from there. Moving the target's hidden states by
@@ -34,6 +34,7 @@ import json
 import pytest
 import torch
 from draft_variants import variants
+from safetensors.torch import load_file
 
 from eyas.data.chat import render_prompt
 from eyas.data.target import load_target, resolve_path
@@ -84,10 +85,10 @@ def summed(per_request: list[dict]) -> dict:
 
 def same_counters(name, theirs: list[dict], mine: list[dict]) -> None:
     """vLLM's counters prompt by prompt against eyas's (eval/side_by_side.agreement): equal on every prompt
-    whose draft never came within NEAR_TIE logits of a tie, and those are at
-    least a quarter of the prompts: a wrong export (an untrained draft, reversed aux states) parts on nearly
-    every prompt. A prompt with a near-tie may part anywhere: the engines' kernels round differently, and
-    each CPU's differently again."""
+    whose draft never came within NEAR_TIE logits of a tie, and those are at least half the prompts (9-16
+    of 12-16 compared on the EPYCs): a wrong export (an untrained draft, reversed aux states) parts on
+    nearly every prompt. A prompt with a near-tie may part anywhere: the engines' kernels round
+    differently, and each CPU's differently again."""
     compared, differ = agreement(theirs, mine)
     apart = [i for i, (t, m) in enumerate(zip(theirs, mine)) if t != {k: m["counters"][k] for k in t}]
     gaps = {i: f"{mine[i]['min_gap']:.1e}" for i in apart}
@@ -97,7 +98,7 @@ def same_counters(name, theirs: list[dict], mine: list[dict]) -> None:
     assert not differ, (
         f"{name}: vLLM {[theirs[i] for i in differ]} vs eyas {[mine[i]['counters'] for i in differ]}"
     )
-    assert 4 * len(compared) >= len(mine), f"{name}: near-ties on {len(mine) - len(compared)} prompts"
+    assert 2 * len(compared) >= len(mine), f"{name}: near-ties on {len(mine) - len(compared)} prompts"
 
 
 def check_side_by_side(target, model, tok, prompts, exports, tmp_path, refused=None):
@@ -264,7 +265,15 @@ def test_a_dflash_export_drafts_in_vllm_as_in_eyas(vllm_python, dflash_llama, tm
 
     target, run, prompts = dflash_llama
     model, tok = load_target(str(target), dtype="float32", device="cpu")
-    ckpt = one_k_norm(resolve_checkpoint(run), tmp_path / "one-k-norm")
+    trained = resolve_checkpoint(run)
+    as_trained = export(
+        trained, "dflash", tmp_path / "trained", dtype="float32", target=str(target), engines=["vllm"]
+    )
+    written = load_file(as_trained.path / "model.safetensors")
+    for i, layer in enumerate(load_draft(trained).layers):  # each layer's own k_norm, as trained
+        (key,) = [n for n in written if n.endswith(f"layers.{i}.self_attn.k_norm.weight")]
+        assert torch.equal(written[key], layer.self_attn.k_norm.weight.detach()), key
+    ckpt = one_k_norm(trained, tmp_path / "one-k-norm")
     exports = {
         fmt: export(ckpt, fmt, tmp_path / fmt, dtype="float32", target=str(target), engines=["vllm"]).path
         for fmt in ("dflash", "speculators")
@@ -304,4 +313,4 @@ def test_vllm_cpu_normalises_every_dflash_layers_context_keys_with_layer_0s_k_no
     out = subprocess.run([vllm_python, "-c", KERNEL_CHECK], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     per_layer, layer0 = map(float, out.stdout.split()[-2:])
-    assert layer0 == 0.0 and per_layer > 0.5, (per_layer, layer0)
+    assert layer0 < 1e-5 and per_layer > 0.5, (per_layer, layer0)
