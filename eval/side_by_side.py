@@ -39,6 +39,7 @@ from eyas.serve.decoding.tree import TreeShape
 from eyas.serve.external.vllm_jobs import run_offline
 from eyas.serve.external.vllm_server import speculative_config
 from eyas.serve.interchange.importer import load_published
+from eyas.train.kinds import kind_of
 
 
 def load_draft_for(target_model, draft_dir: str | Path):
@@ -99,7 +100,7 @@ def eyas_per_request(
     the draft's lm_head but a DFlash block's anchor slot, which proposes nothing: a bound from below)."""
     draft = load_draft_for(target_model, draft_dir)
     gaps: list[float] = []
-    anchor = draft.config.kind == "dflash"  # its block's slot 0 is the anchor token
+    anchor = kind_of(draft.config).anchor_row  # DFlash: its block's slot 0 is the anchor token
 
     def lead(module, args, logits):
         top = (logits[:, 1:] if anchor else logits).detach().float().topk(2, dim=-1).values

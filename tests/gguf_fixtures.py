@@ -181,3 +181,17 @@ def install_split(site: Path, gguf: Path, stem: str, parts: int, version: str = 
         digest = base64.urlsafe_b64encode(hashlib.sha256(piece).digest()).rstrip(b"=").decode()
         (info / "RECORD").write_text(f"{w.module}/{w.member},sha256={digest},{len(piece)}\n")
     return split
+
+
+def split_target(tmp_path: Path, monkeypatch, seed: int = 0):
+    """target.model=tiny-split: a tiny Llama GGUF (tiny_llama(seed)) in 3 packages eyas-test-part1..3 under
+    tmp_path/site, on sys.path, registered in gguf.PACKAGED, the cache at tmp_path/cache -> (the Split, the
+    reference model)."""
+    from eyas.data import gguf
+
+    monkeypatch.setenv("EYAS_CACHE", str(tmp_path / "cache"))
+    reference = write_llama_gguf(tmp_path / "tiny.gguf", tiny_llama(seed=seed))
+    split = install_split(tmp_path / "site", tmp_path / "tiny.gguf", "eyas-test-part", 3)
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.setitem(gguf.PACKAGED, "tiny-split", split)
+    return split, reference

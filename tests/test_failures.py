@@ -257,22 +257,10 @@ def gguf_truncated(base, tmp_path, capsys, monkeypatch):
     return status, error_line(capsys)
 
 
-def split_target(tmp_path, monkeypatch):
-    """target.model=tiny-split: a tiny GGUF in 3 packages eyas-test-part1..3 (gguf_fixtures.install_split)."""
-    from gguf_fixtures import install_split, tiny_llama, write_llama_gguf
-
-    from eyas.data import gguf
-
-    monkeypatch.setenv("EYAS_CACHE", str(tmp_path / "cache"))
-    write_llama_gguf(tmp_path / "tiny.gguf", tiny_llama())
-    split = install_split(tmp_path / "site", tmp_path / "tiny.gguf", "eyas-test-part", 3)
-    monkeypatch.syspath_prepend(str(tmp_path / "site"))
-    monkeypatch.setitem(gguf.PACKAGED, "tiny-split", split)
-    return split
-
-
 def gguf_part_missing(base, tmp_path, capsys, monkeypatch):
-    split = split_target(tmp_path, monkeypatch)
+    from gguf_fixtures import split_target
+
+    split, _ = split_target(tmp_path, monkeypatch)
     (tmp_path / "site" / split.wheel(2).module / split.wheel(2).member).unlink()
     root, recipe, _ = base
     status = main(["regenerate", str(recipe), "--out", str(tmp_path / "r"), "target.model=tiny-split"])
@@ -280,7 +268,9 @@ def gguf_part_missing(base, tmp_path, capsys, monkeypatch):
 
 
 def gguf_part_corrupted(base, tmp_path, capsys, monkeypatch):
-    split = split_target(tmp_path, monkeypatch)
+    from gguf_fixtures import split_target
+
+    split, _ = split_target(tmp_path, monkeypatch)
     part = tmp_path / "site" / split.wheel(2).module / split.wheel(2).member
     part.write_bytes(part.read_bytes()[:-1] + b"\x00")
     root, recipe, _ = base

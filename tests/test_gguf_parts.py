@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 import torch
-from gguf_fixtures import install_split, tiny_llama, write_llama_gguf
+from gguf_fixtures import split_target
 
 from eyas.data import gguf
 from eyas.data.gguf_parts import recorded_sha256
@@ -23,13 +23,8 @@ NAME = "tiny-split"
 def split(tmp_path, monkeypatch):
     """A tiny Llama GGUF in 3 packages eyas-test-part1..3 on sys.path, registered as target.model=tiny-split
     -> (the Split, the site directory, the reference model, the cache)."""
-    monkeypatch.setenv("EYAS_CACHE", str(tmp_path / "cache"))
-    reference = write_llama_gguf(tmp_path / "tiny.gguf", tiny_llama(seed=2))
-    site = tmp_path / "site"
-    s = install_split(site, tmp_path / "tiny.gguf", "eyas-test-part", 3)
-    monkeypatch.syspath_prepend(str(site))
-    monkeypatch.setitem(gguf.PACKAGED, NAME, s)
-    return s, site, reference, tmp_path / "cache"
+    s, reference = split_target(tmp_path, monkeypatch, seed=2)
+    return s, tmp_path / "site", reference, tmp_path / "cache"
 
 
 def cached(cache) -> list[str]:

@@ -39,6 +39,8 @@ class Kind:
     # train.sequence_parallel splits the attention's heads over a row's ranks (Ulysses: P divides them);
     # DFlash gathers the row's context instead (train/sequence_parallel.py)
     sp_splits_heads: bool = True
+    # a draft forward's first lm_head row is its anchor token's, which proposes nothing (DFlash's block)
+    anchor_row: bool = False
 
 
 KINDS = {
@@ -83,6 +85,7 @@ KINDS = {
         on_grid=lambda tr: float(tr.ttt_steps),
         summary="DFlash: a block of drafts from one non-causal forward (random anchors)",
         sp_splits_heads=False,
+        anchor_row=True,
     ),
 }
 
