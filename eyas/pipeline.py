@@ -9,12 +9,15 @@ is refused, naming the keys, rather than silently mixing two runs.
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
 import yaml
 
 from eyas import io, layout
+from eyas.io import write_json
+from eyas.peak_memory import StagePeak, describe, stage_peak
 from eyas.recipes.load import changed_keys, check_against_target, dump_recipe, load_recipe
 from eyas.recipes.schema import Recipe, RecipeError
 from eyas.stages import SHARDED, STAGE_KEYS, STAGE_ORDER, stage_fn
@@ -65,15 +68,29 @@ def run_all(recipe: Recipe, run_dir: str | Path, stages=STAGE_ORDER, progress: b
             continue
         print(f"[eyas] {stage} ...", flush=True)
         t0 = time.perf_counter()
-        if shard.launched and shard.index > 0 and stage not in SHARDED + ("train",):
-            wait_until(lambda: layout.is_done(run_dir, stage), f"rank 0 to finish the {stage} stage")
-        else:
-            stage_fn(stage)(
-                recipe, run_dir, progress=progress, **({"shard": shard} if stage in SHARDED else {})
-            )
-        times[stage] = round(time.perf_counter() - t0, 1)
-        print(f"[eyas] {stage}: {times[stage]} s", flush=True)
+        with stage_peak() as peak:
+            if shard.launched and shard.index > 0 and stage not in SHARDED + ("train",):
+                wait_until(lambda: layout.is_done(run_dir, stage), f"rank 0 to finish the {stage} stage")
+            else:
+                stage_fn(stage)(
+                    recipe, run_dir, progress=progress, **({"shard": shard} if stage in SHARDED else {})
+                )
+        wall_s = time.perf_counter() - t0
+        times[stage] = round(wall_s, 1)
+        print(f"[eyas] {stage}: {times[stage]} s{describe(peak)}", flush=True)
+        record_stage_cost(run_dir, stage, round(wall_s, 3), peak, shard.index)
     return times
+
+
+def record_stage_cost(run_dir: Path, stage: str, wall_s: float, peak: StagePeak, rank: int) -> None:
+    """RUN/stage_costs.json: {stage: {wall_s, peak_bytes}} as `eyas run` measured them (rank 0's; a stage run
+    again replaces its entry), to set beside `eyas plan`."""
+    if rank > 0:
+        return
+    path = Path(run_dir) / layout.STAGE_COSTS
+    costs = json.loads(path.read_text()) if path.is_file() else {}
+    costs[stage] = {"wall_s": wall_s, "peak_bytes": peak.own_bytes}
+    write_json(path, costs)
 
 
 def recipe_and_run(source: str, out: str | None, overrides: list[str]) -> tuple[Recipe, Path]:

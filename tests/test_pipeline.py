@@ -580,12 +580,56 @@ def test_plan_from_a_finished_run_uses_its_measured_rates(setup, full_run):
         10_000 * regen["num_sequences"] / regen["num_prompts"]
     )  # turns per prompt asked
     assert p.replicas == 2  # the tiny target fits one GPU: a regeneration and a capture shard on each
+    # plus what --run's stage took beyond its rate (loading the target), once: replicas start together
+    regen_setup = regen["wall_s"] - regen["generated_tokens_this_run"] / regen["generation_tokens_per_s"]
+    cap_setup = cap["wall_s"] - cap["num_tokens"] / cap["tokens_per_s"]
+    train_setup = tr["wall_s"] - tr["loop_s"]
+    assert p.setup_s == {
+        "regenerate": pytest.approx(regen_setup),
+        "capture": pytest.approx(cap_setup),
+        "train": pytest.approx(train_setup),
+    }
+    assert regen_setup > 0 and cap_setup > 0 and train_setup > 0
     assert p.regen_s == pytest.approx(
-        10_000 * regen["mean_generated_tokens"] / (2 * regen["generation_tokens_per_s"])
+        10_000 * regen["mean_generated_tokens"] / (2 * regen["generation_tokens_per_s"]) + regen_setup
     )
-    assert p.capture_s == pytest.approx(p.tokens / (2 * cap["tokens_per_s"]))
-    train_rate = tr["tokens_seen"] / tr["wall_s"] / tr["num_processes"]
-    assert p.train_s == pytest.approx(r.train.epochs * p.tokens / (2 * train_rate))
+    assert p.capture_s == pytest.approx(p.tokens / (2 * cap["tokens_per_s"]) + cap_setup)
+    train_rate = tr["tokens_seen"] / tr["loop_s"] / tr["num_processes"]  # the step loop's rate
+    assert p.train_s == pytest.approx(r.train.epochs * p.tokens / (2 * train_rate) + train_setup)
+
+
+def test_plan_on_a_cpu_takes_every_rate_from_the_run_and_the_run_records_each_stages_cost(setup, full_run):
+    """`eyas plan --gpus cpu --run DIR`: this machine, its memory the host's, every rate the run's own (eyas
+    assumes no CPU's speed: without --run it names the stages to run first); `eyas run` wrote each stage's
+    wall time and peak memory to RUN/stage_costs.json to set beside it."""
+    import json
+    import os
+
+    from eyas.plan.command import plan
+    from eyas.plan.report import render
+
+    _, target, prompts = setup
+    r = recipe_for(target, prompts)
+    p = plan(r, "cpu", run_dir=full_run)
+    regen, cap, tr = (layout.read_done(full_run, s) for s in ("regenerate", "capture", "train"))
+    host_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
+    assert (p.gpus, p.gpu_memory_gb, p.replicas) == ("1xCPU", host_gb, 1)
+    assert p.measured == ["capture_tok_s", "regen_tok_s", "train_tok_s"]
+    assert p.regen_tok_s == regen["generation_tokens_per_s"] and p.capture_tok_s == cap["tokens_per_s"]
+    assert p.train_tok_s == pytest.approx(tr["tokens_seen"] / tr["loop_s"] / tr["num_processes"])
+    assert render(r, p).startswith(f"plan for {r.name} on 1xCPU ({host_gb:,.0f} GB each; the host's memory")
+    with pytest.raises(
+        ValueError,
+        match=r"--gpus cpu: eyas assumes no CPU's speed; pass --run DIR, a smaller "
+        r"run of this recipe that has finished regenerate, capture, train",
+    ):
+        plan(r, "cpu")
+    costs = json.loads((full_run / layout.STAGE_COSTS).read_text())
+    assert list(costs) == ["prompts", "regenerate", "capture", "vocab", "train", "eval"]
+    for stage, cost in costs.items():
+        assert cost["wall_s"] > 0, stage
+        # this process's own peak in bytes (Linux reports kB): at least the interpreter's resident set
+        assert cost["peak_bytes"] > 50e6, stage
 
 
 def test_eval_on_a_split_target_measures_what_one_device_does(setup, full_run, tmp_path):

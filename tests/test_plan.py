@@ -157,7 +157,13 @@ def test_eval_memory_of_the_long_context_recipe_matches_hand_computation():
 
 @pytest.mark.parametrize(
     "text,expected",
-    [("8xH100", (8, "H100")), ("4xA100 80GB", (4, "A100")), ("H200", (1, "H200")), ("2xB200", (2, "B200"))],
+    [
+        ("8xH100", (8, "H100")),
+        ("4xA100 80GB", (4, "A100")),
+        ("H200", (1, "H200")),
+        ("2xB200", (2, "B200")),
+        ("cpu", (1, "CPU")),
+    ],
 )
 def test_gpu_spec(text, expected):
     assert parse_gpus(text) == expected
@@ -165,7 +171,7 @@ def test_gpu_spec(text, expected):
 
 def test_unknown_gpu_names_the_choices():
     with pytest.raises(
-        ValueError, match=r"--gpus '8xV100': expected NxGPU with GPU one of H100, H200, B200, A100"
+        ValueError, match=r"--gpus '8xV100': expected NxGPU with GPU one of H100, H200, B200, A100 .*, or cpu"
     ):
         parse_gpus("8xV100")
 

@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING
 from eyas.data.target import count_target, stored_as_mxfp4
 from eyas.errors import as_input
 from eyas.plan.cost import (
-    GPUS,
     Assumptions,
     Plan,
     allreduce,
     capture_bytes_per_token,
     count_draft,
+    device_memory_gb,
     dtype_bytes,
     online_split,
     parse_gpus,
@@ -59,6 +59,16 @@ class Workload:
     measured: dict[str, float] = field(default_factory=dict)  # regen/capture_tok_s per replica, train per GPU
     turns: TurnCount | None = None  # counted from --run's prompts stage
     stages_measured: list[str] = field(default_factory=list)  # --run's finished stages
+    # seconds of a stage outside its measured rate (vLLM's start, loading the target), as --run took them
+    setup_s: dict[str, float] = field(default_factory=dict)
+
+
+def setup_s(done: dict, tokens: float | None, rate_key: str) -> float:
+    """A finished stage's wall time beyond its tokens at its rate: starting vLLM, loading the target."""
+    rate = done.get(rate_key)
+    if not rate or tokens is None or done.get("wall_s") is None:
+        return 0.0
+    return max(done["wall_s"] - tokens / rate, 0.0)
 
 
 def workload(recipe: Recipe, run_dir: str | Path | None, cfg: PretrainedConfig, a: Assumptions) -> Workload:
@@ -92,6 +102,9 @@ def workload(recipe: Recipe, run_dir: str | Path | None, cfg: PretrainedConfig, 
         # measured rates are per shard or per server (= per target replica)
         replicas_then = regen.get("num_servers") or len(regen.get("shards", [])) or 1
         w.measured["regen_tok_s"] = (regen.get("generation_tokens_per_s") or 0) / replicas_then
+        w.setup_s["regenerate"] = setup_s(
+            regen, regen.get("generated_tokens_this_run"), "generation_tokens_per_s"
+        )
     elif "prompts" in done:  # turns counted, prompts rendered; answers still assumed
         gpt_oss = getattr(cfg, "model_type", "") == "gpt_oss"
         w.turns = conversation_tokens(
@@ -104,10 +117,12 @@ def workload(recipe: Recipe, run_dir: str | Path | None, cfg: PretrainedConfig, 
         cap = read_done(run_dir, "capture")
         w.prompt = max(cap["num_tokens"] / cap["num_sequences"] - w.new, 0.0)
         w.measured["capture_tok_s"] = (cap.get("tokens_per_s") or 0) / cap.get("capture_shards", 1)
+        w.setup_s["capture"] = setup_s(cap, cap["num_tokens"], "tokens_per_s")
     if "train" in done:
         trained = read_done(run_dir, "train")
-        rate = trained["tokens_seen"] / trained["wall_s"]
-        w.measured["train_tok_s"] = rate / trained.get("num_processes", 1)
+        loop_s = trained.get("loop_s") or trained["wall_s"]  # the step loop; setup (loading, compiling) apart
+        w.measured["train_tok_s"] = trained["tokens_seen"] / loop_s / trained.get("num_processes", 1)
+        w.setup_s["train"] = max(trained["wall_s"] - loop_s, 0.0)
     return w
 
 
@@ -115,7 +130,7 @@ def plan(recipe: Recipe, gpus: str, run_dir: str | Path | None = None, a: Assump
     """The figures `eyas plan` prints (tests check them)."""
     a = a or Assumptions()
     n_gpu, kind = parse_gpus(gpus)
-    mem_gb = GPUS[kind][0]
+    mem_gb = device_memory_gb(kind)
     cfg, cfg_source = target_config(recipe)
     target, draft = count_target(cfg), count_draft(recipe, cfg)
     # a train.sequence_parallel that training would refuse, refused here first (one eyas: error: line)
@@ -169,13 +184,13 @@ def plan(recipe: Recipe, gpus: str, run_dir: str | Path | None = None, a: Assump
         train_static_gb=static / 1e9,
         train_activation_gb=act / 1e9,
         train_gb_per_gpu=(static + act) / 1e9,
-        regen_s=w.sequences * w.new / regen_tok_s if regen_tok_s else None,
+        regen_s=w.sequences * w.new / regen_tok_s + w.setup_s.get("regenerate", 0.0) if regen_tok_s else None,
         regen_tok_s=regen_tok_s,
-        capture_s=tokens / capture_tok_s,
+        capture_s=tokens / capture_tok_s + w.setup_s.get("capture", 0.0),
         capture_tok_s=capture_tok_s,
         replicas=replicas,
         gpus_per_replica=per_replica,
-        train_s=recipe.train.epochs * tokens / train_tok_s,
+        train_s=recipe.train.epochs * tokens / train_tok_s + w.setup_s.get("train", 0.0),
         train_tok_s=train_tok_s,
         measured=sorted(k for k, v in w.measured.items() if v),
         read_bytes_s=capture_bytes_per_token(recipe, cfg, len(draft.config.aux_layer_ids), True)
@@ -189,6 +204,7 @@ def plan(recipe: Recipe, gpus: str, run_dir: str | Path | None = None, a: Assump
         assumptions=a,
         turns=w.turns,
         stages_measured=w.stages_measured,
+        setup_s=w.setup_s,
     )
 
 
@@ -200,7 +216,11 @@ def main_plan(argv: list[str] | None = None) -> int:
         prog="eyas plan", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("recipe", help="recipe YAML or a shipped name (gpt-oss-120b, ...)")
-    p.add_argument("--gpus", required=True, help="NxGPU: H100, H200, B200 or A100 (80GB), e.g. 8xH100")
+    p.add_argument(
+        "--gpus",
+        required=True,
+        help="NxGPU: H100, H200, B200 or A100 (80GB), e.g. 8xH100; or cpu (this machine, rates from --run)",
+    )
     p.add_argument(
         "--run", help="a finished run directory whose measured rates replace the throughput assumptions"
     )

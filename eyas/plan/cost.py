@@ -10,6 +10,7 @@ rates a finished (smaller) run measured.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -30,6 +31,10 @@ if TYPE_CHECKING:
 GPUS = {"H100": (80, 989), "H200": (141, 989), "B200": (180, 2250), "A100": (80, 312)}
 # name: NVLink GB/s each way per GPU -- vendor datasheets (NVLink 4: 900 GB/s both ways; 5: 1.8 TB/s; 3: 600)
 NVLINK_GB_S = {"H100": 450, "H200": 450, "B200": 900, "A100": 300}
+# `--gpus cpu`: this machine's CPU, its memory the host's. eyas assumes no CPU's speed (they differ by 10x and
+# more: AMX, AVX512-BF16, AVX2 only), so every rate comes from a smaller run of the recipe (--run)
+CPU = "CPU"
+RATE_STAGES = {"regen_tok_s": "regenerate", "capture_tok_s": "capture", "train_tok_s": "train"}
 
 
 @dataclass
@@ -86,7 +91,7 @@ class Plan:
     rates are over all the GPUs."""
 
     gpus: str  # "8xH100"
-    gpu_memory_gb: int  # each
+    gpu_memory_gb: float  # each (`--gpus cpu`: the host's)
     config_source: str  # where the target's config came from
     target: TargetCount
     draft_trainable: int
@@ -125,15 +130,43 @@ class Plan:
     assumptions: Assumptions
     turns: TurnCount | None  # counted from --run's prompts stage
     stages_measured: list[str]  # --run's finished stages the figures come from
+    setup_s: dict[str, float]  # each stage's time outside its rate as --run took it (in regen_s, capture_s)
 
 
 def parse_gpus(text: str) -> tuple[int, str]:
     """ "8xH100" -> (8, "H100"); "A100 80GB" / "A100-80GB" count as A100."""
     t = text.replace(" ", "").upper().replace("-80GB", "").replace("80GB", "")
+    if t in (CPU, f"1X{CPU}"):
+        return 1, CPU
     n, _, kind = t.partition("X") if "X" in t else ("1", "", t)
     if not n.isdigit() or int(n) < 1 or kind not in GPUS:
-        raise ValueError(f"--gpus {text!r}: expected NxGPU with GPU one of {', '.join(GPUS)} (e.g. 8xH100)")
+        raise ValueError(
+            f"--gpus {text!r}: expected NxGPU with GPU one of {', '.join(GPUS)} (e.g. 8xH100), or cpu"
+        )
     return int(n), kind
+
+
+def device_memory_gb(kind: str) -> float:
+    """A GPU's memory from its datasheet; `cpu`: this host's physical memory."""
+    if kind == CPU:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
+    return GPUS[kind][0]
+
+
+def cpu_rates(measured: dict[str, float], n_gpu: int, replicas: int) -> tuple[float, float, float]:
+    """`--gpus cpu`: the rates --run measured, or an error naming the stages it has not run."""
+    missing = [stage for rate, stage in RATE_STAGES.items() if not measured.get(rate)]
+    if missing:
+        raise ValueError(
+            f"--gpus cpu: eyas assumes no CPU's speed; pass --run DIR, a smaller run of this recipe that has "
+            f"finished {', '.join(missing)} (e.g. `eyas run RECIPE --out DIR data.num_prompts=32 "
+            "train.max_steps=8`)"
+        )
+    return (
+        measured["regen_tok_s"] * replicas,
+        measured["capture_tok_s"] * replicas,
+        measured["train_tok_s"] * n_gpu,
+    )
 
 
 def target_config(recipe: Recipe) -> tuple[PretrainedConfig, str]:
@@ -271,7 +304,9 @@ def unrolled_steps(recipe: Recipe) -> float:
     return KINDS[recipe.draft.kind].unrolled(recipe.train)
 
 
-def vllm_replicas(recipe: Recipe, held_bytes: float, n_gpu: int, gpu_memory_gb: int) -> tuple[int, int, bool]:
+def vllm_replicas(
+    recipe: Recipe, held_bytes: float, n_gpu: int, gpu_memory_gb: float
+) -> tuple[int, int, bool]:
     """vLLM's replicas from the recipe's `vllm` section on `n_gpu` GPUs (every GPU where vllm.devices is
     unset) -> (replicas, GPUs per replica, whether `held_bytes` fits a replica's GPUs with 10% headroom)."""
     v = recipe.vllm
@@ -333,7 +368,7 @@ def process_memory(
     }
 
 
-def target_replicas(recipe: Recipe, target: TargetCount, n_gpu: int, gpu_memory_gb: int) -> tuple[int, int]:
+def target_replicas(recipe: Recipe, target: TargetCount, n_gpu: int, gpu_memory_gb: float) -> tuple[int, int]:
     """Regeneration and capture run one shard per replica of the target (data/sharding.py), each on as
     few GPUs as hold its weights with 10% headroom -> (replicas, GPUs per replica)."""
     held = target.bytes_bf16 if recipe.target.weights == "dequantized" else target.bytes_mxfp4
@@ -360,7 +395,9 @@ def throughputs(
 ) -> tuple[float, float, float]:
     """Tokens/s over every GPU -> (regeneration's generated, capture's, training's): the rates `measured`
     in a run (per target replica; training per GPU) where there are some, else the assumptions, scaled
-    from an H100 by bf16 FLOP/s."""
+    from an H100 by bf16 FLOP/s (`--gpus cpu`: measured ones only)."""
+    if kind == CPU:
+        return cpu_rates(measured, n_gpu, replicas)
     tr, tflops = recipe.train, GPUS[kind][1]
     flops_per_token = 2 * (
         target.params

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from eyas.plan.cost import Plan, unrolled_steps
+from eyas.plan.cost import CPU, Plan, unrolled_steps
 
 if TYPE_CHECKING:
     from eyas.recipes.schema import Recipe
@@ -36,7 +36,8 @@ def target_lines(recipe: Recipe, p: Plan) -> list[str]:
     """The plan's title, the target's size and where its weights go, the draft's size."""
     t, per_gpu = p.target, p.target_gb_per_gpu
     return [
-        f"plan for {recipe.name} on {p.gpus} ({p.gpu_memory_gb} GB each)",
+        f"plan for {recipe.name} on {p.gpus} ({p.gpu_memory_gb:,.0f} GB each"
+        + ("; the host's memory, every rate measured in --run)" if p.gpus.endswith(CPU) else ")"),
         f"target {recipe.target.model} ({p.config_source}): {t.params / 1e9:,.2f}B parameters, "
         f"{t.expert_params / 1e9:,.2f}B of them MoE expert weights",
         f"  weights: MXFP4 {t.bytes_mxfp4 / 1e9:,.1f} GB, bf16 {t.bytes_bf16 / 1e9:,.1f} GB; spread over the "
@@ -92,11 +93,19 @@ def resource_lines(recipe: Recipe, p: Plan) -> list[str]:
         + ", ".join(f"{k} {v / 1e9:,.1f} GB" if v else f"{k} —" for k, v in p.process_bytes.items()),
         eval_line(recipe, p),
         f"time: regeneration {hours(p.regen_s)} at {p.regen_tok_s:,.0f} tok/s ({source(p, 'regen_tok_s')}, "
-        f"data.backend {backend}{engine_note(recipe, p)}), "
-        f"capture {hours(p.capture_s)} at {p.capture_tok_s:,.0f} tok/s ({source(p, 'capture_tok_s')}), "
+        f"data.backend {backend}{engine_note(recipe, p)}){setup_note(p, 'regenerate')}, "
+        f"capture {hours(p.capture_s)} at {p.capture_tok_s:,.0f} tok/s ({source(p, 'capture_tok_s')})"
+        f"{setup_note(p, 'capture')}, "
         f"training {hours(p.train_s)} for {tr.epochs} epoch(s) at {p.train_tok_s:,.0f} tok/s "
-        f"({'measured in --run' if 'train_tok_s' in p.measured else 'from the H100 step measurement'})",
+        f"({'measured in --run' if 'train_tok_s' in p.measured else 'from the H100 step measurement'})"
+        f"{setup_note(p, 'train')}",
     ]
+
+
+def setup_note(p: Plan, stage: str) -> str:
+    """' (1.5 min of it to start, as in --run)' where --run's stage took time outside its rate."""
+    t = p.setup_s.get(stage)
+    return f" ({hours(t)} of it to start, as in --run)" if t else ""
 
 
 def replicas_line(recipe: Recipe, p: Plan) -> str:
