@@ -48,7 +48,7 @@ SIZES = {
     "gpt-oss-attention": (512, 64, 8, 64, 1024, 4096, 1024),
     # recipes/gpt-oss-120b-dflash.yaml: z-lab's shape (MLP 7680, the whole vocabulary; 8 biased layers)
     "gpt-oss-120b-dflash": (2880, 64, 8, 64, 7680, 201088, 201088),
-    # recipes/qwen2.5-coder-1.5b.yaml: the target's widths (MLP 8960), a 16K draft vocabulary
+    # recipes/qwen2.5-coder-1.5b.yaml: the target's widths, its draft's MLP 4096 and 8K draft vocabulary
     "qwen2.5-coder-1.5b": (1536, 12, 2, 128, 4096, 151936, 8192),
 }
 # --kind dflash: z-lab's gpt-oss-120b DFlash draft (train/dflash.py), blocks of --ttt-steps + 1 at 512 anchors

@@ -286,7 +286,12 @@ def memory_it_would_use(t) -> tuple[float, str] | None:
     dev = pick_device(t.device)
     if dev.type == "cuda":
         return torch.cuda.get_device_properties(dev).total_memory, f"the GPU it would use ({dev})"
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "this machine's memory (the CPU)"
+    return host_memory_bytes(), "this machine's memory (the CPU)"
+
+
+def host_memory_bytes() -> int:
+    """This machine's physical memory (what a target on its CPU, or `eyas plan --gpus cpu`, has)."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def check_fits(t, fix: str) -> None:

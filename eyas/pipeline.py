@@ -9,14 +9,12 @@ is refused, naming the keys, rather than silently mixing two runs.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
 import yaml
 
 from eyas import io, layout
-from eyas.io import write_json
 from eyas.peak_memory import StagePeak, describe, stage_peak
 from eyas.recipes.load import changed_keys, check_against_target, dump_recipe, load_recipe
 from eyas.recipes.schema import Recipe, RecipeError
@@ -88,9 +86,9 @@ def record_stage_cost(run_dir: Path, stage: str, wall_s: float, peak: StagePeak,
     if rank > 0:
         return
     path = Path(run_dir) / layout.STAGE_COSTS
-    costs = json.loads(path.read_text()) if path.is_file() else {}
+    costs = io.read_json(path) if path.is_file() else {}
     costs[stage] = {"wall_s": wall_s, "peak_bytes": peak.own_bytes}
-    write_json(path, costs)
+    io.write_json(path, costs)
 
 
 def recipe_and_run(source: str, out: str | None, overrides: list[str]) -> tuple[Recipe, Path]:

@@ -63,7 +63,7 @@ class Workload:
     setup_s: dict[str, float] = field(default_factory=dict)
 
 
-def setup_s(done: dict, tokens: float | None, rate_key: str) -> float:
+def time_outside_rate(done: dict, tokens: float | None, rate_key: str) -> float:
     """A finished stage's wall time beyond its tokens at its rate: starting vLLM, loading the target."""
     rate = done.get(rate_key)
     if not rate or tokens is None or done.get("wall_s") is None:
@@ -102,7 +102,7 @@ def workload(recipe: Recipe, run_dir: str | Path | None, cfg: PretrainedConfig, 
         # measured rates are per shard or per server (= per target replica)
         replicas_then = regen.get("num_servers") or len(regen.get("shards", [])) or 1
         w.measured["regen_tok_s"] = (regen.get("generation_tokens_per_s") or 0) / replicas_then
-        w.setup_s["regenerate"] = setup_s(
+        w.setup_s["regenerate"] = time_outside_rate(
             regen, regen.get("generated_tokens_this_run"), "generation_tokens_per_s"
         )
     elif "prompts" in done:  # turns counted, prompts rendered; answers still assumed
@@ -117,7 +117,7 @@ def workload(recipe: Recipe, run_dir: str | Path | None, cfg: PretrainedConfig, 
         cap = read_done(run_dir, "capture")
         w.prompt = max(cap["num_tokens"] / cap["num_sequences"] - w.new, 0.0)
         w.measured["capture_tok_s"] = (cap.get("tokens_per_s") or 0) / cap.get("capture_shards", 1)
-        w.setup_s["capture"] = setup_s(cap, cap["num_tokens"], "tokens_per_s")
+        w.setup_s["capture"] = time_outside_rate(cap, cap["num_tokens"], "tokens_per_s")
     if "train" in done:
         trained = read_done(run_dir, "train")
         loop_s = trained.get("loop_s") or trained["wall_s"]  # the step loop; setup (loading, compiling) apart

@@ -10,13 +10,12 @@ rates a finished (smaller) run measured.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
-from eyas.data.target import TargetCount
+from eyas.data.target import TargetCount, host_memory_bytes
 from eyas.gpt_oss import GPT_OSS_SHARED, KNOWN_TARGETS
 from eyas.plan.eval_memory import EvalMemory
 from eyas.plan.tokens import TurnCount
@@ -130,7 +129,9 @@ class Plan:
     assumptions: Assumptions
     turns: TurnCount | None  # counted from --run's prompts stage
     stages_measured: list[str]  # --run's finished stages the figures come from
-    setup_s: dict[str, float]  # each stage's time outside its rate as --run took it (in regen_s, capture_s)
+    setup_s: dict[
+        str, float
+    ]  # each stage's time outside its rate as --run took it (in regen_s, capture_s, train_s)
 
 
 def parse_gpus(text: str) -> tuple[int, str]:
@@ -149,7 +150,7 @@ def parse_gpus(text: str) -> tuple[int, str]:
 def device_memory_gb(kind: str) -> float:
     """A GPU's memory from its datasheet; `cpu`: this host's physical memory."""
     if kind == CPU:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
+        return host_memory_bytes() / 1e9
     return GPUS[kind][0]
 
 
