@@ -6,6 +6,7 @@ from data/sets: none trained on).
 
     python benchmarks/bench_baselines.py                                   # the 1.5B target, k = 3, C = 1, 8
     python benchmarks/bench_baselines.py --draft eagle3=EXPORT_DIR ...     # eyas's exports in the same table
+    python benchmarks/bench_baselines.py --baselines --draft peagle=DIR    # plain and the export only
 
 Per concurrency and row: tau (vLLM's: 1 + accepted drafts / verifications with drafts; per benchmark from each
 prompt's own counters at C = 1; n-gram lookup drafts only where the text repeats, so its tau counts the
@@ -48,16 +49,18 @@ def speculative_runs(args) -> list[dict]:
     """plain, n-gram lookup, the small draft model, then each of eyas's exports (--draft NAME=DIR)."""
     ngram = {"method": "ngram", "num_speculative_tokens": args.k}
     ngram |= {"prompt_lookup_min": args.ngram_min, "prompt_lookup_max": args.ngram_max}
-    small = {
-        "method": "draft_model",
-        "model": resolve_path(args.draft_model),
-        "num_speculative_tokens": args.k,
-    }
-    runs = [
-        {"name": "plain", "speculative_config": None},
-        {"name": f"ngram (lookup {args.ngram_min}-{args.ngram_max})", "speculative_config": ngram},
-        {"name": f"draft model {args.draft_model}", "speculative_config": small},
-    ]
+    runs = [{"name": "plain", "speculative_config": None}]  # every speedup is over this run's plain
+    if "ngram" in args.baselines:
+        runs.append(
+            {"name": f"ngram (lookup {args.ngram_min}-{args.ngram_max})", "speculative_config": ngram}
+        )
+    if "draft-model" in args.baselines:
+        small = {
+            "method": "draft_model",
+            "model": resolve_path(args.draft_model),
+            "num_speculative_tokens": args.k,
+        }
+        runs.append({"name": f"draft model {args.draft_model}", "speculative_config": small})
     for spec in args.draft:
         name, path = spec.split("=", 1)
         if name in {r["name"] for r in runs}:
@@ -131,6 +134,13 @@ def main() -> None:
     ap.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
     ap.add_argument("--draft-model", default="qwen2.5-coder-0.5b-instruct")
     ap.add_argument("--draft", action="append", default=[], help="NAME=DIR: an eyas export for vLLM")
+    ap.add_argument(
+        "--baselines",
+        nargs="*",
+        choices=["ngram", "draft-model"],
+        default=["ngram", "draft-model"],
+        help="baselines beside plain (always run: speedups are over it); none: plain and --draft only",
+    )
     ap.add_argument("--k", type=int, default=3)
     ap.add_argument("--ngram-min", type=int, default=2)
     ap.add_argument("--ngram-max", type=int, default=4)

@@ -1,36 +1,56 @@
 """Each stage's peak memory, for `eyas run`'s stage lines and `RUN/stage_costs.json` (set beside `eyas plan`).
 
-Linux keeps a process's peak resident set (VmHWM in /proc/self/status) and lets the process reset it
-(`echo 5 > /proc/self/clear_refs`, Linux >= 4.0), so a stage's peak is its own, not the run's so far.
-vLLM's processes are not in it (its engine is not a child the kernel reports a peak for once it is
-stopped; `eyas plan` leaves them out too: vllm.gpu_memory_utilization). Elsewhere (macOS, no /proc) the
-peak is None and the stage lines leave memory out.
+Three numbers a stage, because on a CPU host they differ by gigabytes:
+
+- `own_bytes`: eyas's process's peak resident set. Linux keeps it (VmHWM in /proc/self/status) and lets the
+  process reset it (`echo 5 > /proc/self/clear_refs`, Linux >= 4.0), so a stage's peak is its own, not the
+  run's so far. It counts mapped file pages too: a safetensors checkpoint read through mmap is resident while
+  it is read, though the kernel can drop those pages at any time (they are the file's, not the process's).
+- `anon_bytes`: the peak of the process's anonymous memory (RssAnon: tensors, the heap), what it cannot give
+  back; sampled every `SAMPLE_S` (the kernel keeps no peak of it), so a spike shorter than that can be missed.
+- `children_bytes`: the peak sum of the anonymous memory of eyas's child processes and theirs, sampled the
+  same way: a vLLM server eyas started (its API server, its engine core) while the stage runs.
+
+`eyas plan` prices the memory a stage needs, the anonymous kind. Elsewhere (macOS, no /proc) every number is
+None and the stage lines leave memory out. psutil would read the same files; eyas reads them itself rather
+than add a dependency for three fields.
 """
 
 from __future__ import annotations
 
+import os
+import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-STATUS = Path("/proc/self/status")
-CLEAR_REFS = Path("/proc/self/clear_refs")
+PROC = Path("/proc")
+STATUS = PROC / "self" / "status"
+CLEAR_REFS = PROC / "self" / "clear_refs"
+SAMPLE_S = 0.1
 
 
 @dataclass
 class StagePeak:
-    own_bytes: int | None = None  # this process's peak resident set during the stage
+    own_bytes: int | None = None  # this process's peak resident set during the stage (VmHWM)
+    anon_bytes: int | None = None  # its anonymous memory's peak, sampled
+    children_bytes: int | None = None  # its descendants' anonymous memory's peak (summed), sampled
+
+
+def status_field(path: Path, field: str) -> int | None:
+    """A `kB` field of a /proc/PID/status file, in bytes; None where it cannot be read."""
+    try:
+        for line in path.read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def own_peak_bytes() -> int | None:
     """VmHWM of this process, bytes (None where /proc is not there)."""
-    try:
-        for line in STATUS.read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024  # kB
-    except OSError:
-        return None
-    return None
+    return status_field(STATUS, "VmHWM")
 
 
 def reset_own_peak() -> bool:
@@ -42,17 +62,72 @@ def reset_own_peak() -> bool:
         return False
 
 
+def descendants(pid: int) -> list[int]:
+    """Every live process below `pid` (children, theirs, ...), read from /proc/*/stat's parent field."""
+    parent_of: dict[int, int] = {}
+    for entry in PROC.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:  # gone since the listing
+            continue
+        parent_of[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])  # the name may hold spaces
+    found, frontier = [], [pid]
+    while frontier:
+        below = [p for p, pp in parent_of.items() if pp in frontier]
+        found += below
+        frontier = below
+    return found
+
+
+def children_anon_bytes() -> int:
+    """The anonymous memory of this process's descendants, summed, bytes."""
+    return sum(status_field(PROC / str(p) / "status", "RssAnon") or 0 for p in descendants(os.getpid()))
+
+
+class Sampler(threading.Thread):
+    """Reads RssAnon of this process and its descendants every SAMPLE_S until stopped; keeps the peaks."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True, name="eyas-peak-memory")
+        self.stopped = threading.Event()
+        self.anon = self.children = 0
+
+    def sample(self) -> None:
+        self.anon = max(self.anon, status_field(STATUS, "RssAnon") or 0)
+        self.children = max(self.children, children_anon_bytes())
+
+    def run(self) -> None:
+        while not self.stopped.wait(SAMPLE_S):
+            self.sample()
+
+
 @contextmanager
 def stage_peak():
-    """with stage_peak() as peak: ... -> peak.own_bytes filled in on exit."""
+    """with stage_peak() as peak: ... -> peak's fields filled in on exit."""
     peak = StagePeak()
     own = reset_own_peak()
+    sampler = Sampler() if own else None
+    if sampler is not None:
+        sampler.sample()
+        sampler.start()
     try:
         yield peak
     finally:
-        peak.own_bytes = own_peak_bytes() if own else None
+        if sampler is not None:
+            sampler.stopped.set()
+            sampler.join()
+            sampler.sample()
+            peak.own_bytes = own_peak_bytes()
+            peak.anon_bytes = sampler.anon
+            peak.children_bytes = sampler.children
 
 
 def describe(peak: StagePeak) -> str:
-    """', peak memory 6.1 GB (eyas's process)' or ''."""
-    return "" if peak.own_bytes is None else f", peak memory {peak.own_bytes / 1e9:,.1f} GB (eyas's process)"
+    """', peak memory 6.1 GB (eyas's process; 4.2 GB anonymous), child processes 9.0 GB' or ''."""
+    if peak.own_bytes is None:
+        return ""
+    own, anon = peak.own_bytes / 1e9, peak.anon_bytes / 1e9
+    text = f", peak memory {own:,.1f} GB (eyas's process; {anon:,.1f} GB anonymous)"
+    return text + (f", child processes {peak.children_bytes / 1e9:,.1f} GB" if peak.children_bytes else "")

@@ -81,13 +81,19 @@ def run_all(recipe: Recipe, run_dir: str | Path, stages=STAGE_ORDER, progress: b
 
 
 def record_stage_cost(run_dir: Path, stage: str, wall_s: float, peak: StagePeak, rank: int) -> None:
-    """RUN/stage_costs.json: {stage: {wall_s, peak_bytes}} as `eyas run` measured them (rank 0's; a stage run
-    again replaces its entry), to set beside `eyas plan`."""
+    """RUN/stage_costs.json: {stage: {wall_s, peak_bytes, anon_bytes, children_bytes}} as `eyas run` measured
+    them (rank 0's; a stage run again replaces its entry; eyas/peak_memory.py says what each counts), to set
+    beside `eyas plan`."""
     if rank > 0:
         return
     path = Path(run_dir) / layout.STAGE_COSTS
     costs = io.read_json(path) if path.is_file() else {}
-    costs[stage] = {"wall_s": wall_s, "peak_bytes": peak.own_bytes}
+    costs[stage] = {
+        "wall_s": wall_s,
+        "peak_bytes": peak.own_bytes,
+        "anon_bytes": peak.anon_bytes,
+        "children_bytes": peak.children_bytes,
+    }
     io.write_json(path, costs)
 
 

@@ -16,4 +16,32 @@ def test_a_stage_after_a_bigger_one_reports_its_own_peak():
     with stage_peak() as small:
         pass
     assert big.own_bytes - small.own_bytes > 380 * 2**20  # the 400 MiB block, not carried into the next stage
-    assert describe(small) == f", peak memory {small.own_bytes / 1e9:,.1f} GB (eyas's process)"
+    own, anon = small.own_bytes / 1e9, small.anon_bytes / 1e9
+    assert describe(small) == f", peak memory {own:,.1f} GB (eyas's process; {anon:,.1f} GB anonymous)"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc is Linux's")
+def test_anonymous_memory_and_a_child_process_are_counted_apart():
+    """A child's memory (a vLLM server eyas started) counts as the children's, not eyas's; a block this
+    process allocates counts as its anonymous memory."""
+    import subprocess
+    import time
+
+    child_code = (
+        "b = bytearray(300 * 2**20); b[::4096] = b'x' * len(b[::4096]); print('ready', flush=True); input()"
+    )
+    with stage_peak() as peak:
+        child = subprocess.Popen(
+            [sys.executable, "-c", child_code], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        )
+        assert child.stdout.readline() == b"ready\n"
+        time.sleep(0.5)  # several samples
+        child.communicate(b"\n", timeout=30)
+        block = bytearray(200 * 2**20)
+        block[::4096] = b"x" * len(block[::4096])
+        time.sleep(0.5)
+        del block
+    assert peak.children_bytes > 290 * 2**20  # the child's 300 MiB
+    assert peak.anon_bytes > 190 * 2**20  # this process's 200 MiB block, held for several samples
+    assert peak.anon_bytes <= peak.own_bytes
+    assert ", child processes " in describe(peak)

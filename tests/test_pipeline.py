@@ -630,6 +630,7 @@ def test_plan_on_a_cpu_takes_every_rate_from_the_run_and_the_run_records_each_st
         assert cost["wall_s"] > 0, stage
         # this process's own peak in bytes (Linux reports kB): at least the interpreter's resident set
         assert cost["peak_bytes"] > 50e6, stage
+        assert 50e6 < cost["anon_bytes"] <= cost["peak_bytes"], stage  # anonymous: part of the resident set
 
 
 def test_eval_on_a_split_target_measures_what_one_device_does(setup, full_run, tmp_path):

@@ -316,7 +316,9 @@ def score_blocks(
         masked = loss_mask.bool() & shift_right(kept, 2 + d)  # a prediction of x_{i+2+d} counts at kept i
         step_batch = (input_ids[:, lo:ext], masked[:, lo:ext], doc_ids[:, lo:ext])
         w = weights[d] if weights is not None else None
-        loss_d, step, chain = score_step(draft, grid, d, step_batch, target, chain, loss, sampled_text, sp, w)
+        loss_d, step, chain = score_step(
+            draft, grid, d, step_batch, target, chain, loss, sampled_text, sp, w, rows=local
+        )
         chain.text &= local[:, : chain.text.shape[1]]
         out.run_length[:, : chain.text.shape[1]] += chain.text
         total = total + (1.0 if weights is not None else decay**d) * loss_d

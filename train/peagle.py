@@ -29,8 +29,9 @@ The layers' projections, MLPs and norms run over the kept anchors only, so their
 sum_d max(r**d, floor) x T instead of depths x T (r = 0.7, floor 0.2, 8 depths: 3.37 T, not 8 T). Two parts
 stay on the whole (B, T) grid, zeros off the anchors: the attention call (the kernels of
 `train/attention.py` take queries where their index is: a (T x T) pass per depth, as TTT's, O(T) memory)
-and the loss (TTT's `score_step` over the grid's states: gathering the teacher's rows instead would copy
-(N, V_d) per depth, far more than the grid's (B, T, H)). `eyas plan` prices both (eyas/plan/cost.py).
+and the teacher (computed for every position). The loss (TTT's `score_step`) gathers the kept anchors' states
+and teacher rows before the lm_head (`rows`), so depth d's lm_head runs over its kept share only.
+`eyas plan` prices both (eyas/plan/cost.py).
 """
 
 from __future__ import annotations
@@ -209,7 +210,9 @@ def cod_forward(
         # where anchor i was kept): the loss and counts of the kept anchors only
         masked = loss_mask.bool() & shift_right(kept[d], 2 + d)
         batch = (input_ids[:, lo:ext], masked[:, lo:ext], doc_ids[:, lo:ext])  # the shard and its halo
-        loss_d, step, chain = score_step(draft, prenorm, d, batch, target, chain, loss, sampled_text, sp)
+        loss_d, step, chain = score_step(
+            draft, prenorm, d, batch, target, chain, loss, sampled_text, sp, rows=mine if d else None
+        )
         chain.text &= mine[:, : chain.text.shape[1]]
         out.run_length[:, : chain.text.shape[1]] += chain.text
         total = total + (decay**d) * loss_d

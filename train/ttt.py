@@ -329,6 +329,7 @@ def score_step(
     sampled_text: bool = False,
     sp: SequenceParallel | None = None,
     weight: torch.Tensor | None = None,
+    rows: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, ChainState]:
     """Step j's loss and counts. Prediction (j, i) is of x_{i+2+j}, with target distribution z_{i+1+j}:
     indices i < L = min(T-2-j, n) only. hidden (B, n, H); batch: input_ids, loss_mask, doc_ids (B, T), T >= n
@@ -336,18 +337,22 @@ def score_step(
     (B, >=L). -> (loss_j, stats (7,): STEP_ROWS: loss, counted, right, cond_base, cond_right, sampled base,
     sampled right (module docstring); the chains after step j (B, L)). `weight` (B, >= L): each prediction's
     weight in the loss (None: 1; DFlash's D-PACE weights, train/dflash.py), the loss still divided by the
-    count of trained predictions. Under `sp` loss_j is the shard's sum
-    over the whole row's count."""
+    count of trained predictions. `rows` (B, >= L) bool: the only indices whose prediction is read (DFlash's
+    and P-EAGLE's kept anchors; None: every one): the lm_head and the loss run there alone (step_loss), and
+    only they count. Under `sp` loss_j is the shard's sum over the whole row's count."""
     input_ids, loss_mask, doc_ids = batch
     T = input_ids.shape[1]
     L = max(min(T - 2 - j, hidden.shape[1]), 0)
     at = slice(1 + j, 1 + j + L)  # the target's distribution for prediction i: z_{i+1+j}
     same_doc = doc_ids[:, 2 + j : 2 + j + L] == doc_ids[:, :L]  # the predicted token is in i's own sequence
     counted = loss_mask[:, 2 + j : 2 + j + L].bool() & same_doc  # (B, L)
+    if rows is not None:
+        rows = rows[:, :L]
+        counted = counted & rows
     trained = counted & target.in_draft[:, at]
     probs = target.probs[:, at]  # (B, L, V_d)
     w = trained if weight is None else trained * weight[:, :L]
-    loss_sum, pred = step_loss(draft, hidden[:, :L], probs, w, loss)
+    loss_sum, pred = step_loss(draft, hidden[:, :L], probs, w, loss, rows)
     n_trained = trained.sum() if sp is None else sp.sum(trained.sum())
     loss_j = loss_sum / n_trained.clamp(min=1)
 
@@ -405,13 +410,26 @@ def step_attention(run: StepInput, kv: tuple, seen: list):
 
 
 def step_loss(
-    draft: Eagle3Draft, hidden: torch.Tensor, probs: torch.Tensor, weight: torch.Tensor, kind: str = "kl"
+    draft: Eagle3Draft,
+    hidden: torch.Tensor,
+    probs: torch.Tensor,
+    weight: torch.Tensor,
+    kind: str = "kl",
+    rows: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """sum over weighted positions of the loss `kind` (train/loss.py: kl, lk, ce) of the draft's
     distribution against the target's, and the draft's argmax.
     hidden (B, L, H) prenorm, probs (B, L, V_d), weight (B, L) bool or float -> (scalar, (B, L) draft ids).
+    `rows` (B, L) bool: only these positions go through the lm_head (gathered first: N rows of hidden and of
+    probs, never a (B, L, V_d) copy); the argmax elsewhere is draft id 0. A DFlash row of 8,192 positions
+    with 512 anchors runs 1/16 of the lm_head it would over the whole grid.
     Fused with the lm_head (`train/loss.py`), except where DeepSpeed ZeRO-3 holds the lm_head
     weight partitioned outside its module's forward: there through the modules and autograd."""
+    if rows is not None:
+        b, i = rows.nonzero(as_tuple=True)  # (N,) each
+        total, picked = step_loss(draft, hidden[b, i][None], probs[b, i][None], weight[b, i][None], kind)
+        pred = picked.new_zeros(rows.shape).index_put_((b, i), picked[0])
+        return total, pred
     if hasattr(draft.lm_head.weight, "ds_id"):
         return reference_loss(draft.logits, hidden, probs, weight, kind)
     return linear_loss(draft.norm(hidden), draft.lm_head.weight, probs, weight, kind)
