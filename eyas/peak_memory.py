@@ -9,7 +9,9 @@ Three numbers a stage, because on a CPU host they differ by gigabytes:
 - `anon_bytes`: the peak of the process's anonymous memory (RssAnon: tensors, the heap), what it cannot give
   back; sampled every `SAMPLE_S` (the kernel keeps no peak of it), so a spike shorter than that can be missed.
 - `children_bytes`: the peak sum of the anonymous memory of eyas's child processes and theirs, sampled the
-  same way: a vLLM server eyas started (its API server, its engine core) while the stage runs.
+  same way: a vLLM server eyas started (its API server, its engine core), DataLoader or compile workers (a
+  forked child's copy-on-write pages count again there). Each sample reads every /proc/PID/stat (about 1 ms
+  with 70 processes).
 
 `eyas plan` prices the memory a stage needs, the anonymous kind. Elsewhere (macOS, no /proc) every number is
 None and the stage lines leave memory out. psutil would read the same files; eyas reads them itself rather
@@ -118,9 +120,12 @@ def stage_peak():
         if sampler is not None:
             sampler.stopped.set()
             sampler.join()
-            sampler.sample()
+            try:
+                sampler.sample()
+            except OSError:  # never in place of the stage's own exception
+                pass
             peak.own_bytes = own_peak_bytes()
-            peak.anon_bytes = sampler.anon
+            peak.anon_bytes = sampler.anon or None  # None: no RssAnon (Linux < 4.5)
             peak.children_bytes = sampler.children
 
 
@@ -128,6 +133,6 @@ def describe(peak: StagePeak) -> str:
     """', peak memory 6.1 GB (eyas's process; 4.2 GB anonymous), child processes 9.0 GB' or ''."""
     if peak.own_bytes is None:
         return ""
-    own, anon = peak.own_bytes / 1e9, peak.anon_bytes / 1e9
-    text = f", peak memory {own:,.1f} GB (eyas's process; {anon:,.1f} GB anonymous)"
+    text = f", peak memory {peak.own_bytes / 1e9:,.1f} GB (eyas's process"
+    text += f"; {peak.anon_bytes / 1e9:,.1f} GB anonymous)" if peak.anon_bytes else ")"
     return text + (f", child processes {peak.children_bytes / 1e9:,.1f} GB" if peak.children_bytes else "")

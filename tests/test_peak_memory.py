@@ -4,10 +4,10 @@ import sys
 
 import pytest
 
-from eyas.peak_memory import describe, stage_peak
+from eyas.peak_memory import describe, reset_own_peak, stage_peak
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="VmHWM and clear_refs are Linux's")
+@pytest.mark.skipif(not reset_own_peak(), reason="VmHWM and a writable clear_refs are Linux's")
 def test_a_stage_after_a_bigger_one_reports_its_own_peak():
     with stage_peak() as big:
         block = bytearray(400 * 2**20)
@@ -20,7 +20,7 @@ def test_a_stage_after_a_bigger_one_reports_its_own_peak():
     assert describe(small) == f", peak memory {own:,.1f} GB (eyas's process; {anon:,.1f} GB anonymous)"
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc is Linux's")
+@pytest.mark.skipif(not reset_own_peak(), reason="VmHWM and a writable clear_refs are Linux's")
 def test_anonymous_memory_and_a_child_process_are_counted_apart():
     """A child's memory (a vLLM server eyas started) counts as the children's, not eyas's; a block this
     process allocates counts as its anonymous memory."""
@@ -41,7 +41,7 @@ def test_anonymous_memory_and_a_child_process_are_counted_apart():
         block[::4096] = b"x" * len(block[::4096])
         time.sleep(0.5)
         del block
-    assert peak.children_bytes > 290 * 2**20  # the child's 300 MiB
+    assert 290 * 2**20 < peak.children_bytes < 400 * 2**20  # the child's 300 MiB + its interpreter, not ours
     assert peak.anon_bytes > 190 * 2**20  # this process's 200 MiB block, held for several samples
     assert peak.anon_bytes <= peak.own_bytes
     assert ", child processes " in describe(peak)

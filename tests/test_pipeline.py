@@ -1,6 +1,7 @@
 """The whole pipeline on a tiny random gpt-oss target: report fields, and crash + resume."""
 
 import json
+import re
 import time
 
 import pytest
@@ -617,7 +618,10 @@ def test_plan_on_a_cpu_takes_every_rate_from_the_run_and_the_run_records_each_st
     assert p.measured == ["capture_tok_s", "regen_tok_s", "train_tok_s"]
     assert p.regen_tok_s == regen["generation_tokens_per_s"] and p.capture_tok_s == cap["tokens_per_s"]
     assert p.train_tok_s == pytest.approx(tr["tokens_seen"] / tr["loop_s"] / tr["num_processes"])
-    assert render(r, p).startswith(f"plan for {r.name} on 1xCPU ({host_gb:,.0f} GB each; the host's memory")
+    text = render(r, p)
+    assert text.startswith(f"plan for {r.name} on 1xCPU ({host_gb:,.0f} GB each; the host's memory")
+    assert "all-reduce" not in text  # one process: nothing to all-reduce
+    assert re.search(r"= [1-9][\d,.]*[KM]? tokens", text)  # a small run's tokens, not "0.000B tokens"
     with pytest.raises(
         ValueError,
         match=r"--gpus cpu: eyas assumes no CPU's speed; pass --run DIR, a smaller "

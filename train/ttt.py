@@ -427,15 +427,18 @@ def step_loss(
     hidden (B, L, H) prenorm, probs (B, L, V_d), weight (B, L) bool or float -> (scalar, (B, L) draft ids).
     `rows` (B, L) bool: only these positions go through the lm_head (gathered first: N rows of hidden and of
     probs, never a (B, L, V_d) copy); the argmax elsewhere is draft id 0. A DFlash row of 8,192 positions
-    with 512 anchors runs 1/16 of the lm_head it would over the whole grid.
+    with 512 anchors runs 1/16 of the lm_head it would over the whole grid. Under ZeRO-3 the whole grid
+    still runs (weights 0 off `rows`): its lm_head is gathered once a chunk, so every rank must run as many
+    chunks, whatever its anchors.
     Fused with the lm_head (`train/loss.py`), except where DeepSpeed ZeRO-3 holds the lm_head
     weight partitioned outside its module's forward: there through the modules and autograd."""
-    if rows is not None:
+    zero3 = hasattr(draft.lm_head.weight, "ds_id")
+    if rows is not None and not zero3:  # ZeRO-3 gathers the lm_head per chunk: every rank the same grid
         b, i = rows.nonzero(as_tuple=True)  # (N,) each
         total, picked = step_loss(draft, hidden[b, i][None], probs[b, i][None], weight[b, i][None], kind)
         pred = picked.new_zeros(rows.shape).index_put_((b, i), picked[0])
         return total, pred
-    if hasattr(draft.lm_head.weight, "ds_id"):
+    if zero3:
         return reference_loss(draft.logits, hidden, probs, weight, kind)
     return linear_loss(draft.norm(hidden), draft.lm_head.weight, probs, weight, kind)
 

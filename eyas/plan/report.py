@@ -16,6 +16,23 @@ def sp_note(size: int) -> str:
     return f" / {size} GPUs (train.sequence_parallel)" if size > 1 else ""
 
 
+def size(n_bytes: float) -> str:
+    """'4.46 TB', '1.01 GB' or '12.3 MB': a small CPU run's capture reads 0.00 TB otherwise."""
+    for unit, scale in (("TB", 1e12), ("GB", 1e9)):
+        if n_bytes >= scale:
+            return f"{n_bytes / scale:,.2f} {unit}"
+    return f"{n_bytes / 1e6:,.1f} MB"
+
+
+def tokens(n: float) -> str:
+    """'0.194B tokens' (gpt-oss's scale, as the docs quote it), '1.2M', '81.9K' or '640 tokens'."""
+    if n >= 1e8:
+        return f"{n / 1e9:,.3f}B tokens"
+    if n >= 1e6:
+        return f"{n / 1e6:,.1f}M tokens"
+    return f"{n / 1e3:,.1f}K tokens" if n >= 1e4 else f"{n:,.0f} tokens"
+
+
 def hours(seconds: float) -> str:
     return f"{seconds / 3600:,.1f} h" if seconds >= 3600 else f"{seconds / 60:,.1f} min"
 
@@ -35,14 +52,24 @@ FROZEN = {"target_frozen": "embedding and lm_head rows"}  # draft.lm_head -> wha
 def target_lines(recipe: Recipe, p: Plan) -> list[str]:
     """The plan's title, the target's size and where its weights go, the draft's size."""
     t, per_gpu = p.target, p.target_gb_per_gpu
+    weights = (
+        f"  weights: MXFP4 {t.bytes_mxfp4 / 1e9:,.1f} GB, bf16 {t.bytes_bf16 / 1e9:,.1f} GB; spread over the "
+        f"GPUs (target.device_map: auto): {per_gpu['mxfp4']:,.1f} GB / {per_gpu['bf16']:,.1f} GB per GPU "
+        f"({fits(p, per_gpu['mxfp4'])} / {fits(p, per_gpu['bf16'])} with 10% headroom)"
+    )
+    if t.expert_params == 0:  # no MoE experts: nothing is MXFP4
+        cpu = p.gpus.endswith(CPU)
+        where = "in the host's memory" if cpu else "spread over the GPUs (target.device_map: auto)"
+        weights = (
+            f"  weights: bf16 {t.bytes_bf16 / 1e9:,.1f} GB; {where}: {per_gpu['bf16']:,.1f} GB per "
+            f"{'host' if cpu else 'GPU'} ({fits(p, per_gpu['bf16'])} with 10% headroom)"
+        )
     return [
         f"plan for {recipe.name} on {p.gpus} ({p.gpu_memory_gb:,.0f} GB each"
         + ("; the host's memory, every rate measured in --run)" if p.gpus.endswith(CPU) else ")"),
         f"target {recipe.target.model} ({p.config_source}): {t.params / 1e9:,.2f}B parameters, "
         f"{t.expert_params / 1e9:,.2f}B of them MoE expert weights",
-        f"  weights: MXFP4 {t.bytes_mxfp4 / 1e9:,.1f} GB, bf16 {t.bytes_bf16 / 1e9:,.1f} GB; spread over the "
-        f"GPUs (target.device_map: auto): {per_gpu['mxfp4']:,.1f} GB / {per_gpu['bf16']:,.1f} GB per GPU "
-        f"({fits(p, per_gpu['mxfp4'])} / {fits(p, per_gpu['bf16'])} with 10% headroom)",
+        weights,
         f"draft: {p.draft_trainable / 1e6:,.1f}M trainable, {p.draft_frozen / 1e6:,.1f}M frozen (the "
         f"target's {FROZEN.get(recipe.draft.lm_head, 'embedding')})",
     ]
@@ -50,7 +77,7 @@ def target_lines(recipe: Recipe, p: Plan) -> list[str]:
 
 def data_line(recipe: Recipe, p: Plan) -> str:
     """Sequences and tokens, and where they were counted."""
-    t, total = p.turns, f"{p.tokens / 1e9:,.3f}B tokens"
+    t, total = p.turns, tokens(p.tokens)
     if p.conversations is None:
         return (
             "data: data.num_prompts is not set (every prompt of the sources), so the number of sequences "
@@ -81,7 +108,7 @@ def resource_lines(recipe: Recipe, p: Plan) -> list[str]:
     tr, backend = recipe.train, recipe.data.backend
     return [
         f"capture: {p.capture_bytes_per_token:,} bytes/token ({recipe.capture.aux_format}, teacher "
-        f"{recipe.capture.teacher}) = {p.capture_bytes / 1e12:,.2f} TB",
+        f"{recipe.capture.teacher}) = {size(p.capture_bytes)}",
         f"training memory per GPU (DDP): {p.train_gb_per_gpu:,.1f} GB = {p.train_static_gb:,.1f} GB weights, "
         f"gradients, {OPTIMIZER_STATE[tr.optimizer]}, frozen weights, teacher lm_head + "
         f"{p.train_activation_gb:,.1f} GB activations at "
@@ -137,12 +164,15 @@ def limits_lines(recipe: Recipe, p: Plan) -> list[str]:
     per_token = p.read_bytes_s / p.train_tok_s  # an offline capture's bytes per token
     none = " (capture.mode: online stores none)" if recipe.capture.mode == "online" else ""
     lines = [
-        f"storage: an offline capture {per_token * p.tokens / 1e12:,.2f} TB{none}; offline training reads it "
-        f"at {p.read_bytes_s / 1e9:,.2f} GB/s ({per_token:,.0f} bytes/token at {p.train_tok_s:,.0f} tok/s)",
-        f"all-reduce (DDP): {p.allreduce_bytes / 1e9:,.2f} GB of fp32 gradients per optimizer step, "
-        f"{p.allreduce_s * 1e3:,.1f} ms by ring over NVLink (datasheet bandwidth) against a "
-        f"{p.step_s:,.2f} s step ({p.allreduce_s / p.step_s:.1%})",
+        f"storage: an offline capture {size(per_token * p.tokens)}{none}; offline training reads it "
+        f"at {size(p.read_bytes_s)}/s ({per_token:,.0f} bytes/token at {p.train_tok_s:,.0f} tok/s)",
     ]
+    if p.allreduce_s > 0:  # one process (a CPU, one GPU) all-reduces nothing
+        lines.append(
+            f"all-reduce (DDP): {p.allreduce_bytes / 1e9:,.2f} GB of fp32 gradients per optimizer step, "
+            f"{p.allreduce_s * 1e3:,.1f} ms by ring over NVLink (datasheet bandwidth) against a "
+            f"{p.step_s:,.2f} s step ({p.allreduce_s / p.step_s:.1%})"
+        )
     if o is None:
         return lines
     offline_s = p.capture_s + p.train_s
