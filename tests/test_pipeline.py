@@ -620,7 +620,7 @@ def test_plan_on_a_cpu_takes_every_rate_from_the_run_and_the_run_records_each_st
     assert p.train_tok_s == pytest.approx(tr["tokens_seen"] / tr["loop_s"] / tr["num_processes"])
     text = render(r, p)
     assert text.startswith(f"plan for {r.name} on 1xCPU ({host_gb:,.0f} GB each; the host's memory")
-    assert "all-reduce" not in text  # one process: nothing to all-reduce
+    assert "all-reduce" not in text  # one process: nothing to all-reduce, nothing assumed of it
     assert re.search(r"= [1-9][\d,.]*[KM]? tokens", text)  # a small run's tokens, not "0.000B tokens"
     with pytest.raises(
         ValueError,

@@ -228,8 +228,12 @@ def assumption_lines(recipe: Recipe, p: Plan) -> list[str]:
         f"GPUs; capture at {a.capture_mfu:.0%} MFU of the target's active parameters per replica; "
         f"regeneration per H100 replica {a.regen_tok_s_hf_h100:.0f} generated tok/s with HF generate, "
         f"{a.regen_tok_s_server_h100:,.0f} through a vLLM/SGLang server ({server_settings(recipe)}; neither "
-        "measured by eyas at this size); all-reduce at the datasheet NVLink bandwidth each way (what NCCL "
-        "reaches at best)",
+        "measured by eyas at this size)"
+        + (
+            "; all-reduce at the datasheet NVLink bandwidth each way (what NCCL reaches at best)"
+            if p.allreduce_s > 0
+            else ""
+        ),
     ]
 
 
