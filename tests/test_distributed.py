@@ -267,12 +267,15 @@ def test_peagle_sequence_parallel_equals_one_process(deepspeed, base):
     """P-EAGLE with COD sampling, each row over 2 processes (train.sequence_parallel=2, grad_accum 2): every
     rank draws the whole row's anchors (its tokens are whole there) and runs its shard's, the depths' grids
     cross the ranks as TTT's steps do (train/peagle.py cod_forward). The steps, logged losses (within 1e-5),
-    validation counts and replayed tau of one process, and its weights within 2e-6 of each tensor's largest
-    (fp32; the all-to-all and all-reduce sum in another order)."""
+    validation counts and replayed tau of one process, and its weights within 1e-4 of each tensor's largest
+    (fp32; the all-to-all and all-reduce sum in another order, and each rank's lm_head runs over its own
+    shard's kept anchors, gathered: other matmul shapes than one process's. Measured: the losses agree to
+    5e-8 over the 26 steps and the weights to 1.9e-5, a few elements of the lm_head where AdamW divides a
+    near-zero gradient by its own size; 1.2e-6 with the whole grid through the lm_head. As DFlash's below.)"""
     peagle = ("draft.kind=peagle", "train.cod_ratio=0.5", "train.cod_floor=0.3")
     one = train(base, "peagle-single", 1, "train.grad_accum=2", *peagle)
     run = train(base, "peagle-sp2", 2, "train.grad_accum=2", "train.sequence_parallel=2", *peagle)
-    assert_sp_run_is_one_process(run, one)
+    assert_sp_run_is_one_process(run, one, rel=1e-4)
 
 
 def test_dflash_sequence_parallel_equals_one_process(base):
