@@ -60,7 +60,8 @@ from eyas.serve.decoding.reference import greedy_generate
 from eyas.serve.decoding.sampling import SamplingParams
 from eyas.serve.decoding.tree import TreeShape
 from eyas.stages import STAGE_ORDER
-from eyas.train.checkpoint import load_draft_beside
+from eyas.train.checkpoint import load_draft_beside, read_config
+from eyas.train.kinds import refuse_untrained
 from eyas.train.model import Eagle3Draft
 
 
@@ -266,7 +267,7 @@ def resolve_settings(
     ev = recipe.eval
     if ks is None and trees is None:
         ks, trees = list(dict.fromkeys([ev.k, *ev.more_k])), list(ev.tree)
-    return Settings(
+    settings = Settings(
         drafts=drafts or [("eyas", str(layout.run_checkpoint(run_dir)))],
         ks=ks or [],
         shapes=[TreeShape.chain(k) for k in (ks or [])] + [TreeShape.parse(t) for t in (trees or [])],
@@ -275,6 +276,18 @@ def resolve_settings(
         servers=servers or [],
         prefill_tokens=ev.prefill_tokens,
     )
+    refuse_untrained_shapes(settings)
+    return settings
+
+
+def refuse_untrained_shapes(settings: Settings) -> None:
+    """Before the target loads: every chain asked of each draft must be a round it trained where its kind
+    serves only those (train/kinds.py untrained_k: a P-EAGLE draft's depths, a DFlash draft's block)."""
+    for name, path in settings.drafts:
+        cfg = read_config(path)
+        for shape in settings.shapes:
+            if shape.is_chain:
+                refuse_untrained(cfg, shape.steps, f"eval --draft {name} ({path})")
 
 
 def load_drafts(drafts: list[tuple[str, str]], model: torch.nn.Module) -> list[tuple[str, Eagle3Draft]]:

@@ -353,7 +353,12 @@ class TrainSection(Section):
 
 
 class EvalSection(Section):
-    k: int = Field(4, ge=1, description="chain length (draft tokens per verification): the headline shape")
+    k: int = Field(
+        4,
+        ge=1,
+        description="chain length (draft tokens per verification): the headline shape (DFlash: "
+        "its block's drafts, block_size - 1, the only k it trains)",
+    )
     more_k: list[int] = Field([], description="more chain lengths evaluated next to k")
     tree: list[str] = Field([], description="EAGLE-2 dynamic trees as STEPS,TOPK,NUM_DRAFT_TOKENS (SGLang's)")
     concurrency: list[int] = Field([1], description="requests held in flight, one run each")
@@ -416,6 +421,7 @@ class Recipe(Section):
     @model_validator(mode="after")
     def _across(self) -> "Recipe":
         from eyas.serve.decoding.tree import TreeShape
+        from eyas.train.kinds import untrained_k
 
         self._block()
         t = self.train.ttt_steps
@@ -441,6 +447,12 @@ class Recipe(Section):
         kind = self.draft.kind
         parallel = "P-EAGLE and DFlash propose a chain of drafts from one forward: no trees; give eval.k"
         check(kind == "eagle3" or not self.eval.tree, "eval.tree", parallel)
+        for key, k in (
+            ("eval.k", self.eval.k),
+            *((f"eval.more_k[{i}]", k) for i, k in enumerate(self.eval.more_k)),
+        ):
+            untrained = untrained_k(kind, t, k)
+            check(untrained is None, key, untrained)
         depths = f"train.ttt_steps={t}: P-EAGLE trains depths 0..ttt_steps-1, and needs a mask slot (>= 2)"
         check(kind != "peagle" or t >= 2, "train.ttt_steps", depths)
         mask = "is the mask token of a P-EAGLE or DFlash draft: set draft.kind, or leave it null"
@@ -475,6 +487,8 @@ class Recipe(Section):
             tr.ttt_steps = d.block_size - 1
         drafts = f"a block of {d.block_size} drafts {d.block_size - 1} tokens: set train.ttt_steps to that"
         check(tr.ttt_steps == d.block_size - 1, "train.ttt_steps", drafts)
+        if "k" not in self.eval.model_fields_set:  # the block trains whole: it serves whole
+            self.eval.k = tr.ttt_steps
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump()

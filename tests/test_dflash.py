@@ -363,3 +363,59 @@ def test_a_trained_dflash_draft_clears_its_floor_and_weakened_ones_do_not(dflash
         taus[name] = 1 + sum(sum(r.accepted) for r in reqs) / verifications
     print(taus)
     assert taus["trained"] >= 2.1 > max(taus["context cut"], taus["re-drawn"]), taus
+
+
+def test_a_dflash_draft_serves_only_the_block_it_trained(tmp_path):
+    """A DFlash draft that records its training (trained_steps 5: blocks of 6) runs in the loop at k = 5 only:
+    k = 3 (a shorter block, whose slots would see fewer mask slots than in training) is refused in one line
+    that says what to serve, and so is a P-EAGLE draft of 3 trained depths at k = 4 (k <= 3 runs). Without
+    a record (a draft imported from another trainer's layout) the loop runs the shorter block, as vLLM does.
+    `eyas eval` and `eyas serve` refuse it before loading the target, naming the draft. A recipe's DFlash
+    eval.k follows its block (16: 15) and a more_k of another length is refused by name."""
+    from tiny_targets import draft_for, tiny_gpt_oss
+
+    from eyas.errors import InputError
+    from eyas.eval.evaluate import resolve_settings
+    from eyas.recipes.load import RecipeError
+    from eyas.recipes.schema import Recipe
+    from eyas.serve.api.server import build_served
+    from eyas.train.checkpoint import save_draft
+
+    target = tiny_gpt_oss(seed=0)
+    for kind, trained, good, bad, why in (
+        (
+            "dflash",
+            5,
+            5,
+            3,
+            "this DFlash draft trained whole blocks of 6 (train.ttt_steps=5); a shorter or "
+            "longer block is untrained (its slots see other mask slots): serve k = 5",
+        ),
+        (
+            "peagle",
+            3,
+            2,
+            4,
+            "this P-EAGLE draft trained 3 depths (train.ttt_steps=3); a depth past them is "
+            "untrained: serve k <= 3",
+        ),
+    ):
+        draft = draft_for(target, 0, kind=kind)
+        Engine(target, draft, TreeShape.chain(bad), max_batch=2)  # no record: runs
+        draft.config.trained_steps = trained
+        Engine(target, draft, TreeShape.chain(good), max_batch=2)
+        with pytest.raises(ValueError) as e:
+            Engine(target, draft, TreeShape.chain(bad), max_batch=2)
+        assert str(e.value) == f"k={bad}: {why}"
+        ckpt = save_draft(draft, tmp_path / kind, dtype=torch.float32)
+        settings = dict(trees=None, concurrency=None, temperatures=None, servers=None)
+        resolve_settings(Recipe(), tmp_path, [("d", str(ckpt))], [good], **settings)
+        with pytest.raises(InputError) as e:  # eval: before the target loads
+            resolve_settings(Recipe(), tmp_path, [("d", str(ckpt))], [good, bad], **settings)
+        assert str(e.value) == f"eval --draft d ({ckpt}): k={bad}: {why}"
+        with pytest.raises(InputError) as e:  # eyas serve: before the target loads
+            build_served(Recipe(), str(ckpt), TreeShape.chain(bad))
+        assert str(e.value) == f"--draft {ckpt}: k={bad}: {why}"
+    assert Recipe.model_validate({"draft": {"kind": "dflash"}}).eval.k == 15
+    with pytest.raises((RecipeError, ValueError), match=r"eval\.more_k\[0\]: k=7: this DFlash draft trained"):
+        Recipe.model_validate({"draft": {"kind": "dflash"}, "eval": {"more_k": [7]}})

@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from eyas.errors import InputError
+
 from .dflash import DFlashDraft, dflash_forward
 from .model import DraftConfig, Eagle3Draft
 from .peagle import PEagleDraft, cod_forward, cod_share
@@ -41,6 +43,10 @@ class Kind:
     sp_splits_heads: bool = True
     # a draft forward's first lm_head row is its anchor token's, which proposes nothing (DFlash's block)
     anchor_row: bool = False
+    # the rounds of k drafts it serves, given the k it trained (t): any (EAGLE-3's head runs once per draft
+    # whatever k, past t as a chain reuses it), "at_most" t (P-EAGLE: depth d's mask slot trained for d < t
+    # only) or "exactly" t (DFlash trains whole blocks: a shorter block's slots see fewer mask slots)
+    serves: str = "any"
 
 
 KINDS = {
@@ -67,6 +73,7 @@ KINDS = {
         ),
         on_grid=lambda tr: sum(1 - cod_share(d, tr.cod_ratio, tr.cod_floor) for d in range(1, tr.ttt_steps)),
         summary="P-EAGLE: all K drafts from one forward (COD-sampled depths)",
+        serves="at_most",
     ),
     "dflash": Kind(
         DFlashDraft,
@@ -86,8 +93,34 @@ KINDS = {
         summary="DFlash: a block of drafts from one non-causal forward (random anchors)",
         sp_splits_heads=False,
         anchor_row=True,
+        serves="exactly",
     ),
 }
+
+
+def untrained_k(kind: str, trained: int | None, k: int) -> str | None:
+    """Why a round of `k` drafts is a shape a `kind` draft that trained `trained` drafts a round did not
+    train (one line, for a refusal), or None where it did (or `trained` is None: not recorded)."""
+    serves = KINDS[kind].serves
+    if trained is None or serves == "any" or k == trained or (serves == "at_most" and k < trained):
+        return None
+    if serves == "at_most":
+        return (
+            f"k={k}: this P-EAGLE draft trained {trained} depths (train.ttt_steps={trained}); a depth past "
+            f"them is untrained: serve k <= {trained}"
+        )
+    return (
+        f"k={k}: this DFlash draft trained whole blocks of {trained + 1} (train.ttt_steps={trained}); a "
+        f"shorter or longer block is untrained (its slots see other mask slots): serve k = {trained}"
+    )
+
+
+def refuse_untrained(cfg: DraftConfig, k: int, where: str) -> None:
+    """Before a target loads (eval, `eyas serve`): an InputError naming `where` (the draft's flag and path)
+    if a round of `k` drafts is one `cfg`'s draft did not train (untrained_k)."""
+    why = untrained_k(cfg.kind, cfg.trained_steps, k)
+    if why:
+        raise InputError(f"{where}: {why}")
 
 
 def anchor_share(tr) -> float:

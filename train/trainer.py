@@ -89,6 +89,7 @@ def draft_config(recipe: Recipe, tcfg, aux_layer_ids: list[int], draft_vocab_siz
         mask_token_id=mask_token(d, tcfg) if d.kind in ("peagle", "dflash") else None,
         block_size=d.block_size,
         attention_bias=d.attention_bias or None,
+        trained_steps=recipe.train.ttt_steps,
     )
 
 

@@ -79,8 +79,11 @@ def build_served(
     """Load the target (as every stage does) and the draft; start the engine thread."""
     from eyas.data.chat import eos_token_ids
     from eyas.data.target import load_recipe_target, resolve_path
-    from eyas.train.checkpoint import load_draft_beside
+    from eyas.train.checkpoint import load_draft_beside, read_config
+    from eyas.train.kinds import refuse_untrained
 
+    if draft_dir is not None and speculate and shape.is_chain:  # before the target loads
+        refuse_untrained(read_config(draft_dir), shape.steps, f"--draft {draft_dir}")
     model, tok = load_recipe_target(recipe.target)
     eos = set(eos_token_ids(model, tok))
     engines = {"plain": Engine(model, max_batch=max_num_seqs, eos_ids=eos, max_model_len=max_model_len)}

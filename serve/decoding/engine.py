@@ -47,7 +47,7 @@ from eyas.serve.decoding.cache import RowKVCache
 from eyas.serve.decoding.defaults import DECODE_RESERVE, PREFILL_TOKENS, spare_slots
 from eyas.serve.decoding.sampling import RowSampling, SamplingParams, sample, verify
 from eyas.serve.decoding.tree import TreeShape, select_tree
-from eyas.train.kinds import kind_of
+from eyas.train.kinds import kind_of, untrained_k
 
 
 def shapes_for(draft, shapes: list[TreeShape]) -> list[TreeShape]:
@@ -167,6 +167,9 @@ class Engine:
                 raise ValueError(
                     f"a DFlash block of {block} drafts at most {block - 1} tokens, not {shape.steps}"
                 )
+            untrained = untrained_k(draft.config.kind, draft.config.trained_steps, shape.steps)
+            if untrained:
+                raise ValueError(untrained)
             self.tap = HiddenStateTap(target, draft.config.aux_layer_ids)
             self.dcache = RowKVCache(max_batch, max_slots=self.max_model_len + spare)
             H = draft.config.hidden_size
@@ -517,8 +520,9 @@ class Engine:
     def _draft_block(self, n: torch.Tensor, n_max: int, B: int):
         """Step 2 for DFlash (train/dflash.py): one forward of the block [x_n, mask x k] at positions
         n..n+k over the context keys of positions < n, non-causal within the block; slot s drafts x_{n+s}
-        (vLLM's DFlash proposer: num_speculative_tokens = k). A k below the trained block's drafts runs a
-        shorter block, as vLLM does: non-causal, its slots then see fewer mask slots than in training.
+        (vLLM's DFlash proposer: num_speculative_tokens = k). A k below the block's drafts runs a shorter
+        block, as vLLM does (non-causal: its slots see fewer mask slots than in training); eyas refuses it
+        for a draft that records its trained block (train/kinds.py untrained_k), runs it where none is.
         Greedy drafts, as a chain's."""
         k, dev, d = self.shape.steps, self.device, self.draft
         S = k + 1

@@ -32,6 +32,7 @@ from eyas import io
 from eyas.errors import InputError, as_input
 from eyas.layout import resolve_checkpoint
 from eyas.train.checkpoint import load_draft
+from eyas.train.kinds import kind_of, untrained_k
 from eyas.train.model import DraftConfig, Eagle3Draft, KVCache
 
 from . import engines as engine_rules
@@ -216,8 +217,9 @@ def verify_export(path: Path, draft: Eagle3Draft) -> None:
         raise ExportError("export check failed: re-read embed_tokens differs from the draft's own")
     mine, theirs = draft.config, imported.config
     for f in dataclasses.fields(DraftConfig):
-        # own_embedding says where eyas's table came from; no format writes it (the table is compared above)
-        if f.name in ("target_model", "own_embedding"):
+        # own_embedding says where eyas's table came from; no format writes it (the table is compared above);
+        # nor trained_steps (the model card gives train.ttt_steps; the refusal ran before the export)
+        if f.name in ("target_model", "own_embedding", "trained_steps"):
             continue
         if getattr(mine, f.name) != getattr(theirs, f.name):
             raise ExportError(
@@ -295,7 +297,7 @@ def export(
     out_dir: str | Path,
     *,
     dtype: str | torch.dtype = "bfloat16",
-    num_speculative_tokens: int = 3,
+    num_speculative_tokens: int | None = None,
     include_embeddings: bool | None = None,
     engines: tuple[str, ...] | list[str] | None = None,
     target: str | None = None,
@@ -304,6 +306,8 @@ def export(
 
     `engines` (default: every engine that loads `fmt` and serves the draft's kind) are the engines it is
     checked for; `target` overrides the checkpoint's recorded target (e.g. a local copy of it).
+    `num_speculative_tokens` (default: the k a DFlash draft trained, else 3) must be a round the draft
+    trained where its kind serves only those (train/kinds.py untrained_k).
     `include_embeddings` (default: speculators yes, eagle3 no): write embed_tokens.weight. The
     speculators library's loader (transformers 5, meta-device init) leaves a missing embed_tokens as
     uninitialised memory (it fills the verifier's only where the table holds a NaN), so that format
@@ -311,7 +315,7 @@ def export(
     if fmt not in FORMATS:
         raise ExportError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
     dtype = parse_dtype(dtype) if isinstance(dtype, str) else dtype
-    if num_speculative_tokens < 1:
+    if num_speculative_tokens is not None and num_speculative_tokens < 1:
         raise ExportError(f"num_speculative_tokens must be >= 1, got {num_speculative_tokens}")
     selected = tuple(engines) if engines else None
     unsupported = [e for e in selected or () if e not in engine_rules.FORMAT_ENGINES[fmt]]
@@ -328,6 +332,12 @@ def export(
         raise ExportError(
             f"a {cfg.kind} draft is published in the {' or '.join(KIND_FORMATS[cfg.kind])} layout, not {fmt}"
         )
+    if num_speculative_tokens is None:
+        exact = kind_of(cfg).serves == "exactly" and cfg.trained_steps
+        num_speculative_tokens = cfg.trained_steps if exact else 3
+    untrained = untrained_k(cfg.kind, cfg.trained_steps, num_speculative_tokens)
+    if untrained:
+        raise ExportError(f"--num-speculative-tokens {untrained}")
     if include_embeddings is None:  # a draft's own (trained) embedding always goes with it
         include_embeddings = fmt == "speculators" or cfg.own_embedding
     if cfg.own_embedding and not include_embeddings:
@@ -386,8 +396,8 @@ def main_export(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--num-speculative-tokens",
         type=int,
-        default=3,
-        help="speculators format: proposal_methods[0].speculative_tokens (default 3)",
+        help="k: the model card's serving commands and the speculators format's "
+        "proposal_methods[0].speculative_tokens (default: a DFlash draft's trained k, else 3)",
     )
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     parser.add_argument(
