@@ -313,6 +313,13 @@ class TrainSection(Section):
         "train/dflash.py dpace_weights)",
     )
     dpace_alpha: Num = Field(0.5, gt=0, le=1, description="block_weight dpace: the confidences' smoothing")
+    block_lengths: Literal["full", "random"] = Field(
+        "full",
+        description="draft.kind dflash: full trains whole blocks, so a checkpoint serves k = block_size - 1 "
+        "only (a shorter block's slots see fewer mask slots than in training; refused); random draws each "
+        "training block's drafts uniformly in 1 .. block_size - 1 (its later slots neither seen nor scored), "
+        "so every k up to block_size - 1 is a trained shape (validation runs whole blocks)",
+    )
     max_anchors: int = Field(
         512,
         ge=1,
@@ -421,7 +428,7 @@ class Recipe(Section):
     @model_validator(mode="after")
     def _across(self) -> "Recipe":
         from eyas.serve.decoding.tree import TreeShape
-        from eyas.train.kinds import untrained_k
+        from eyas.train.kinds import KINDS, untrained_k
 
         self._block()
         t = self.train.ttt_steps
@@ -451,7 +458,7 @@ class Recipe(Section):
             ("eval.k", self.eval.k),
             *((f"eval.more_k[{i}]", k) for i, k in enumerate(self.eval.more_k)),
         ):
-            untrained = untrained_k(kind, t, k)
+            untrained = untrained_k(kind, KINDS[kind].trained_k(self.train), k)
             check(untrained is None, key, untrained)
         depths = f"train.ttt_steps={t}: P-EAGLE trains depths 0..ttt_steps-1, and needs a mask slot (>= 2)"
         check(kind != "peagle" or t >= 2, "train.ttt_steps", depths)
@@ -470,6 +477,8 @@ class Recipe(Section):
         d, tr = self.draft, self.train
         bias = "is a DFlash draft's option: set draft.kind: dflash, or leave it false"
         check(d.kind == "dflash" or not d.attention_bias, "draft.attention_bias", bias)
+        lengths = "random is a DFlash draft's option (its blocks): set draft.kind: dflash, or leave it full"
+        check(d.kind == "dflash" or tr.block_lengths == "full", "train.block_lengths", lengths)
         if d.kind != "dflash":
             check(
                 d.block_size is None, "draft.block_size", "is a DFlash draft's block: set draft.kind: dflash"

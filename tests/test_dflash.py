@@ -95,6 +95,33 @@ def test_block_logits_equal_the_loops_one_forward(options, monkeypatch):
     assert (drafts[0] != drafts[1])[computed].float().mean() > 0.3  # the slots draft different tokens
 
 
+def test_random_block_lengths_train_the_shorter_blocks_the_loop_runs():
+    """train.block_lengths random (dflash_forward truncate): each block keeps its first 1 .. S - 1 drafts,
+    drawn per block, and its kept slots' logits equal the loop's block of that many drafts (k + 1 slots: the
+    block vLLM runs at num_speculative_tokens k), fp32 within 2e-5; the dropped slots score nothing (zero
+    logits on the grid). Every length is drawn over the row's blocks."""
+    d = dflash(3, num_layers=1)
+    S, T = d.config.block_size, 16
+    g = torch.Generator().manual_seed(4)
+    ids = torch.randint(0, 97, (1, T), generator=g)
+    aux = torch.randn(1, T, d.config.fc_in_features, generator=g) * 3
+    doc = torch.zeros(1, T, dtype=torch.long)
+    torch.manual_seed(0)  # the lengths' draw (unseeded anchors: the global generator)
+    with torch.no_grad():
+        out = dflash_forward(d, aux, ids, torch.ones(1, T), doc, None, S - 1, truncate=True)
+    lengths = set()
+    for i in range(T - 2):
+        kept = [s for s in range(1, S) if out.logits[s - 1][0, i].abs().sum() > 0]
+        n = len(kept)
+        assert kept == list(range(1, n + 1)) and n >= 1, (i, kept)  # a block's first n drafts
+        want = loop_block(d, aux[0], ids[0], 0, i + 1, n + 1)
+        for s in kept:
+            got = out.logits[s - 1][0, i]
+            assert torch.allclose(got, want[s], atol=2e-5), (i, n, s, (got - want[s]).abs().max())
+        lengths.add(n)
+    assert lengths == set(range(1, S)), lengths
+
+
 def test_the_mask_slots_see_each_other_and_the_context_before_the_anchor_only():
     """Non-causal block: changing the block's last slot token changes slot 1's logits. Training's block at
     anchor 6 reads no target state of position 6 (not yet verified when it drafts), the block at anchor 7
@@ -366,12 +393,13 @@ def test_a_trained_dflash_draft_clears_its_floor_and_weakened_ones_do_not(dflash
 
 
 def test_a_dflash_draft_serves_only_the_block_it_trained(tmp_path):
-    """A DFlash draft that records its training (trained_steps 5: blocks of 6) runs in the loop at k = 5 only:
-    k = 3 (a shorter block, whose slots would see fewer mask slots than in training) is refused in one line
-    that says what to serve, and so is a P-EAGLE draft of 3 trained depths at k = 4 (k <= 3 runs). Without
-    a record (a draft imported from another trainer's layout) the loop runs the shorter block, as vLLM does.
-    `eyas eval` and `eyas serve` refuse it before loading the target, naming the draft. A recipe's DFlash
-    eval.k follows its block (16: 15) and a more_k of another length is refused by name."""
+    """A DFlash draft that records its training (trained_k [5]: whole blocks of 6) runs in the loop at k = 5
+    only: k = 3 (a shorter block, whose slots would see fewer mask slots than in training) is refused in one
+    line that says what to serve, and so is a P-EAGLE draft of 3 trained depths at k = 4 (k <= 3 runs).
+    Without a record (a draft imported from another trainer's layout) the loop runs the shorter block, as
+    vLLM does. `eyas eval` and `eyas serve` refuse it before loading the target, naming the draft. A recipe's
+    DFlash eval.k follows its block (16: 15), a more_k of another length is refused by name, and with
+    train.block_lengths random every k up to the block's is trained (an option of DFlash's alone)."""
     from tiny_targets import draft_for, tiny_gpt_oss
 
     from eyas.errors import InputError
@@ -380,20 +408,22 @@ def test_a_dflash_draft_serves_only_the_block_it_trained(tmp_path):
     from eyas.recipes.schema import Recipe
     from eyas.serve.api.server import build_served
     from eyas.train.checkpoint import save_draft
+    from eyas.train.kinds import KINDS
 
     target = tiny_gpt_oss(seed=0)
     for kind, trained, good, bad, why in (
         (
             "dflash",
-            5,
+            [5],
             5,
             3,
-            "this DFlash draft trained whole blocks of 6 (train.ttt_steps=5); a shorter or "
-            "longer block is untrained (its slots see other mask slots): serve k = 5",
+            "this DFlash draft trained whole blocks of 6 only (train.block_lengths: full); a shorter block's "
+            "slots see fewer mask slots than in training: serve k = 5, or train it with train.block_lengths: "
+            "random",
         ),
         (
             "peagle",
-            3,
+            [1, 2, 3],
             2,
             4,
             "this P-EAGLE draft trained 3 depths (train.ttt_steps=3); a depth past them is "
@@ -402,7 +432,7 @@ def test_a_dflash_draft_serves_only_the_block_it_trained(tmp_path):
     ):
         draft = draft_for(target, 0, kind=kind)
         Engine(target, draft, TreeShape.chain(bad), max_batch=2)  # no record: runs
-        draft.config.trained_steps = trained
+        draft.config.trained_k = trained
         Engine(target, draft, TreeShape.chain(good), max_batch=2)
         with pytest.raises(ValueError) as e:
             Engine(target, draft, TreeShape.chain(bad), max_batch=2)
@@ -417,5 +447,15 @@ def test_a_dflash_draft_serves_only_the_block_it_trained(tmp_path):
             build_served(Recipe(), str(ckpt), TreeShape.chain(bad))
         assert str(e.value) == f"--draft {ckpt}: k={bad}: {why}"
     assert Recipe.model_validate({"draft": {"kind": "dflash"}}).eval.k == 15
+    shorter = {"draft": {"kind": "dflash", "block_size": 6}, "train": {"block_lengths": "random"}}
+    assert KINDS["dflash"].trained_k(Recipe.model_validate({**shorter, "eval": {"k": 3}}).train) == [
+        1,
+        2,
+        3,
+        4,
+        5,
+    ]
+    with pytest.raises((RecipeError, ValueError), match=r"train\.block_lengths: random is a DFlash draft's"):
+        Recipe.model_validate({"train": {"block_lengths": "random"}})
     with pytest.raises((RecipeError, ValueError), match=r"eval\.more_k\[0\]: k=7: this DFlash draft trained"):
         Recipe.model_validate({"draft": {"kind": "dflash"}, "eval": {"more_k": [7]}})

@@ -270,11 +270,13 @@ def test_a_trained_embedding_is_the_drafts_own_wherever_it_runs(tmp_path, target
 
 
 def test_only_the_rounds_a_draft_trained_are_exported(tmp_path, target):
-    """A checkpoint records the drafts a round it trained (DraftConfig.trained_steps, train.ttt_steps): a
+    """A checkpoint records the rounds of k drafts it trained (DraftConfig.trained_k: 1 .. train.ttt_steps): a
     P-EAGLE draft of 3 depths exports at k <= 3 and is refused at 4, naming the flag and what to serve; an
     EAGLE-3 head (a chain reuses it) exports past its TTT steps; a P-EAGLE draft with no record (imported
     from another trainer) exports at any k. Nothing is written for a refused export."""
-    trained = saved(tmp_path, make_draft(0, target, kind="peagle", mask_token_id=7, trained_steps=3), "pe")
+    trained = saved(
+        tmp_path, make_draft(0, target, kind="peagle", mask_token_id=7, trained_k=[1, 2, 3]), "pe"
+    )
     export(trained, "eagle3", tmp_path / "k3", dtype="float32", num_speculative_tokens=3)
     with pytest.raises(ExportError) as e:
         export(trained, "eagle3", tmp_path / "k4", dtype="float32", num_speculative_tokens=4)
@@ -283,7 +285,7 @@ def test_only_the_rounds_a_draft_trained_are_exported(tmp_path, target):
         "them is untrained: serve k <= 3"
     )
     assert not (tmp_path / "k4").exists()
-    eagle = saved(tmp_path, make_draft(0, target, trained_steps=3), "e3")
+    eagle = saved(tmp_path, make_draft(0, target, trained_k=[1, 2, 3]), "e3")
     export(eagle, "eagle3", tmp_path / "e3k5", dtype="float32", num_speculative_tokens=5)
     unknown = saved(tmp_path, make_draft(0, target, kind="peagle", mask_token_id=7), "unknown")
     export(unknown, "eagle3", tmp_path / "k8", dtype="float32", num_speculative_tokens=8)

@@ -238,6 +238,7 @@ def dflash_forward(
     anchors: int | None = None,
     anchor_seed: tuple[int, ...] | None = None,
     dpace: float | None = None,
+    truncate: bool = False,
 ) -> TTTOutput:
     """The blocks of `depths` + 1 slots (the draft's block_size) at the kept anchors of a right-padded
     (optionally packed) batch, scored as TTT's steps (module docstring): TTT's inputs and outputs. aux
@@ -245,7 +246,9 @@ def dflash_forward(
     index); `anchor_seed` seeds each row's draw with its tokens (row_seeds; None: the global generator).
     With `keep_logits` (or no target) out.logits[d] (B, T, V_d) holds slot d + 1's logits at index i for
     the block anchored at i + 1, zeros off the kept anchors. `attention` is unused (SDPA over the blocks).
-    `dpace` (alpha): D-PACE's weights over each block (`dpace_weights`) instead of decay**d.
+    `dpace` (alpha): D-PACE's weights over each block (`dpace_weights`) instead of decay**d. `truncate`
+    (train.block_lengths random): each block keeps its first 1 .. depths drafts (`block_drafts`), its later
+    slots neither seen by the block's other slots nor scored: the shorter blocks the loop runs at k < depths.
     `sp` (train/sequence_parallel.py): aux is this rank's shard [lo, hi) of each row and `target` the shard
     and its halo, the rest whole; the rank runs the blocks of its shard's indices against the whole row's
     context (`block_outputs`), and out holds the shard's grids (B, n, ...), the whole row's counts and run
@@ -268,6 +271,7 @@ def dflash_forward(
     # training: blocks whose first draft counts, drawn (the whole row's: every rank of an sp group draws
     # the same); validation: every block with a draft that counts. This rank runs its shard's indices.
     kept = anchor_picks(counted[0] if anchors else counted.any(0), anchors, seeds)  # (B, T) indices i
+    drafts = block_drafts(kept, depths, seeds) if truncate else None  # (B, T) each block's drafts
     mine = torch.zeros_like(kept)
     mine[:, lo:hi] = kept[:, lo:hi]
 
@@ -278,23 +282,51 @@ def dflash_forward(
     blocks = (
         mine if any_kept else torch.zeros_like(mine).index_fill_(1, mine.new_zeros(1, dtype=torch.long), True)
     )
-    prenorm = block_outputs(draft, aux, input_ids, doc_ids, pos, blocks, S, checkpoint_layer, sp)  # (N, S, H)
+    slots = drafts + 1 if drafts is not None and any_kept else None  # (B, T) the slots each block keeps
+    prenorm = block_outputs(draft, aux, input_ids, doc_ids, pos, blocks, S, checkpoint_layer, sp, slots)
     idle = 0.0 if any_kept else prenorm.float().sum() * 0
     prenorm = prenorm if any_kept else prenorm[:0]
     opts = dict(
         decay=decay, keep_logits=keep_logits, loss=loss, sampled_text=sampled_text, sp=sp, dpace=dpace
     )
-    return score_blocks(draft, prenorm, kept, (input_ids, loss_mask, doc_ids), target, depths, idle, **opts)
+    batch = (input_ids, loss_mask, doc_ids)
+    return score_blocks(draft, prenorm, kept, batch, target, depths, idle, drafts=drafts, **opts)
+
+
+def block_drafts(kept: torch.Tensor, depths: int, seeds: list[int] | None) -> torch.Tensor:
+    """kept (B, T) bool -> (B, T) long: each kept block's drafts, uniform in 1 .. depths, 0 elsewhere; each
+    row from its own generator (its anchors' seed, next in line: the same on every rank of an sp group)."""
+    out = torch.zeros(kept.shape, dtype=torch.long, device=kept.device)
+    for b in range(kept.shape[0]):
+        gen = torch.Generator().manual_seed((seeds[b] + 1) % (1 << 63)) if seeds is not None else None
+        n = int(kept[b].sum())
+        out[b, kept[b]] = torch.randint(1, depths + 1, (n,), generator=gen).to(kept.device)
+    return out
 
 
 def score_blocks(
-    draft, prenorm, kept, batch, target, depths, idle, *, decay, keep_logits, loss, sampled_text, sp, dpace
+    draft,
+    prenorm,
+    kept,
+    batch,
+    target,
+    depths,
+    idle,
+    *,
+    decay,
+    keep_logits,
+    loss,
+    sampled_text,
+    sp,
+    dpace,
+    drafts=None,
 ) -> TTTOutput:
     """The blocks' outputs prenorm (N, S, H) at this rank's kept indices (kept (B, T): the whole row's) scored
     as TTT's steps on (B, n) grids of this rank's shard [lo, hi) (n = T without sp); batch: input_ids,
     loss_mask, doc_ids (B, T) whole. Under `sp` the counts and run lengths come back for the whole row and
     the loss is this shard's part of the row's (as ttt_forward); `idle` (0, or a zero that holds the
-    idle block's graph) starts the loss. -> TTTOutput."""
+    idle block's graph) starts the loss. `drafts` (B, T) long: each block's drafts (block_drafts; None:
+    all), draft d scored at the blocks that keep it. -> TTTOutput."""
     input_ids, loss_mask, doc_ids = batch
     B, T = input_ids.shape
     lo, hi, ext = sp.bounds(T) if sp is not None else (0, T, T)
@@ -305,21 +337,24 @@ def score_blocks(
     chain, stats, total = ChainState.start(B, hi - lo, input_ids.device), [], out.loss
     window = (loss_mask[:, lo:ext], doc_ids[:, lo:ext])  # the shard and its halo (the teacher's window)
     weights = None
+    n_drafts = drafts[:, lo:hi] if drafts is not None else None
     if dpace is not None and target is not None:
-        weights = dpace_weights(draft, prenorm, local, target, *window, dpace)
+        weights = dpace_weights(draft, prenorm, local, target, *window, dpace, n_drafts)
     for d in range(depths):
         grid = to_grid(prenorm[None, :, d + 1], flat, B, hi - lo)  # (B, n, H): slot d + 1 at index i
+        at = kept if drafts is None else kept & (drafts > d)  # (B, T) the blocks that keep draft d
+        here = at[:, lo:hi]
         if target is None or keep_logits:
-            out.logits.append(draft.logits(grid) * local[..., None])
+            out.logits.append(draft.logits(grid) * here[..., None])
         if target is None:
             continue
-        masked = loss_mask.bool() & shift_right(kept, 2 + d)  # a prediction of x_{i+2+d} counts at kept i
+        masked = loss_mask.bool() & shift_right(at, 2 + d)  # a prediction of x_{i+2+d} counts at kept i
         step_batch = (input_ids[:, lo:ext], masked[:, lo:ext], doc_ids[:, lo:ext])
         w = weights[d] if weights is not None else None
         loss_d, step, chain = score_step(
-            draft, grid, d, step_batch, target, chain, loss, sampled_text, sp, w, rows=local
+            draft, grid, d, step_batch, target, chain, loss, sampled_text, sp, w, rows=here
         )
-        chain.text &= local[:, : chain.text.shape[1]]
+        chain.text &= here[:, : chain.text.shape[1]]
         out.run_length[:, : chain.text.shape[1]] += chain.text
         total = total + (1.0 if weights is not None else decay**d) * loss_d
         stats.append(step)
@@ -333,14 +368,17 @@ def score_blocks(
 
 
 @torch.no_grad()
-def dpace_weights(draft, prenorm, kept, target: TargetView, loss_mask, doc_ids, alpha: float) -> list:
+def dpace_weights(
+    draft, prenorm, kept, target: TargetView, loss_mask, doc_ids, alpha: float, drafts=None
+) -> list:
     """D-PACE (speculators' dpace_loss_decay): in each block the weight of draft d is
     sum_{m >= d} prod_{l <= m} c_l over the trained drafts (the rest count as 1 in the product, 0 in the
     sum), c_l = (1 - alpha) q_l + alpha and q_l the draft's probability of the target's argmax: the expected
     accepted run that draft d's being right starts. -> per draft d a (B, n) grid at the kept indices.
     speculators takes q = exp(-CE) and so requires its CE loss; here q is the probability itself, whatever
     train.loss is. kept (B, n) the grid's indices (sp: this rank's shard, from its start); loss_mask, doc_ids
-    and target (B, T) over the same start (sp: the shard and its halo)."""
+    and target (B, T) over the same start (sp: the shard and its halo); drafts (B, n) long each block's drafts
+    (block_drafts; None: all): a draft past them is not trained."""
     (B, n), T = kept.shape, loss_mask.shape[1]
     N, S, _ = prenorm.shape
     b, i = kept.nonzero(as_tuple=True)  # (N,) rows, indices (row-major: the blocks' order)
@@ -354,7 +392,9 @@ def dpace_weights(draft, prenorm, kept, target: TargetView, loss_mask, doc_ids, 
         ok = pred < T
         at_c, pred_c = at.clamp(max=T - 1), pred.clamp(max=T - 1)
         counted = ok & loss_mask[b, pred_c].bool() & (doc_ids[b, pred_c] == doc_ids[b, i])
-        trained[:, d] = counted & target.in_draft[b, at_c]
+        trained[:, d] = (
+            counted & target.in_draft[b, at_c] & (drafts[b, i] > d if drafts is not None else True)
+        )
         logp = draft.logits(prenorm[:, d + 1]).float().log_softmax(-1)  # (N, V_d)
         q[:, d] = logp.gather(-1, to_draft[target.argmax[b, at_c]][:, None]).squeeze(-1).exp()
     c = torch.where(trained, (1 - alpha) * q + alpha, torch.ones_like(q))
@@ -364,12 +404,15 @@ def dpace_weights(draft, prenorm, kept, target: TargetView, loss_mask, doc_ids, 
     return [to_grid(w[None, :, d, None], flat, B, n)[..., 0] for d in range(S - 1)]
 
 
-def block_outputs(draft, aux, input_ids, doc_ids, pos, kept, S: int, ckpt: bool, sp=None) -> torch.Tensor:
+def block_outputs(
+    draft, aux, input_ids, doc_ids, pos, kept, S: int, ckpt: bool, sp=None, slots=None
+) -> torch.Tensor:
     """The blocks anchored at i + 1 for the kept indices i (B, T) -> prenorm (N, S, H), N the kept count in
     row-major order (kept.flatten().nonzero()). Every row's blocks go through each layer in ONE call (the
     batch's context keys of all rows projected there): the same calls on every rank, which FSDP2's and
     ZeRO-3's gathers need. Under `sp` aux (B, n, n_aux*H_t) is this rank's shard: its context is gathered
-    whole (SequenceParallel.all_tokens, once, before the layers), and every layer projects it all."""
+    whole (SequenceParallel.all_tokens, once, before the layers), and every layer projects it all. `slots`
+    (B, T) long: the slots each block keeps (its first ones; None: all S): the rest are keys to none."""
     ctx = draft.context(draft.fuse(aux))  # (B, T, H) (sp: (B, n, H), then the whole row's)
     if sp is not None:
         ctx = sp.all_tokens(ctx)
@@ -379,7 +422,7 @@ def block_outputs(draft, aux, input_ids, doc_ids, pos, kept, S: int, ckpt: bool,
     x = x.reshape(1, -1, ctx.shape[-1])  # (1, N * S, H)
     rope_q = draft.rotary((pos[b, a][:, None] + torch.arange(S, device=a.device)).reshape(1, -1), ctx.dtype)
     rope_c = draft.rotary(pos, ctx.dtype)  # (B, T, d)
-    attend = block_attention(doc_ids, b, a, S)
+    attend = block_attention(doc_ids, b, a, S, slots[b, i] if slots is not None else None)
     for layer in draft.layers:
         args = (x, ctx, rope_q, rope_c, attend)
         if ckpt and torch.is_grad_enabled():
@@ -389,11 +432,12 @@ def block_outputs(draft, aux, input_ids, doc_ids, pos, kept, S: int, ckpt: bool,
     return x.view(-1, S, x.shape[-1])
 
 
-def block_attention(doc: torch.Tensor, rows: torch.Tensor, anchors: torch.Tensor, S: int):
+def block_attention(doc: torch.Tensor, rows: torch.Tensor, anchors: torch.Tensor, S: int, slots=None):
     """-> attend(q, k, v, kc, vc) for the batch's blocks: q, k, v (1, heads, N * S, d) the blocks' own (block
     j's slots at j * S .., its row rows[j], row-major), kc, vc (B, n_kv, T, d) the rows' context. Block j sees
     its row's context positions p < anchors[j] with doc[p] == doc[anchors[j]], and its own S keys
-    (non-causal). A row's blocks run in chunks: `chunk_of` bounds each chunk's scores (CPU) or mask (CUDA)."""
+    (non-causal; `slots` (N,) long: only its first slots[j] keys). A row's blocks run in chunks: `chunk_of`
+    bounds each chunk's scores (CPU) or mask (CUDA)."""
     B, T = doc.shape
     p = torch.arange(T, device=doc.device)
     sees = (p[None] < anchors[:, None]) & (doc[rows] == doc[rows, anchors][:, None])  # (N, T)
@@ -410,7 +454,10 @@ def block_attention(doc: torch.Tensor, rows: torch.Tensor, anchors: torch.Tensor
             for s in range(bounds[r], bounds[r + 1], chunk):
                 e = min(bounds[r + 1], s + chunk)
                 own = torch.eye(e - s, dtype=torch.bool, device=doc.device).repeat_interleave(S, 0)
-                mask = torch.cat([sees[s:e].repeat_interleave(S, 0), own.repeat_interleave(S, 1)], dim=1)
+                own = own.repeat_interleave(S, 1)  # (n * S, n * S): each block its own keys
+                if slots is not None:  # a truncated block's later slots are keys to none
+                    own = own & (torch.arange(S, device=doc.device) < slots[s:e, None]).flatten()[None]
+                mask = torch.cat([sees[s:e].repeat_interleave(S, 0), own], dim=1)
                 keys = torch.cat([kc[r : r + 1], k[:, :, s * S : e * S]], dim=2)  # (1, h, T + n * S, d)
                 values = torch.cat([vc[r : r + 1], v[:, :, s * S : e * S]], dim=2)
                 qs = q[:, :, s * S : e * S]

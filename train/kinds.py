@@ -43,10 +43,12 @@ class Kind:
     sp_splits_heads: bool = True
     # a draft forward's first lm_head row is its anchor token's, which proposes nothing (DFlash's block)
     anchor_row: bool = False
-    # the rounds of k drafts it serves, given the k it trained (t): any (EAGLE-3's head runs once per draft
-    # whatever k, past t as a chain reuses it), "at_most" t (P-EAGLE: depth d's mask slot trained for d < t
-    # only) or "exactly" t (DFlash trains whole blocks: a shorter block's slots see fewer mask slots)
-    serves: str = "any"
+    # train section -> the rounds of k drafts training made (DraftConfig.trained_k: what the checkpoint
+    # records)
+    trained_k: Callable = lambda tr: list(range(1, tr.ttt_steps + 1))
+    # (trained k's, k) -> why a round of k drafts outside them is untrained (a refusal's line); None: every
+    # k is served (EAGLE-3's head runs once per draft, so past its TTT steps a chain reuses it)
+    untrained: Callable | None = None
 
 
 KINDS = {
@@ -73,7 +75,10 @@ KINDS = {
         ),
         on_grid=lambda tr: sum(1 - cod_share(d, tr.cod_ratio, tr.cod_floor) for d in range(1, tr.ttt_steps)),
         summary="P-EAGLE: all K drafts from one forward (COD-sampled depths)",
-        serves="at_most",
+        untrained=lambda ks, k: (
+            f"this P-EAGLE draft trained {max(ks)} depths (train.ttt_steps={max(ks)}); a depth past them is "
+            f"untrained: serve k <= {max(ks)}"
+        ),
     ),
     "dflash": Kind(
         DFlashDraft,
@@ -83,6 +88,7 @@ KINDS = {
             "anchors": tr.max_anchors,
             "anchor_seed": (tr.seed, 0),
             "dpace": tr.dpace_alpha if tr.block_weight == "dpace" else None,
+            "truncate": tr.block_lengths == "random",
         },
         chains_only=True,
         draft_forwards=lambda shape: 1,  # one block a round (the context's keys: a projection per token)
@@ -93,32 +99,35 @@ KINDS = {
         summary="DFlash: a block of drafts from one non-causal forward (random anchors)",
         sp_splits_heads=False,
         anchor_row=True,
-        serves="exactly",
+        # train.block_lengths full: whole blocks only; random: every block of 2 .. block_size slots
+        trained_k=lambda tr: (
+            [tr.ttt_steps] if tr.block_lengths == "full" else list(range(1, tr.ttt_steps + 1))
+        ),
+        untrained=lambda ks, k: (
+            f"this DFlash draft trained whole blocks of {max(ks) + 1} only (train.block_lengths: full); a "
+            f"shorter block's slots see fewer mask slots than in training: serve k = {max(ks)}, or train it "
+            "with train.block_lengths: random"
+            if len(ks) == 1
+            else f"this DFlash draft trained blocks of up to {max(ks) + 1}: serve k <= {max(ks)}"
+        ),
     ),
 }
 
 
-def untrained_k(kind: str, trained: int | None, k: int) -> str | None:
-    """Why a round of `k` drafts is a shape a `kind` draft that trained `trained` drafts a round did not
-    train (one line, for a refusal), or None where it did (or `trained` is None: not recorded)."""
-    serves = KINDS[kind].serves
-    if trained is None or serves == "any" or k == trained or (serves == "at_most" and k < trained):
+def untrained_k(kind: str, trained: list[int] | None, k: int) -> str | None:
+    """Why a round of `k` drafts is a shape a `kind` draft that trained rounds of `trained` drafts did not
+    train (one line, for a refusal), or None where it did, where its kind serves any k, or where `trained`
+    is None (not recorded: a draft imported from another trainer's layout, or an older one)."""
+    untrained = KINDS[kind].untrained
+    if trained is None or untrained is None or k in trained:
         return None
-    if serves == "at_most":
-        return (
-            f"k={k}: this P-EAGLE draft trained {trained} depths (train.ttt_steps={trained}); a depth past "
-            f"them is untrained: serve k <= {trained}"
-        )
-    return (
-        f"k={k}: this DFlash draft trained whole blocks of {trained + 1} (train.ttt_steps={trained}); a "
-        f"shorter or longer block is untrained (its slots see other mask slots): serve k = {trained}"
-    )
+    return f"k={k}: {untrained(trained, k)}"
 
 
 def refuse_untrained(cfg: DraftConfig, k: int, where: str) -> None:
     """Before a target loads (eval, `eyas serve`): an InputError naming `where` (the draft's flag and path)
     if a round of `k` drafts is one `cfg`'s draft did not train (untrained_k)."""
-    why = untrained_k(cfg.kind, cfg.trained_steps, k)
+    why = untrained_k(cfg.kind, cfg.trained_k, k)
     if why:
         raise InputError(f"{where}: {why}")
 

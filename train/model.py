@@ -62,7 +62,7 @@ OPTIONS = (
     "mask_token_id",
     "block_size",
     "attention_bias",
-    "trained_steps",
+    "trained_k",
 )
 
 
@@ -102,10 +102,10 @@ class DraftConfig:
     # the draft's embed_tokens is its own (trained: speculators' P-EAGLE trains it), not the target's: read
     # from its file wherever it runs and exported with it (vLLM keeps a draft's distinct embedding)
     own_embedding: bool = False
-    # the drafts a round that training unrolled (train.ttt_steps: EAGLE-3's TTT steps, P-EAGLE's depths,
-    # DFlash's block_size - 1); the loop refuses a round its kind did not train (train/kinds.py
-    # untrained_k). None: not recorded (a draft imported from another trainer's layout, or an older one)
-    trained_steps: int | None = None
+    # the rounds of k drafts training made (train/kinds.py Kind.trained_k: 1 .. train.ttt_steps; a DFlash
+    # draft's whole block only, unless train.block_lengths: random); the loop refuses a round its kind did
+    # not train (untrained_k). None: not recorded (a draft imported from another trainer's layout)
+    trained_k: list[int] | None = None
 
     def __post_init__(self):
         if self.target_hidden_size is None:

@@ -45,7 +45,7 @@ from .distributed import (
     launcher_kind,
     process_state,
 )
-from .kinds import kind_of, make_draft
+from .kinds import KINDS, kind_of, make_draft
 from .model import OPTIONS, DraftConfig, Eagle3Draft, Rotary
 from .online_vllm import ProducerStopped, VllmFeed, feed_stats, start_feed
 from .optim import make_optimizer
@@ -89,7 +89,7 @@ def draft_config(recipe: Recipe, tcfg, aux_layer_ids: list[int], draft_vocab_siz
         mask_token_id=mask_token(d, tcfg) if d.kind in ("peagle", "dflash") else None,
         block_size=d.block_size,
         attention_bias=d.attention_bias or None,
-        trained_steps=recipe.train.ttt_steps,
+        trained_k=KINDS[d.kind].trained_k(recipe.train),
     )
 
 

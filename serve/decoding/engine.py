@@ -167,7 +167,7 @@ class Engine:
                 raise ValueError(
                     f"a DFlash block of {block} drafts at most {block - 1} tokens, not {shape.steps}"
                 )
-            untrained = untrained_k(draft.config.kind, draft.config.trained_steps, shape.steps)
+            untrained = untrained_k(draft.config.kind, draft.config.trained_k, shape.steps)
             if untrained:
                 raise ValueError(untrained)
             self.tap = HiddenStateTap(target, draft.config.aux_layer_ids)

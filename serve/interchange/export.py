@@ -218,8 +218,8 @@ def verify_export(path: Path, draft: Eagle3Draft) -> None:
     mine, theirs = draft.config, imported.config
     for f in dataclasses.fields(DraftConfig):
         # own_embedding says where eyas's table came from; no format writes it (the table is compared above);
-        # nor trained_steps (the model card gives train.ttt_steps; the refusal ran before the export)
-        if f.name in ("target_model", "own_embedding", "trained_steps"):
+        # nor trained_k (the model card gives train.ttt_steps; the refusal ran before the export)
+        if f.name in ("target_model", "own_embedding", "trained_k"):
             continue
         if getattr(mine, f.name) != getattr(theirs, f.name):
             raise ExportError(
@@ -306,8 +306,8 @@ def export(
 
     `engines` (default: every engine that loads `fmt` and serves the draft's kind) are the engines it is
     checked for; `target` overrides the checkpoint's recorded target (e.g. a local copy of it).
-    `num_speculative_tokens` (default: the k a DFlash draft trained, else 3) must be a round the draft
-    trained where its kind serves only those (train/kinds.py untrained_k).
+    `num_speculative_tokens` (default 3, or the nearest k the draft trained where its kind serves only those:
+    a DFlash draft's block) must be a round it trained there (train/kinds.py untrained_k).
     `include_embeddings` (default: speculators yes, eagle3 no): write embed_tokens.weight. The
     speculators library's loader (transformers 5, meta-device init) leaves a missing embed_tokens as
     uninitialised memory (it fills the verifier's only where the table holds a NaN), so that format
@@ -332,10 +332,10 @@ def export(
         raise ExportError(
             f"a {cfg.kind} draft is published in the {' or '.join(KIND_FORMATS[cfg.kind])} layout, not {fmt}"
         )
-    if num_speculative_tokens is None:
-        exact = kind_of(cfg).serves == "exactly" and cfg.trained_steps
-        num_speculative_tokens = cfg.trained_steps if exact else 3
-    untrained = untrained_k(cfg.kind, cfg.trained_steps, num_speculative_tokens)
+    if num_speculative_tokens is None:  # 3, or the nearest k the draft trained where its kind serves those
+        ks = cfg.trained_k if kind_of(cfg).untrained and cfg.trained_k else [3]
+        num_speculative_tokens = min(ks, key=lambda k: (abs(k - 3), k))
+    untrained = untrained_k(cfg.kind, cfg.trained_k, num_speculative_tokens)
     if untrained:
         raise ExportError(f"--num-speculative-tokens {untrained}")
     if include_embeddings is None:  # a draft's own (trained) embedding always goes with it
@@ -397,7 +397,7 @@ def main_export(argv: list[str] | None = None) -> int:
         "--num-speculative-tokens",
         type=int,
         help="k: the model card's serving commands and the speculators format's "
-        "proposal_methods[0].speculative_tokens (default: a DFlash draft's trained k, else 3)",
+        "proposal_methods[0].speculative_tokens (default 3, or a DFlash draft's trained block's k)",
     )
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     parser.add_argument(
