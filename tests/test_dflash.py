@@ -24,18 +24,10 @@ MASK = 5
 
 def dflash(seed, **options):
     torch.manual_seed(seed)
-    options = {"aux_layer_ids": [1, 2, 3], "num_layers": 2, "block_size": 5, **options}
+    sizes = {"num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "intermediate_size": 48}
+    options = {"aux_layer_ids": [1, 2, 3], "num_layers": 2, "block_size": 5, **sizes, **options}
     cfg = DraftConfig(
-        hidden_size=32,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        intermediate_size=48,
-        vocab_size=97,
-        draft_vocab_size=40,
-        kind="dflash",
-        mask_token_id=MASK,
-        **options,
+        hidden_size=32, vocab_size=97, draft_vocab_size=40, kind="dflash", mask_token_id=MASK, **options
     )
     d = make_draft(cfg).float().eval()
     t2d = torch.zeros(97, dtype=torch.bool)
