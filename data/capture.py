@@ -434,7 +434,9 @@ def _add_batch(
         if first + b < done:  # already in a shard (resumed mid-batch)
             continue
         L = len(s["input_ids"])
-        row = {n: x[0 if per_row else b, :L] for n, x in stored[b].items()}
+        # a copy of the row's L tokens: a view would hold the whole padded (B, T, ...) batch until the shard
+        # is written (a shard of 262,144 tokens held about twice its bytes so)
+        row = {n: x[0 if per_row else b, :L].clone() for n, x in stored[b].items()}
         row.update(input_ids=torch.tensor(s["input_ids"]), loss_mask=torch.tensor(loss_mask(s)))
         out.add(row, c.shard_tokens)
         added += L

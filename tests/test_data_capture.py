@@ -424,3 +424,24 @@ def test_online_mode_stores_nothing_and_trains_as_the_offline_capture(regen_run,
         a, b = a.get("val", a), b.get("val", b)
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
         assert a["acc"] == b["acc"] and a["cond_acc"] == b["cond_acc"]
+
+
+def test_a_buffered_row_holds_its_own_tokens_not_its_padded_batch():
+    """The rows a shard buffers until it is written are copies of each sequence's own L tokens, not views of
+    the forward's padded (B, T, ...) batch, which would stay alive with them (a 262,144-token shard then
+    held the padding of every batch beside its rows); the values are the batch's."""
+    from types import SimpleNamespace
+
+    stored = {"aux": torch.randn(2, 10, 6), "final": torch.randn(2, 10, 3)}
+    batch = [{"input_ids": [5, 6, 7], "prompt_len": 1}, {"input_ids": list(range(10)), "prompt_len": 4}]
+    rows = []
+    out = SimpleNamespace(add=lambda row, n: rows.append(row))
+    bar = SimpleNamespace(update=lambda n: None)
+    added = capture._add_batch(out, batch, 0, 0, [stored, stored], SimpleNamespace(shard_tokens=64), bar)
+    assert added == 13 and len(rows) == 2
+    for b, (row, s) in enumerate(zip(rows, batch)):
+        L = len(s["input_ids"])
+        for name, x in stored.items():
+            assert torch.equal(row[name], x[b, :L])
+            assert row[name].untyped_storage().nbytes() == L * x.shape[-1] * 4, name  # its own L tokens only
+        assert row["input_ids"].tolist() == s["input_ids"] and row["loss_mask"].tolist() == loss_mask(s)

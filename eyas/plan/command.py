@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from eyas.data.target import count_target, stored_as_mxfp4
 from eyas.errors import as_input
 from eyas.plan.cost import (
+    CPU,
     Assumptions,
     Plan,
     allreduce,
@@ -28,6 +29,7 @@ from eyas.plan.cost import (
     online_split,
     parse_gpus,
     process_memory,
+    shard_buffer_bytes,
     target_config,
     target_replicas,
     throughputs,
@@ -161,6 +163,8 @@ def plan(recipe: Recipe, gpus: str, run_dir: str | Path | None = None, a: Assump
     held = target.bytes_mxfp4 if recipe.target.weights == "mxfp4" else target.params * per_param
     eval_bytes = dtype_bytes(recipe.eval.target_dtype or recipe.target.dtype)
     memory = process_memory(recipe, cfg, draft, a, held, target.params * eval_bytes, eval_bytes)
+    if kind == CPU and memory["capture"]:  # the host's memory is the process's: the shard being written
+        memory["capture"] += shard_buffer_bytes(recipe, bpt, tokens)
     ev_memory = eval_memory(recipe, cfg, draft.config, memory["eval"], eval_bytes)
     memory["eval"] = ev_memory.total
     return Plan(

@@ -217,6 +217,13 @@ def optimizer_bytes(optimizer: str, draft: torch.nn.Module) -> int:
     return 4 * muon + 8 * (sum(p.numel() for _, p in named) - muon)
 
 
+def shard_buffer_bytes(recipe: Recipe, bytes_per_token: int, tokens: float) -> float:
+    """Host memory an offline capture holds while it writes a shard: the shard's rows and their
+    concatenation (data/shards.py write_shard), capture.shard_tokens (or every token, when fewer) each. On a
+    CPU it is the capture process's memory beside the target's."""
+    return 2 * min(recipe.capture.shard_tokens, tokens) * bytes_per_token
+
+
 def capture_bytes_per_token(recipe: Recipe, cfg: PretrainedConfig, n_aux: int, offline: bool = False) -> int:
     """Stored capture bytes per token (0 for online capture: nothing is stored, unless `offline`: what an
     offline capture in the recipe's formats would store)."""

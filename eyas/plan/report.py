@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from eyas.plan.cost import CPU, Plan, unrolled_steps
+from eyas.plan.cost import CPU, Plan, shard_buffer_bytes, unrolled_steps
 
 if TYPE_CHECKING:
     from eyas.recipes.schema import Recipe
@@ -108,7 +108,7 @@ def resource_lines(recipe: Recipe, p: Plan) -> list[str]:
     tr, backend = recipe.train, recipe.data.backend
     return [
         f"capture: {p.capture_bytes_per_token:,} bytes/token ({recipe.capture.aux_format}, teacher "
-        f"{recipe.capture.teacher}) = {size(p.capture_bytes)}",
+        f"{recipe.capture.teacher}) = {size(p.capture_bytes)}" + buffer_note(recipe, p),
         f"training memory per GPU (DDP): {p.train_gb_per_gpu:,.1f} GB = {p.train_static_gb:,.1f} GB weights, "
         f"gradients, {OPTIMIZER_STATE[tr.optimizer]}, frozen weights, teacher lm_head + "
         f"{p.train_activation_gb:,.1f} GB activations at "
@@ -127,6 +127,15 @@ def resource_lines(recipe: Recipe, p: Plan) -> list[str]:
         f"({'measured in --run' if 'train_tok_s' in p.measured else 'from the H100 step measurement'})"
         f"{setup_note(p, 'train')}",
     ]
+
+
+def buffer_note(recipe: Recipe, p: Plan) -> str:
+    """'; up to N GB of host memory while a shard is written' for an offline capture."""
+    if not p.capture_bytes:
+        return ""
+    tokens = p.capture_bytes / p.capture_bytes_per_token
+    held = shard_buffer_bytes(recipe, p.capture_bytes_per_token, tokens)
+    return f"; up to {size(held)} of host memory while a shard is written (capture.shard_tokens x 2)"
 
 
 def setup_note(p: Plan, stage: str) -> str:
