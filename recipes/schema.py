@@ -428,7 +428,7 @@ class Recipe(Section):
     @model_validator(mode="after")
     def _across(self) -> "Recipe":
         from eyas.serve.decoding.tree import TreeShape
-        from eyas.train.kinds import KINDS, untrained_k
+        from eyas.train.served import trained_k, untrained_k
 
         self._block()
         t = self.train.ttt_steps
@@ -458,7 +458,7 @@ class Recipe(Section):
             ("eval.k", self.eval.k),
             *((f"eval.more_k[{i}]", k) for i, k in enumerate(self.eval.more_k)),
         ):
-            untrained = untrained_k(kind, KINDS[kind].trained_k(self.train), k)
+            untrained = untrained_k(kind, trained_k(kind, self.train), k)
             check(untrained is None, key, untrained)
         depths = f"train.ttt_steps={t}: P-EAGLE trains depths 0..ttt_steps-1, and needs a mask slot (>= 2)"
         check(kind != "peagle" or t >= 2, "train.ttt_steps", depths)

@@ -338,7 +338,9 @@ def test_zlab_gpt_oss_120b_dflash_is_the_recipes_shape():
     recipe = load_recipe("recipes/gpt-oss-120b-dflash.yaml")
     count = count_draft(recipe, target_config(recipe)[0])
     mine = count.config
-    shape = [f for f in vars(theirs) if f not in ("rope_parameters", "target_model")]
+    # trained_k: what eyas's training records (whole blocks: [9]); z-lab's config records none
+    assert (mine.trained_k, theirs.trained_k) == ([9], None)
+    shape = [f for f in vars(theirs) if f not in ("rope_parameters", "target_model", "trained_k")]
     assert {f: getattr(mine, f) for f in shape} == {f: getattr(theirs, f) for f in shape}
     # 8 x (q 2880x4096 + k, v 2880x512 + o 4096x2880, biases; MLP 3 x 2880x7680; 4 norms) + fc 5 x 2880^2
     # + hidden_norm + norm: 8 x 92,911,168 + 41,477,760
@@ -400,7 +402,7 @@ def test_a_dflash_draft_serves_only_the_block_it_trained(tmp_path):
     from eyas.recipes.schema import Recipe
     from eyas.serve.api.server import build_served
     from eyas.train.checkpoint import save_draft
-    from eyas.train.kinds import KINDS
+    from eyas.train.served import trained_k
 
     target = tiny_gpt_oss(seed=0)
     for kind, trained, good, bad, why in (
@@ -440,13 +442,8 @@ def test_a_dflash_draft_serves_only_the_block_it_trained(tmp_path):
         assert str(e.value) == f"--draft {ckpt}: k={bad}: {why}"
     assert Recipe.model_validate({"draft": {"kind": "dflash"}}).eval.k == 15
     shorter = {"draft": {"kind": "dflash", "block_size": 6}, "train": {"block_lengths": "random"}}
-    assert KINDS["dflash"].trained_k(Recipe.model_validate({**shorter, "eval": {"k": 3}}).train) == [
-        1,
-        2,
-        3,
-        4,
-        5,
-    ]
+    random = Recipe.model_validate({**shorter, "eval": {"k": 3}})
+    assert trained_k("dflash", random.train) == list(range(1, 6))
     with pytest.raises((RecipeError, ValueError), match=r"train\.block_lengths: random is a DFlash draft's"):
         Recipe.model_validate({"train": {"block_lengths": "random"}})
     with pytest.raises((RecipeError, ValueError), match=r"eval\.more_k\[0\]: k=7: this DFlash draft trained"):

@@ -247,6 +247,32 @@ def one_k_norm(ckpt, out):
     return save_draft(draft, out, dtype=torch.float32)
 
 
+# gpt-oss-120b's YaRN (beta_fast 32, beta_slow 1, truncate false; factor 32 over 4,096 positions there) at the
+# tiny target's 512: factor 4 over 128
+YARN = {
+    "rope_type": "yarn",
+    "factor": 4.0,
+    "original_max_position_embeddings": 128,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "truncate": False,
+}
+
+
+def with_yarn(ckpt, out):
+    """The draft of `ckpt` with gpt-oss's kind of YaRN as its RoPE (the weights as trained with plain RoPE: it
+    drafts worse, and vLLM and eyas must still agree on every draft), saved to `out`."""
+    import dataclasses
+
+    from eyas.train.kinds import make_draft
+
+    draft = load_draft(ckpt)
+    rope = {**YARN, "rope_theta": draft.config.rope_parameters["rope_theta"]}
+    yarn = make_draft(dataclasses.replace(draft.config, rope_parameters=rope))
+    yarn.load_state_dict(draft.state_dict())
+    return save_draft(yarn, out, dtype=torch.float32)
+
+
 def test_a_dflash_export_drafts_in_vllm_as_in_eyas(vllm_python, dflash_llama, tmp_path, monkeypatch):
     """A DFlash draft (draft.kind dflash, 3 layers, block 4; conftest dflash_llama) trained by `run_all` on
     the learnable Llama, exported in both vLLM layouts (z-lab's `DFlashDraftModel`; speculators `dflash`) and
@@ -260,7 +286,8 @@ def test_a_dflash_export_drafts_in_vllm_as_in_eyas(vllm_python, dflash_llama, tm
     (as trained: vLLM 97 / 73 / 57 of 169, eyas 96 / 72 / 58). First position 0.56; the floor 0.3 against
     the weakened drafts of tests/test_dflash.py. A 2-layer DFlash draft on the demo gpt-oss target (2 sliding
     + 2 full layers: the draft's layers fall in 2 KV-cache groups) is refused by eyas's export and, written
-    anyway, by vLLM with its own words."""
+    anyway, by vLLM with its own words. The same draft with gpt-oss's kind of YaRN as its RoPE (with_yarn:
+    factor 4, truncate false) drafts the same in both engines too: the YaRN of the gpt-oss DFlash recipe."""
     from tiny_targets import draft_for
 
     target, run, prompts = dflash_llama
@@ -278,6 +305,14 @@ def test_a_dflash_export_drafts_in_vllm_as_in_eyas(vllm_python, dflash_llama, tm
         fmt: export(ckpt, fmt, tmp_path / fmt, dtype="float32", target=str(target), engines=["vllm"]).path
         for fmt in ("dflash", "speculators")
     }
+    yarn = with_yarn(ckpt, tmp_path / "yarn-ckpt")
+    exports["dflash-yarn"] = export(
+        yarn, "dflash", tmp_path / "yarn", dtype="float32", target=str(target), engines=["vllm"]
+    ).path
+    assert (
+        json.loads((exports["dflash-yarn"] / "config.json").read_text())["rope_parameters"]["truncate"]
+        is False
+    )
     demo = resolve_path("eyas-demo")
     demo_model = load_target(demo, dtype="float32", device="cpu")[0]
     hybrid = draft_for(demo_model, 0, kind="dflash")  # 2 layers
@@ -286,6 +321,7 @@ def test_a_dflash_export_drafts_in_vllm_as_in_eyas(vllm_python, dflash_llama, tm
     assert HYBRID_KV in refusal["refused"].get("error", ""), refusal
     table = check_side_by_side(target, model, tok, prompts, exports, tmp_path)
     assert table["dflash"]["per_position_acceptance"][0] > 0.3, table
+    assert table["dflash-yarn"]["per_position_acceptance"][0] > 0.1, table
 
 
 KERNEL_CHECK = """

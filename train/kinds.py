@@ -23,6 +23,7 @@ from eyas.errors import InputError
 from .dflash import DFlashDraft, dflash_forward
 from .model import DraftConfig, Eagle3Draft
 from .peagle import PEagleDraft, cod_forward, cod_share
+from .served import untrained_k
 from .ttt import ttt_forward
 
 
@@ -43,12 +44,6 @@ class Kind:
     sp_splits_heads: bool = True
     # a draft forward's first lm_head row is its anchor token's, which proposes nothing (DFlash's block)
     anchor_row: bool = False
-    # train section -> the rounds of k drafts training made (DraftConfig.trained_k: what the checkpoint
-    # records)
-    trained_k: Callable = lambda tr: list(range(1, tr.ttt_steps + 1))
-    # (trained k's, k) -> why a round of k drafts outside them is untrained (a refusal's line); None: every
-    # k is served (EAGLE-3's head runs once per draft, so past its TTT steps a chain reuses it)
-    untrained: Callable | None = None
 
 
 KINDS = {
@@ -75,10 +70,6 @@ KINDS = {
         ),
         on_grid=lambda tr: sum(1 - cod_share(d, tr.cod_ratio, tr.cod_floor) for d in range(1, tr.ttt_steps)),
         summary="P-EAGLE: all K drafts from one forward (COD-sampled depths)",
-        untrained=lambda ks, k: (
-            f"this P-EAGLE draft trained {max(ks)} depths (train.ttt_steps={max(ks)}); a depth past them is "
-            f"untrained: serve k <= {max(ks)}"
-        ),
     ),
     "dflash": Kind(
         DFlashDraft,
@@ -99,29 +90,8 @@ KINDS = {
         summary="DFlash: a block of drafts from one non-causal forward (random anchors)",
         sp_splits_heads=False,
         anchor_row=True,
-        # train.block_lengths full: whole blocks only; random: every block of 2 .. block_size slots
-        trained_k=lambda tr: (
-            [tr.ttt_steps] if tr.block_lengths == "full" else list(range(1, tr.ttt_steps + 1))
-        ),
-        untrained=lambda ks, k: (
-            f"this DFlash draft trained whole blocks of {max(ks) + 1} only (train.block_lengths: full); a "
-            f"shorter block's slots see fewer mask slots than in training: serve k = {max(ks)}, or train it "
-            "with train.block_lengths: random"
-            if len(ks) == 1
-            else f"this DFlash draft trained blocks of up to {max(ks) + 1}: serve k <= {max(ks)}"
-        ),
     ),
 }
-
-
-def untrained_k(kind: str, trained: list[int] | None, k: int) -> str | None:
-    """Why a round of `k` drafts is a shape a `kind` draft that trained rounds of `trained` drafts did not
-    train (one line, for a refusal), or None where it did, where its kind serves any k, or where `trained`
-    is None (not recorded: a draft imported from another trainer's layout, or an older one)."""
-    untrained = KINDS[kind].untrained
-    if trained is None or untrained is None or k in trained:
-        return None
-    return f"k={k}: {untrained(trained, k)}"
 
 
 def refuse_untrained(cfg: DraftConfig, k: int, where: str) -> None:

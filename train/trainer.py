@@ -45,13 +45,14 @@ from .distributed import (
     launcher_kind,
     process_state,
 )
-from .kinds import KINDS, kind_of, make_draft
+from .kinds import kind_of, make_draft
 from .model import OPTIONS, DraftConfig, Eagle3Draft, Rotary
 from .online_vllm import ProducerStopped, VllmFeed, feed_stats, start_feed
 from .optim import make_optimizer
 from .packing import PackedRows, collate_rows, cut_note, plan_rows
 from .schedule import MicroBatches, epoch_micro_batches, evaluation_micro_batches, updates_per_epoch
 from .sequence_parallel import SequenceParallel, check_heads
+from .served import trained_k
 from .state import load_latest, resume_layout, save_state, sum_over_processes
 from .ttt import TTTModule, TTTOutput, model_inputs, simulated_tau
 from .validation import sampled_at_t1, validate
@@ -89,7 +90,7 @@ def draft_config(recipe: Recipe, tcfg, aux_layer_ids: list[int], draft_vocab_siz
         mask_token_id=mask_token(d, tcfg) if d.kind in ("peagle", "dflash") else None,
         block_size=d.block_size,
         attention_bias=d.attention_bias or None,
-        trained_k=KINDS[d.kind].trained_k(recipe.train),
+        trained_k=trained_k(d.kind, recipe.train),
     )
 
 

@@ -47,7 +47,8 @@ from eyas.serve.decoding.cache import RowKVCache
 from eyas.serve.decoding.defaults import DECODE_RESERVE, PREFILL_TOKENS, spare_slots
 from eyas.serve.decoding.sampling import RowSampling, SamplingParams, sample, verify
 from eyas.serve.decoding.tree import TreeShape, select_tree
-from eyas.train.kinds import kind_of, untrained_k
+from eyas.train.kinds import kind_of
+from eyas.train.served import untrained_k
 
 
 def shapes_for(draft, shapes: list[TreeShape]) -> list[TreeShape]:
