@@ -282,7 +282,7 @@ def resolve_settings(
 
 def refuse_untrained_shapes(settings: Settings) -> None:
     """Before the target loads: every chain asked of each draft must be a round it trained where its kind
-    serves only those (train/kinds.py untrained_k: a P-EAGLE draft's depths, a DFlash draft's block)."""
+    serves only those (train/served.py untrained_k: a P-EAGLE draft's depths, a DFlash draft's block)."""
     for name, path in settings.drafts:
         cfg = read_config(path)
         for shape in settings.shapes:

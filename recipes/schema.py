@@ -364,7 +364,7 @@ class EvalSection(Section):
         4,
         ge=1,
         description="chain length (draft tokens per verification): the headline shape (DFlash: "
-        "its block's drafts, block_size - 1, the only k it trains)",
+        "its block's drafts, block_size - 1, by default)",
     )
     more_k: list[int] = Field([], description="more chain lengths evaluated next to k")
     tree: list[str] = Field([], description="EAGLE-2 dynamic trees as STEPS,TOPK,NUM_DRAFT_TOKENS (SGLang's)")

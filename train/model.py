@@ -62,7 +62,6 @@ OPTIONS = (
     "mask_token_id",
     "block_size",
     "attention_bias",
-    "trained_k",
 )
 
 
@@ -102,7 +101,7 @@ class DraftConfig:
     # the draft's embed_tokens is its own (trained: speculators' P-EAGLE trains it), not the target's: read
     # from its file wherever it runs and exported with it (vLLM keeps a draft's distinct embedding)
     own_embedding: bool = False
-    # the rounds of k drafts training made (train/kinds.py Kind.trained_k: 1 .. train.ttt_steps; a DFlash
+    # the rounds of k drafts training made (train/served.py trained_k: 1 .. train.ttt_steps; a DFlash
     # draft's whole block only, unless train.block_lengths: random); the loop refuses a round its kind did
     # not train (untrained_k). None: not recorded (a draft imported from another trainer's layout)
     trained_k: list[int] | None = None
@@ -145,7 +144,7 @@ class DraftConfig:
             rope_parameters=rope,
             target_model=target_model,
         )
-        for key in OPTIONS:
+        for key in (*OPTIONS, "trained_k"):  # trained_k: what training records, not a recipe switch
             if overrides.get(key) is not None:
                 kw[key] = overrides.pop(key)
         unknown = {k: v for k, v in overrides.items() if v is not None}

@@ -1,7 +1,6 @@
 """Which rounds of k drafts a draft of each kind serves, from what its training made: torch-free, so that the
 recipe's schema can check eval.k before anything loads (recipes/schema.py), and read by the loop, `eyas eval`,
-`eyas serve` and `eyas export` through train/kinds.py. It moves into each kind's own home with issue 62's
-kind folders.
+`eyas serve` and `eyas export`. It moves into each kind's own home with issue 62's kind folders.
 
     kind     trained k's (DraftConfig.trained_k)           served
     eagle3   1 .. train.ttt_steps                          any k (past its TTT steps a chain reuses the head)

@@ -129,6 +129,7 @@ def build_draft(recipe: Recipe, run_dir: Path, heads: dict[str, torch.Tensor]) -
                     f"its {k} {getattr(draft.config, k)!r} != this run's {getattr(cfg, k)!r}" for k in differ
                 )
             )
+        draft.config.trained_k = cfg.trained_k  # what this run trains (another block_lengths, more steps)
         return draft
     torch.manual_seed(recipe.train.seed)
     draft = make_draft(cfg)

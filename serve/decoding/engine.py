@@ -523,7 +523,7 @@ class Engine:
         n..n+k over the context keys of positions < n, non-causal within the block; slot s drafts x_{n+s}
         (vLLM's DFlash proposer: num_speculative_tokens = k). A k below the block's drafts runs a shorter
         block, as vLLM does (non-causal: its slots see fewer mask slots than in training); eyas refuses it
-        for a draft that records its trained block (train/kinds.py untrained_k), runs it where none is.
+        for a draft that records its trained block (train/served.py untrained_k), runs it where none is.
         Greedy drafts, as a chain's."""
         k, dev, d = self.shape.steps, self.device, self.draft
         S = k + 1

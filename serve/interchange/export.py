@@ -307,7 +307,7 @@ def export(
     `engines` (default: every engine that loads `fmt` and serves the draft's kind) are the engines it is
     checked for; `target` overrides the checkpoint's recorded target (e.g. a local copy of it).
     `num_speculative_tokens` (default 3, or the nearest k the draft trained where its kind serves only those:
-    a DFlash draft's block) must be a round it trained there (train/kinds.py untrained_k).
+    a DFlash draft's block) must be a round it trained there (train/served.py untrained_k).
     `include_embeddings` (default: speculators yes, eagle3 no): write embed_tokens.weight. The
     speculators library's loader (transformers 5, meta-device init) leaves a missing embed_tokens as
     uninitialised memory (it fills the verifier's only where the table holds a NaN), so that format

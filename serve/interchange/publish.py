@@ -68,7 +68,7 @@ def publish(
         raise PublishError(f"--repo {repo!r}: expected ORG/NAME")
     token = None if dry_run else hub_token()
     finished = load_run(run)
-    k = num_speculative_tokens or finished.report.get("k") or 3
+    k = num_speculative_tokens or finished.report.get("k")  # else export's default (a DFlash draft's block)
     # without --out: a temporary folder, kept after a dry run (its path is what the dry run prints), removed
     # after an upload (at gpt-oss-120b's widths it holds gigabytes)
     temp = None if out else Path(tempfile.mkdtemp(prefix="eyas-publish-"))
@@ -76,6 +76,7 @@ def publish(
     # the kind's own layout first (formats.KIND_FORMATS): EAGLE-3's release layout, DFlash's z-lab layout
     fmt = KIND_FORMATS[read_config(finished.checkpoint).kind][0]
     result = export(finished.checkpoint, fmt, folder, num_speculative_tokens=k, engines=engines)
+    k = result.num_speculative_tokens
     (folder / "README.md").write_text(render_model_card(finished, repo, result, k, license))
     shutil.copyfile(finished.root / "report.json", folder / "eyas_report.json")
     (folder / "recipe.yaml").write_text(finished.recipe_text)
