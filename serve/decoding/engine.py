@@ -57,6 +57,21 @@ def shapes_for(draft, shapes: list[TreeShape]) -> list[TreeShape]:
     return [s for s in shapes if s.is_chain or not kind_of(draft.config).chains_only]
 
 
+def check_shape(draft, shape: TreeShape) -> None:
+    """ValueError unless `draft` proposes `shape`: trees from EAGLE-3 only, a DFlash block's drafts at most,
+    and only the rounds it trained where its kind serves those (train/served.py untrained_k)."""
+    if not shapes_for(draft, [shape]):
+        raise ValueError(
+            f"a {draft.config.kind} draft proposes a chain from one forward, not a {shape.label}"
+        )
+    block = draft.config.block_size
+    if block is not None and shape.steps > block - 1:
+        raise ValueError(f"a DFlash block of {block} drafts at most {block - 1} tokens, not {shape.steps}")
+    untrained = untrained_k(draft.config.kind, draft.config.trained_k, shape.steps)
+    if untrained:
+        raise ValueError(untrained)
+
+
 @dataclass(eq=False)  # requests compare by identity (abort, removal from queues)
 class Request:
     prompt: list[int]
@@ -159,18 +174,7 @@ class Engine:
             # what the draft keeps of each committed position: EAGLE-3's and P-EAGLE's step 0 (an entry and
             # the head's next draft), DFlash's context keys (train/dflash.py)
             self._commit = self._write_context if draft.config.kind == "dflash" else self._draft_step
-            if not shapes_for(draft, [shape]):
-                raise ValueError(
-                    f"a {draft.config.kind} draft proposes a chain from one forward, not a {shape.label}"
-                )
-            block = draft.config.block_size
-            if block is not None and shape.steps > block - 1:
-                raise ValueError(
-                    f"a DFlash block of {block} drafts at most {block - 1} tokens, not {shape.steps}"
-                )
-            untrained = untrained_k(draft.config.kind, draft.config.trained_k, shape.steps)
-            if untrained:
-                raise ValueError(untrained)
+            check_shape(draft, shape)
             self.tap = HiddenStateTap(target, draft.config.aux_layer_ids)
             self.dcache = RowKVCache(max_batch, max_slots=self.max_model_len + spare)
             H = draft.config.hidden_size
