@@ -61,8 +61,8 @@ from eyas.serve.decoding.sampling import SamplingParams
 from eyas.serve.decoding.tree import TreeShape
 from eyas.stages import STAGE_ORDER
 from eyas.train.checkpoint import load_draft_beside, read_config
-from eyas.train.kinds import refuse_untrained
 from eyas.train.model import Eagle3Draft
+from eyas.train.served import refuse_untrained
 
 
 @dataclass

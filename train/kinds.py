@@ -18,12 +18,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from eyas.errors import InputError
-
 from .dflash import DFlashDraft, dflash_forward
 from .model import DraftConfig, Eagle3Draft
 from .peagle import PEagleDraft, cod_forward, cod_share
-from .served import untrained_k
 from .ttt import ttt_forward
 
 
@@ -92,14 +89,6 @@ KINDS = {
         anchor_row=True,
     ),
 }
-
-
-def refuse_untrained(cfg: DraftConfig, k: int, where: str) -> None:
-    """Before a target loads (eval, `eyas serve`): an InputError naming `where` (the draft's flag and path)
-    if a round of `k` drafts is one `cfg`'s draft did not train (untrained_k)."""
-    why = untrained_k(cfg.kind, cfg.trained_k, k)
-    if why:
-        raise InputError(f"{where}: {why}")
 
 
 def anchor_share(tr) -> float:

@@ -11,6 +11,8 @@ recipe's schema can check eval.k before anything loads (recipes/schema.py), and 
 
 from __future__ import annotations
 
+from eyas.errors import InputError
+
 
 def trained_k(kind: str, tr) -> list[int]:
     """The rounds of k drafts that training with the train section `tr` makes for a `kind` draft."""
@@ -36,3 +38,18 @@ def untrained_k(kind: str, trained: list[int] | None, k: int) -> str | None:
             "train.block_lengths: random"
         )
     return f"k={k}: this DFlash draft trained blocks of up to {t + 1}: serve k <= {t}"
+
+
+def default_k(kind: str, trained: list[int] | None, k: int = 3) -> int:
+    """`k`, or the trained k nearest to it where the kind serves only what it trained (a DFlash block's)."""
+    if trained is None or untrained_k(kind, trained, k) is None:
+        return k
+    return min(trained, key=lambda t: (abs(t - k), t))
+
+
+def refuse_untrained(cfg, k: int, where: str) -> None:
+    """Before a target loads (eval, `eyas serve`): an InputError naming `where` (the draft's flag and path)
+    if a round of `k` drafts is one the DraftConfig `cfg`'s draft did not train (untrained_k)."""
+    why = untrained_k(cfg.kind, cfg.trained_k, k)
+    if why:
+        raise InputError(f"{where}: {why}")

@@ -33,7 +33,7 @@ from eyas.errors import InputError, as_input
 from eyas.layout import resolve_checkpoint
 from eyas.train.checkpoint import load_draft
 from eyas.train.model import DraftConfig, Eagle3Draft, KVCache
-from eyas.train.served import untrained_k
+from eyas.train.served import default_k, untrained_k
 
 from . import engines as engine_rules
 from .dflash_layout import dflash_config, dflash_speculators_config
@@ -332,9 +332,8 @@ def export(
         raise ExportError(
             f"a {cfg.kind} draft is published in the {' or '.join(KIND_FORMATS[cfg.kind])} layout, not {fmt}"
         )
-    if num_speculative_tokens is None:  # 3, or the nearest k the draft trained where its kind serves those
-        ks = cfg.trained_k if cfg.kind != "eagle3" and cfg.trained_k else [3]
-        num_speculative_tokens = min(ks, key=lambda k: (abs(k - 3), k))
+    if num_speculative_tokens is None:
+        num_speculative_tokens = default_k(cfg.kind, cfg.trained_k)
     untrained = untrained_k(cfg.kind, cfg.trained_k, num_speculative_tokens)
     if untrained:
         raise ExportError(f"--num-speculative-tokens {untrained}")
