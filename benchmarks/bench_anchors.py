@@ -329,12 +329,12 @@ def exported(args, name: str, ckpt: str) -> None:
     WORK/exported/<name>, once: kept so that anyone can serve and re-measure it. vLLM only: the peers'
     speculators drafts carry `norm_output`, which SGLang and TensorRT-LLM do not load."""
     from eyas.serve.interchange.export import export
-    from eyas.serve.interchange.formats import KIND_FORMATS
     from eyas.train.checkpoint import read_config
+    from eyas.train.kinds import kind_named
 
     out = args.work / "exported" / name
     if not (out / "config.json").is_file():
-        export(ckpt, KIND_FORMATS[read_config(ckpt).kind][0], out, engines=("vllm",))
+        export(ckpt, kind_named(read_config(ckpt).kind).formats[0], out, engines=("vllm",))
 
 
 def held_out_tau(args, recipe, drafts: list[tuple[str, str]]) -> list[dict]:

@@ -133,7 +133,7 @@ def main(argv=None) -> int:
     from eyas.plan.command import plan
     from eyas.recipes.load import load_recipe
     from eyas.serve.interchange.engines import draft_kv_groups
-    from eyas.serve.interchange.formats import KIND_FORMATS
+    from eyas.train.kinds import kind_named
 
     ensure_full_width_target()
     out = Path(args.out)
@@ -151,7 +151,7 @@ def main(argv=None) -> int:
     more = ["capture.mode=online"] + (["vllm.devices=[0]"] if "capture.backend=vllm" in over else [])
     for stage in ("capture", "vocab", "train"):
         rows[f"online {stage}"] = measured([*EYAS, stage, str(online), "--no-progress", *more])
-    export, fmt = out / "export", KIND_FORMATS[recipe.draft.kind][0]
+    export, fmt = out / "export", kind_named(recipe.draft.kind).formats[0]
     rows["export"] = measured([*EYAS, "export", str(run), "--format", fmt, "--out", str(export)], False)
     # the one refusal expected: draft layers over more than one of vLLM's KV-cache groups on the target's
     # sliding + full attention (engines.py draft_kv_groups)

@@ -126,7 +126,7 @@ def vllm_measure(args, recipe, drafts) -> list[dict]:
     from eyas.serve.decoding.sampling import SamplingParams
     from eyas.serve.external.vllm_server import VllmServer
     from eyas.serve.interchange.export import export
-    from eyas.serve.interchange.formats import KIND_FORMATS
+    from eyas.train.kinds import kind_named
 
     target = resolve_path(recipe.target.model)
     tok = AutoTokenizer.from_pretrained(target, trust_remote_code=recipe.target.trust_remote_code)
@@ -147,7 +147,7 @@ def vllm_measure(args, recipe, drafts) -> list[dict]:
     plain = {c: r[0].tokens_per_s for c, r in serve().items()}
     for (kind, _), (mine, ks) in groups(args, drafts).items():
         for name, ckpt in mine:
-            path = export(ckpt, KIND_FORMATS[kind][0], out / name, engines=["vllm"], dtype=dtype).path
+            path = export(ckpt, kind_named(kind).formats[0], out / name, engines=["vllm"], dtype=dtype).path
             rows += vllm_draft_rows(serve, path, name, ks, plain)
     return rows
 

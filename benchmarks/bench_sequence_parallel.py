@@ -15,7 +15,7 @@ them), exact where the resident set also holds what the allocator has freed but 
 should fall about 1/P ("x P" should stay level). The last lines name the longest measured T each P trains
 within --memory-cap-gb.
 
---kind dflash (train/dflash.py; bench_ttt_step.py's DFlash layers, a block of --ttt-steps + 1, D-PACE):
+--kind dflash (train/kinds/dflash; bench_ttt_step.py's DFlash layers, a block of --ttt-steps + 1, D-PACE):
 --anchors random blocks a row, drawn where the loss mask is on; --answer-share F puts the loss mask on the
 row's last F only (a long prompt, then its answer), so the blocks fall in the last shards. Each rank gathers
 the row's context and runs its shard's blocks (train/sequence_parallel.py).

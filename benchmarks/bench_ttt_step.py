@@ -16,9 +16,9 @@ CPU: the peak RSS of a fresh process per length, so allocator reuse across lengt
 growth). A length that runs out of memory prints OOM and the next one runs.
 Precision: --precision bf16 autocasts like the trainer on GPUs (fp32 weights and AdamW, bf16
 matmuls; the default on CUDA); fp32 is the default on CPU.
---kind peagle: a P-EAGLE draft (train/peagle.py) trained as the trainer trains it, --ttt-steps its depths,
+--kind peagle: a P-EAGLE draft (train/kinds/peagle) trained as the trainer trains it, --ttt-steps its depths,
 COD sampling at --cod RATIO FLOOR (speculators' and the gpt-oss-120b-peagle recipe's 0.7 / 0.2).
---kind dflash --size gpt-oss-120b-dflash --ttt-steps 9: the DFlash recipe's draft (train/dflash.py; 8 layers,
+--kind dflash --size gpt-oss-120b-dflash --ttt-steps 9: the DFlash recipe's draft (kind dflash; 8 layers,
 blocks of 10 at 512 random anchors a row, D-PACE).
 """
 
@@ -51,7 +51,7 @@ SIZES = {
     # recipes/qwen2.5-coder-1.5b.yaml: the target's widths, its draft's MLP 4096 and 8K draft vocabulary
     "qwen2.5-coder-1.5b": (1536, 12, 2, 128, 4096, 151936, 8192),
 }
-# --kind dflash: z-lab's gpt-oss-120b DFlash draft (train/dflash.py), blocks of --ttt-steps + 1 at 512 anchors
+# --kind dflash: z-lab's gpt-oss-120b DFlash draft (train/kinds/dflash), blocks of --ttt-steps + 1, 512 a row
 DFLASH = {"num_layers": 8, "attention_bias": True, "aux_layer_ids": [2, 10, 18, 26, 34]}
 
 
@@ -77,7 +77,7 @@ def parse_args() -> argparse.Namespace:
     )
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--ttt-steps", type=int, default=7, help="TTT steps (--kind peagle: depths)")
-    p.add_argument("--kind", choices=list(KINDS), default="eagle3", help="the draft kind (train/kinds.py)")
+    p.add_argument("--kind", choices=list(KINDS), default="eagle3", help="the draft kind (train/kinds/)")
     p.add_argument("--cod", type=float, nargs=2, default=[0.7, 0.2], metavar=("RATIO", "FLOOR"))
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument(

@@ -28,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from eyas.serve.decoding.tree import TreeShape
-from eyas.train.kinds import KINDS
+from eyas.train.kinds import DEFAULT_KIND, kind_named
 
 
 def _lstsq(X: list[list[float]], y: list[float]) -> list[float]:
@@ -52,7 +52,7 @@ def fit_cost_model(runs: list[dict]) -> dict:
             if shape is None:
                 overhead.append(s.total_s - s.target_s)
             else:
-                F = KINDS[run.get("kind", "eagle3")].draft_forwards(shape)
+                F = kind_named(run.get("kind", DEFAULT_KIND)).draft_forwards(shape)
                 W = shape.topk * (shape.steps - 1) + s.emitted / max(s.rows, 1)
                 dx.append([F, s.rows * W])
                 dy.append(s.total_s - s.target_s)
@@ -67,7 +67,7 @@ def fit_cost_model(runs: list[dict]) -> dict:
 
 
 def predict(
-    model: dict, shape: TreeShape | None, tau: float, rows: int, context: float, kind: str = "eagle3"
+    model: dict, shape: TreeShape | None, tau: float, rows: int, context: float, kind: str = DEFAULT_KIND
 ) -> float:
     """Predicted output tokens/s at `rows` concurrent requests (shape None: plain decoding) with a draft of
     `kind`."""
@@ -81,7 +81,8 @@ def predict(
     d = model["draft"]
     draft_tokens = shape.topk * (shape.steps - 1) + tau  # per row
     draft = (
-        d["per_forward_s"] * KINDS[kind].draft_forwards(shape) + d["per_draft_token_s"] * rows * draft_tokens
+        d["per_forward_s"] * kind_named(kind).draft_forwards(shape)
+        + d["per_draft_token_s"] * rows * draft_tokens
     )
     return rows * tau / max(target + draft, 1e-12)
 
@@ -114,7 +115,7 @@ def recommend(results: list[dict], model: dict, context: float) -> list[dict]:
             groups.setdefault((r["draft"], r["benchmark"], r["temperature"]), []).append(r)
     for (draft, bench, temp), group in groups.items():
         cands = candidate_taus(group)
-        kind = group[0].get("draft_kind", "eagle3")
+        kind = group[0].get("draft_kind", DEFAULT_KIND)
         for c in sorted({r["concurrency"] for r in group}):
             base = predict(model, None, 1.0, c, context)
             scored = sorted(

@@ -61,8 +61,8 @@ from eyas.serve.decoding.sampling import SamplingParams
 from eyas.serve.decoding.tree import TreeShape
 from eyas.stages import STAGE_ORDER
 from eyas.train.checkpoint import load_draft_beside, read_config
+from eyas.train.kinds import refuse_untrained
 from eyas.train.model import Eagle3Draft
-from eyas.train.served import refuse_untrained
 
 
 @dataclass
@@ -282,7 +282,7 @@ def resolve_settings(
 
 def refuse_untrained_shapes(settings: Settings) -> None:
     """Before the target loads: every chain asked of each draft must be a round it trained where its kind
-    serves only those (train/served.py untrained_k: a P-EAGLE draft's depths, a DFlash draft's block)."""
+    serves only those (DraftKind.untrained_k: a P-EAGLE draft's depths, a DFlash draft's block)."""
     for name, path in settings.drafts:
         cfg = read_config(path)
         for shape in settings.shapes:

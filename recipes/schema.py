@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from eyas.errors import InputError
 from eyas.recipes.types import DeviceMap, Dtype, Names, Num, Weights, either
 from eyas.serve.decoding.defaults import ATTENTION_BLOCK_MB, PREFILL_TOKENS
+from eyas.train.kinds import DEFAULT_KIND, KINDS, foreign_options, kind_named
 
 DEVICE_MAP_PLANS = ("auto", "balanced", "balanced_low_0", "sequential")
 Attention = Literal["auto", "flex", "sdpa", "chunked", "dense"]
@@ -224,12 +225,10 @@ class VocabSection(Section):
 
 
 class DraftSection(Section):
-    kind: Literal["eagle3", "peagle", "dflash"] = Field(
-        "eagle3",
-        description="eagle3: a chain (or tree) of draft forwards, trained with TTT; peagle: P-EAGLE, all K "
-        "drafts of a round from one forward (mask slots), trained with COD sampling; dflash: DFlash, a block "
-        "of drafts from one non-causal forward fed the target's states as keys / values, trained on random "
-        "anchors (train/kinds.py)",
+    kind: Literal[tuple(KINDS)] = Field(  # type: ignore[valid-type]  # the registry's names
+        DEFAULT_KIND,
+        description="the draft kind (train/kinds/): "
+        + "; ".join(f"{name}: {kind.summary.split(': ', 1)[1]}" for name, kind in KINDS.items()),
     )
     mask_token_id: int | None = Field(
         None,
@@ -310,7 +309,7 @@ class TrainSection(Section):
         "dpace",
         description="draft.kind dflash: each draft's weight in its block's loss: decay**d (the DFlash "
         "paper's exp(-d / gamma)), or D-PACE's expected accepted run it starts (speculators 0.9.0's default; "
-        "train/dflash.py dpace_weights)",
+        "train/kinds/dflash/core.py dpace_weights)",
     )
     dpace_alpha: Num = Field(0.5, gt=0, le=1, description="block_weight dpace: the confidences' smoothing")
     block_lengths: Literal["full", "random"] = Field(
@@ -428,9 +427,10 @@ class Recipe(Section):
     @model_validator(mode="after")
     def _across(self) -> "Recipe":
         from eyas.serve.decoding.tree import TreeShape
-        from eyas.train.served import trained_k, untrained_k
 
-        self._block()
+        kind = kind_named(self.draft.kind)
+        foreign_options(self, check)
+        kind.check_recipe(self, check)
         t = self.train.ttt_steps
         why = "capture.mode online with capture.backend hf runs a whole target on each training process's "
         why += "device; leave the map unset (or set capture.backend: vllm)"
@@ -451,19 +451,16 @@ class Recipe(Section):
         check(not tr.keep_best or (tr.val_every > 0 and tr.val_fraction > 0), "train.keep_best", best)
         for i, k in enumerate(self.eval.more_k):
             check(1 <= k <= t, f"eval.more_k[{i}]", f"k={k} must be in 1..train.ttt_steps={t}")
-        kind = self.draft.kind
-        parallel = "P-EAGLE and DFlash propose a chain of drafts from one forward: no trees; give eval.k"
-        check(kind == "eagle3" or not self.eval.tree, "eval.tree", parallel)
+        parallel = (
+            f"{kind.summary.split(':')[0]} proposes a chain of drafts from one forward: no trees; give eval.k"
+        )
+        check(not kind.chains_only or not self.eval.tree, "eval.tree", parallel)
         for key, k in (
             ("eval.k", self.eval.k),
             *((f"eval.more_k[{i}]", k) for i, k in enumerate(self.eval.more_k)),
         ):
-            untrained = untrained_k(kind, trained_k(kind, self.train), k)
+            untrained = kind.untrained_k(kind.trained_k(self.train), k)
             check(untrained is None, key, untrained)
-        depths = f"train.ttt_steps={t}: P-EAGLE trains depths 0..ttt_steps-1, and needs a mask slot (>= 2)"
-        check(kind != "peagle" or t >= 2, "train.ttt_steps", depths)
-        mask = "is the mask token of a P-EAGLE or DFlash draft: set draft.kind, or leave it null"
-        check(kind != "eagle3" or self.draft.mask_token_id is None, "draft.mask_token_id", mask)
         for i, spec in enumerate(self.eval.tree):
             try:
                 steps = TreeShape.parse(spec).steps
@@ -471,33 +468,6 @@ class Recipe(Section):
                 raise RecipeError(f"eval.tree[{i}]: {e}") from None
             check(steps <= t, f"eval.tree[{i}]", f"{steps} steps draft {past}")
         return self
-
-    def _block(self) -> None:
-        """draft.kind dflash: the block and train.ttt_steps (its drafts) agree; one follows the other."""
-        d, tr = self.draft, self.train
-        bias = "is a DFlash draft's option: set draft.kind: dflash, or leave it false"
-        check(d.kind == "dflash" or not d.attention_bias, "draft.attention_bias", bias)
-        lengths = "random is a DFlash draft's option (its blocks): set draft.kind: dflash, or leave it full"
-        check(d.kind == "dflash" or tr.block_lengths == "full", "train.block_lengths", lengths)
-        if d.kind != "dflash":
-            check(
-                d.block_size is None, "draft.block_size", "is a DFlash draft's block: set draft.kind: dflash"
-            )
-            return
-        for key in ("norm_before_fc", "norm_before_residual", "norm_output", "sliding_window"):
-            why = "is an EAGLE-3 layer's option: a DFlash draft (vLLM's qwen3_dflash.py) has fc, then "
-            check(not getattr(d, key), f"draft.{key}", why + "hidden_norm, then Qwen3 layers; unset it")
-        if "num_layers" not in d.model_fields_set:
-            d.num_layers = 5  # speculators 0.9.0's DFlash default (its issue #979's recipe)
-        if d.block_size is None:
-            d.block_size = tr.ttt_steps + 1 if "ttt_steps" in tr.model_fields_set else 16
-            tr.ttt_steps = d.block_size - 1
-        elif "ttt_steps" not in tr.model_fields_set:
-            tr.ttt_steps = d.block_size - 1
-        drafts = f"a block of {d.block_size} drafts {d.block_size - 1} tokens: set train.ttt_steps to that"
-        check(tr.ttt_steps == d.block_size - 1, "train.ttt_steps", drafts)
-        if "k" not in self.eval.model_fields_set:  # the block trains whole: it serves whole
-            self.eval.k = tr.ttt_steps
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump()

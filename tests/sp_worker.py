@@ -8,7 +8,7 @@ DDP does) from the reference's, next to the reference's largest entry.
 
 key=value: draft options (norm_before_fc, norm_before_residual, norm_output: 0/1; num_layers, sliding_window),
 attention, checkpoint_layer (0/1), loss (kl | lk | ce), docs (sequences packed in the row); kind=dflash: a
-DFlash draft (block TTT + 1, train/dflash.py) with `anchors` random anchors (seeded) and `dpace` (alpha).
+DFlash draft (block TTT + 1, train/kinds/dflash) with `anchors` random anchors (seeded) and `dpace` (alpha).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import sys
 import torch
 import torch.distributed as dist
 
-from eyas.train.dflash import dflash_forward
 from eyas.train.kinds import KINDS, make_draft
+from eyas.train.kinds.dflash.core import dflash_forward
 from eyas.train.model import DraftConfig, Eagle3Draft
 from eyas.train.sequence_parallel import SequenceParallel
 from eyas.train.ttt import target_view, ttt_forward

@@ -1,4 +1,4 @@
-"""DFlash (train/dflash.py): training's block logits equal the loop's one block forward on the same context
+"""DFlash (train/kinds/dflash): training's block logits equal the loop's one block forward on the same context
 (fp32), packed or not; the loop's batched blocks are lossless and propose what training scores; validation
 counts what TTT counts; the anchors are drawn as stated."""
 
@@ -14,8 +14,8 @@ from eyas.serve.decoding.engine import Engine, Request
 from eyas.serve.decoding.reference import greedy_generate
 from eyas.serve.decoding.sampling import SamplingParams
 from eyas.serve.decoding.tree import TreeShape
-from eyas.train.dflash import dflash_forward
 from eyas.train.kinds import make_draft
+from eyas.train.kinds.dflash.core import dflash_forward
 from eyas.train.model import DraftConfig, KVCache
 from eyas.train.packing import doc_ids_from_lengths
 
@@ -68,7 +68,7 @@ def test_block_logits_equal_the_loops_one_forward(options, monkeypatch):
     doc = torch.stack([doc_ids_from_lengths(torch.tensor([8, 6]), T)[0], torch.zeros(T, dtype=torch.long)])
     with torch.no_grad():
         out = dflash_forward(d, aux, ids, torch.ones(2, T), doc, None, S - 1)
-        monkeypatch.setattr("eyas.train.dflash.ANCHOR_KEYS", 3 * S * (T + 3 * S))
+        monkeypatch.setattr("eyas.train.kinds.dflash.core.ANCHOR_KEYS", 3 * S * (T + 3 * S))
         chunked = dflash_forward(d, aux, ids, torch.ones(2, T), doc, None, S - 1)
     checked = 0
     for b in range(2):
@@ -238,11 +238,11 @@ def test_validation_counts_are_ttts_and_anchors_are_drawn_per_row():
 
 
 def test_dpace_weights_are_the_expected_run_each_draft_starts():
-    """D-PACE (train/dflash.py dpace_weights) on every anchor of a row with a loss-mask gap: with alpha = 1
+    """D-PACE (train/kinds/dflash dpace_weights) on every anchor of a row with a loss-mask gap: with alpha = 1
     (every confidence 1) draft d weighs the trained drafts from d to the block's end; with alpha = 0.4 it is
     sum_{m >= d} prod_{l <= m} (0.6 q_l + 0.4) over the trained ones, q_l the draft's probability of the
     target's argmax, recomputed here from training's logits. A training step with it runs and is finite."""
-    from eyas.train.dflash import dpace_weights
+    from eyas.train.kinds.dflash.core import dpace_weights
     from eyas.train.ttt import target_view
 
     d = dflash(4, block_size=5)
@@ -256,7 +256,7 @@ def test_dpace_weights_are_the_expected_run_each_draft_starts():
     kept = torch.ones(B, T, dtype=torch.bool)
     kept[0, -1] = False
     with torch.no_grad():
-        from eyas.train.dflash import block_outputs
+        from eyas.train.kinds.dflash.core import block_outputs
         from eyas.train.packing import positions_in_doc
 
         prenorm = block_outputs(d, aux, ids, doc, positions_in_doc(doc), kept, S, False)
@@ -402,7 +402,7 @@ def test_a_dflash_draft_serves_only_the_block_it_trained(tmp_path):
     from eyas.recipes.schema import Recipe
     from eyas.serve.api.server import build_served
     from eyas.train.checkpoint import save_draft
-    from eyas.train.served import trained_k
+    from eyas.train.kinds import kind_named
 
     target = tiny_gpt_oss(seed=0)
     for kind, trained, good, bad, why in (
@@ -443,7 +443,7 @@ def test_a_dflash_draft_serves_only_the_block_it_trained(tmp_path):
     assert Recipe.model_validate({"draft": {"kind": "dflash"}}).eval.k == 15
     shorter = {"draft": {"kind": "dflash", "block_size": 6}, "train": {"block_lengths": "random"}}
     random = Recipe.model_validate({**shorter, "eval": {"k": 3}})
-    assert trained_k("dflash", random.train) == list(range(1, 6))
+    assert kind_named("dflash").trained_k(random.train) == list(range(1, 6))
     with pytest.raises((RecipeError, ValueError), match=r"train\.block_lengths: random is a DFlash draft's"):
         Recipe.model_validate({"train": {"block_lengths": "random"}})
     with pytest.raises((RecipeError, ValueError), match=r"eval\.more_k\[0\]: k=7: this DFlash draft trained"):

@@ -18,7 +18,7 @@ import pytest
 import torch
 from test_dflash import dflash, loop_block
 
-from eyas.train.dflash import dflash_forward
+from eyas.train.kinds.dflash.core import dflash_forward
 
 
 def rms(x, w, eps):

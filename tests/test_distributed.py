@@ -234,7 +234,7 @@ def test_sharded_training_equals_one_process(base, one_proc, config, state_dir, 
 def test_peagle_with_cod_sampling_trains_alike_on_every_launcher(base, config, request):
     """P-EAGLE (draft.kind peagle) with COD sampling on 2 processes (DDP, FSDP2, ZeRO-3) ends at the weights
     of one process with the same global batch: each row draws its anchors from its own tokens and the epoch
-    (train/peagle.py row_seeds), wherever it is dealt. Within 2e-6; ZeRO-3 runs its loss unfused, through
+    (train/grids.py row_seeds), wherever it is dealt. Within 2e-6; ZeRO-3 runs its loss unfused, through
     the modules (as above), over five depths here: 3.0e-5 on lm_head measured on the 2-core EPYC, so 1e-4
     (different COD draws would part the weights by the updates themselves, ~1e-2)."""
     if config == "zero3":
@@ -251,7 +251,7 @@ def test_peagle_with_cod_sampling_trains_alike_on_every_launcher(base, config, r
 def test_dflash_with_random_anchors_trains_alike_on_every_launcher(base, config, request):
     """DFlash (draft.kind dflash, 2 layers, block 4, 6 random anchors a row) on 2 processes (DDP, FSDP2,
     ZeRO-3) ends at the weights of one process with the same global batch: each row draws its anchors from
-    its own tokens and the epoch (train/dflash.py, row_seeds), wherever it is dealt. Within 2e-6 (ZeRO-3, its
+    its own tokens and the epoch (train/grids.py row_seeds), wherever it is dealt. Within 2e-6 (ZeRO-3, its
     loss unfused through the modules: 1e-4)."""
     if config == "zero3":
         request.getfixturevalue("deepspeed")
@@ -266,7 +266,7 @@ def test_dflash_with_random_anchors_trains_alike_on_every_launcher(base, config,
 def test_peagle_sequence_parallel_equals_one_process(deepspeed, base):
     """P-EAGLE with COD sampling, each row over 2 processes (train.sequence_parallel=2, grad_accum 2): every
     rank draws the whole row's anchors (its tokens are whole there) and runs its shard's, the depths' grids
-    cross the ranks as TTT's steps do (train/peagle.py cod_forward). The steps, logged losses (within 1e-5),
+    cross the ranks as TTT's steps do (kinds/peagle cod_forward). The steps, logged losses (within 1e-5),
     validation counts and replayed tau of one process, and its weights within 1e-4 of each tensor's largest
     (fp32; the all-to-all and all-reduce sum in another order, and each rank's lm_head runs over its own
     shard's kept anchors, gathered: other matmul shapes than one process's. Measured: the losses agree to

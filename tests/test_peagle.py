@@ -1,4 +1,4 @@
-"""P-EAGLE (train/peagle.py): training's depth-d logits equal the loop's one drafting forward on the same
+"""P-EAGLE (train/kinds/peagle): training's depth-d logits equal the loop's one drafting forward on the same
 context (fp32), with and without COD sampling, for every TTT attention and the draft options; COD keeps
 nested anchors at the stated shares."""
 
@@ -15,9 +15,9 @@ from eyas.serve.decoding.reference import greedy_generate
 from eyas.serve.decoding.sampling import SamplingParams
 from eyas.serve.decoding.tree import TreeShape
 from eyas.train.kinds import make_draft
+from eyas.train.kinds.peagle.core import cod_anchors, cod_forward
 from eyas.train.model import DraftConfig, KVCache
 from eyas.train.packing import doc_ids_from_lengths
-from eyas.train.peagle import cod_anchors, cod_forward
 
 MASK = 5
 
@@ -253,7 +253,7 @@ def test_k_advice_prices_one_draft_forward_for_parallel_drafts():
 
 
 def test_the_recipe_offers_exactly_the_registered_kinds():
-    """recipes/schema.py's draft.kind choices are train/kinds.py's registry (the schema stays torch-free)."""
+    """recipes/schema.py's draft.kind choices are train/kinds/'s registry (the schema stays torch-free)."""
     import typing
 
     from eyas.recipes.schema import DraftSection

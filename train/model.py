@@ -51,6 +51,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .kinds import DEFAULT_KIND
+
 # recipe `draft` switches
 OPTIONS = (
     "norm_before_fc",
@@ -89,19 +91,19 @@ class DraftConfig:
     # attention over the last `sliding_window` positions only (a query at position p sees keys at p - W + 1
     # .. p, as transformers' and vLLM's windows); None: all of them
     sliding_window: int | None = None
-    # the draft kind (train/kinds.py): eagle3 (a chain of draft forwards), peagle (one forward, K drafts) or
+    # the draft kind (train/kinds/): eagle3 (a chain of draft forwards), peagle (one forward, K drafts) or
     # dflash (one non-causal forward over a block)
-    kind: str = "eagle3"
+    kind: str = DEFAULT_KIND
     # peagle, dflash: the input token of the mask slots (vLLM's pard_token / dflash_config.mask_token_id)
     mask_token_id: int | None = None
-    # dflash: the slots of a block (the anchor and block_size - 1 mask slots; train/dflash.py)
+    # dflash: the slots of a block (the anchor and block_size - 1 mask slots; train/kinds/dflash/core.py)
     block_size: int | None = None
     # dflash: q/k/v/o projections with a bias (z-lab's gpt-oss drafts; vLLM qwen3_dflash attention_bias)
     attention_bias: bool = False
     # the draft's embed_tokens is its own (trained: speculators' P-EAGLE trains it), not the target's: read
     # from its file wherever it runs and exported with it (vLLM keeps a draft's distinct embedding)
     own_embedding: bool = False
-    # the rounds of k drafts training made (train/served.py trained_k: 1 .. train.ttt_steps; a DFlash
+    # the rounds of k drafts training made (DraftKind.trained_k, train/kinds/: 1 .. train.ttt_steps; a DFlash
     # draft's whole block only, unless train.block_lengths: random); the loop refuses a round its kind did
     # not train (untrained_k). None: not recorded (a draft imported from another trainer's layout)
     trained_k: list[int] | None = None
@@ -475,6 +477,17 @@ class Eagle3Draft(nn.Module):
 
     def num_parameters(self, trainable_only: bool = True) -> int:
         return sum(p.numel() for p in self.parameters() if p.requires_grad or not trainable_only)
+
+    @torch.no_grad()
+    def fixed_round(self, ids: torch.Tensor, aux: torch.Tensor, pos: torch.Tensor) -> list[torch.Tensor]:
+        """A round as this kind drafts it, on ids (B, T), aux (B, T, n_aux * H_t), pos (B, T): the prefix's
+        logits (B, T, V_d), then one chained step on the draft's own output and its mapped guess (B, 1,
+        V_d). Export compares these before and after its round trip (serve/interchange/export.py)."""
+        cache = KVCache()
+        hidden, first = self.step(ids, self.fuse(aux), pos, cache)
+        guess = self.to_target_ids(first[:, -1:].argmax(-1))
+        _, second = self.step(guess, hidden[:, -1:], pos[:, -1:] + 1, cache)
+        return [first, second]
 
 
 def attention_scale(head_dim: int) -> float:

@@ -34,7 +34,7 @@ averaged over the D groups, as D processes of whole rows would get.
 The mesh: P x D processes, groups of P consecutive ranks (torch DeviceMesh ("dp", "sp")); the D groups are
 dealt different micro-batches (train/schedule.py with world D, rank = the group's index).
 
-DFlash (train/dflash.py) crosses ranks once, not per layer: its blocks sit at random anchors (a varying
+DFlash (train/kinds/dflash) crosses ranks once, not per layer: its blocks sit at random anchors (a varying
 number per shard) and each attends to the whole row's context before its anchor, so a rank gathers the
 row's normed context (B, T, H) (`all_tokens`, an all-gather whose backward sums each shard's gradient over
 the group) and runs its own shard's blocks against it: every layer projects the whole context to keys and

@@ -45,14 +45,13 @@ from .distributed import (
     launcher_kind,
     process_state,
 )
-from .kinds import kind_of, make_draft
+from .kinds import kind_named, kind_of, make_draft
 from .model import OPTIONS, DraftConfig, Eagle3Draft, Rotary
 from .online_vllm import ProducerStopped, VllmFeed, feed_stats, start_feed
 from .optim import make_optimizer
 from .packing import PackedRows, collate_rows, cut_note, plan_rows
 from .schedule import MicroBatches, epoch_micro_batches, evaluation_micro_batches, updates_per_epoch
 from .sequence_parallel import SequenceParallel, check_heads
-from .served import trained_k
 from .state import load_latest, resume_layout, save_state, sum_over_processes
 from .ttt import TTTModule, TTTOutput, model_inputs, simulated_tau
 from .validation import sampled_at_t1, validate
@@ -68,7 +67,7 @@ if TYPE_CHECKING:
 
 def draft_config(recipe: Recipe, tcfg, aux_layer_ids: list[int], draft_vocab_size: int) -> DraftConfig:
     """The draft's shape: the target's text config with the recipe's `draft` overrides."""
-    d = recipe.draft
+    d, kind = recipe.draft, kind_named(recipe.draft.kind)
     return DraftConfig.from_target_config(
         tcfg,
         aux_layer_ids,
@@ -84,13 +83,13 @@ def draft_config(recipe: Recipe, tcfg, aux_layer_ids: list[int], draft_vocab_siz
         num_layers=d.num_layers,
         # P-EAGLE never feeds a draft's output back (one forward a round): norm_output has no effect on it,
         # and vLLM's speculators loader drops it for peagle
-        norm_output=d.norm_output and d.kind != "peagle",
+        norm_output=d.norm_output and kind.feeds_output_back,
         sliding_window=d.sliding_window,
         kind=d.kind,
-        mask_token_id=mask_token(d, tcfg) if d.kind in ("peagle", "dflash") else None,
+        mask_token_id=mask_token(d, tcfg) if kind.mask_slots else None,
         block_size=d.block_size,
         attention_bias=d.attention_bias or None,
-        trained_k=trained_k(d.kind, recipe.train),
+        trained_k=kind.trained_k(recipe.train),
     )
 
 
@@ -586,7 +585,7 @@ def train_steps(t: Training, progress: bool) -> None:
 
 
 def reseed(t: Training, epoch: int) -> None:
-    """P-EAGLE's COD draws and DFlash's anchors (train/peagle.py row_seeds) take the epoch: other anchors each
+    """P-EAGLE's COD draws and DFlash's anchors (train/grids.py row_seeds) take the epoch: other anchors each
     pass over a row."""
     options = t.acc.unwrap_model(t.module).options
     for key in ("cod_seed", "anchor_seed"):

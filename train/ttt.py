@@ -287,7 +287,7 @@ def draft_step(
     """Step j through every decoder layer; each layer attends over its own keys of every step so far and
     appends this step's. hidden (B, n, H) (n = T, or the shard's tokens under sp); kv: per layer ([keys],
     [values]) (B, n_kv, T, d) per step (sp: n_kv / P heads). `step`: one layer's step (default layer_step;
-    P-EAGLE's depths: train/peagle.py cod_layer_step). -> (B, n, H) the step's prenorm output."""
+    P-EAGLE's depths: train/kinds/peagle/core.py cod_layer_step). -> (B, n, H) the step's prenorm output."""
     step = step or layer_step
     for layer, (keys, values) in zip(draft.decoder_layers, kv, strict=True):
         args = (layer, run, hidden, *keys, *values)
@@ -341,7 +341,7 @@ def score_step(
     (under `sp` this rank's shard and its halo; target likewise); chain: the chains after steps 0..j-1
     (B, >=L). -> (loss_j, stats (7,): STEP_ROWS: loss, counted, right, cond_base, cond_right, sampled base,
     sampled right (module docstring); the chains after step j (B, L)). `weight` (B, >= L): each prediction's
-    weight in the loss (None: 1; DFlash's D-PACE weights, train/dflash.py), the loss still divided by the
+    weight in the loss (None: 1; DFlash's D-PACE weights, train/kinds/dflash), the loss still divided by the
     count of trained predictions. `rows` (B, >= L) bool: the only indices whose prediction is read (DFlash's
     and P-EAGLE's kept anchors; None: every one): the lm_head and the loss run there alone (step_loss), and
     only they count. Under `sp` loss_j is the shard's sum over the whole row's count."""
@@ -466,7 +466,7 @@ class TTTModule(torch.nn.Module):
         # what FSDP2 wraps as its units (accelerate's TRANSFORMER_BASED_WRAP reads the model's
         # _no_split_modules when the config names no class: recipes/accelerate/fsdp2.yaml): the decoder layer
         self._no_split_modules = sorted({type(layer).__name__ for layer in draft.decoder_layers})
-        # the kind's training unroll (train/kinds.py: ttt_forward, cod_forward) and its own keyword options,
+        # the kind's training unroll (train/kinds/: ttt_forward, cod_forward) and its own keyword options,
         # passed in training only (P-EAGLE's COD sampling: validation counts every anchor)
         self.unroll = unroll or ttt_forward
         self.options = options or {}

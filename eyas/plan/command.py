@@ -39,7 +39,7 @@ from eyas.plan.cost import (
 from eyas.plan.eval_memory import eval_memory
 from eyas.plan.report import render
 from eyas.plan.tokens import TurnCount, conversation_tokens
-from eyas.train.kinds import KINDS
+from eyas.train.kinds import kind_named
 from eyas.train.sequence_parallel import check_heads
 
 if TYPE_CHECKING:
@@ -137,7 +137,7 @@ def plan(recipe: Recipe, gpus: str, run_dir: str | Path | None = None, a: Assump
     target, draft = count_target(cfg), count_draft(recipe, cfg)
     # a train.sequence_parallel that training would refuse, refused here first (one eyas: error: line)
     dc = draft.config
-    if KINDS[recipe.draft.kind].sp_splits_heads:
+    if kind_named(recipe.draft.kind).sp_splits_heads:
         check_heads(recipe.train.sequence_parallel, dc.num_attention_heads, dc.num_key_value_heads)
     w = workload(recipe, run_dir, cfg, a)
     tokens = w.sequences * (w.prompt + w.new)

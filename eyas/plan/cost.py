@@ -19,6 +19,7 @@ from eyas.data.target import TargetCount, host_memory_bytes
 from eyas.gpt_oss import GPT_OSS_SHARED, KNOWN_TARGETS
 from eyas.plan.eval_memory import EvalMemory
 from eyas.plan.tokens import TurnCount
+from eyas.train.kinds import kind_named
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -263,38 +264,16 @@ def training_memory(
     rows = tokens * tr.batch_size
     shard, whole = grid_bytes(recipe, draft)
     grids = shard * rows + whole * tr.max_length * tr.batch_size
-    unrolled_rows = tr.max_length * tr.batch_size if recipe.draft.kind == "dflash" else rows
+    whole_row = kind_named(recipe.draft.kind).unrolled_whole_row()  # DFlash's blocks: the whole row's
+    unrolled_rows = tr.max_length * tr.batch_size if whole_row else rows
     return static, per_ts * scale * layers * unrolled_rows * unrolled_steps(recipe) + grids
 
 
 def grid_bytes(recipe: Recipe, draft: DraftCount) -> tuple[float, float]:
-    """The per-token bytes on the whole (B, T) grid beyond the unrolled steps (train/kinds.py on_grid) ->
-    (bytes a token of the rank's shard, bytes a token of the whole row: DFlash's context, which a rank holds
-    whole under train.sequence_parallel; without it, both count every token).
-    P-EAGLE's, that COD does not thin out (train/peagle.py): each depth's attention runs on the grid (q, k,
-    v, its output and log-sum-exp, bf16, every layer) and its loss reads the grid's (B, T, H) states (two
-    copies kept). DFlash's (train/dflash.py): each draft's loss reads its grid of states (two copies), and
-    every layer projects the whole row's context to keys and values (k before and after its norm and RoPE,
-    v; bf16) and its attention keeps [context ; blocks] keys and values for every query head (repeated for
-    CUDA's kernel, one chunk), plus the fused and normed context itself (fp32). Under sequence parallelism
-    the context's keys and values (and the gathered context) are the whole row's, and so are the blocks'
-    (all of a row's anchors may lie in one shard: train/sequence_parallel.py)."""
-    from eyas.train.kinds import KINDS
-
-    c = draft.config
-    states = 2 * 2 * c.hidden_size
-    if recipe.draft.kind == "dflash":
-        from eyas.train.kinds import anchor_share
-
-        tr = recipe.train
-        heads = 2 * 2 * c.num_attention_heads * c.head_dim  # a key and a value for every query head (bf16)
-        context = c.num_layers * (3 * 2 * c.num_key_value_heads * c.head_dim + heads)  # a context token's
-        blocks = c.num_layers * heads * anchor_share(tr) * (tr.ttt_steps + 1)  # the keys of its blocks
-        shard = states * KINDS["dflash"].on_grid(tr) + 2 * 4 * c.hidden_size
-        return shard, context + blocks + (4 * c.hidden_size if tr.sequence_parallel > 1 else 0)
-    qkvo = 2 * c.num_attention_heads * c.head_dim + 2 * c.num_key_value_heads * c.head_dim
-    per_depth = c.num_layers * (2 * qkvo + 4 * c.num_attention_heads) + states
-    return per_depth * KINDS[recipe.draft.kind].on_grid(recipe.train), 0.0
+    """The per-token bytes on the whole (B, T) grid beyond the unrolled steps (DraftKind.grid_bytes) -> (bytes
+    a token of the rank's shard, bytes a token of the whole row: DFlash's context, which a rank holds whole
+    under train.sequence_parallel; without it, both count every token)."""
+    return kind_named(recipe.draft.kind).grid_bytes(recipe.train, draft.config)
 
 
 def work_per_token(recipe: Recipe) -> float:
@@ -304,12 +283,10 @@ def work_per_token(recipe: Recipe) -> float:
 
 
 def unrolled_steps(recipe: Recipe) -> float:
-    """The steps' worth of per-token activations and compute one training row costs (train/kinds.py): EAGLE-3,
-    train.ttt_steps (every step over every position); P-EAGLE, depth 0 over every position and depth d over
-    COD's share max(cod_ratio**d, cod_floor) of them (3.37 for 8 depths at 0.7 / 0.2)."""
-    from eyas.train.kinds import KINDS
-
-    return KINDS[recipe.draft.kind].unrolled(recipe.train)
+    """The steps' worth of per-token activations and compute one training row costs (DraftKind.unrolled):
+    EAGLE-3, train.ttt_steps (every step over every position); P-EAGLE, depth 0 over every position and depth
+    d over COD's share max(cod_ratio**d, cod_floor) of them (3.37 for 8 depths at 0.7 / 0.2)."""
+    return kind_named(recipe.draft.kind).unrolled(recipe.train)
 
 
 def vllm_replicas(

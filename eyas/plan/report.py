@@ -290,20 +290,6 @@ def steps_note(recipe) -> str:
     """The training row's unrolled steps: EAGLE-3's TTT steps, P-EAGLE's depths at their COD shares plus
     the depths' attention and loss tensors on the whole grid, or DFlash's blocks plus its drafts' grids and
     the context's keys and values (eyas/plan/cost.py grid_bytes)."""
-    from eyas.train.kinds import KINDS
+    from eyas.train.kinds import kind_named
 
-    tr = recipe.train
-    if recipe.draft.kind == "dflash":
-        whole = " (the whole row's on each GPU)" if tr.sequence_parallel > 1 else ""
-        return (
-            f"x {unrolled_steps(recipe):.3f} steps' worth ({tr.max_anchors} blocks of {tr.ttt_steps + 1} a "
-            f"row) + {tr.ttt_steps} drafts' loss on the (B, T) grid + the context's keys and values{whole} "
-            "(DFlash)"
-        )
-    if recipe.draft.kind != "peagle":
-        return f"x TTT {tr.ttt_steps}"
-    grid = KINDS["peagle"].on_grid(tr)
-    return (
-        f"x {unrolled_steps(recipe):.2f} steps' worth + {grid:.2f} depths' attention and loss on the (B, T) "
-        f"grid (P-EAGLE: {tr.ttt_steps} depths, COD {tr.cod_ratio:g} / {tr.cod_floor:g})"
-    )
+    return kind_named(recipe.draft.kind).plan_note(recipe.train, unrolled_steps(recipe))

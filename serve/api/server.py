@@ -80,7 +80,7 @@ def build_served(
     from eyas.data.chat import eos_token_ids
     from eyas.data.target import load_recipe_target, resolve_path
     from eyas.train.checkpoint import load_draft_beside, read_config
-    from eyas.train.served import refuse_untrained
+    from eyas.train.kinds import refuse_untrained
 
     if draft_dir is not None and speculate and shape.is_chain:  # before the target loads
         refuse_untrained(read_config(draft_dir), shape.steps, f"--draft {draft_dir}")

@@ -48,18 +48,17 @@ from eyas.serve.decoding.defaults import DECODE_RESERVE, PREFILL_TOKENS, spare_s
 from eyas.serve.decoding.sampling import RowSampling, SamplingParams, sample, verify
 from eyas.serve.decoding.tree import TreeShape, select_tree
 from eyas.train.kinds import kind_of
-from eyas.train.served import untrained_k
 
 
 def shapes_for(draft, shapes: list[TreeShape]) -> list[TreeShape]:
     """The shapes `draft` proposes: every chain and tree for EAGLE-3, chains for P-EAGLE (one forward drafts
-    a chain of K; train/kinds.py chains_only)."""
+    a chain of K; train/kinds/ DraftKind.chains_only)."""
     return [s for s in shapes if s.is_chain or not kind_of(draft.config).chains_only]
 
 
 def check_shape(draft, shape: TreeShape) -> None:
     """ValueError unless `draft` proposes `shape`: trees from EAGLE-3 only, a DFlash block's drafts at most,
-    and only the rounds it trained where its kind serves those (train/served.py untrained_k)."""
+    and only the rounds it trained where its kind serves those (DraftKind.untrained_k)."""
     if not shapes_for(draft, [shape]):
         raise ValueError(
             f"a {draft.config.kind} draft proposes a chain from one forward, not a {shape.label}"
@@ -67,7 +66,7 @@ def check_shape(draft, shape: TreeShape) -> None:
     block = draft.config.block_size
     if block is not None and shape.steps > block - 1:
         raise ValueError(f"a DFlash block of {block} drafts at most {block - 1} tokens, not {shape.steps}")
-    untrained = untrained_k(draft.config.kind, draft.config.trained_k, shape.steps)
+    untrained = kind_of(draft.config).untrained_k(draft.config.trained_k, shape.steps)
     if untrained:
         raise ValueError(untrained)
 
@@ -164,16 +163,11 @@ class Engine:
         self.tap = None
         self.closed = False
         if draft is not None:
-            # each draft kind's proposal (train/kinds.py): a tree of draft forwards, or K drafts from one
-            proposers = {
-                "eagle3": self._draft_tree,
-                "peagle": self._draft_parallel,
-                "dflash": self._draft_block,
-            }
-            self._propose = proposers[draft.config.kind]
-            # what the draft keeps of each committed position: EAGLE-3's and P-EAGLE's step 0 (an entry and
-            # the head's next draft), DFlash's context keys (train/dflash.py)
-            self._commit = self._write_context if draft.config.kind == "dflash" else self._draft_step
+            # the draft kind's round (train/kinds/ DraftKind.proposal, .commit): its proposal (a tree of draft
+            # forwards, or K drafts from one), and what it keeps of each committed position (EAGLE-3's and
+            # P-EAGLE's step 0: an entry and the head's next draft; DFlash's context keys)
+            kind = kind_of(draft.config)
+            self._propose, self._commit = getattr(self, kind.proposal), getattr(self, kind.commit)
             check_shape(draft, shape)
             self.tap = HiddenStateTap(target, draft.config.aux_layer_ids)
             self.dcache = RowKVCache(max_batch, max_slots=self.max_model_len + spare)
@@ -498,7 +492,7 @@ class Engine:
         )
 
     def _draft_parallel(self, n: torch.Tensor, n_max: int, B: int):
-        """Step 2 for P-EAGLE (train/peagle.py): the chain's first draft from the draft head (the step-0 entry
+        """Step 2 for P-EAGLE (train/kinds/peagle): the chain's first draft from the head (the step-0 entry
         of x_n), the other K - 1 from ONE draft forward of mask slots at positions n..n+K-2, each seeing the
         committed entries and the slots before it (vLLM's parallel drafting). Greedy drafts, as a chain's."""
         K, dev, d = self.shape.steps, self.device, self.draft
@@ -523,11 +517,11 @@ class Engine:
         )
 
     def _draft_block(self, n: torch.Tensor, n_max: int, B: int):
-        """Step 2 for DFlash (train/dflash.py): one forward of the block [x_n, mask x k] at positions
+        """Step 2 for DFlash (train/kinds/dflash): one forward of the block [x_n, mask x k] at positions
         n..n+k over the context keys of positions < n, non-causal within the block; slot s drafts x_{n+s}
         (vLLM's DFlash proposer: num_speculative_tokens = k). A k below the block's drafts runs a shorter
         block, as vLLM does (non-causal: its slots see fewer mask slots than in training); eyas refuses it
-        for a draft that records its trained block (train/served.py untrained_k), runs it where none is.
+        for a draft that records its trained block (DraftKind.untrained_k), runs it where none is.
         Greedy drafts, as a chain's."""
         k, dev, d = self.shape.steps, self.device, self.draft
         S = k + 1

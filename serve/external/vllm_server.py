@@ -51,25 +51,18 @@ def last_error(log: str) -> str:
     return found[-1] if found else (lines[-1] if lines else "(no output)")
 
 
-def speculative_config(draft: str | Path | None, k: int, method: str = "eagle3") -> dict | None:
-    """vLLM's --speculative-config for an exported draft (None: no speculation). A DFlash draft directory
-    (serve/interchange/dflash_layout.py is_dflash) takes method "dflash": a block of k + 1 slots. A P-EAGLE
-    draft directory (a mask token in its config.json, formats.mask_token_of) drafts its k tokens in one
-    forward: vLLM 0.32's `parallel_drafting` (without it vLLM would skip mask_hidden and chain the head: low
-    acceptance)."""
+def speculative_config(draft: str | Path | None, k: int) -> dict | None:
+    """vLLM's --speculative-config for an exported draft (None: no speculation), as its kind has vLLM serve it
+    (train/kinds/ DraftKind.vllm_config; the kind read from the export's config.json, published_kind): a
+    DFlash block of k + 1 slots, P-EAGLE's k drafts from one forward (`parallel_drafting`), EAGLE-3's
+    chain."""
     if draft is None:
         return None
-    from eyas.serve.interchange.dflash_layout import is_dflash
-    from eyas.serve.interchange.formats import mask_token_of
+    from eyas.train.kinds import published_kind
 
     config = Path(draft) / "config.json"
     raw = json.loads(config.read_text()) if config.is_file() else {}
-    if is_dflash(raw):
-        return {"model": str(draft), "method": "dflash", "num_speculative_tokens": k}
-    spec = {"model": str(draft), "method": method, "num_speculative_tokens": k}
-    if mask_token_of(raw) is not None:
-        spec["parallel_drafting"] = True
-    return spec
+    return published_kind(raw).vllm_config(str(draft), k)
 
 
 class VllmServer:

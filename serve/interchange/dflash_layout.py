@@ -1,4 +1,4 @@
-"""The published DFlash draft layouts (train/dflash.py): config.json both ways, read back.
+"""The published DFlash draft layouts (train/kinds/dflash/core.py): config.json both ways, read back.
 
   dflash       z-lab's release layout (z-lab/gpt-oss-120b-DFlash, ...), which vLLM 0.32 serves with
                `{"method": "dflash", "model": DIR, "num_speculative_tokens": block_size - 1}`:
@@ -27,11 +27,10 @@ from __future__ import annotations
 
 import torch
 
+from eyas.train.kinds.dflash import ARCHITECTURE as DFLASH_ARCHITECTURE
 from eyas.train.model import DraftConfig
 
 from .formats import dtype_name, rope_fields
-
-DFLASH_ARCHITECTURE = "DFlashDraftModel"
 
 
 def qwen3_layer_config(cfg: DraftConfig, dtype: torch.dtype) -> dict:

@@ -78,6 +78,7 @@ brought each feature, since releases were not tagged in the copies read):
 
 from __future__ import annotations
 
+from eyas.train.kinds import kind_of
 from eyas.train.model import DraftConfig
 
 from .formats import output_numbering
@@ -86,9 +87,6 @@ ENGINES = ("vllm", "sglang", "trtllm")
 ENGINE_LABELS = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM"}
 # which engines load each published layout (serve/formats.py)
 FORMAT_ENGINES = {"eagle3": ("vllm", "sglang", "trtllm"), "speculators": ("vllm",), "dflash": ("vllm",)}
-# which engines serve each draft kind (train/kinds.py): parallel drafting is vLLM's alone (0.32: eagle3 with
-# parallel_drafting); SGLang's and TensorRT-LLM's EAGLE-3 workers draft one token per forward
-KIND_ENGINES = {"eagle3": ENGINES, "peagle": ("vllm",), "dflash": ("vllm",)}
 
 SERVABLE_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
@@ -127,18 +125,12 @@ def _own_embedding(cfg: DraftConfig, engine: str, include_embeddings: bool, sour
 
 
 def _kind_problems(cfg: DraftConfig, engine: str) -> list[str]:
-    """A parallel draft kind (train/kinds.py) on an engine that only chains EAGLE-3 drafts."""
-    if engine == "vllm":
+    """A draft kind an engine does not serve (train/kinds/ DraftKind.engines: parallel drafting is vLLM's
+    alone; SGLang's and TensorRT-LLM's EAGLE-3 workers draft one token per forward)."""
+    kind = kind_of(cfg)
+    if engine in kind.engines:
         return []
-    if cfg.kind == "dflash":
-        return ["draft kind dflash: eyas exports it for vLLM (method dflash, qwen3_dflash.py) only"]
-    if cfg.kind == "peagle":
-        return [
-            f"draft kind peagle (parallel drafting): {ENGINE_LABELS[engine]}'s EAGLE-3 worker drafts one "
-            "token per forward and reads no mask_hidden; serve it with vLLM (parallel_drafting, vLLM 0.32 "
-            "llama_eagle3.py)"
-        ]
-    return []
+    return [kind.engine_problem(ENGINE_LABELS[engine])]
 
 
 def problems(
@@ -242,7 +234,7 @@ def notes(cfg: DraftConfig, engine: str, target_layers: int | None = None) -> li
     n_aux, ids = len(cfg.aux_layer_ids), list(cfg.aux_layer_ids)
     last = target_layers is not None and target_layers in ids
     if engine == "vllm":
-        if n_aux != 3 and cfg.kind != "dflash":
+        if n_aux != 3 and kind_of(cfg).vllm_model == "llama_eagle3.py":
             out.append(
                 f"{n_aux} aux states: needs a vLLM whose llama_eagle3.py sizes fc from num_aux_hidden_states "
                 "(older releases build fc for 3)"
@@ -253,7 +245,7 @@ def notes(cfg: DraftConfig, engine: str, target_layers: int | None = None) -> li
             out.append(
                 "norm_before_fc: needs vLLM with PR #36545 (eagle3 config) / #38111 (speculators config)"
             )
-        if cfg.num_layers > 1 and cfg.kind != "dflash":
+        if cfg.num_layers > 1 and kind_of(cfg).vllm_model == "llama_eagle3.py":
             out.append(f"num_layers {cfg.num_layers}: needs vLLM with PR #26164")
     elif engine == "sglang":
         if ids and ids[0] >= 3:

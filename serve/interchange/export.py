@@ -32,14 +32,13 @@ from eyas import io
 from eyas.errors import InputError, as_input
 from eyas.layout import resolve_checkpoint
 from eyas.train.checkpoint import load_draft
-from eyas.train.model import DraftConfig, Eagle3Draft, KVCache
-from eyas.train.served import default_k, untrained_k
+from eyas.train.kinds import default_k, kind_of
+from eyas.train.model import DraftConfig, Eagle3Draft
 
 from . import engines as engine_rules
 from .dflash_layout import dflash_config, dflash_speculators_config
 from .formats import (
     FORMATS,
-    KIND_FORMATS,
     check_vocab_map,
     eagle3_config,
     parse_dtype,
@@ -175,31 +174,16 @@ def engine_check(
 
 
 def fixed_batch_outputs(draft: Eagle3Draft) -> list[torch.Tensor]:
-    """Logits of a fixed random batch: a 5-token prefix on fused aux states, then one chained step
-    on the draft's own output and its mapped guess; a P-EAGLE draft's mask slots too (its mask token and
-    mask_hidden), in place of that step. Deterministic for a given config."""
+    """Logits of a fixed random batch (a 5-token prefix on random aux states) through a round as the draft's
+    kind drafts it (`fixed_round`: a chained step, P-EAGLE's mask slots, DFlash's block). Deterministic for a
+    given config."""
     cfg = draft.config
     g = torch.Generator().manual_seed(0)
     B, T = 2, 5
     ids = torch.randint(0, cfg.vocab_size, (B, T), generator=g)
     aux = torch.randn(B, T, cfg.fc_in_features, generator=g)
     pos = torch.arange(T).expand(B, T)
-    with torch.no_grad():
-        cache = KVCache()
-        if cfg.kind == "dflash":  # the context's keys, then one block after it
-            draft.write_context(draft.fuse(aux), pos, cache)
-            block = draft.block_inputs(ids[:, -1], cfg.block_size)
-            slots = pos[:, -1:] + 1 + torch.arange(cfg.block_size)
-            mask = torch.ones(B, cfg.block_size, T + cfg.block_size, dtype=torch.bool)
-            return [draft.block(block, slots, cache, mask)]
-        hidden, first = draft.step(ids, draft.fuse(aux), pos, cache)
-        if cfg.kind == "peagle":  # the round's other K - 1 drafts: one forward of mask slots
-            slots = pos[:, -1:] + torch.arange(1, 4)
-            _, second = draft.step(*draft.mask_inputs(tuple(slots.shape)), slots, cache)
-            return [first, second]
-        guess = draft.to_target_ids(first[:, -1:].argmax(-1))
-        _, second = draft.step(guess, hidden[:, -1:], pos[:, -1:] + 1, cache)
-    return [first, second]
+    return draft.fixed_round(ids, aux, pos)  # as its kind drafts a round
 
 
 def round_to(draft: Eagle3Draft, dtype: torch.dtype) -> None:
@@ -276,7 +260,7 @@ def config_json(cfg: DraftConfig, fmt: str, dtype, num_speculative_tokens: int, 
     if fmt == "dflash":
         return dflash_config(cfg, dtype)
     verifier, architectures = _verifier(cfg, target, tcfg, notes)
-    if cfg.kind == "dflash":  # its speculative tokens are its block's (block_size - 1)
+    if kind_of(cfg).speculators_type == "dflash":  # speculators' DFlash layout: k is its block's (size - 1)
         return dflash_speculators_config(cfg, dtype, verifier, architectures)
     return speculators_config(cfg, dtype, num_speculative_tokens, verifier, architectures)
 
@@ -307,7 +291,7 @@ def export(
     `engines` (default: every engine that loads `fmt` and serves the draft's kind) are the engines it is
     checked for; `target` overrides the checkpoint's recorded target (e.g. a local copy of it).
     `num_speculative_tokens` (default 3, or the nearest k the draft trained where its kind serves only those:
-    a DFlash draft's block) must be a round it trained there (train/served.py untrained_k).
+    a DFlash draft's block) must be a round it trained there (DraftKind.untrained_k).
     `include_embeddings` (default: speculators yes, eagle3 no): write embed_tokens.weight. The
     speculators library's loader (transformers 5, meta-device init) leaves a missing embed_tokens as
     uninitialised memory (it fills the verifier's only where the table holds a NaN), so that format
@@ -328,13 +312,14 @@ def export(
     checkpoint = resolve_checkpoint(src)
     draft = load_draft(checkpoint, dtype=torch.float32).eval()
     cfg = draft.config
-    if fmt not in KIND_FORMATS[cfg.kind]:
+    kind = kind_of(cfg)
+    if fmt not in kind.formats:
         raise ExportError(
-            f"a {cfg.kind} draft is published in the {' or '.join(KIND_FORMATS[cfg.kind])} layout, not {fmt}"
+            f"a {cfg.kind} draft is published in the {' or '.join(kind.formats)} layout, not {fmt}"
         )
     if num_speculative_tokens is None:
         num_speculative_tokens = default_k(cfg.kind, cfg.trained_k)
-    untrained = untrained_k(cfg.kind, cfg.trained_k, num_speculative_tokens)
+    untrained = kind_of(cfg).untrained_k(cfg.trained_k, num_speculative_tokens)
     if untrained:
         raise ExportError(f"--num-speculative-tokens {untrained}")
     if include_embeddings is None:  # a draft's own (trained) embedding always goes with it
@@ -344,7 +329,7 @@ def export(
             "the draft's embed_tokens is its own (trained), not the target's: export it with it"
         )
     # default: every engine that loads the format and serves the draft's kind
-    serving = engine_rules.KIND_ENGINES[cfg.kind]
+    serving = kind.engines
     selected = selected or tuple(e for e in engine_rules.FORMAT_ENGINES[fmt] if e in serving)
     target = target or cfg.target_model
     notes: list[str] = []

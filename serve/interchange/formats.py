@@ -50,18 +50,10 @@ from dataclasses import dataclass
 
 import torch
 
-from eyas.train.kinds import make_draft
+from eyas.train.kinds import kind_of, make_draft
 from eyas.train.model import DraftConfig
 
 FORMATS = ("eagle3", "speculators", "dflash")
-# the layouts each draft kind (train/kinds.py) is published in: DFlash's own (z-lab's, serve/interchange/
-# dflash_layout.py) and speculators'; EAGLE-3 and P-EAGLE in the EAGLE-3 release layout and speculators'
-KIND_FORMATS = {
-    "eagle3": ("eagle3", "speculators"),
-    "peagle": ("eagle3", "speculators"),
-    "dflash": ("dflash", "speculators"),
-}
-
 EAGLE3_ARCHITECTURE = "LlamaForCausalLMEagle3"  # vLLM registry entry, SGLang EntryClass
 SPECULATORS_ARCHITECTURE = "Eagle3Speculator"  # speculators Eagle3SpeculatorConfig default
 
@@ -150,21 +142,11 @@ def window_fields(cfg: DraftConfig) -> dict:
     return {"layer_types": ["sliding_attention"] * cfg.num_layers, "sliding_window": cfg.sliding_window}
 
 
-def mask_token_of(raw: dict) -> int | None:
-    """A published draft config's mask token (P-EAGLE), read as vLLM 0.32's llm_base_proposer reads it:
-    `mask_token_id`, then `pard_token`, then `ptd_token_id`; None: not a parallel draft."""
-    return next(
-        (raw[k] for k in ("mask_token_id", "pard_token", "ptd_token_id") if raw.get(k) is not None), None
-    )
-
-
 def parallel_keys(cfg: DraftConfig) -> dict:
-    """A P-EAGLE draft's (train/peagle.py) mask token: vLLM 0.32's llm_base_proposer reads `mask_token_id`
-    (then `pard_token`) from the draft config for the mask slots; the weights add `mask_hidden`
-    (1, n_aux * H_t), which llama_eagle3.py requires when the speculative config sets parallel_drafting."""
-    return (
-        {"mask_token_id": cfg.mask_token_id, "pard_token": cfg.mask_token_id} if cfg.kind == "peagle" else {}
-    )
+    """The keys a parallel draft's kind adds to the EAGLE-3 layout (train/kinds/ DraftKind.parallel_keys: a
+    P-EAGLE draft's mask token, which vLLM 0.32's llm_base_proposer reads for the mask slots; its weights
+    add `mask_hidden` (1, n_aux * H_t), which llama_eagle3.py requires under parallel_drafting)."""
+    return kind_of(cfg).parallel_keys(cfg)
 
 
 def eagle3_config(cfg: DraftConfig, dtype: torch.dtype) -> dict:
@@ -212,8 +194,8 @@ def speculators_config(
         "architectures": [SPECULATORS_ARCHITECTURE],
         # vLLM detects the format by this key; "eagle3" selects update_eagle3 in algos.py, "peagle"
         # update_peagle (mask_token_id -> pard_token) and a speculative config with parallel_drafting
-        "speculators_model_type": "peagle" if cfg.kind == "peagle" else "eagle3",
-        **({"mask_token_id": cfg.mask_token_id} if cfg.kind == "peagle" else {}),
+        "speculators_model_type": kind_of(cfg).speculators_type,
+        **{k: v for k, v in parallel_keys(cfg).items() if k == "mask_token_id"},
         # vLLM: becomes the draft's hf_config (architectures replaced by Eagle3LlamaForCausalLM)
         "transformer_layer_config": llama_layer_config(cfg, dtype),
         "draft_vocab_size": cfg.draft_vocab_size,
@@ -256,7 +238,7 @@ class TensorPlan:
     dtype: torch.dtype
 
 
-# P-EAGLE's learned mask-slot aux states: eyas's module `mask_hidden` (train/peagle.py MaskHidden), the tensor
+# P-EAGLE's learned mask-slot aux states: eyas's `mask_hidden` (train/kinds/peagle MaskHidden), the tensor
 # `mask_hidden` in vLLM's llama_eagle3.py and speculators' PEagleDraftModel
 MASK_HIDDEN = ("mask_hidden.weight", "mask_hidden")
 

@@ -43,7 +43,8 @@ from safetensors.torch import load_file
 
 from eyas.errors import InputError, as_input
 from eyas.train.checkpoint import save_draft
-from eyas.train.kinds import make_draft
+from eyas.train.kinds import KINDS, kind_of, make_draft, published_kind
+from eyas.train.kinds.peagle import mask_token_of
 from eyas.train.model import DraftConfig, Eagle3Draft
 
 from .dflash_layout import is_dflash, read_dflash_config
@@ -54,7 +55,6 @@ from .formats import (
     check_vocab_map,
     eagle_config_ids_to_input_ids,
     identity_vocab_map,
-    mask_token_of,
     meta_state_shapes,
     parse_dtype,
     t2d_from_d2t,
@@ -129,10 +129,11 @@ def detect_layout(raw: dict, where: str) -> str:
     if "DFlashDraftModel" in (raw.get("architectures") or []):
         return "dflash"
     if "speculators_model_type" in raw:
-        if raw["speculators_model_type"] not in ("eagle3", "peagle", "dflash"):
+        types = [k.speculators_type for k in KINDS.values()]
+        if raw["speculators_model_type"] not in types:
             raise DraftFormatError(
                 f"{where}: speculators_model_type {raw['speculators_model_type']!r}; "
-                "only 'eagle3', 'peagle' and 'dflash' drafts can be imported"
+                f"only {', '.join(map(repr, types))} drafts can be imported"
             )
         return "speculators"
     architectures = raw.get("architectures") or []
@@ -282,12 +283,12 @@ def published_config(raw: dict, layout: str, target: str | None, where: str, not
 
 
 def _parallel(raw: dict, where: str) -> dict:
-    """A P-EAGLE draft (speculators_model_type peagle, or a mask token in the config: formats.mask_token_of)
-    -> its kind and mask token."""
-    mask = mask_token_of(raw)
-    if raw.get("speculators_model_type") == "peagle" and mask is None:
-        raise DraftFormatError(f"{where}: a peagle draft without mask_token_id (vLLM requires it)")
-    return {} if mask is None else {"kind": "peagle", "mask_token_id": int(mask)}
+    """A parallel draft of the EAGLE-3 layouts (P-EAGLE: speculators_model_type peagle, or a mask token in
+    the config: train/kinds/peagle mask_token_of) -> its kind and mask token."""
+    mask, kind = mask_token_of(raw), published_kind(raw)
+    if kind.mask_slots and mask is None:
+        raise DraftFormatError(f"{where}: a {kind.name} draft without mask_token_id (vLLM requires it)")
+    return {} if mask is None else {"kind": kind.name, "mask_token_id": int(mask)}
 
 
 def _sliding_window(layer_raw: dict, where: str) -> int | None:
@@ -303,17 +304,18 @@ def _sliding_window(layer_raw: dict, where: str) -> int | None:
 
 
 def normalize_names(
-    state: dict[str, torch.Tensor], where: str, dflash: bool = False
+    state: dict[str, torch.Tensor], where: str, own_layers: bool = False
 ) -> dict[str, torch.Tensor]:
     """Published tensor names -> eyas names (`model.` prefix dropped; `layers.0.` / `midlayer.0.` ->
-    `midlayer.`; `midlayer.i.` -> `layers.i.`; a DFlash draft's `layers.i.` stay)."""
+    `midlayer.`; `midlayer.i.` -> `layers.i.`; a kind with layers of its own (DFlash's Qwen3 `layers.i.`:
+    own_layers) keeps them)."""
     out = {}
     for name, tensor in state.items():
         if name.startswith("model."):
             name = name[len("model.") :]
         if name in IGNORED_TENSORS or name.endswith(IGNORED_SUFFIXES):
             continue
-        m = None if dflash else re.match(r"^(?:layers|midlayer)\.(\d+)\.(.+)$", name)
+        m = None if own_layers else re.match(r"^(?:layers|midlayer)\.(\d+)\.(.+)$", name)
         if m:
             name = (EYAS_LAYER_PREFIX if m.group(1) == "0" else f"layers.{m.group(1)}.") + m.group(2)
         if name in out:
@@ -432,7 +434,7 @@ def read_published(
             raise DraftFormatError(str(e)) from None
     else:
         cfg = published_config(raw, layout, _target_name(raw, layout, target), str(config_path), notes)
-    state = normalize_names(read_weights(path), str(path), dflash=cfg.kind == "dflash")
+    state = normalize_names(read_weights(path), str(path), own_layers=kind_of(cfg).layer_family != "Llama")
     return cfg, complete_state(state, cfg, str(path), embed, notes), layout, notes
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import yaml
 
 from eyas.layout import FinishedRun
+from eyas.train.kinds import kind_named
 
 from . import engines as engine_rules
 from .export import ExportResult
@@ -169,34 +170,10 @@ def front_matter(target: str | None, engines: tuple[str, ...], license: str, kin
     return "---\n" + yaml.safe_dump(meta, sort_keys=False) + "---\n"
 
 
-# what the card says the draft is, per kind (train/kinds.py), and the layout its weights are in
-KIND_TITLES = {
-    "eagle3": "An EAGLE-3 speculative-decoding draft head",
-    "peagle": "A P-EAGLE (parallel drafting) speculative-decoding draft head",
-    "dflash": "A DFlash (block drafting) speculative-decoding draft",
-}
-KIND_LAYOUTS = {
-    "eagle3": "EAGLE-3 release layout (`fc`, `midlayer.*`, `norm`, `lm_head`, `d2t`, `t2d`)",
-    "peagle": "EAGLE-3 release layout (`fc`, `midlayer.*`, `mask_hidden`, `norm`, `lm_head`, `d2t`, `t2d`)",
-    "dflash": "z-lab's DFlash layout (`fc`, `hidden_norm`, `layers.*` Qwen3 layers, `norm`, `lm_head`)",
-}
-AUX_NOTE = {
-    "eagle3": "vLLM reads the aux layers from `eagle_aux_hidden_state_layer_ids` in this repo's config.json.",
-    "peagle": "vLLM reads the aux layers from `eagle_aux_hidden_state_layer_ids` in this repo's config.json, "
-    "and the mask slots' token from `mask_token_id`.",
-    "dflash": "vLLM reads the target layers from `dflash_config.target_layer_ids` (output-of-layer "
-    "numbering: eyas id - 1) and the mask token from `dflash_config.mask_token_id`; a block is "
-    "`num_speculative_tokens` + 1 slots.",
-}
-
-
 def vllm_spec(kind: str, repo_id: str, k: int) -> dict:
-    """vLLM 0.32's --speculative-config for a published draft of `kind` (serve/external/vllm_server.py runs
-    the same for a local export)."""
-    if kind == "dflash":
-        return {"method": "dflash", "model": repo_id, "num_speculative_tokens": k}
-    spec = {"method": "eagle3", "model": repo_id, "num_speculative_tokens": k}
-    return {**spec, "parallel_drafting": True} if kind == "peagle" else spec
+    """vLLM 0.32's --speculative-config for a published draft of `kind` (train/kinds/ DraftKind.vllm_config;
+    serve/external/vllm_server.py runs the same for a local export)."""
+    return kind_named(kind).vllm_config(repo_id, k)
 
 
 def serving_section(repo_id: str, target: str, k: int, result: ExportResult) -> str:
@@ -212,7 +189,7 @@ def serving_section(repo_id: str, target: str, k: int, result: ExportResult) -> 
             f"  --speculative-config '{spec}'",
             "```",
             "",
-            AUX_NOTE[cfg.kind],
+            kind_named(cfg.kind).card_aux,
             "",
         ]
     if "sglang" in result.engines:
@@ -277,8 +254,9 @@ def convention_section(result: ExportResult) -> str:
 
 
 def written_ids(kind: str, ids: list[int]) -> list[str]:
-    """Where the config.json of `kind`'s layout writes the aux ids, and who reads them how."""
-    if kind == "dflash":
+    """Where the config.json of `kind`'s own layout (its first format) writes the aux ids, and who reads them
+    how."""
+    if kind_named(kind).formats[0] == "dflash":
         return [
             f"- `dflash_config.target_layer_ids: {[k - 1 for k in ids]}` — z-lab's numbering, the *output* "
             "of decoder layer j = k - 1; vLLM adds 1 back (get_eagle3_aux_layers_from_config)."
@@ -293,7 +271,7 @@ def written_ids(kind: str, ids: list[int]) -> list[str]:
 
 
 def options_row(cfg) -> str:
-    if cfg.kind == "dflash":
+    if kind_named(cfg.kind).formats[0] == "dflash":
         return (
             f"| options | block_size {cfg.block_size} (the anchor and {cfg.block_size - 1} mask slots), "
             f"mask_token_id {cfg.mask_token_id}, attention_bias {str(cfg.attention_bias).lower()} "
@@ -311,6 +289,7 @@ def render_model_card(
 ) -> str:
     """README.md text for `repo_id`, published from `run` via the export `result` (its kind's layout)."""
     cfg = result.config
+    own_layout = kind_named(cfg.kind).formats[0]  # DFlash's z-lab layout writes no d2t / t2d at full vocab
     report = run.report
     target = result.target or report.get("target") or "TARGET"
     settings = report.get("eval_settings") or {}
@@ -319,22 +298,22 @@ def render_model_card(
         front_matter(target, result.engines, license, cfg.kind),
         f"# {repo_id.split('/')[-1]}",
         "",
-        f"{KIND_TITLES[cfg.kind]} for {target_ref}, trained with eyas. It proposes "
+        f"{kind_named(cfg.kind).card_title} for {target_ref}, trained with eyas. It proposes "
         "tokens that the target verifies, so outputs are those of the target alone.",
         "",
         "| | |",
         "|---|---|",
         f"| target | {target} |",
-        f"| draft layers | {cfg.num_layers} {'Qwen3' if cfg.kind == 'dflash' else 'Llama'} "
+        f"| draft layers | {cfg.num_layers} {kind_named(cfg.kind).layer_family} "
         f"layer{'s' if cfg.num_layers > 1 else ''}, hidden "
         f"{cfg.hidden_size}, {cfg.num_attention_heads} heads × {cfg.head_dim} ({cfg.num_key_value_heads} KV "
         f"heads), MLP {cfg.intermediate_size} |",
         options_row(cfg),
         f"| vocab | draft {cfg.draft_vocab_size} of the target's {cfg.vocab_size}"
-        f"{' (`d2t`/`t2d`)' if cfg.draft_vocab_size != cfg.vocab_size or cfg.kind != 'dflash' else ''} |",
+        f"{' (`d2t`/`t2d`)' if cfg.draft_vocab_size != cfg.vocab_size or own_layout != 'dflash' else ''} |",
         f"| aux layers | {list(cfg.aux_layer_ids)} (see below) |",
         f"| RoPE | `{json.dumps(cfg.rope_parameters)}`, max positions {cfg.max_position_embeddings} |",
-        f"| weights | {str(result.dtype).replace('torch.', '')}, {KIND_LAYOUTS[cfg.kind]} |",
+        f"| weights | {str(result.dtype).replace('torch.', '')}, {kind_named(cfg.kind).card_layout} |",
         f"| checked for | {', '.join(engine_rules.ENGINE_LABELS[e] for e in result.engines)}; re-read by "
         f"eyas, logits identical to the trained checkpoint's at {str(result.dtype).replace('torch.', '')} |",
         "",

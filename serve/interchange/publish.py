@@ -22,9 +22,9 @@ from pathlib import Path
 from eyas.errors import InputError, RunError, as_input
 from eyas.layout import load_run
 from eyas.train.checkpoint import read_config
+from eyas.train.kinds import kind_named
 
 from .export import export
-from .formats import KIND_FORMATS
 from .model_card import HUB_ID, render_model_card
 
 
@@ -73,8 +73,8 @@ def publish(
     # after an upload (at gpt-oss-120b's widths it holds gigabytes)
     temp = None if out else Path(tempfile.mkdtemp(prefix="eyas-publish-"))
     folder = Path(out) if out else temp / repo.split("/")[-1]
-    # the kind's own layout first (formats.KIND_FORMATS): EAGLE-3's release layout, DFlash's z-lab layout
-    fmt = KIND_FORMATS[read_config(finished.checkpoint).kind][0]
+    # the kind's own layout first (DraftKind.formats): EAGLE-3's release layout, DFlash's z-lab layout
+    fmt = kind_named(read_config(finished.checkpoint).kind).formats[0]
     result = export(finished.checkpoint, fmt, folder, num_speculative_tokens=k, engines=engines)
     k = result.num_speculative_tokens
     (folder / "README.md").write_text(render_model_card(finished, repo, result, k, license))

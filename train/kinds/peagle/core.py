@@ -37,15 +37,15 @@ and teacher rows before the lm_head (`rows`), so depth d's lm_head runs over its
 from __future__ import annotations
 
 import functools
-import zlib
 
 import torch
 from torch import nn
 
-from .attention import resolve
-from .model import DraftConfig, Eagle3Draft, attention_scale
-from .packing import positions_in_doc
-from .ttt import (
+from ...attention import resolve
+from ...grids import from_grid, row_seeds, shift_right, to_grid
+from ...model import DraftConfig, Eagle3Draft, KVCache, attention_scale
+from ...packing import positions_in_doc
+from ...ttt import (
     ChainState,
     StepInput,
     TargetView,
@@ -56,6 +56,7 @@ from .ttt import (
     shift,
     step_attention,
 )
+from . import cod_share
 
 
 class PEagleDraft(Eagle3Draft):
@@ -75,6 +76,16 @@ class PEagleDraft(Eagle3Draft):
         hidden = self.fuse(self.mask_hidden())[0]  # (H,)
         ids = torch.full(shape, self.config.mask_token_id, dtype=torch.long, device=hidden.device)
         return ids, hidden.expand(*shape, -1)
+
+    @torch.no_grad()
+    def fixed_round(self, ids: torch.Tensor, aux: torch.Tensor, pos: torch.Tensor) -> list[torch.Tensor]:
+        """The prefix's logits (B, T, V_d), then the round's other 3 drafts: one forward of mask slots (its
+        mask token and mask_hidden) -> (B, 3, V_d)."""
+        cache = KVCache()
+        _, first = self.step(ids, self.fuse(aux), pos, cache)
+        slots = pos[:, -1:] + torch.arange(1, 4)
+        _, second = self.step(*self.mask_inputs(tuple(slots.shape)), slots, cache)
+        return [first, second]
 
 
 class MaskHidden(nn.Module):
@@ -123,21 +134,6 @@ def cod_anchors(
         prev = torch.stack(rows)
         kept.append(prev)
     return kept
-
-
-def cod_share(d: int, ratio: float, floor: float) -> float:
-    """The share of the counted positions depth d keeps: max(ratio**d, floor) (depth 0: all)."""
-    return max(ratio**d, floor)
-
-
-def row_seeds(seed: tuple[int, ...], input_ids: torch.Tensor, counted: torch.Tensor) -> list[int]:
-    """One seed per row from `seed` (train.seed, the epoch) and the row's own counted tokens: the same row
-    draws the same anchors in one process or many, and other ones the next epoch."""
-    out = []
-    for b in range(input_ids.shape[0]):
-        tokens = input_ids[b][counted[b]].cpu().numpy().tobytes()
-        out.append(zlib.crc32(tokens, zlib.crc32(repr(tuple(seed)).encode())))
-    return out
 
 
 def counted_at(d: int, loss_mask: torch.Tensor, doc_ids: torch.Tensor) -> torch.Tensor:
@@ -226,11 +222,6 @@ def cod_forward(
     return out
 
 
-def shift_right(t: torch.Tensor, s: int) -> torch.Tensor:
-    """(B, T) bool t moved s places right along dim 1, False filling the left: out[:, p] = t[:, p - s]."""
-    return torch.cat([torch.zeros_like(t[:, :s]), t[:, : t.shape[1] - s]], dim=1)
-
-
 def depth_forward(
     draft: PEagleDraft, kv: list, flat: torch.Tensor, d: int, pos: torch.Tensor, run: StepInput, ckpt: bool
 ) -> torch.Tensor:
@@ -246,17 +237,6 @@ def depth_forward(
     at = StepInput(run.impl, run.scale, run.window, run.sp, run.doc_ids, embeds, cos, sin)
     step = functools.partial(cod_layer_step, flat=flat, grid=(B, n))
     return to_grid(draft_step(draft, hidden, kv, at, ckpt, step), flat, B, n)
-
-
-def to_grid(x: torch.Tensor, flat: torch.Tensor, B: int, T: int) -> torch.Tensor:
-    """(1, N, ...) at the anchors `flat` -> (B, T, ...), zeros elsewhere."""
-    grid = x.new_zeros(B * T, *x.shape[2:]).index_copy(0, flat, x[0])
-    return grid.view(B, T, *x.shape[2:])
-
-
-def from_grid(x: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
-    """(B, T, ...) -> (1, N, ...) at the anchors `flat` (to_grid's inverse there)."""
-    return x.reshape(-1, *x.shape[2:])[flat][None]
 
 
 def cod_layer_step(layer, run: StepInput, hidden: torch.Tensor, *kv, flat: torch.Tensor, grid: tuple):
@@ -278,3 +258,6 @@ def cod_layer_step(layer, run: StepInput, hidden: torch.Tensor, *kv, flat: torch
 
     out, _, _ = layer(run.embeds, hidden, run.cos, run.sin, attend, repeat_kv=False)
     return out, *seen[0]
+
+
+MODEL, UNROLL = PEagleDraft, cod_forward  # read by the kind (train/kinds/base.py core)

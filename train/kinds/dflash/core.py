@@ -37,10 +37,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .model import MLP, DraftConfig, Eagle3Draft, RMSNorm, Rotary, apply_rope
-from .packing import positions_in_doc
-from .peagle import row_seeds, shift_right, to_grid
-from .ttt import ChainState, TargetView, TTTOutput, fill_counts, score_step
+from ...grids import row_seeds, shift_right, to_grid
+from ...model import MLP, DraftConfig, Eagle3Draft, KVCache, RMSNorm, Rotary, apply_rope
+from ...packing import positions_in_doc
+from ...ttt import ChainState, TargetView, TTTOutput, fill_counts, score_step
 
 # query x key elements of one chunk of blocks (chunk_of): its scores a head on a CPU (fp32: 2**22 is 16 MiB a
 # head), its mask on CUDA (bool: 2**28 is 256 MiB; the gpt-oss recipe's 512 blocks of 10 over 8,192 tokens
@@ -202,6 +202,18 @@ class DFlashDraft(nn.Module):
 
             x = layer(x, None, rope, rope, attend)
         return self.logits(x)
+
+    @torch.no_grad()
+    def fixed_round(self, ids: torch.Tensor, aux: torch.Tensor, pos: torch.Tensor) -> list[torch.Tensor]:
+        """ids (B, T), aux (B, T, n_aux * H_t), pos (B, T): the context's keys, then one block after the last
+        token -> [logits (B, block_size, V_d)]."""
+        B, T = ids.shape
+        S = self.config.block_size
+        cache = KVCache()
+        self.write_context(self.fuse(aux), pos, cache)
+        slots = pos[:, -1:] + 1 + torch.arange(S)
+        mask = torch.ones(B, S, T + S, dtype=torch.bool)
+        return [self.block(self.block_inputs(ids[:, -1], S), slots, cache, mask)]
 
 
 def anchor_picks(valid: torch.Tensor, per_row: int | None, seeds: list[int] | None) -> torch.Tensor:
@@ -476,3 +488,6 @@ def chunk_of(S: int, T: int, cuda: bool) -> int:
     while n > 1 and n * S * (T + n * S) > limit:
         n = max(1, n * 3 // 4)
     return n
+
+
+MODEL, UNROLL = DFlashDraft, dflash_forward  # read by the kind (train/kinds/base.py core)

@@ -1,0 +1,135 @@
+"""DFlash: a block of drafts from one non-causal forward fed the target's states as keys / values, trained on
+random anchors.
+
+The model and its unroll are core.py (`DFlashDraft`, `dflash_forward`), its own published layout is
+serve/interchange/dflash_layout.py (z-lab's); what the rest of eyas asks of the kind is `DFlash` below (the
+interface: train/kinds/base.py).
+"""
+
+from __future__ import annotations
+
+from ..base import DraftKind
+
+ARCHITECTURE = "DFlashDraftModel"  # z-lab's config.json architectures entry (vLLM's qwen3_dflash.py)
+
+
+def anchor_share(tr) -> float:
+    """The share of a row's positions that anchor a block in training (max_anchors of max_length)."""
+    return min(tr.max_anchors, tr.max_length) / tr.max_length
+
+
+class DFlash(DraftKind):
+    name = "dflash"
+    summary = "DFlash: a block of drafts from one non-causal forward (random anchors)"
+    core = "eyas.train.kinds.dflash.core"
+    chains_only = True
+    sp_splits_heads = False  # it gathers the row's context instead
+    anchor_row = True
+    mask_slots = True
+    own_options = ("draft.mask_token_id", "draft.block_size", "draft.attention_bias", "train.block_lengths")
+    proposal = "_draft_block"
+    commit = "_write_context"  # a committed token writes its context keys (core.py)
+    formats = ("dflash", "speculators")
+    engines = ("vllm",)
+    speculators_type = "dflash"
+    vllm_model = "qwen3_dflash.py"
+    layer_family = "Qwen3"
+    card_title = "A DFlash (block drafting) speculative-decoding draft"
+    card_layout = "z-lab's DFlash layout (`fc`, `hidden_norm`, `layers.*` Qwen3 layers, `norm`, `lm_head`)"
+    card_aux = (
+        "vLLM reads the target layers from `dflash_config.target_layer_ids` (output-of-layer numbering: eyas "
+        "id - 1) and the mask token from `dflash_config.mask_token_id`; a block is `num_speculative_tokens` "
+        "+ 1 slots."
+    )
+
+    def options(self, tr) -> dict:
+        # blocks at random anchors, drawn per row from its tokens and the epoch (train/trainer.py reseed)
+        return {
+            "anchors": tr.max_anchors,
+            "anchor_seed": (tr.seed, 0),
+            "dpace": tr.dpace_alpha if tr.block_weight == "dpace" else None,
+            "truncate": tr.block_lengths == "random",
+        }
+
+    def trained_k(self, tr) -> list[int]:
+        # whole blocks only, unless train.block_lengths random trains every shorter one
+        return [tr.ttt_steps] if tr.block_lengths == "full" else super().trained_k(tr)
+
+    def untrained_k(self, trained: list[int] | None, k: int) -> str | None:
+        if trained is None or k in trained:
+            return None
+        t = max(trained)
+        if len(trained) == 1:
+            return (
+                f"k={k}: this DFlash draft trained whole blocks of {t + 1} only (train.block_lengths: full); "
+                f"a shorter block's slots see fewer mask slots than in training: serve k = {t}, or train it "
+                "with train.block_lengths: random"
+            )
+        return f"k={k}: this DFlash draft trained blocks of up to {t + 1}: serve k <= {t}"
+
+    def check_recipe(self, recipe, check) -> None:
+        """The block and train.ttt_steps (its drafts) agree, one following the other; eval.k follows the
+        block (it trains whole, so it serves whole)."""
+        d, tr = recipe.draft, recipe.train
+        for key in ("norm_before_fc", "norm_before_residual", "norm_output", "sliding_window"):
+            why = "is an EAGLE-3 layer's option: a DFlash draft (vLLM's qwen3_dflash.py) has fc, then "
+            check(not getattr(d, key), f"draft.{key}", why + "hidden_norm, then Qwen3 layers; unset it")
+        if "num_layers" not in d.model_fields_set:
+            d.num_layers = 5  # speculators 0.9.0's DFlash default (its issue #979's recipe)
+        if d.block_size is None:
+            d.block_size = tr.ttt_steps + 1 if "ttt_steps" in tr.model_fields_set else 16
+            tr.ttt_steps = d.block_size - 1
+        elif "ttt_steps" not in tr.model_fields_set:
+            tr.ttt_steps = d.block_size - 1
+        drafts = f"a block of {d.block_size} drafts {d.block_size - 1} tokens: set train.ttt_steps to that"
+        check(tr.ttt_steps == d.block_size - 1, "train.ttt_steps", drafts)
+        if "k" not in recipe.eval.model_fields_set:
+            recipe.eval.k = tr.ttt_steps
+
+    def draft_forwards(self, shape) -> int:
+        return 1  # one block a round (the context's keys: a projection per token)
+
+    def unrolled(self, tr) -> float:
+        # the blocks' tokens through every layer: max_anchors blocks of ttt_steps + 1 slots per row
+        return anchor_share(tr) * (tr.ttt_steps + 1)
+
+    def on_grid(self, tr) -> float:
+        # each draft's loss on the (B, T) grid, zeros off the kept anchors (core.py)
+        return float(tr.ttt_steps)
+
+    def grid_bytes(self, tr, c) -> tuple[float, float]:
+        """Each draft's loss reads its grid of states (two copies), and every layer projects the whole row's
+        context to keys and values (k before and after its norm and RoPE, v; bf16) and its attention keeps
+        [context ; blocks] keys and values for every query head (repeated for CUDA's kernel, one chunk), plus
+        the fused and normed context itself (fp32). Under sequence parallelism the context's keys and values
+        (and the gathered context) are the whole row's, and so are the blocks' (all of a row's anchors may
+        lie in one shard: train/sequence_parallel.py)."""
+        heads = 2 * 2 * c.num_attention_heads * c.head_dim  # a key and a value for every query head (bf16)
+        context = c.num_layers * (3 * 2 * c.num_key_value_heads * c.head_dim + heads)  # a context token's
+        blocks = c.num_layers * heads * anchor_share(tr) * (tr.ttt_steps + 1)  # the keys of its blocks
+        shard = 2 * 2 * c.hidden_size * self.on_grid(tr) + 2 * 4 * c.hidden_size
+        return shard, context + blocks + (4 * c.hidden_size if tr.sequence_parallel > 1 else 0)
+
+    def unrolled_whole_row(self) -> bool:
+        return True
+
+    def plan_note(self, tr, unrolled: float) -> str:
+        whole = " (the whole row's on each GPU)" if tr.sequence_parallel > 1 else ""
+        return (
+            f"x {unrolled:.3f} steps' worth ({tr.max_anchors} blocks of {tr.ttt_steps + 1} a row) + "
+            f"{tr.ttt_steps} drafts' loss on the (B, T) grid + the context's keys and values{whole} (DFlash)"
+        )
+
+    def published(self, raw: dict) -> bool:
+        return raw.get("speculators_model_type") == self.speculators_type or ARCHITECTURE in (
+            raw.get("architectures") or []
+        )
+
+    def vllm_config(self, model: str, k: int) -> dict:
+        return {"method": "dflash", "model": model, "num_speculative_tokens": k}
+
+    def engine_problem(self, engine_label: str) -> str | None:
+        return "draft kind dflash: eyas exports it for vLLM (method dflash, qwen3_dflash.py) only"
+
+
+DFLASH = DFlash()
