@@ -2,15 +2,21 @@
 compares a kind's name or keys a table by kind names. The trainer, the loop, export, import, the plan and the
 schema ask a kind through its interface (train/kinds/base.py DraftKind) instead.
 
-Read from the AST: a comparison (==, !=, in, not in) of something named `kind` (a variable, an attribute
-`.kind`, a `["kind"]` item) with a kind's name, and a dict literal keyed by two or more kind names only.
-Layout names ("eagle3", "dflash": serve/interchange/formats.py FORMATS) and vLLM's method names are not
-kinds and compare with other names, so they are not counted.
+Read from the AST: a comparison (==, !=, in, not in) or a `match` of something named `kind` (a variable, an
+attribute `.kind` or `.draft_kind`, `kind.name`, a `["kind"]` item, `.get("kind")`) with a kind's name, and a
+dict literal keyed by two or more kind names only. Layout names ("eagle3", "dflash": serve/interchange/
+formats.py FORMATS) and vLLM's method names are not kinds and compare with other names, so they are not
+counted. benchmarks/ is not read: a benchmark picks the kinds it runs, by name, from its command line.
 """
 
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
 from eyas.train.kinds import KINDS
 from tests.test_import_cycles import ROOT, eyas_modules
@@ -22,12 +28,20 @@ def _is_kind(node: ast.AST) -> bool:
     if isinstance(node, ast.Name):
         return node.id in ("kind", "draft_kind")
     if isinstance(node, ast.Attribute):
-        return node.attr in ("kind", "draft_kind")
+        return node.attr in ("kind", "draft_kind") or (node.attr == "name" and _names_a_kind(node.value))
     if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
         return node.slice.value in ("kind", "draft_kind")
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get":
-        return bool(node.args) and isinstance(node.args[0], ast.Constant) and node.args[0].value == "kind"
+        first = node.args[0] if node.args else None
+        return isinstance(first, ast.Constant) and first.value in ("kind", "draft_kind")
     return False
+
+
+def _names_a_kind(node: ast.AST) -> bool:
+    """`kind`, `cfg.kind`, ... or a registry lookup (`kind_of(cfg)`, `kind_named(n)`, `published_kind(r)`)."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+        return node.func.id in ("kind_of", "kind_named", "published_kind")
+    return _is_kind(node)
 
 
 def _names(node: ast.AST) -> set[str]:
@@ -45,11 +59,15 @@ def kind_name_uses(tree: ast.AST) -> list[tuple[int, str]]:
             if any(_is_kind(s) for s in sides) and any(_names(s) for s in sides):
                 names = sorted(set().union(*map(_names, sides)))
                 found.append((node.lineno, f"compares a kind with {names}"))
+        elif isinstance(node, ast.Match) and _is_kind(node.subject):
+            cases = [c.pattern for c in node.cases if isinstance(c.pattern, ast.MatchValue)]
+            if any(_names(c.value) for c in cases):
+                found.append((node.lineno, "matches a kind against kind names"))
         elif isinstance(node, ast.Dict):
             keys = [k for k in node.keys if isinstance(k, ast.Constant) and k.value in KINDS]
             if len(keys) >= 2 and len(keys) == len(node.keys):  # a layout table names "speculators" too
                 found.append((node.lineno, f"a table keyed by kinds {[k.value for k in keys]}"))
-    return found
+    return sorted(found)
 
 
 def test_no_kind_name_outside_the_kinds_homes():
@@ -71,5 +89,69 @@ def test_the_check_finds_what_it_looks_for():
         'F = {"eagle3": 1, "speculators": 2, "dflash": 3}\n'
         'if fmt == "eagle3": pass\n'
         'x = run.get("kind", "eagle3") == "peagle"\n'
+        'if kind_of(cfg).name == "dflash": pass\n'
+        'y = r.get("draft_kind") != "eagle3"\n'
+        'match cfg.kind:\n    case "peagle": pass\n'
     )
-    assert [line for line, _ in kind_name_uses(ast.parse(code))] == [1, 2, 3, 6]
+    assert [line for line, _ in kind_name_uses(ast.parse(code))] == [1, 2, 3, 6, 7, 8, 9]
+
+
+def test_the_kinds_and_the_schema_import_no_torch():
+    """The schema and `eyas plan` read a kind before anything loads: the registry, each kind's `__init__.py`
+    and the schema stay torch-free (a kind's torch half is its core.py, imported on first use)."""
+    code = (
+        "import sys, eyas.recipes.schema, eyas.train.kinds as k\n"
+        "[k.kind_named(n).unrolled(eyas.recipes.schema.TrainSection()) for n in k.KINDS]\n"
+        "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_a_published_config_is_read_as_its_kind():
+    """published_kind on the config.json every layout writes for every kind (what `eyas eval --server`,
+    bench_baselines.py and vLLM's launcher turn into vLLM's speculative config): speculators' DFlash layout
+    writes a top-level mask_token_id as P-EAGLE's does, and stays DFlash's."""
+    import torch
+
+    from eyas.serve.external.vllm_server import speculative_config
+    from eyas.serve.interchange.dflash_layout import dflash_config, dflash_speculators_config
+    from eyas.serve.interchange.formats import eagle3_config, speculators_config
+    from eyas.train.kinds import published_kind
+    from eyas.train.model import DraftConfig
+
+    sizes = {"hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8}
+    base = {
+        **sizes,
+        "intermediate_size": 48,
+        "vocab_size": 97,
+        "draft_vocab_size": 40,
+        "aux_layer_ids": [1, 2],
+    }
+    cfgs = {
+        "eagle3": DraftConfig(**base),
+        "peagle": DraftConfig(**base, kind="peagle", mask_token_id=96),
+        "dflash": DraftConfig(**base, kind="dflash", mask_token_id=96, block_size=4, num_layers=2),
+    }
+    own = {
+        "eagle3": lambda c: eagle3_config(c, torch.bfloat16),
+        "peagle": lambda c: eagle3_config(c, torch.bfloat16),
+        "dflash": lambda c: dflash_config(c, torch.bfloat16),
+    }
+    spec = {
+        "eagle3": lambda c: speculators_config(c, torch.bfloat16, 3, "t", ["A"]),
+        "peagle": lambda c: speculators_config(c, torch.bfloat16, 3, "t", ["A"]),
+        "dflash": lambda c: dflash_speculators_config(c, torch.bfloat16, "t", ["A"]),
+    }
+    methods = {"eagle3": ("eagle3", None), "peagle": ("eagle3", True), "dflash": ("dflash", None)}
+    for name, cfg in cfgs.items():
+        for layout in (own, spec):
+            raw = layout[name](cfg)
+            assert published_kind(raw).name == name, (name, raw)
+    for name, (method, parallel) in methods.items():
+        cfg = cfgs[name]
+        with tempfile.TemporaryDirectory() as d:
+            for layout in (own, spec):
+                (Path(d) / "config.json").write_text(json.dumps(layout[name](cfg)))
+                got = speculative_config(d, 3)
+                assert (got["method"], got.get("parallel_drafting")) == (method, parallel), (name, got)

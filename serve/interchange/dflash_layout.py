@@ -28,6 +28,7 @@ from __future__ import annotations
 import torch
 
 from eyas.train.kinds.dflash import ARCHITECTURE as DFLASH_ARCHITECTURE
+from eyas.train.kinds.dflash import DFLASH
 from eyas.train.model import DraftConfig
 
 from .formats import dtype_name, rope_fields
@@ -103,9 +104,8 @@ def dflash_speculators_config(
 
 
 def is_dflash(raw: dict) -> bool:
-    return raw.get("speculators_model_type") == "dflash" or DFLASH_ARCHITECTURE in (
-        raw.get("architectures") or []
-    )
+    """A published config.json of DFlash's (either layout): the kind's own test (DFlash.published)."""
+    return DFLASH.published(raw)
 
 
 def read_dflash_config(raw: dict, target: str | None, where: str) -> DraftConfig:
@@ -152,7 +152,7 @@ def read_dflash_config(raw: dict, target: str | None, where: str) -> DraftConfig
         hidden_act=lcfg.hidden_act,
         target_model=target,
         num_layers=int(lcfg.num_hidden_layers),
-        kind="dflash",
+        kind=DFLASH.name,
         mask_token_id=int(mask),
         block_size=int(block),
         attention_bias=bool(getattr(lcfg, "attention_bias", False)),

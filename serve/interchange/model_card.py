@@ -21,7 +21,7 @@ from pathlib import Path
 import yaml
 
 from eyas.layout import FinishedRun
-from eyas.train.kinds import kind_named
+from eyas.train.kinds import DEFAULT_KIND, kind_named
 
 from . import engines as engine_rules
 from .export import ExportResult
@@ -159,7 +159,7 @@ def _recipe_facts(recipe: dict) -> list[str]:
     return facts
 
 
-def front_matter(target: str | None, engines: tuple[str, ...], license: str, kind: str = "eagle3") -> str:
+def front_matter(target: str | None, engines: tuple[str, ...], license: str, kind: str = DEFAULT_KIND) -> str:
     meta = {
         "license": license,
         "library_name": "eyas",

@@ -126,6 +126,8 @@ class DraftKind:
         """Keys its EAGLE-3-layout config.json adds (a P-EAGLE draft's mask token)."""
         return {}
 
-    def engine_problem(self, engine_label: str) -> str | None:
-        """Why an engine other than vLLM cannot serve it (None: it can)."""
-        return None
+    def engine_problem(self, engine_label: str) -> str:
+        """Why `engine_label`, not one of its `engines`, cannot serve it (one line)."""
+        return (
+            f"draft kind {self.name}: {engine_label} does not serve it (served by: {', '.join(self.engines)})"
+        )

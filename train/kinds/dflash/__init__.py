@@ -128,7 +128,7 @@ class DFlash(DraftKind):
     def vllm_config(self, model: str, k: int) -> dict:
         return {"method": "dflash", "model": model, "num_speculative_tokens": k}
 
-    def engine_problem(self, engine_label: str) -> str | None:
+    def engine_problem(self, engine_label: str) -> str:
         return "draft kind dflash: eyas exports it for vLLM (method dflash, qwen3_dflash.py) only"
 
 

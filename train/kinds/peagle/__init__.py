@@ -79,13 +79,16 @@ class PEagle(DraftKind):
         return {**super().vllm_config(model, k), "parallel_drafting": True}
 
     def published(self, raw: dict) -> bool:
-        return raw.get("speculators_model_type") == self.speculators_type or mask_token_of(raw) is not None
+        """speculators' `peagle`, or the EAGLE-3 layout with a mask token (a speculators config of another
+        type that writes one, DFlash's, is not P-EAGLE's)."""
+        layout = raw.get("speculators_model_type")
+        return layout == self.speculators_type if layout else mask_token_of(raw) is not None
 
     def parallel_keys(self, cfg) -> dict:
         # vLLM 0.32's llm_base_proposer reads mask_token_id (then pard_token) for the mask slots
         return {"mask_token_id": cfg.mask_token_id, "pard_token": cfg.mask_token_id}
 
-    def engine_problem(self, engine_label: str) -> str | None:
+    def engine_problem(self, engine_label: str) -> str:
         return (
             f"draft kind peagle (parallel drafting): {engine_label}'s EAGLE-3 worker drafts one token per "
             "forward and reads no mask_hidden; serve it with vLLM (parallel_drafting, vLLM 0.32 "
