@@ -333,6 +333,17 @@ class KVCache:
             self.k[layer], self.v[layer] = self.k[layer][:, :, :length], self.v[layer][:, :, :length]
 
 
+def add_output_head(draft: nn.Module, cfg: DraftConfig) -> None:
+    """What every kind's draft ends with, registered in this order (its init draws in it): the final norm,
+    the lm_head over the draft vocabulary, the RoPE tables, and the vocab map (draft id i <-> target id
+    i + d2t[i]; t2d[target id] = in the draft vocab)."""
+    draft.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+    draft.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
+    draft.rotary = Rotary(cfg)
+    draft.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.int64))
+    draft.register_buffer("t2d", torch.zeros(cfg.vocab_size, dtype=torch.bool))
+
+
 class Eagle3Draft(nn.Module):
     def __init__(self, cfg: DraftConfig):
         super().__init__()
@@ -345,12 +356,7 @@ class Eagle3Draft(nn.Module):
         self.midlayer = MidLayer(cfg)
         # later layers under their published names `layers.1`, `layers.2`, ... (vLLM llama_eagle3)
         self.layers = nn.ModuleDict({str(i): MidLayer(cfg, first=False) for i in range(1, cfg.num_layers)})
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
-        self.rotary = Rotary(cfg)
-        # draft id i <-> target id i + d2t[i];  t2d[target id] = in the draft vocab
-        self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.int64))
-        self.register_buffer("t2d", torch.zeros(cfg.vocab_size, dtype=torch.bool))
+        add_output_head(self, cfg)
         self.reset_parameters()
 
     @property

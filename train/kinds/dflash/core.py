@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...grids import row_seeds, shift_right, to_grid
-from ...model import MLP, DraftConfig, Eagle3Draft, KVCache, RMSNorm, Rotary, apply_rope
+from ...model import MLP, DraftConfig, Eagle3Draft, KVCache, RMSNorm, add_output_head, apply_rope
 from ...packing import positions_in_doc
 from ...ttt import ChainState, TargetView, TTTOutput, fill_counts, score_step
 
@@ -127,11 +127,7 @@ class DFlashDraft(nn.Module):
         self.fc = nn.Linear(cfg.fc_in_features, cfg.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.layers = nn.ModuleList([DFlashLayer(cfg) for _ in range(cfg.num_layers)])
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
-        self.rotary = Rotary(cfg)
-        self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.int64))
-        self.register_buffer("t2d", torch.zeros(cfg.vocab_size, dtype=torch.bool))
+        add_output_head(self, cfg)
         self.reset_parameters()
 
     # the vocab map, the fused aux states and the logits are EAGLE-3's (train/model.py, their one home)
