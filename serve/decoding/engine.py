@@ -57,18 +57,17 @@ def shapes_for(draft, shapes: list[TreeShape]) -> list[TreeShape]:
 
 
 def check_shape(draft, shape: TreeShape) -> None:
-    """ValueError unless `draft` proposes `shape`: trees from EAGLE-3 only, a DFlash block's drafts at most,
-    and only the rounds it trained where its kind serves those (DraftKind.untrained_k)."""
+    """ValueError unless `draft` proposes `shape`: trees from EAGLE-3 only, what its kind can draft at all
+    (a DFlash block's drafts at most: DraftKind.k_problem), and only the rounds it trained where its kind
+    serves those (DraftKind.untrained_k)."""
     if not shapes_for(draft, [shape]):
         raise ValueError(
             f"a {draft.config.kind} draft proposes a chain from one forward, not a {shape.label}"
         )
-    block = draft.config.block_size
-    if block is not None and shape.steps > block - 1:
-        raise ValueError(f"a DFlash block of {block} drafts at most {block - 1} tokens, not {shape.steps}")
-    untrained = kind_of(draft.config).untrained_k(draft.config.trained_k, shape.steps)
-    if untrained:
-        raise ValueError(untrained)
+    kind = kind_of(draft.config)
+    why = kind.k_problem(draft.config, shape.steps) or kind.untrained_k(draft.config.trained_k, shape.steps)
+    if why:
+        raise ValueError(why)
 
 
 @dataclass(eq=False)  # requests compare by identity (abort, removal from queues)

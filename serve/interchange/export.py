@@ -275,6 +275,21 @@ def _check_replaceable(out_dir: Path) -> None:
             )
 
 
+def served_k(cfg: DraftConfig, fmt: str, k: int | None) -> int:
+    """The k an export of `cfg`'s draft in layout `fmt` serves: `k`, or its kind's default (a DFlash draft's
+    trained block); ExportError for a layout its kind is not published in or a round it did not train."""
+    kind = kind_of(cfg)
+    if fmt not in kind.formats:
+        raise ExportError(
+            f"a {cfg.kind} draft is published in the {' or '.join(kind.formats)} layout, not {fmt}"
+        )
+    k = default_k(cfg.kind, cfg.trained_k) if k is None else k
+    untrained = kind.untrained_k(cfg.trained_k, k)
+    if untrained:
+        raise ExportError(f"--num-speculative-tokens {untrained}")
+    return k
+
+
 def export(
     src: str | Path,
     fmt: str,
@@ -312,16 +327,7 @@ def export(
     checkpoint = resolve_checkpoint(src)
     draft = load_draft(checkpoint, dtype=torch.float32).eval()
     cfg = draft.config
-    kind = kind_of(cfg)
-    if fmt not in kind.formats:
-        raise ExportError(
-            f"a {cfg.kind} draft is published in the {' or '.join(kind.formats)} layout, not {fmt}"
-        )
-    if num_speculative_tokens is None:
-        num_speculative_tokens = default_k(cfg.kind, cfg.trained_k)
-    untrained = kind_of(cfg).untrained_k(cfg.trained_k, num_speculative_tokens)
-    if untrained:
-        raise ExportError(f"--num-speculative-tokens {untrained}")
+    num_speculative_tokens = served_k(cfg, fmt, num_speculative_tokens)
     if include_embeddings is None:  # a draft's own (trained) embedding always goes with it
         include_embeddings = fmt == "speculators" or cfg.own_embedding
     if cfg.own_embedding and not include_embeddings:
@@ -329,7 +335,7 @@ def export(
             "the draft's embed_tokens is its own (trained), not the target's: export it with it"
         )
     # default: every engine that loads the format and serves the draft's kind
-    serving = kind.engines
+    serving = kind_of(cfg).engines
     selected = selected or tuple(e for e in engine_rules.FORMAT_ENGINES[fmt] if e in serving)
     target = target or cfg.target_model
     notes: list[str] = []

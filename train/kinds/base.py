@@ -79,6 +79,10 @@ class DraftKind:
         refusal), or None where it did, or where `trained` is None (not recorded: an imported draft)."""
         return None
 
+    def k_problem(self, cfg, k: int) -> str | None:
+        """Why a draft of DraftConfig `cfg` cannot draft `k` tokens a round at all (None: it can)."""
+        return None
+
     def check_recipe(self, recipe, check) -> None:
         """The kind's own refusals and defaults across a recipe's sections; `check(ok, key, why)` refuses."""
 

@@ -67,6 +67,12 @@ class DFlash(DraftKind):
             )
         return f"k={k}: this DFlash draft trained blocks of up to {t + 1}: serve k <= {t}"
 
+    def k_problem(self, cfg, k: int) -> str | None:
+        block = cfg.block_size
+        return (
+            f"a DFlash block of {block} drafts at most {block - 1} tokens, not {k}" if k > block - 1 else None
+        )
+
     def check_recipe(self, recipe, check) -> None:
         """The block and train.ttt_steps (its drafts) agree, one following the other; eval.k follows the
         block (it trains whole, so it serves whole)."""
