@@ -254,34 +254,9 @@ def convention_section(result: ExportResult) -> str:
 
 
 def written_ids(kind: str, ids: list[int]) -> list[str]:
-    """Where the config.json of `kind`'s own layout (its first format) writes the aux ids, and who reads them
-    how."""
-    if kind_named(kind).formats[0] == "dflash":
-        return [
-            f"- `dflash_config.target_layer_ids: {[k - 1 for k in ids]}` — z-lab's numbering, the *output* "
-            "of decoder layer j = k - 1; vLLM adds 1 back (get_eagle3_aux_layers_from_config)."
-        ]
-    return [
-        f"- `eagle_aux_hidden_state_layer_ids: {ids}` (top level) — read by vLLM.",
-        f"- `eagle_config.eagle_aux_hidden_state_layer_ids: {sglang_layer_ids(ids)}` — read by SGLang, "
-        "which takes a list starting at 1 as the *output* of decoder layer j (as ModelOpt, SpecForge and "
-        "TensorRT-LLM's `eagle3_layers_to_capture` number them) and any other list as these boundary ids "
-        "(PR #25454).",
-    ]
-
-
-def options_row(cfg) -> str:
-    if kind_named(cfg.kind).formats[0] == "dflash":
-        return (
-            f"| options | block_size {cfg.block_size} (the anchor and {cfg.block_size - 1} mask slots), "
-            f"mask_token_id {cfg.mask_token_id}, attention_bias {str(cfg.attention_bias).lower()} "
-            "(vLLM qwen3_dflash.py) |"
-        )
-    return (
-        f"| options | norm_before_fc {str(cfg.norm_before_fc).lower()}, norm_before_residual "
-        f"{str(cfg.norm_before_residual).lower()}, norm_output {str(cfg.norm_output).lower()} "
-        "(vLLM llama_eagle3.py) |"
-    )
+    """Where the config.json of `kind`'s own layout writes the aux ids, and who reads them how (the kind's
+    card_ids, given SGLang's numbering of them)."""
+    return kind_named(kind).card_ids(ids, sglang_layer_ids(ids))
 
 
 def render_model_card(
@@ -289,7 +264,7 @@ def render_model_card(
 ) -> str:
     """README.md text for `repo_id`, published from `run` via the export `result` (its kind's layout)."""
     cfg = result.config
-    own_layout = kind_named(cfg.kind).formats[0]  # DFlash's z-lab layout writes no d2t / t2d at full vocab
+    own_map = kind_named(cfg.kind).always_vocab_map  # DFlash's z-lab layout writes no d2t / t2d at full vocab
     report = run.report
     target = result.target or report.get("target") or "TARGET"
     settings = report.get("eval_settings") or {}
@@ -308,9 +283,9 @@ def render_model_card(
         f"layer{'s' if cfg.num_layers > 1 else ''}, hidden "
         f"{cfg.hidden_size}, {cfg.num_attention_heads} heads × {cfg.head_dim} ({cfg.num_key_value_heads} KV "
         f"heads), MLP {cfg.intermediate_size} |",
-        options_row(cfg),
+        kind_named(cfg.kind).card_options(cfg),
         f"| vocab | draft {cfg.draft_vocab_size} of the target's {cfg.vocab_size}"
-        f"{' (`d2t`/`t2d`)' if cfg.draft_vocab_size != cfg.vocab_size or own_layout != 'dflash' else ''} |",
+        f"{' (`d2t`/`t2d`)' if cfg.draft_vocab_size != cfg.vocab_size or own_map else ''} |",
         f"| aux layers | {list(cfg.aux_layer_ids)} (see below) |",
         f"| RoPE | `{json.dumps(cfg.rope_parameters)}`, max positions {cfg.max_position_embeddings} |",
         f"| weights | {str(result.dtype).replace('torch.', '')}, {kind_named(cfg.kind).card_layout} |",

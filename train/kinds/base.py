@@ -126,6 +126,27 @@ class DraftKind:
         """A published draft's config.json `raw` is this kind's (the registry asks the others first)."""
         return True
 
+    # its own layout writes the vocab map (d2t / t2d) even at the target's whole vocabulary
+    always_vocab_map: ClassVar[bool] = True
+
+    def card_options(self, cfg) -> str:
+        """The model card's row of the draft's layer options."""
+        return (
+            f"| options | norm_before_fc {str(cfg.norm_before_fc).lower()}, norm_before_residual "
+            f"{str(cfg.norm_before_residual).lower()}, norm_output {str(cfg.norm_output).lower()} "
+            "(vLLM llama_eagle3.py) |"
+        )
+
+    def card_ids(self, ids: list[int], sglang_ids: list[int]) -> list[str]:
+        """The model card's lines on where its layout writes the aux ids `ids` (SGLang reads `sglang_ids`)."""
+        return [
+            f"- `eagle_aux_hidden_state_layer_ids: {ids}` (top level) — read by vLLM.",
+            f"- `eagle_config.eagle_aux_hidden_state_layer_ids: {sglang_ids}` — read by SGLang, "
+            "which takes a list starting at 1 as the *output* of decoder layer j (as ModelOpt, SpecForge and "
+            "TensorRT-LLM's `eagle3_layers_to_capture` number them) and any other list as these boundary ids "
+            "(PR #25454).",
+        ]
+
     def parallel_keys(self, cfg) -> dict[str, Any]:
         """Keys its EAGLE-3-layout config.json adds (a P-EAGLE draft's mask token)."""
         return {}

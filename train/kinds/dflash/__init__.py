@@ -131,6 +131,21 @@ class DFlash(DraftKind):
             raw.get("architectures") or []
         )
 
+    always_vocab_map = False  # z-lab's layout: d2t / t2d only where the vocabulary is cut
+
+    def card_options(self, cfg) -> str:
+        return (
+            f"| options | block_size {cfg.block_size} (the anchor and {cfg.block_size - 1} mask slots), "
+            f"mask_token_id {cfg.mask_token_id}, attention_bias {str(cfg.attention_bias).lower()} "
+            "(vLLM qwen3_dflash.py) |"
+        )
+
+    def card_ids(self, ids: list[int], sglang_ids: list[int]) -> list[str]:
+        return [
+            f"- `dflash_config.target_layer_ids: {[k - 1 for k in ids]}` — z-lab's numbering, the *output* "
+            "of decoder layer j = k - 1; vLLM adds 1 back (get_eagle3_aux_layers_from_config)."
+        ]
+
     def vllm_config(self, model: str, k: int) -> dict:
         return {"method": "dflash", "model": model, "num_speculative_tokens": k}
 
