@@ -78,14 +78,17 @@ def regenerate_through_servers(
 ) -> None:
     """Send every job (key, seed, prompt ids) to the fleet. `on_done(key, prompt ids, generated ids,
     finish_reason)` is called in the caller's thread as each one completes (in any order); it may return
-    a follow-up job (the conversation's next turn), which joins the queue. `health()`, called every
-    HEALTH_EVERY_S while they run, raises when a server eyas started has died (it ends the stage at once,
-    instead of after every retry)."""
+    a follow-up job (the conversation's next turn), which joins the queue. Workers take the job with the
+    smallest key first (keys are ordered tuples, a part's index first): a follow-up turn goes ahead of every
+    later conversation's first turn, so parts finish in order and a stopped stage keeps all but the parts in
+    flight (first in, first out, no part would finish before every first turn had been answered).
+    `health()`, called every HEALTH_EVERY_S while they run, raises when a server eyas started has died (it
+    ends the stage at once, instead of after every retry)."""
 
     urls = [u.rstrip("/") for u in urls]
 
     async def main():
-        queue: asyncio.Queue = asyncio.Queue()
+        queue: asyncio.PriorityQueue = asyncio.PriorityQueue()
         for job in jobs:
             queue.put_nowait(job)
         limits = httpx.Limits(max_connections=concurrency * len(urls), max_keepalive_connections=concurrency)

@@ -13,6 +13,7 @@ from serve_process import eyas_serve, free_port
 
 from eyas.data.prompts import run_prompts
 from eyas.data.regenerate import read_sequences, run_regenerate
+from eyas.data.server import regenerate_through_servers
 from eyas.layout import read_done
 from eyas.recipes.load import load_recipe
 
@@ -127,5 +128,25 @@ def test_multi_turn_conversations_through_the_server_equal_the_hf_backend(tmp_pa
         stats = run_regenerate(
             server_recipe(port, *multi), tmp_path / "server", progress=False, part_batches=1
         )
+        order = turn_order(f"http://127.0.0.1:{port}")
     assert stats["num_sequences"] == hf_stats["num_sequences"] > stats["num_conversations"] == 6
     assert read_sequences(tmp_path / "server") == read_sequences(hf)
+    # one request at a time: a conversation's second turn goes before any later conversation's first, so a
+    # part finishes before the next starts (first in, first out: every first turn, then the second turns)
+    assert order == [(p, i, turn) for p in range(2) for i in range(2) for turn in range(2)]
+
+
+def turn_order(url: str) -> list[tuple]:
+    """Two parts of two two-turn conversations through the server one request at a time -> the order the
+    turns were answered in, as (part, conversation, turn)."""
+    done = []
+
+    def on_done(key, ids, generated, finish_reason):
+        done.append(key)
+        p, i, turn = key
+        return ((p, i, 1), 0, ids + generated + [5, 6]) if turn == 0 else None
+
+    jobs = [((p, i, 0), 0, [1, 10 + p, 20 + i]) for p in range(2) for i in range(2)]
+    params = {"max_tokens": 4, "temperature": 0.0, "top_p": 1.0}
+    regenerate_through_servers([url], None, jobs, params, [0], 1, 60.0, 1, on_done)
+    return done
