@@ -62,12 +62,12 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from eyas import layout
 from eyas.data.shards import ShardDataset
 from eyas.data.splits import TUNE_ON, held_out_split, run_groups, split_seed
 from eyas.eval.load import bootstrap_interval, tau_draws
-from eyas.eval.replay import answers_run, score_drafts
-from eyas.pipeline import run_all
+from eyas.eval.replay import score_drafts
+from eyas.infra import layout
+from eyas.pipeline import answers_run, run_all
 from eyas.recipes.load import load_recipe
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -377,7 +377,7 @@ def scored_rows(recipe, seqs, indices: list[int], drafts, args, label: str, samp
 def probe_capture(args, recipe) -> Path:
     """The serving loop's own prompts (eval's `spread` of --probe per benchmark of the recipe's
     eval.benchmarks: the loop's very prompts when --probe is --num-prompts) answered greedily by the target
-    as the loop's target answers them (eval/replay.py `answers_run`: HF generate, --eval-dtype, up to
+    as the loop's target answers them (eyas/pipeline.py `answers_run`: HF generate, --eval-dtype, up to
     eval.max_new_tokens), then captured: WORK/probe-<N>x<tokens>-<dtype>-<benchmarks>/, once -> its capture
     directory. Drafts scored on it are scored on the loop's text without the loop's batching and sampling
     noise; its replayed tau is the greedy loop's."""

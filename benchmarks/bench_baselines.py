@@ -17,7 +17,7 @@ one-token step, and the output parts from there; eval/verdict.py tells such part
 here). C = 1 runs the
 prompts one at a time; C = 8 submits them all with vLLM's max_num_seqs 8 (continuous batching, at most 8 in
 flight; vLLM's prefix cache on, as served, where C = 1 turns it off to count each prompt alone: the prompts
-share only the chat template's first tokens). One vLLM process a run (serve/external/vllm_offline.py):
+share only the chat template's first tokens). One vLLM process a run (eyas/infra/vllm/vllm_offline.py):
 nothing else should run on the machine meanwhile.
 """
 
@@ -32,11 +32,11 @@ from transformers import AutoTokenizer
 
 from eyas.data.chat import render_prompt
 from eyas.data.target import resolve_path
-from eyas.errors import RunError
 from eyas.eval.benchmarks import load_benchmark
 from eyas.eval.load import rates
-from eyas.serve.external.vllm_jobs import run_offline
-from eyas.serve.external.vllm_server import speculative_config
+from eyas.infra.errors import RunError
+from eyas.infra.vllm.vllm_jobs import run_offline
+from eyas.train.kinds import speculative_config
 
 BENCHMARKS = {
     "mt-bench": "data/sets/mt_bench_questions.jsonl",

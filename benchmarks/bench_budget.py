@@ -29,7 +29,7 @@ from pathlib import Path
 
 from bench_defaults import BASE_STAGES, KS, link_stages, loop_drafts, score
 
-from eyas import layout
+from eyas.infra import layout
 from eyas.pipeline import run_all
 from eyas.recipes.load import load_recipe
 

@@ -23,7 +23,7 @@ import shutil
 import time
 from pathlib import Path
 
-from eyas import layout
+from eyas.infra import layout
 from eyas.pipeline import run_all
 from eyas.recipes.load import load_recipe
 

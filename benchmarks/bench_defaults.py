@@ -28,8 +28,8 @@ import sys
 import time
 from pathlib import Path
 
-from eyas import layout
 from eyas.data.splits import TUNE_ON, split_seed
+from eyas.infra import layout
 from eyas.pipeline import run_all
 from eyas.recipes.load import load_recipe
 

@@ -31,11 +31,12 @@ from eyas.eval.benchmarks import held_out
 from eyas.eval.load import rates
 from eyas.eval.server_client import run_server
 from eyas.eval.side_by_side import eyas_loop
-from eyas.layout import RECIPE
+from eyas.infra.layout import RECIPE
+from eyas.infra.vllm.vllm_server import VllmServer
 from eyas.recipes.load import load_recipe
 from eyas.serve.decoding.sampling import SamplingParams
-from eyas.serve.external.vllm_server import VllmServer
 from eyas.serve.interchange.export import export
+from eyas.train.kinds import speculative_config
 
 
 def loop_row(model, tok, draft_dir, prompts, sampling: dict, k: int, c: int) -> dict:
@@ -67,7 +68,7 @@ def data_rates(run: Path, url: str, n: int) -> dict[str, float]:
     from eyas.data.capture import run_capture
     from eyas.data.prompts import run_prompts
     from eyas.data.regenerate import run_regenerate
-    from eyas.layout import read_done
+    from eyas.infra.layout import read_done
 
     base = [
         "target.dtype=float32",
@@ -111,7 +112,7 @@ def main(argv=None) -> int:
     )
     print("| T | C | engine | τ | tokens / forward | per-position acceptance | output tok/s |")
     print("|---|---|---|---|---|---|---|")
-    with VllmServer(target, draft=draft, k=a.k, log_path=tmp / "vllm.log") as server:
+    with VllmServer(target, speculative=speculative_config(draft, a.k), log_path=tmp / "vllm.log") as server:
         for t in a.temperature:
             sampling = {"temperature": t, "max_tokens": a.max_tokens, "seed": 0}
             for c in a.concurrency:

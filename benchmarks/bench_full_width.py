@@ -73,9 +73,9 @@ def vllm_loads(run: Path, export: Path, out: Path) -> dict:
     """vLLM with the target and the export, greedy, 8 tokens on 2 prompts -> what it reported."""
     from eyas.data.regenerate import read_sequences
     from eyas.data.target import resolve_path
-    from eyas.serve.external.vllm_env import mxfp4_runs_here
-    from eyas.serve.external.vllm_jobs import run_offline
-    from eyas.serve.external.vllm_server import speculative_config
+    from eyas.infra.vllm.vllm_env import mxfp4_runs_here
+    from eyas.infra.vllm.vllm_jobs import run_offline
+    from eyas.train.kinds import speculative_config
 
     target = resolve_path("eyas-full-width")
     if not mxfp4_runs_here():
@@ -128,8 +128,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="runs/bench-full-width")
     p.add_argument("overrides", nargs="*", help="recipe overrides (key.sub=value)")
     args = p.parse_args(argv)
-    from eyas.demo_target.full_width import ensure_full_width_target, full_width_config, run_overrides
-    from eyas.layout import read_done
+    from eyas.data.demo_target.full_width import ensure_full_width_target, full_width_config, run_overrides
+    from eyas.infra.layout import read_done
     from eyas.plan.command import plan
     from eyas.recipes.load import load_recipe
     from eyas.serve.interchange.engines import draft_kv_groups

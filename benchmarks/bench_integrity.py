@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from eyas.integrity import file_record
+from eyas.infra.integrity import file_record
 
 
 def main() -> None:

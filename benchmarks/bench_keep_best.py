@@ -23,7 +23,7 @@ from pathlib import Path
 
 from bench_defaults import BASE_STAGES, link_stages, loop_drafts
 
-from eyas import io, layout
+from eyas.infra import io, layout
 from eyas.pipeline import run_all
 from eyas.recipes.load import load_recipe
 

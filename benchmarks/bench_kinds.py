@@ -123,10 +123,10 @@ def vllm_measure(args, recipe, drafts) -> list[dict]:
     from eyas.data.target import resolve_path, server_dtype
     from eyas.eval.evaluate import eval_target, render_prompts, resolve_benchmarks
     from eyas.eval.server_client import run_server
+    from eyas.infra.vllm.vllm_server import VllmServer
     from eyas.serve.decoding.sampling import SamplingParams
-    from eyas.serve.external.vllm_server import VllmServer
     from eyas.serve.interchange.export import export
-    from eyas.train.kinds import kind_named
+    from eyas.train.kinds import kind_named, speculative_config
 
     target = resolve_path(recipe.target.model)
     tok = AutoTokenizer.from_pretrained(target, trust_remote_code=recipe.target.trust_remote_code)
@@ -141,7 +141,9 @@ def vllm_measure(args, recipe, drafts) -> list[dict]:
     out, rows = args.out / "vllm", []
 
     def serve(draft=None, k=1, label="plain") -> dict[int, dict]:
-        with VllmServer(target, draft=draft, k=k, dtype=dtype, log_path=out / f"{label}.log") as server:
+        with VllmServer(
+            target, speculative=speculative_config(draft, k), dtype=dtype, log_path=out / f"{label}.log"
+        ) as server:
             return {c: run_server(server.url, prompts, params, c) for c in args.concurrency}
 
     plain = {c: r[0].tokens_per_s for c, r in serve().items()}

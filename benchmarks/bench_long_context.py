@@ -31,7 +31,7 @@ import json
 import sys
 from pathlib import Path
 
-from eyas import io, layout
+from eyas.infra import io, layout
 from eyas.pipeline import run_all
 from eyas.recipes.load import load_recipe
 

@@ -6,7 +6,7 @@ outputs against the unchunked one's.
 
 The target is the full-width target (gpt-oss-120b's widths: hidden 2880, 64 query heads, 8 KV heads,
 sinks, sliding window 128 on every other layer, vocab 201,088; 4 layers of 4 experts:
-eyas/demo_target/full_width.py), the draft a random one at recipes/gpt-oss-120b.yaml's draft dims (vLLM ids
+data/demo_target/full_width.py), the draft a random one at recipes/gpt-oss-120b.yaml's draft dims (vLLM ids
 [2, 3, 4]), in bf16 where this CPU has bf16 arithmetic (else fp32). Each prompt length runs in a process of
 its own:
 
@@ -15,7 +15,7 @@ its own:
        the peak RSS is reset (/proc/self/clear_refs)
     2. the loop (serve/decoding/engine.py): one request, a prompt of L tokens (stdlib-long text, the test
        split, cut to L), greedy, chain k, --new tokens; eval.prefill_tokens = --prefill-tokens, attention
-       blocks of --block-mb MiB (serve/decoding/attention.py)
+       blocks of --block-mb MiB (train/blocked_attention.py)
     3. the greedy reference (serve/decoding/reference.py: Hugging Face generate, prefilled in chunks too)
     4. the peak RSS above the loaded baseline (glibc's mmap threshold fixed: MALLOC below), against
        `eyas plan`'s KV + activations for one request of L + --new tokens at these settings
@@ -103,10 +103,10 @@ def prompt_of(length: int) -> list[int]:
 
 
 def loop(target, draft, prompt, k: int, new: int, prefill_tokens: int, block_bytes: int):
-    from eyas.serve.decoding.attention import set_block_bytes
+    from eyas.recipes.types import TreeShape
     from eyas.serve.decoding.engine import Engine, Request
     from eyas.serve.decoding.sampling import SamplingParams
-    from eyas.serve.decoding.tree import TreeShape
+    from eyas.train.blocked_attention import set_block_bytes
 
     set_block_bytes(block_bytes)
     eng = Engine(target, draft, TreeShape.chain(k), max_batch=1, prefill_tokens=prefill_tokens)

@@ -26,15 +26,15 @@ from pathlib import Path
 
 import torch
 
-from eyas import layout
 from eyas.data.chat import eos_token_ids, render_prompt
 from eyas.data.target import input_device, load_recipe_target
 from eyas.eval.benchmarks import held_out
 from eyas.eval.load import LoadResult, acceptance, run_engine
+from eyas.infra import layout
 from eyas.recipes.load import load_recipe
+from eyas.recipes.types import TreeShape
 from eyas.serve.decoding.engine import Engine
 from eyas.serve.decoding.sampling import SamplingParams
-from eyas.serve.decoding.tree import TreeShape
 from eyas.train.checkpoint import load_draft_beside
 
 

@@ -21,8 +21,8 @@ import sys
 import time
 from pathlib import Path
 
-from eyas import layout
 from eyas.data.compact import bytes_per_token
+from eyas.infra import layout
 from eyas.pipeline import run_all
 from eyas.recipes.load import load_recipe
 

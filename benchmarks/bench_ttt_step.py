@@ -34,7 +34,8 @@ import torch
 
 from eyas.train import kinds
 from eyas.train.kinds import KINDS
-from eyas.train.model import DraftConfig, Eagle3Draft
+from eyas.train.kinds.config import DraftConfig
+from eyas.train.model import Eagle3Draft
 from eyas.train.packing import doc_ids_from_lengths
 from eyas.train.ttt import TTTModule
 

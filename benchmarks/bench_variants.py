@@ -13,7 +13,7 @@ recipes/gpt-oss-120b-{short-context,long-context,throughput}.yaml differ from ea
     throughput     TTT 3 (served at k = 1-2; the demo's also halves the draft MLP)
 
 A long prompt is one user turn: a document of NOTES question-and-answer lines ("Notes: Q: ... A: ...")
-followed by a new question. On the demo target they come from its corpus (eyas/demo_target/corpus.py,
+followed by a new question. On the demo target they come from its corpus (data/demo_target/corpus.py,
 ~850 tokens); on a real target from a question/answer jsonl in GSM8K's layout ({"question", "answer"}):
 --long-train for training, --long-eval for the held-out ones (GSM8K test: no question or note of them is
 trained on), with 16 notes ~2,650 tokens on SmolLM2's tokenizer. The long evaluation prompts use another
@@ -39,7 +39,7 @@ import re
 import sys
 from pathlib import Path
 
-from eyas import io, layout
+from eyas.infra import io, layout
 from eyas.pipeline import run_all
 from eyas.recipes.load import load_recipe
 
@@ -71,7 +71,7 @@ LONG = {  # recipe name -> (long training prompts, long held-out prompts, notes 
 
 def demo_long_prompts(n: int, seed: int, notes: int, source: str | None = None) -> list[dict]:
     """n long single-turn prompts from the demo corpus: `notes` question/answer lines, then a new question."""
-    from eyas.demo_target.corpus import generate_samples
+    from eyas.data.demo_target.corpus import generate_samples
 
     samples = generate_samples(n * (notes + 1), seed)
     pairs = [(s.question, s.final) for s in samples]

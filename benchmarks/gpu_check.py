@@ -14,13 +14,13 @@ GPU), then one table:
                and DFlash's block step (8 layers, block 10, 512 anchors: gpt-oss-120b-dflash)
     target     the full-width target at gpt-oss-20b's depth: gpt-oss-120b's widths with 24 layers of 32
                experts, random weights stored as the hub stores them (MXFP4 experts:
-               eyas/demo_target/full_width.py)
+               data/demo_target/full_width.py)
     pipeline   that target through prompts, regeneration, capture, vocab, training and eval with the HF
                backends on the GPU (recipes/gpt-oss-120b.yaml cut to a few prompts and steps), each stage in
                its own process: wall seconds and peak GPU memory against `eyas plan`'s for that stage
     long       the serving loop on that target with a random draft at gpt-oss-120b's draft dims, one prompt of
                32K and one of 128K tokens (131,040: the context less the answer's room) (chunked prefill,
-               blocked attention: serve/decoding/attention.py): peak GPU memory above the weights against
+               blocked attention: train/blocked_attention.py): peak GPU memory above the weights against
                `eyas plan`'s KV + activations for that request, and at 32K the loop's output against the
                greedy reference
 
@@ -150,7 +150,7 @@ def section_ttt(a, s) -> None:
 
 
 def section_target(a, s) -> None:
-    from eyas.demo_target.full_width import ensure_full_width_target
+    from eyas.data.demo_target.full_width import ensure_full_width_target
 
     t0 = time.time()
     path = ensure_full_width_target(layers=s["layers"], experts=s["experts"])
@@ -166,7 +166,7 @@ def section_target(a, s) -> None:
 
 def pipeline_recipe(s, out: Path):
     """recipes/gpt-oss-120b.yaml on the full-width target at this depth, cut to a few prompts and steps."""
-    from eyas.demo_target.full_width import RUN_OVERRIDES, ensure_full_width_target
+    from eyas.data.demo_target.full_width import RUN_OVERRIDES, ensure_full_width_target
     from eyas.recipes.load import load_recipe
 
     path = ensure_full_width_target(layers=s["layers"], experts=s["experts"])
@@ -191,9 +191,9 @@ def section_stage(a, s) -> None:
     """One pipeline stage in this process (the parent runs them in order): its seconds and peak memory."""
     import torch
 
+    from eyas.infra.stages import stage_fn
     from eyas.pipeline import check_target, prepare_run
     from eyas.plan.command import plan
-    from eyas.stages import stage_fn
 
     run = Path(a.out) / "run"
     recipe = pipeline_recipe(s, run)

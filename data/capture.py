@@ -38,9 +38,10 @@ from eyas.data.target import (
     tapped,
     text_config,
 )
-from eyas.interrupts import held
-from eyas.io import read_json, write_json
-from eyas.layout import is_done, mark_done, read_done, require_done, stage_dir
+from eyas.infra.interrupts import held
+from eyas.infra.io import read_json, write_json
+from eyas.infra.layout import is_done, mark_done, read_done, require_done, stage_dir
+from eyas.infra.vllm.vllm_env import require_vllm
 from eyas.recipes.load import check_against_target
 from eyas.recipes.schema import CaptureSection, Recipe, TargetSection
 
@@ -266,7 +267,6 @@ def _load_target(recipe: Recipe, t: TargetSection) -> tuple:
 def _vllm_target(recipe: Recipe, t: TargetSection) -> tuple:
     """What `capture.backend: vllm` needs of the target without loading it here (vLLM does):
     its config, checked against the recipe. -> aux layer ids, the index header, the lm_head weight."""
-    from eyas.serve.external.vllm_env import require_vllm
 
     require_vllm("capture.backend: vllm")  # before anything is written
     refuse_vllm_mxfp4(t, "capture.backend")
@@ -407,7 +407,7 @@ def _capture_batches_vllm(
 ) -> tuple[int, float]:
     """As _capture_batches, the states coming from vLLM's forward (data/capture_vllm.py): a worker per
     replica of the recipe's `vllm` section, each on its own batches, the batches stored in their order."""
-    from eyas.data.capture_vllm import StateSplit, replicas_for
+    from eyas.data.capture_vllm import StateSplit, replicas_for  # lazy: httpx
 
     c = recipe.capture
     split = StateSplit(t, layer_ids)

@@ -1,6 +1,6 @@
 """`capture.backend: vllm`: the aux and final hidden states from vLLM's own forward of the target.
 
-    eyas (this module)                                 vLLM's Python (serve/external/)
+    eyas (this module)                                 vLLM's Python (eyas/infra/vllm/)
     VllmCapture.start()  -- spawns, listens -->        vllm_capture_worker.py: LLM(extract_hidden_states,
     capture(sequences)   -- token ids ------->           CpuHiddenStatesConnector) prefills each sequence
                          <-- files ----------            one safetensors per sequence: (T, n_ids, H)
@@ -35,11 +35,12 @@ from eyas.data.target import (
     server_dtype,
     text_config,
 )
-from eyas.errors import InputError, RunError
-from eyas.serve.external.vllm_env import require_vllm, vllm_environ
-from eyas.serve.external.vllm_server import last_error
+from eyas.infra.errors import InputError, RunError
+from eyas.infra.vllm.vllm_env import require_vllm, vllm_environ
+from eyas.infra.vllm.vllm_fleet import describe_fleet, engine_args, replicas
+from eyas.infra.vllm.vllm_jobs import CAPTURE_WORKER as WORKER
+from eyas.infra.vllm.vllm_server import last_error
 
-WORKER = Path(__file__).resolve().parents[1] / "serve" / "external" / "vllm_capture_worker.py"
 START_TIMEOUT_S = 900
 
 
@@ -249,7 +250,7 @@ def read_states(params: dict) -> torch.Tensor:
 
 
 class CaptureReplicas:
-    """A VllmCapture worker per replica (serve/external/vllm_fleet.py), started together, each kept busy
+    """A VllmCapture worker per replica (eyas/infra/vllm/vllm_fleet.py), started together, each kept busy
     with one batch while the batches come back in their order (so the shards are the single worker's).
 
     with CaptureReplicas(target, ids, dtype, replicas, args, log_dir) as workers:
@@ -284,8 +285,6 @@ class CaptureReplicas:
         self.where = where
 
     def __enter__(self) -> CaptureReplicas:
-        from eyas.serve.external.vllm_fleet import describe_fleet
-
         print(describe_fleet(self.where), flush=True)
         try:
             for w in self.workers:
@@ -340,7 +339,6 @@ class StateSplit:
 def replicas_for(recipe, ids: list[int], longest: int, log_dir: Path, label: str = "", storage=None):
     """A (not yet started) CaptureReplicas of the recipe's target over its `vllm` section, asking for the
     vLLM ids `ids`, its context long enough for `longest`-token sequences (and the one token asked)."""
-    from eyas.serve.external.vllm_fleet import engine_args, replicas
 
     t, where = recipe.target, replicas(recipe.vllm)
     need = min(max(longest + 1, 16), context_length(t))

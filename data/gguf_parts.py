@@ -21,10 +21,10 @@ import importlib.metadata
 from dataclasses import dataclass
 from pathlib import Path
 
-from eyas.cache import build_once, cache_root, is_complete
 from eyas.data.packaged import Wheel, installed_file, pip
-from eyas.errors import InputError
-from eyas.io import write_json
+from eyas.infra.cache import build_once, cache_root, is_complete
+from eyas.infra.errors import InputError
+from eyas.infra.io import write_json
 
 MARKER = "eyas_parts.json"
 CHUNK = 1 << 24

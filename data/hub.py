@@ -10,6 +10,8 @@ import re
 from contextlib import contextmanager
 from pathlib import Path
 
+from eyas.infra.errors import InputError, RunError, causes
+
 HUB_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")  # name or org/name
 
 
@@ -18,7 +20,6 @@ def model_errors(name: str, key: str = "target.model", file: str | None = None):
     """transformers' and huggingface_hub's failures to find model `name` (or its one `file`, a GGUF) -> an
     eyas error that names `key` and what to do: a missing directory, hub repo or file, or a hub that cannot
     be reached."""
-    from eyas.errors import InputError, RunError, causes
 
     given, fetch = (f"{name}/{file}", f"{name} {file}") if file else (name, name)
 

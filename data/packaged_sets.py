@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 
 from eyas.data.packaged import Wheel, installed_file, pip
-from eyas.errors import InputError
+from eyas.infra.errors import InputError
 
 SETS = {
     "sharegpt-v3": Wheel(

@@ -48,9 +48,9 @@ from eyas.data.long_text import records as long_text_records
 from eyas.data.packaged_sets import is_packaged_set
 from eyas.data.packaged_sets import records as packaged_records
 from eyas.data.target import resolve_path
-from eyas.errors import InputError
-from eyas.io import read_jsonl, write_jsonl
-from eyas.layout import is_done, mark_done, read_done, stage_dir
+from eyas.infra.errors import InputError, RunError
+from eyas.infra.io import read_jsonl, write_jsonl
+from eyas.infra.layout import is_done, mark_done, read_done, stage_dir
 from eyas.recipes.schema import DataSection, PromptSource, Recipe, RecipeError
 
 STAGE = "prompts"
@@ -226,8 +226,6 @@ def hub_dataset(source: str, hub_config: str | None, split: str, key: str):
     """datasets.load_dataset, with an unreachable hub or an unknown dataset as one eyas error naming `key`."""
     import datasets
     from datasets.exceptions import DatasetNotFoundError
-
-    from eyas.errors import RunError
 
     try:
         return datasets.load_dataset(source, hub_config, split=split)

@@ -54,8 +54,8 @@ from eyas.data.target import (
     resolve_path,
     server_dtype,
 )
-from eyas.io import read_jsonl, write_json, write_jsonl
-from eyas.layout import is_done, mark_done, read_done, require_done, stage_dir
+from eyas.infra.io import read_jsonl, write_json, write_jsonl
+from eyas.infra.layout import is_done, mark_done, read_done, require_done, stage_dir
 from eyas.recipes.schema import DataSection, Recipe
 
 STAGE = "regenerate"
@@ -281,7 +281,7 @@ def _num_servers(recipe: Recipe) -> int | None:
     """The servers regeneration asked (per shard): the URLs, or vLLM's replicas; None for the HF backend."""
     d = recipe.data
     if d.backend == "vllm":
-        from eyas.serve.external.vllm_fleet import replicas
+        from eyas.infra.vllm.vllm_fleet import replicas  # lazy: httpx
 
         return len(replicas(recipe.vllm))
     return len(d.server_urls) if d.backend == "server" else None
@@ -441,12 +441,12 @@ def _through_hf(
 
 
 def _through_vllm(d, t, run_dir, parts: list, todo: list[int], *rest, v) -> tuple[int, float]:
-    """`data.backend: vllm`: a vLLM server per replica of the recipe's `vllm` section (serve/external/
+    """`data.backend: vllm`: a vLLM server per replica of the recipe's `vllm` section (eyas/infra/vllm/
     vllm_fleet.py: 127.0.0.1, the target's dtype, checked while they serve, stopped when done), the prompts
     spread over them by the server path. Nothing to do: no server started."""
     if not todo:
         return 0, 0.0
-    from eyas.serve.external.vllm_fleet import VllmFleet, engine_args, replicas
+    from eyas.infra.vllm.vllm_fleet import VllmFleet, engine_args, replicas  # lazy: httpx
 
     refuse_vllm_mxfp4(t, "data.backend")
     where = replicas(v)
@@ -472,7 +472,7 @@ def _through_servers(
     """`data.backend: server`: every conversation of the parts in `todo` through the fleet at once, each
     turn sent when the answer before it is back; a part is written (atomically) as soon as its last
     conversation ends. -> (new tokens, wall seconds)."""
-    from eyas.data.server import regenerate_through_servers
+    from eyas.data.server import regenerate_through_servers  # lazy: httpx
 
     params = {"max_tokens": d.max_new_tokens, "temperature": d.temperature, "top_p": d.top_p}
     jobs, waiting, rows = [], {}, {}

@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 import httpx
 
-from eyas.errors import RunError
+from eyas.infra.errors import RunError
 
 BACKOFF_S, BACKOFF_MAX_S = 0.5, 30.0
 HEALTH_EVERY_S = 2.0

@@ -24,8 +24,8 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 
-from eyas.io import read_json
-from eyas.layout import is_done, read_done
+from eyas.infra.io import read_json
+from eyas.infra.layout import is_done, read_done
 from eyas.recipes.schema import RecipeError, TargetSection
 
 POLL_S = 2.0

@@ -14,7 +14,7 @@ A shard `capture/shard-00000.safetensors` packs whole sequences, row after row:
 A sharded capture (data/sharding.py) names each slice's shards `shard-r1of4-00000.safetensors`
 and keeps one index per slice (`index-r1of4.json`) until the last slice joins them in order.
 `capture/index.json` lists the shards ({"file", "num_sequences", "num_tokens", "bytes" of tensors, and the
-file's "size" and "xxh3_64" checksum, eyas/integrity.py}) with
+file's "size" and "xxh3_64" checksum, eyas/infra/integrity.py}) with
 the layer ids, hidden size, dtype, aux format, teacher and totals. `ShardDataset` opens shards with
 safetensors' memory-mapped `safe_open` and reads one sequence's rows at a time (decoding compact
 aux states), so a capture never has to fit in memory. `train/packing.py` turns items into training
@@ -32,9 +32,9 @@ from safetensors.torch import save_file
 from torch.utils.data import Dataset
 
 from eyas.data.compact import decode_aux
-from eyas.errors import InputError
-from eyas.integrity import file_record, open_shard
-from eyas.io import atomic_path
+from eyas.infra.errors import InputError
+from eyas.infra.integrity import file_record, open_shard
+from eyas.infra.io import atomic_path
 
 INDEX = "index.json"
 PER_TOKEN = ("aux", "aux_scale", "final", "teacher_ids", "teacher_logprobs", "input_ids", "loss_mask")

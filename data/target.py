@@ -33,13 +33,16 @@ import torch
 from torch import nn
 
 from eyas.data import gguf
+from eyas.data.demo_target.full_width import ensure_full_width_target
 from eyas.data.hub import model_errors
+from eyas.infra.errors import InputError
+from eyas.infra.vllm.vllm_env import refuse_mxfp4_without_kernels
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
 DEMO_TARGET = "eyas-demo"
-FULL_WIDTH_TARGET = "eyas-full-width"  # gpt-oss-120b's widths, 4 layers (eyas/demo_target/full_width.py)
+FULL_WIDTH_TARGET = "eyas-full-width"  # gpt-oss-120b's widths, 4 layers (data/demo_target/full_width.py)
 LAYER_ID_CONVENTION = (
     "vLLM: id k = input of decoder layer k (0-based) = HF hidden_states[k] for k < N; "
     "id N = output of the last decoder layer before the final norm"
@@ -54,11 +57,9 @@ def resolve_path(name: str) -> str:
     if gguf.is_gguf(name):
         return str(gguf.model_dir(name))
     if name == FULL_WIDTH_TARGET:
-        from eyas.demo_target.full_width import ensure_full_width_target
-
         return str(ensure_full_width_target())
     if name == DEMO_TARGET or name.startswith(DEMO_TARGET + "/"):
-        from eyas.demo_target.build import ensure_demo_target
+        from eyas.data.demo_target.build import ensure_demo_target  # lazy: tokenizers, transformers
 
         root = ensure_demo_target()
         return str(root / name[len(DEMO_TARGET) + 1 :]) if name != DEMO_TARGET else str(root)
@@ -302,7 +303,6 @@ def check_fits(t, fix: str) -> None:
     need, how = held_bytes(t)
     if have is None or need <= have[0]:
         return
-    from eyas.errors import InputError
 
     key = "target.weights" if "MXFP4" in how else "target.dtype"
     raise InputError(
@@ -384,7 +384,6 @@ def load_target_config(name: str, trust_remote_code: bool = False, key: str = "t
 def refuse_vllm_mxfp4(t, key: str) -> None:
     """Before vLLM starts: an InputError naming `key` (data.backend / capture.backend) where the recipe's
     target section `t` stores MXFP4 experts that vLLM cannot run on this machine (vllm_env.py says)."""
-    from eyas.serve.external.vllm_env import refuse_mxfp4_without_kernels
 
     mxfp4 = stored_as_mxfp4(load_target_config(t.model, t.trust_remote_code))
     refuse_mxfp4_without_kernels(key, t.model, mxfp4)

@@ -23,8 +23,8 @@ from safetensors.torch import save_file
 from eyas.data.regenerate import capture_order, conversation_of, loss_mask, read_sequences
 from eyas.data.splits import held_out_split, split_record
 from eyas.data.target import load_target_config, text_config
-from eyas.io import atomic_path
-from eyas.layout import is_done, mark_done, read_done, require_done, stage_dir
+from eyas.infra.io import atomic_path
+from eyas.infra.layout import is_done, mark_done, read_done, require_done, stage_dir
 from eyas.recipes.load import check_against_target
 from eyas.recipes.schema import Recipe
 

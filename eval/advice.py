@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from eyas.serve.decoding.tree import TreeShape
+from eyas.recipes.types import TreeShape
 from eyas.train.kinds import DEFAULT_KIND, kind_named
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from eyas.data.long_text import describe, is_long_text
 from eyas.data.long_text import records as long_text_records
-from eyas.io import read_jsonl
+from eyas.infra.io import read_jsonl
 
 HUB_SETS = {
     "mt-bench": ("HuggingFaceH4/mt_bench_prompts", None, "train"),
@@ -73,7 +73,7 @@ def load_benchmark(
     name: str, source: str, system_prompt: str | None = None, limit: int | None = None
 ) -> Benchmark:
     """`source`: a local .jsonl/.json file, a name in HUB_SETS, or a hub dataset (test split)."""
-    from eyas.data.prompts import prompt_messages, record_to_conversation
+    from eyas.data.prompts import prompt_messages, record_to_conversation  # lazy: torch
 
     records, where = _records(source)
     records = spread(records, limit)
@@ -101,7 +101,7 @@ def held_out(run_dir: str | Path, limit: int | None = None) -> Benchmark:
 def tuning(recipe, run_dir: str | Path, limit: int | None = None) -> Benchmark:
     """The tuning split's prompts (data/splits.py): the first prompt of each training conversation held out
     for validation, `limit` of them spread evenly. Settings are chosen here, never on the test split."""
-    from eyas.data.splits import tuning_prompts
+    from eyas.data.splits import tuning_prompts  # lazy: torch
 
     messages = spread(tuning_prompts(recipe, run_dir), limit)
     if not messages:

@@ -35,11 +35,9 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from eyas import io, layout
 from eyas.data import chat
 from eyas.data.splits import SPLITS
 from eyas.data.target import compute_dtype, describe_placement, input_device, load_recipe_target
-from eyas.errors import InputError
 from eyas.eval import advice
 from eyas.eval.benchmarks import Benchmark, held_out, load_benchmark, tuning
 from eyas.eval.load import (
@@ -52,14 +50,17 @@ from eyas.eval.load import (
     run_engine,
 )
 from eyas.eval.report import report_markdown
+from eyas.eval.verdict import verdict
+from eyas.infra import io, layout
+from eyas.infra.errors import InputError
+from eyas.infra.stages import STAGE_ORDER
+from eyas.recipes.defaults import PREFILL_TOKENS
 from eyas.recipes.schema import Recipe
-from eyas.serve.decoding.attention import block_bytes
-from eyas.serve.decoding.defaults import PREFILL_TOKENS
+from eyas.recipes.types import TreeShape
 from eyas.serve.decoding.engine import Engine, Request, shapes_for
 from eyas.serve.decoding.reference import greedy_generate
 from eyas.serve.decoding.sampling import SamplingParams
-from eyas.serve.decoding.tree import TreeShape
-from eyas.stages import STAGE_ORDER
+from eyas.train.blocked_attention import block_bytes
 from eyas.train.checkpoint import load_draft_beside, read_config
 from eyas.train.kinds import refuse_untrained
 from eyas.train.model import Eagle3Draft
@@ -417,7 +418,7 @@ def measure_point(
             sweep.results.append(entry)
             sweep.cost_runs.append({"shape": shape, "kind": draft.config.kind, "steps": res.steps})
     for name, url in settings.servers:
-        from eyas.eval.server_client import run_server  # httpx and prometheus_client: only when asked
+        from eyas.eval.server_client import run_server  # lazy: httpx
 
         bar.set_postfix_str(point.label(f"server {name}"))
         res, engine_name, depth, acc, per_length = run_server(url, point.prompts, point.params, c, bar)
@@ -431,7 +432,6 @@ def classified(model: torch.nn.Module, point: Point, res: LoadResult, width: int
     """A greedy row's partings from the target's greedy outputs (eval/verdict.py): lossless with no failure.
     In fp32, where the loop is exact, every parting is a failure; otherwise each is classified, the numerical
     ones counted with their gaps."""
-    from eyas.eval.verdict import verdict
 
     exact = compute_dtype(model) == torch.float32
     numerical, failures, partings = verdict(
@@ -578,7 +578,7 @@ def _warm_up(
 
 
 def _plots(results: list[dict], run_dir: Path, benches: list[str]) -> list[Path]:
-    from eyas.eval.plots import acceptance_plot, throughput_plot  # matplotlib: only when plotting
+    from eyas.eval.plots import acceptance_plot, throughput_plot  # lazy: matplotlib
 
     out = []
     for i, b in enumerate(benches):

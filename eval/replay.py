@@ -1,50 +1,26 @@
 """Drafts scored along text, as training validates them: the greedy loop's τ without running the loop.
 
-    answers_run    the loop's prompts answered greedily by the target (HF generate, the loop's dtype, up to
-                   eval.max_new_tokens), then captured: the very text the greedy loop's target produces
     score_drafts   each draft's TTT over captured sequences (train/validation.py `validate`): simulated τ
                    (a chain from every position), at T = 1, and replayed τ (the greedy loop's own rounds)
 
-On the target's own greedy text a draft's replayed τ is the greedy loop's τ on those prompts
-(tests/test_replay.py holds them equal), so a draft can be compared on the same text without the loop's
-batching; benchmarks/bench_anchors.py --probe uses both.
+The text scored: eyas/pipeline.py `answers_run`, the loop's prompts answered greedily by the target (HF
+generate, the loop's dtype, up to eval.max_new_tokens) and captured. On the target's own greedy text a
+draft's replayed τ is the greedy loop's τ on those prompts (tests/test_replay.py holds them equal), so a
+draft can be compared on the same text without the loop's batching; benchmarks/bench_anchors.py --probe
+uses both.
 """
 
 from __future__ import annotations
 
 from functools import partial
-from pathlib import Path
 
 import torch
 
-from eyas import layout
-from eyas.io import write_jsonl
-
-
-def answers_run(source, messages: list[list[dict]], out: Path, overrides: list[str] = ()) -> Path:
-    """`messages` (each the chat the target answers) answered greedily by the target of recipe `source` (a
-    path or raw dict, with `overrides`) in its eval dtype up to eval.max_new_tokens, single-turn, then
-    captured, in run directory `out` (resumed when its capture is done) -> the capture directory."""
-    from eyas.pipeline import run_all
-    from eyas.recipes.load import load_recipe
-
-    if not layout.is_done(out, "capture"):
-        out.mkdir(parents=True, exist_ok=True)
-        write_jsonl(out / "probe-prompts.jsonl", [{"messages": m} for m in messages])
-        ev = load_recipe(source, list(overrides)).eval
-        over = [
-            f"data.prompts=[{{source: {out / 'probe-prompts.jsonl'}, name: probe}}]",
-            f"data.num_prompts={len(messages)}",
-            "data.num_eval_prompts=0",
-            "data.max_turns=1",
-            f"data.max_new_tokens={ev.max_new_tokens}",
-            "data.temperature=0",
-            "data.backend=hf",
-            *([f"target.dtype={ev.target_dtype}"] if ev.target_dtype else []),
-            *overrides,
-        ]
-        run_all(load_recipe(source, over), out, stages=("prompts", "regenerate", "capture"), progress=False)
-    return out / "capture"
+from eyas.data.target import load_head_weights
+from eyas.train.kinds import kind_of
+from eyas.train.packing import PackedRows, collate_rows
+from eyas.train.ttt import TTTModule
+from eyas.train.validation import sampled_at_t1, validate
 
 
 def score_drafts(
@@ -56,13 +32,8 @@ def score_drafts(
     train/validation.py's metrics: simulated_tau, simulated_tau_t1, replayed_tau at k = 1..ttt, ...)]."""
     from accelerate import Accelerator
 
-    from eyas.data.target import load_head_weights
-    from eyas.train.checkpoint import load_draft
-    from eyas.train.kinds import kind_of
-    from eyas.train.packing import PackedRows, collate_rows
-    from eyas.train.trainer import mixed_precision
-    from eyas.train.ttt import TTTModule
-    from eyas.train.validation import sampled_at_t1, validate
+    from eyas.train.checkpoint import load_draft  # lazy: safetensors
+    from eyas.train.trainer import mixed_precision  # lazy: httpx, safetensors
 
     heads = load_head_weights(recipe.target.model, recipe.target.trust_remote_code)
     acc = Accelerator(

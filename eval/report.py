@@ -1,5 +1,5 @@
 """RUN/report.md from the report dict (eval/evaluate.py), a function per section; shape_label and
-recommendation_table also serve the model card (serve/interchange/model_card.py)."""
+recommendation_table also serve the model card (eyas/model_card.py)."""
 
 from __future__ import annotations
 

@@ -29,7 +29,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from eyas.eval.buckets import bucket_order, length_bucket
-from eyas.eval.load import LoadResult
+from eyas.eval.load import LoadResult, request_latencies
 from eyas.serve.decoding.sampling import SamplingParams
 
 SPEC = "vllm:spec_decode_num_"
@@ -133,7 +133,6 @@ def run_server(
     Prompts of several length buckets (eval/buckets.py) are sent one bucket at a time, shortest first, with
     the counters read between buckets: vLLM's counters are the server's, so a bucket's acceptance is their
     change over its own requests (the buckets' requests do not overlap in time)."""
-    from eyas.eval.load import request_latencies
 
     url = base_url(url)
     labels = [length_bucket(len(p)) for p in prompts]

@@ -33,13 +33,12 @@ import torch
 
 from eyas.data.chat import eos_token_ids
 from eyas.eval.load import counters_from_loop, run_engine
+from eyas.infra.vllm.vllm_jobs import run_offline
+from eyas.recipes.types import TreeShape
 from eyas.serve.decoding.engine import Engine
 from eyas.serve.decoding.sampling import SamplingParams
-from eyas.serve.decoding.tree import TreeShape
-from eyas.serve.external.vllm_jobs import run_offline
-from eyas.serve.external.vllm_server import speculative_config
 from eyas.serve.interchange.importer import load_published
-from eyas.train.kinds import kind_of
+from eyas.train.kinds import kind_of, speculative_config
 
 
 def load_draft_for(target_model, draft_dir: str | Path):

@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from eyas.data.target import input_device
-from eyas.serve.decoding.defaults import PREFILL_TOKENS
+from eyas.recipes.defaults import PREFILL_TOKENS
 from eyas.serve.decoding.reference import prefill
 
 

@@ -28,11 +28,14 @@ import argparse
 import sys
 from pathlib import Path
 
-from eyas.errors import debugging, report_failures
-from eyas.interrupts import signals_raise
-from eyas.layout import REPORT_JSON, REPORT_MD
+from eyas.infra.errors import debugging, report_failures
+from eyas.infra.interrupts import signals_raise
+from eyas.infra.layout import REPORT_JSON, REPORT_MD
+from eyas.infra.stages import COMMANDS, SHARDED, STAGE_ORDER, resolve, stage_fn
+from eyas.pipeline import check_target, prepare_run, run_all
+from eyas.recipes.load import recipe_and_run
 from eyas.recipes.schema import RecipeError
-from eyas.stages import COMMANDS, SHARDED, STAGE_ORDER, resolve, stage_fn
+from eyas.recipes.types import TreeShape
 
 
 def _recipe_args(p: argparse.ArgumentParser) -> None:
@@ -74,8 +77,6 @@ def _result_line(r: dict) -> str:
 
 
 def _tree_arg(text: str):
-    from eyas.serve.decoding.tree import TreeShape
-
     try:
         return TreeShape.parse(text)
     except ValueError as e:
@@ -97,8 +98,8 @@ def _servers(values):
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Expected failures end in one line `eyas: error: ...` and exit 2 (bad input) or 1 (eyas/errors.py);
-    `--debug` anywhere (or EYAS_DEBUG=1) adds their traceback."""
+    """Expected failures end in one line `eyas: error: ...` and exit 2 (bad input) or 1
+    (eyas/infra/errors.py); `--debug` anywhere (or EYAS_DEBUG=1) adds their traceback."""
     debug, argv = debugging(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "serve":  # uvicorn shuts down on SIGINT / SIGTERM itself: a normal stop
         return report_failures(lambda: _main(argv), debug)
@@ -160,7 +161,6 @@ def _main(argv: list[str]) -> int:
     if argv and argv[0] in COMMANDS:  # export, import, publish, serve, plan, ...: their own parsers
         return _delegate(argv[0], argv[1:])
     args = parse_with_overrides(_parser(), argv)
-    from eyas.pipeline import recipe_and_run
 
     recipe, run_dir = recipe_and_run(args.recipe, args.out, args.overrides)
     RUNNERS.get(args.cmd, _stage)(args, recipe, run_dir, not args.no_progress)
@@ -168,15 +168,12 @@ def _main(argv: list[str]) -> int:
 
 
 def _run(args, recipe, run_dir: Path, progress: bool) -> None:
-    from eyas.pipeline import run_all
-
     times = run_all(recipe, run_dir, progress=progress)
     print(f"[eyas] run dir: {run_dir}  (report: {run_dir / REPORT_MD})  stage times: {times}")
 
 
 def _eval(args, recipe, run_dir: Path, progress: bool) -> None:
-    from eyas.eval.evaluate import run_eval
-    from eyas.pipeline import check_target, prepare_run
+    from eyas.eval.evaluate import run_eval  # lazy: numpy, safetensors, torch
 
     for t in args.tree or []:
         _tree_arg(t)
@@ -214,7 +211,6 @@ def _eval(args, recipe, run_dir: Path, progress: bool) -> None:
 
 def _stage(args, recipe, run_dir: Path, progress: bool) -> None:
     """One stage: prompts, regenerate, capture, vocab or train."""
-    from eyas.pipeline import check_target, prepare_run
 
     if (
         args.cmd != "prompts"
@@ -229,7 +225,7 @@ RUNNERS = {"run": _run, "eval": _eval}  # any other command is one stage (_stage
 
 
 def _delegate(cmd: str, argv: list[str]) -> int:
-    """A command with a parser of its own (eyas/stages.py COMMANDS)."""
+    """A command with a parser of its own (eyas/infra/stages.py COMMANDS)."""
     return int(resolve(COMMANDS[cmd])(argv) or 0)
 
 

@@ -14,16 +14,17 @@ from pathlib import Path
 
 import yaml
 
-from eyas import io, layout
-from eyas.peak_memory import StagePeak, describe, stage_peak
+from eyas.data.sharding import current_shard, wait_until
+from eyas.infra import io, layout
+from eyas.infra.peak_memory import StagePeak, describe, stage_peak
+from eyas.infra.stages import SHARDED, STAGE_KEYS, STAGE_ORDER, stage_fn
 from eyas.recipes.load import changed_keys, check_against_target, dump_recipe, load_recipe
 from eyas.recipes.schema import Recipe, RecipeError
-from eyas.stages import SHARDED, STAGE_KEYS, STAGE_ORDER, stage_fn
 
 
 def check_target(recipe: Recipe) -> list[int]:
     """Recipe checks that need the target's config.json (layer count, vocab). -> aux layer ids."""
-    from eyas.data.target import load_target_config, text_config
+    from eyas.data.target import load_target_config, text_config  # lazy: torch
 
     cfg = text_config(load_target_config(recipe.target.model, recipe.target.trust_remote_code))
     return check_against_target(recipe, cfg.num_hidden_layers, cfg.vocab_size)
@@ -54,7 +55,6 @@ def prepare_run(recipe: Recipe, run_dir: str | Path, redo: tuple[str, ...] = ())
 def run_all(recipe: Recipe, run_dir: str | Path, stages=STAGE_ORDER, progress: bool = True) -> dict:
     """Every stage in order. Under torchrun / accelerate launch every rank runs regenerate, capture and
     train (each its share); prompts, vocab and eval run on rank 0 while the other ranks wait."""
-    from eyas.data.sharding import current_shard, wait_until
 
     check_target(recipe)
     run_dir = prepare_run(recipe, run_dir)
@@ -82,8 +82,8 @@ def run_all(recipe: Recipe, run_dir: str | Path, stages=STAGE_ORDER, progress: b
 
 def record_stage_cost(run_dir: Path, stage: str, wall_s: float, peak: StagePeak, rank: int) -> None:
     """RUN/stage_costs.json: {stage: {wall_s, peak_bytes, anon_bytes, children_bytes}} as `eyas run` measured
-    them (rank 0's; a stage run again replaces its entry; eyas/peak_memory.py says what each counts), to set
-    beside `eyas plan`."""
+    them (rank 0's; a stage run again replaces its entry; eyas/infra/peak_memory.py says what each counts), to
+    set beside `eyas plan`."""
     if rank > 0:
         return
     path = Path(run_dir) / layout.STAGE_COSTS
@@ -97,10 +97,24 @@ def record_stage_cost(run_dir: Path, stage: str, wall_s: float, peak: StagePeak,
     io.write_json(path, costs)
 
 
-def recipe_and_run(source: str, out: str | None, overrides: list[str]) -> tuple[Recipe, Path]:
-    """`source` is a recipe file/name, or a run dir holding recipe.yaml (then it is the run dir too)."""
-    src = Path(source)
-    if src.is_dir() and (src / layout.RECIPE).is_file():
-        return load_recipe(src / layout.RECIPE, overrides), Path(out) if out else src
-    recipe = load_recipe(source, overrides)
-    return recipe, Path(out) if out else Path("runs") / recipe.name
+def answers_run(source, messages: list[list[dict]], out: Path, overrides: list[str] = ()) -> Path:
+    """`messages` (each the chat the target answers) answered greedily by the target of recipe `source` (a
+    path or raw dict, with `overrides`) in its eval dtype up to eval.max_new_tokens, single-turn, then
+    captured, in run directory `out` (resumed when its capture is done) -> the capture directory."""
+    if not layout.is_done(out, "capture"):
+        out.mkdir(parents=True, exist_ok=True)
+        io.write_jsonl(out / "probe-prompts.jsonl", [{"messages": m} for m in messages])
+        ev = load_recipe(source, list(overrides)).eval
+        over = [
+            f"data.prompts=[{{source: {out / 'probe-prompts.jsonl'}, name: probe}}]",
+            f"data.num_prompts={len(messages)}",
+            "data.num_eval_prompts=0",
+            "data.max_turns=1",
+            f"data.max_new_tokens={ev.max_new_tokens}",
+            "data.temperature=0",
+            "data.backend=hf",
+            *([f"target.dtype={ev.target_dtype}"] if ev.target_dtype else []),
+            *overrides,
+        ]
+        run_all(load_recipe(source, over), out, stages=("prompts", "regenerate", "capture"), progress=False)
+    return out / "capture"

@@ -10,6 +10,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from eyas.infra.layout import RECIPE
 from eyas.recipes.schema import Recipe, RecipeError, check
 from eyas.recipes.types import inner_model
 
@@ -202,3 +203,12 @@ def check_against_target(r: Recipe, num_layers: int, vocab_size: int) -> list[in
     v = r.vocab.draft_vocab_size
     check(v <= vocab_size, "vocab.draft_vocab_size", f"{v} > the target's vocab size {vocab_size}")
     return list(ids)
+
+
+def recipe_and_run(source: str, out: str | None, overrides: list[str]) -> tuple[Recipe, Path]:
+    """`source` is a recipe file/name, or a run dir holding recipe.yaml (then it is the run dir too)."""
+    src = Path(source)
+    if src.is_dir() and (src / RECIPE).is_file():
+        return load_recipe(src / RECIPE, overrides), Path(out) if out else src
+    recipe = load_recipe(source, overrides)
+    return recipe, Path(out) if out else Path("runs") / recipe.name

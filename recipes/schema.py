@@ -10,9 +10,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from eyas.errors import InputError
-from eyas.recipes.types import DeviceMap, Dtype, Names, Num, Weights, either
-from eyas.serve.decoding.defaults import ATTENTION_BLOCK_MB, PREFILL_TOKENS
+from eyas.infra.errors import InputError
+from eyas.recipes.defaults import ATTENTION_BLOCK_MB, PREFILL_TOKENS
+from eyas.recipes.types import DeviceMap, Dtype, Names, Num, TreeShape, Weights, either
 from eyas.train.kinds import DEFAULT_KIND, KINDS, foreign_options, kind_named
 
 DEVICE_MAP_PLANS = ("auto", "balanced", "balanced_low_0", "sequential")
@@ -390,7 +390,7 @@ class EvalSection(Section):
         ATTENTION_BLOCK_MB,
         ge=1,
         description="MiB of attention scores per block of query rows, where the target's attention is eager "
-        "(gpt-oss, for its sinks: serve/decoding/attention.py)",
+        "(gpt-oss, for its sinks: train/blocked_attention.py)",
     )
     check_lossless: bool = Field(
         True,
@@ -426,8 +426,6 @@ class Recipe(Section):
 
     @model_validator(mode="after")
     def _across(self) -> "Recipe":
-        from eyas.serve.decoding.tree import TreeShape
-
         kind = kind_named(self.draft.kind)
         foreign_options(self, check)
         kind.check_recipe(self, check)

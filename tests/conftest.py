@@ -9,7 +9,7 @@ sys.path.insert(0, os.path.dirname(__file__))  # tests/ helpers (tiny_targets) i
 # pytest-xdist), each on one torch thread, as are the processes the tests start (OMP_NUM_THREADS set before
 # torch is imported; a value set by the caller wins): a second thread per process would share a core with the
 # other process. The demo target, which most tests load and whose build runs on its own fixed 2 threads
-# (eyas/demo_target/build.py), is built first, before the workers start (`pytest_configure`).
+# (data/demo_target/build.py), is built first, before the workers start (`pytest_configure`).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
@@ -39,7 +39,7 @@ FIRST = [
 
 def pytest_configure(config):
     if getattr(config.option, "numprocesses", None) and not os.environ.get("PYTEST_XDIST_WORKER"):
-        from eyas.demo_target.build import ensure_demo_target
+        from eyas.data.demo_target.build import ensure_demo_target
 
         ensure_demo_target(progress=False)
 
@@ -67,7 +67,7 @@ def all_cores():
 def vllm_python():
     """The Python that runs vLLM (`eyas install-vllm`; EYAS_VLLM_PYTHON). Absent: the test is skipped
     with the reason, except where EYAS_REQUIRE_VLLM=1 (CI, which installs it): there it fails."""
-    from eyas.serve.external.vllm_env import find_vllm_python, install_hint
+    from eyas.infra.vllm.vllm_env import find_vllm_python, install_hint
 
     _wait_for_install(os.environ.get("EYAS_VLLM_INSTALL_DONE"))
     python = find_vllm_python()

@@ -260,7 +260,7 @@ def write_conversations(path: Path, n: int = 8) -> Path:
     """`n` ShareGPT-layout conversations of TURNS user turns (demo prompts), each with a stale answer, every
     other one with a system message."""
     from eyas.data.target import resolve_path
-    from eyas.io import read_jsonl
+    from eyas.infra.io import read_jsonl
 
     users = [r["messages"][0]["content"] for r in read_jsonl(f"{resolve_path('eyas-demo')}/prompts.jsonl")]
     rows = []

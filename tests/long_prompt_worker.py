@@ -24,12 +24,13 @@ from transformers import GptOssConfig, GptOssForCausalLM
 
 from eyas.plan.eval_memory import eval_memory
 from eyas.recipes.load import load_recipe
-from eyas.serve.decoding.attention import set_block_bytes
+from eyas.recipes.types import TreeShape
 from eyas.serve.decoding.engine import Engine, Request
 from eyas.serve.decoding.reference import greedy_generate
 from eyas.serve.decoding.sampling import SamplingParams
-from eyas.serve.decoding.tree import TreeShape
-from eyas.train.model import DraftConfig, Eagle3Draft
+from eyas.train.blocked_attention import set_block_bytes
+from eyas.train.kinds.config import DraftConfig
+from eyas.train.model import Eagle3Draft
 
 NEW, K = 8, 2
 

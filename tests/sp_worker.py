@@ -20,8 +20,9 @@ import torch
 import torch.distributed as dist
 
 from eyas.train.kinds import KINDS, make_draft
+from eyas.train.kinds.config import DraftConfig
 from eyas.train.kinds.dflash.core import dflash_forward
-from eyas.train.model import DraftConfig, Eagle3Draft
+from eyas.train.model import Eagle3Draft
 from eyas.train.sequence_parallel import SequenceParallel
 from eyas.train.ttt import target_view, ttt_forward
 

@@ -12,11 +12,11 @@ from data_fixtures import one_thread  # noqa: F401  (tiny models: one thread is 
 from oracle import OracleEngine
 from tiny_targets import draft_for, tiny_gpt_oss
 
+from eyas.recipes.types import TreeShape
 from eyas.serve.decoding.cache import RowKVCache
 from eyas.serve.decoding.engine import Engine, Request
 from eyas.serve.decoding.reference import greedy_generate
 from eyas.serve.decoding.sampling import SamplingParams
-from eyas.serve.decoding.tree import TreeShape
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

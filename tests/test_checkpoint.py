@@ -7,7 +7,8 @@ import torch
 from safetensors import safe_open
 
 from eyas.train.checkpoint import load_draft, save_draft
-from eyas.train.model import DraftConfig, Eagle3Draft, KVCache
+from eyas.train.kinds.config import DraftConfig
+from eyas.train.model import Eagle3Draft, KVCache
 
 
 def random_draft(seed=0):

@@ -1,4 +1,4 @@
-"""Long prompts in the serving loop: the target's attention in query blocks (serve/decoding/attention.py) is
+"""Long prompts in the serving loop: the target's attention in query blocks (train/blocked_attention.py) is
 transformers' eager attention, sinks and sliding windows included; chunked prefill (eval.prefill_tokens) gives
 the unchunked loop's outputs; the references and the verdict prefill in chunks too; a long prompt at gpt-oss's
 attention sizes stays within `eyas plan`'s eval figure, far below one eager score tensor."""
@@ -16,11 +16,11 @@ from tiny_targets import draft_for, tiny_gpt_oss
 from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward as gpt_oss_eager
 from transformers.models.llama.modeling_llama import eager_attention_forward as llama_eager
 
-from eyas.serve.decoding.attention import blocked_attention, set_block_bytes
+from eyas.recipes.types import TreeShape
 from eyas.serve.decoding.engine import Engine, Request
 from eyas.serve.decoding.reference import greedy_generate, prefill
 from eyas.serve.decoding.sampling import SamplingParams
-from eyas.serve.decoding.tree import TreeShape
+from eyas.train.blocked_attention import blocked_attention, set_block_bytes
 
 WORKER = Path(__file__).with_name("long_prompt_worker.py")
 
@@ -28,7 +28,7 @@ WORKER = Path(__file__).with_name("long_prompt_worker.py")
 @pytest.fixture
 def block_bytes():
     """set_block_bytes(n) for the test, the default back after it."""
-    from eyas.serve.decoding.attention import BLOCK_BYTES
+    from eyas.train.blocked_attention import BLOCK_BYTES
 
     yield set_block_bytes
     set_block_bytes(BLOCK_BYTES)
@@ -72,7 +72,7 @@ def test_a_gpt_oss_forward_through_the_blocks_is_its_eager_forward(block_bytes):
     """
     import copy
 
-    from eyas.serve.decoding.attention import use_blocked_attention
+    from eyas.train.blocked_attention import use_blocked_attention
 
     eager = tiny_gpt_oss(seed=0, layers=4, hidden=128, window=8)
     eager.set_attn_implementation("eager")

@@ -322,7 +322,8 @@ def test_topk_teacher_with_the_whole_vocab_is_the_final_state_teacher():
     """train/ttt.topk_view with k = V gives target_view's draft-vocab distribution, argmax and in-draft
     flags."""
     from eyas.data.compact import topk_teacher
-    from eyas.train.model import DraftConfig, Eagle3Draft
+    from eyas.train.kinds.config import DraftConfig
+    from eyas.train.model import Eagle3Draft
     from eyas.train.ttt import target_view, topk_view
 
     torch.manual_seed(0)

@@ -13,7 +13,7 @@ from eyas.data.chat import answer_message, eos_token_ids, pad_token_id, render_p
 from eyas.data.prompts import run_prompts
 from eyas.data.regenerate import generate_batch, read_sequences, run_regenerate
 from eyas.data.target import load_target
-from eyas.io import read_jsonl
+from eyas.infra.io import read_jsonl
 from eyas.recipes.load import load_recipe
 
 BASE = ["target.dtype=float32", "target.device=cpu", "data.num_eval_prompts=2", "data.batch_size=3"]

@@ -15,8 +15,8 @@ from eyas.data.prompts import (
     run_prompts,
     user_turns,
 )
-from eyas.errors import InputError
-from eyas.layout import read_done
+from eyas.infra.errors import InputError
+from eyas.infra.layout import read_done
 from eyas.recipes.load import load_recipe
 from eyas.recipes.schema import RecipeError
 

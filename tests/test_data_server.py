@@ -14,7 +14,7 @@ from serve_process import eyas_serve, free_port
 from eyas.data.prompts import run_prompts
 from eyas.data.regenerate import read_sequences, run_regenerate
 from eyas.data.server import regenerate_through_servers
-from eyas.layout import read_done
+from eyas.infra.layout import read_done
 from eyas.recipes.load import load_recipe
 
 BASE = DEMO_SMALL

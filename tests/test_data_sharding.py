@@ -18,7 +18,7 @@ from eyas.data.prompts import run_prompts
 from eyas.data.regenerate import read_sequences, run_regenerate
 from eyas.data.sharding import Shard, balanced_ranges, current_shard, parse_shard, rank_gpus
 from eyas.data.shards import ShardDataset, read_index
-from eyas.layout import is_done, read_done
+from eyas.infra.layout import is_done, read_done
 from eyas.pipeline import prepare_run
 from eyas.recipes.load import load_recipe
 from eyas.recipes.schema import RecipeError

@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 
 from eyas.data.regenerate import read_sequences
 from eyas.data.vocab import build_vocab, count_tokens, run_vocab
-from eyas.layout import mark_done
+from eyas.infra.layout import mark_done
 from eyas.recipes.load import load_recipe
 from eyas.recipes.schema import RecipeError
 

@@ -6,11 +6,11 @@ import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer, GptOssForCausalLM
 
 from eyas.data.chat import render_prompt
-from eyas.demo_target.build import MARKER, NUM_PROMPTS, ensure_demo_target
-from eyas.demo_target.corpus import FAMILIES, generate_conversations, write_prompts
-from eyas.demo_target.quality import parse_answer
-from eyas.demo_target.tokenizer import DEFAULT_SYSTEM, build_tokenizer, corpus_texts
-from eyas.demo_target.training import encode
+from eyas.data.demo_target.build import MARKER, NUM_PROMPTS, ensure_demo_target
+from eyas.data.demo_target.corpus import FAMILIES, generate_conversations, write_prompts
+from eyas.data.demo_target.quality import parse_answer
+from eyas.data.demo_target.tokenizer import DEFAULT_SYSTEM, build_tokenizer, corpus_texts
+from eyas.data.demo_target.training import encode
 
 
 @pytest.fixture(scope="module")

@@ -10,13 +10,14 @@ from test_batched_greedy import NEW, prompts_for, run_batched
 from tiny_targets import draft_for, tiny_gpt_oss
 
 from eyas.data.target import HiddenStateTap
+from eyas.recipes.types import TreeShape
 from eyas.serve.decoding.engine import Engine, Request
 from eyas.serve.decoding.reference import greedy_generate
 from eyas.serve.decoding.sampling import SamplingParams
-from eyas.serve.decoding.tree import TreeShape
 from eyas.train.kinds import make_draft
+from eyas.train.kinds.config import DraftConfig
 from eyas.train.kinds.dflash.core import dflash_forward
-from eyas.train.model import DraftConfig, KVCache
+from eyas.train.model import KVCache
 from eyas.train.packing import doc_ids_from_lengths
 
 MASK = 5
@@ -360,7 +361,7 @@ def test_a_trained_dflash_draft_clears_its_floor_and_weakened_ones_do_not(dflash
 
     from eyas.data.chat import eos_token_ids
     from eyas.data.target import load_target
-    from eyas.layout import resolve_checkpoint
+    from eyas.infra.layout import resolve_checkpoint
     from eyas.train.checkpoint import load_draft
 
     target, run, prompts = dflash_llama
@@ -396,8 +397,8 @@ def test_a_dflash_draft_serves_only_the_block_it_trained(tmp_path):
     train.block_lengths random every k up to the block's is trained (an option of DFlash's alone)."""
     from tiny_targets import draft_for, tiny_gpt_oss
 
-    from eyas.errors import InputError
     from eyas.eval.evaluate import resolve_settings
+    from eyas.infra.errors import InputError
     from eyas.recipes.load import RecipeError
     from eyas.recipes.schema import Recipe
     from eyas.serve.api.server import build_served

@@ -36,7 +36,7 @@ import yaml
 from data_fixtures import make_tiny_target, tiny_recipe, write_prompts
 from safetensors.torch import load_file
 
-from eyas import layout
+from eyas.infra import layout
 from eyas.pipeline import run_all
 from eyas.recipes.load import load_recipe
 

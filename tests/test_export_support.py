@@ -13,7 +13,8 @@ import torch
 
 from eyas.train import kinds
 from eyas.train.checkpoint import save_draft
-from eyas.train.model import DraftConfig, Eagle3Draft
+from eyas.train.kinds.config import DraftConfig
+from eyas.train.model import Eagle3Draft
 
 VOCAB, HIDDEN, HEADS, KV_HEADS, HEAD_DIM, TARGET_LAYERS = 97, 32, 4, 2, 8, 8
 DRAFT_VOCAB = 40

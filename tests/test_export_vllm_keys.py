@@ -9,8 +9,9 @@ vllm/transformers_utils/configs/speculators/{base,algos}.py.
 import pytest
 import torch
 
-from eyas.serve.interchange.formats import describe_export_keys, eagle3_config, speculators_config
-from eyas.train.model import DraftConfig
+from eyas.serve.interchange.formats import describe_export_keys
+from eyas.train.kinds.config import DraftConfig
+from eyas.train.kinds.config_json import eagle3_config, speculators_config
 
 BF16, I64, BOOL = torch.bfloat16, torch.int64, torch.bool
 H, V, VD = 2880, 201088, 32000

@@ -21,8 +21,8 @@ from data_fixtures import make_tiny_target, tiny_recipe, write_prompts
 from safetensors.torch import load_file
 from test_export_support import fabricate_run, make_draft, tiny_target
 
-from eyas import io, layout
 from eyas.cli import main
+from eyas.infra import io, layout
 from eyas.pipeline import run_all
 from eyas.recipes.load import load_recipe
 
@@ -195,7 +195,7 @@ def not_a_checkpoint(base, tmp_path, capsys, monkeypatch):
 
 def vllm_missing(base, tmp_path, capsys, monkeypatch):
     """capture.backend: vllm where no Python with vLLM is found (no EYAS_VLLM_PYTHON, no venv)."""
-    from eyas.serve.external import vllm_env
+    from eyas.infra.vllm import vllm_env
 
     monkeypatch.delenv("EYAS_VLLM_PYTHON", raising=False)
     monkeypatch.setattr(vllm_env, "DEFAULT_VENV", tmp_path / "no-venv")
@@ -561,7 +561,7 @@ def test_sigterm_mid_training_resumes_to_the_same_weights(base, tmp_path):
 def test_a_signal_inside_held_is_delivered_when_the_block_ends():
     """Capture writes a shard and the index that lists it inside `held()`: a SIGINT between the two (the
     test below signals as soon as a shard file exists) is delivered after both, so the shard is kept."""
-    from eyas.interrupts import held
+    from eyas.infra.interrupts import held
 
     ignored = signal.getsignal(signal.SIGINT) is signal.SIG_IGN  # a background job's (see default_sigint)
     if ignored:

@@ -12,7 +12,7 @@ import sys
 import pytest
 from safetensors import safe_open
 
-from eyas.demo_target.full_width import EXPERTS, LAYERS, ensure_full_width_target, run_overrides
+from eyas.data.demo_target.full_width import EXPERTS, LAYERS, ensure_full_width_target, run_overrides
 
 pytestmark = pytest.mark.slow
 
@@ -37,7 +37,7 @@ def eyas(args: list[str]) -> None:
 def test_the_target_is_gpt_oss_120b_but_for_its_depth_and_experts():
     from transformers import AutoConfig, GptOssConfig
 
-    from eyas.gpt_oss import GPT_OSS_SHARED, HUB_CONFIG_REST, KNOWN_TARGETS
+    from eyas.data.gpt_oss import GPT_OSS_SHARED, HUB_CONFIG_REST, KNOWN_TARGETS
 
     path = ensure_full_width_target()
     ours = AutoConfig.from_pretrained(path).to_dict()
@@ -71,7 +71,7 @@ def test_every_stage_at_full_width(full_width_run, tmp_path):
     `eyas plan` prices gpt-oss-120b's capture at); the draft trains with exactly the parameters `eyas plan`
     counts for recipes/gpt-oss-120b.yaml; eval reports, the eagle3 export holds the draft at those sizes, and
     `eyas publish --dry-run` checks it."""
-    from eyas.layout import read_done
+    from eyas.infra.layout import read_done
     from eyas.plan.command import plan
     from eyas.recipes.load import load_recipe
 

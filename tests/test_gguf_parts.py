@@ -14,7 +14,7 @@ from gguf_fixtures import split_target
 from eyas.data import gguf
 from eyas.data.gguf_parts import recorded_sha256
 from eyas.data.target import load_target
-from eyas.errors import InputError
+from eyas.infra.errors import InputError
 
 NAME = "tiny-split"
 

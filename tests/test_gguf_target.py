@@ -10,7 +10,7 @@ from gguf_fixtures import CHATML, tiny_llama, write_llama_gguf
 
 from eyas.data import gguf
 from eyas.data.target import load_target, load_target_config, resolve_path
-from eyas.errors import InputError
+from eyas.infra.errors import InputError
 
 
 @pytest.fixture

@@ -7,10 +7,10 @@ import torch
 from test_train_serve_consistency import make_draft
 from tiny_targets import draft_for, tiny_gpt_oss
 
+from eyas.recipes.types import TreeShape
 from eyas.serve.decoding.engine import Engine, Request
 from eyas.serve.decoding.reference import greedy_generate
 from eyas.serve.decoding.sampling import SamplingParams
-from eyas.serve.decoding.tree import TreeShape
 from eyas.train.model import KVCache
 from eyas.train.ttt import ttt_forward
 

@@ -114,11 +114,10 @@ def test_a_published_config_is_read_as_its_kind():
     writes a top-level mask_token_id as P-EAGLE's does, and stays DFlash's."""
     import torch
 
-    from eyas.serve.external.vllm_server import speculative_config
     from eyas.serve.interchange.dflash_layout import dflash_config, dflash_speculators_config
-    from eyas.serve.interchange.formats import eagle3_config, speculators_config
-    from eyas.train.kinds import published_kind
-    from eyas.train.model import DraftConfig
+    from eyas.train.kinds import published_kind, speculative_config
+    from eyas.train.kinds.config import DraftConfig
+    from eyas.train.kinds.config_json import eagle3_config, speculators_config
 
     sizes = {"hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8}
     base = {

@@ -23,9 +23,9 @@ from data_fixtures import (  # noqa: F401
     write_prompts,
 )
 
-from eyas import layout
 from eyas.data.regenerate import read_sequences
 from eyas.data.target import load_head_weights, load_target
+from eyas.infra import layout
 from eyas.pipeline import run_all
 from eyas.recipes.load import load_recipe
 

@@ -11,7 +11,7 @@ from eyas.data import packaged_sets
 from eyas.data.packaged import Wheel, pip
 from eyas.data.packaged_sets import SETS, read_cut_array
 from eyas.data.prompts import load_conversations
-from eyas.errors import InputError
+from eyas.infra.errors import InputError
 
 RECORDS = [
     {"id": "a", "conversations": [{"from": "human", "value": "héllo"}, {"from": "gpt", "value": "hi"}]},

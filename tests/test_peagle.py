@@ -10,13 +10,14 @@ from test_batched_greedy import NEW, prompts_for, run_batched
 from tiny_targets import draft_for, tiny_gpt_oss
 
 from eyas.data.target import HiddenStateTap
+from eyas.recipes.types import TreeShape
 from eyas.serve.decoding.engine import Engine, Request
 from eyas.serve.decoding.reference import greedy_generate
 from eyas.serve.decoding.sampling import SamplingParams
-from eyas.serve.decoding.tree import TreeShape
 from eyas.train.kinds import make_draft
+from eyas.train.kinds.config import DraftConfig
 from eyas.train.kinds.peagle.core import cod_anchors, cod_forward
-from eyas.train.model import DraftConfig, KVCache
+from eyas.train.model import KVCache
 from eyas.train.packing import doc_ids_from_lengths
 
 MASK = 5

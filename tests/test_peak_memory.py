@@ -1,10 +1,11 @@
-"""A stage's peak memory is its own: eyas/peak_memory.py resets the process's peak resident set per stage."""
+"""A stage's peak memory is its own: eyas/infra/peak_memory.py resets the process's peak resident set per
+stage."""
 
 import sys
 
 import pytest
 
-from eyas.peak_memory import describe, reset_own_peak, stage_peak
+from eyas.infra.peak_memory import describe, reset_own_peak, stage_peak
 
 
 @pytest.mark.skipif(not reset_own_peak(), reason="VmHWM and a writable clear_refs are Linux's")

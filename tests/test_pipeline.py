@@ -10,7 +10,7 @@ import yaml
 from data_fixtures import make_tiny_target, tiny_recipe, write_prompts
 from safetensors.torch import load_file
 
-from eyas import io, layout
+from eyas.infra import io, layout
 from eyas.pipeline import STAGE_ORDER, prepare_run, run_all
 from eyas.recipes.load import load_recipe
 from eyas.recipes.schema import RecipeError

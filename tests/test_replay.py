@@ -9,10 +9,11 @@ import json
 
 import pytest
 
-from eyas import layout
 from eyas.data.shards import ShardDataset
 from eyas.eval.benchmarks import held_out
-from eyas.eval.replay import answers_run, score_drafts
+from eyas.eval.replay import score_drafts
+from eyas.infra import layout
+from eyas.pipeline import answers_run
 from eyas.recipes.load import load_recipe
 
 pytestmark = pytest.mark.slow

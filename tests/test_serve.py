@@ -314,9 +314,9 @@ def test_sglang_verify_counts_give_the_loops_tau(demo, server, monkeypatch):
     the loop's own emitted-tokens-per-verification."""
     from eyas.eval import server_client
     from eyas.eval.load import acceptance, run_engine
+    from eyas.recipes.types import TreeShape
     from eyas.serve.decoding.engine import Engine
     from eyas.serve.decoding.sampling import SamplingParams
-    from eyas.serve.decoding.tree import TreeShape
     from eyas.train.checkpoint import load_draft
 
     model, tok, eos, root = demo

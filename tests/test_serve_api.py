@@ -16,10 +16,10 @@ from tiny_targets import draft_for
 from eyas.data.chat import render_prompt
 from eyas.data.target import load_target
 from eyas.recipes.load import load_recipe
+from eyas.recipes.types import TreeShape
 from eyas.serve.api.server import build_app, build_served, parse_args
 from eyas.serve.api.serving import Served
 from eyas.serve.decoding.reference import greedy_generate
-from eyas.serve.decoding.tree import TreeShape
 from eyas.train.checkpoint import save_draft
 
 K = 3

@@ -23,10 +23,11 @@ import torch
 from data_fixtures import one_thread  # noqa: F401
 from tiny_targets import draft_for, tiny_gpt_oss
 
+from eyas.recipes.types import TreeShape
 from eyas.serve.decoding import sampling as S
 from eyas.serve.decoding.engine import Engine, Request
 from eyas.serve.decoding.sampling import RowSampling, SamplingParams, target_probs, verify
-from eyas.serve.decoding.tree import Tree, TreeShape, ancestor_sets, children_of
+from eyas.serve.decoding.tree import Tree, ancestor_sets, children_of
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 ALPHA = 1e-3
@@ -338,10 +339,10 @@ def test_t1_acceptance_adds_up_to_its_expectation_in_the_loop(demo_run, monkeypa
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from eyas import layout
     from eyas.data.chat import render_prompt
     from eyas.data.target import resolve_path
     from eyas.eval.benchmarks import held_out
+    from eyas.infra import layout
     from eyas.train.checkpoint import load_draft_beside
 
     target = AutoModelForCausalLM.from_pretrained(resolve_path("eyas-demo"), dtype=torch.float32).eval()

@@ -17,8 +17,8 @@ from eyas.data.splits import (
     tuning_prompts,
 )
 from eyas.data.vocab import run_vocab
-from eyas.errors import InputError
-from eyas.layout import mark_done
+from eyas.infra.errors import InputError
+from eyas.infra.layout import mark_done
 from eyas.recipes.load import load_recipe
 from eyas.recipes.schema import TrainSection
 from eyas.train.trainer import split_groups

@@ -108,7 +108,7 @@ def make_mxfp4_target(path):
                 stored[k] = v
         f.unlink()
     save_file(stored, path / "model.safetensors", metadata={"format": "pt"})
-    from eyas.gpt_oss import GPT_OSS_SHARED
+    from eyas.data.gpt_oss import GPT_OSS_SHARED
 
     cfg["quantization_config"] = GPT_OSS_SHARED["quantization_config"]  # the hub checkpoint's
     (path / "config.json").write_text(json.dumps(cfg))
@@ -158,10 +158,10 @@ def test_serving_loop_on_a_split_target_equals_one_device(regen_run, tmp_path, e
     from tiny_targets import draft_for
 
     from eyas.data.target import input_device
+    from eyas.recipes.types import TreeShape
     from eyas.serve.decoding.engine import Engine, Request
     from eyas.serve.decoding.reference import greedy_generate
     from eyas.serve.decoding.sampling import SamplingParams
-    from eyas.serve.decoding.tree import TreeShape
 
     target, new = regen_run[0], 16
     one, _ = load_target(str(target), "float32", "cpu")
@@ -259,8 +259,8 @@ def test_hf_backend_refuses_a_target_that_cannot_fit_before_loading_anything(tmp
     from transformers import GptOssConfig
 
     from eyas.cli import main
+    from eyas.data.gpt_oss import GPT_OSS_SHARED, KNOWN_TARGETS
     from eyas.data.target import native_bf16_cpu
-    from eyas.gpt_oss import GPT_OSS_SHARED, KNOWN_TARGETS
 
     target = tmp_path / "gpt-oss-120b"
     GptOssConfig(**GPT_OSS_SHARED, **KNOWN_TARGETS["openai/gpt-oss-120b"]).save_pretrained(target)

@@ -5,7 +5,8 @@ sliding window included."""
 import pytest
 import torch
 
-from eyas.train.model import DraftConfig, Eagle3Draft, KVCache
+from eyas.train.kinds.config import DraftConfig
+from eyas.train.model import Eagle3Draft, KVCache
 from eyas.train.packing import doc_ids_from_lengths
 from eyas.train.ttt import ttt_forward
 

@@ -17,10 +17,10 @@ from eyas.eval.evaluate import Point, Settings, Sweep, measure_point
 from eyas.eval.load import run_engine
 from eyas.eval.report import partings_note
 from eyas.eval.verdict import classify, verdict
+from eyas.recipes.types import TreeShape
 from eyas.serve.decoding.engine import Engine
 from eyas.serve.decoding.reference import greedy_generate
 from eyas.serve.decoding.sampling import SamplingParams
-from eyas.serve.decoding.tree import TreeShape
 
 K, T = 3, 48
 

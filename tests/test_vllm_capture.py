@@ -24,8 +24,8 @@ from eyas.data.capture import run_capture
 from eyas.data.capture_vllm import VllmCapture, VllmCaptureError
 from eyas.data.prompts import run_prompts
 from eyas.data.regenerate import run_regenerate
-from eyas.io import read_json
-from eyas.layout import read_done
+from eyas.infra.io import read_json
+from eyas.infra.layout import read_done
 from eyas.recipes.load import load_recipe
 
 BASE = DEMO_SMALL + [

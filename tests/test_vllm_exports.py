@@ -40,7 +40,7 @@ from eyas.data.chat import render_prompt
 from eyas.data.target import load_target, resolve_path
 from eyas.eval.load import counters_from_loop, rates
 from eyas.eval.side_by_side import agreement, eyas_loop, eyas_per_request, vllm_runs
-from eyas.layout import resolve_checkpoint
+from eyas.infra.layout import resolve_checkpoint
 from eyas.serve.interchange import export as export_mod
 from eyas.serve.interchange.export import ExportError, export
 from eyas.train.checkpoint import load_draft, save_draft

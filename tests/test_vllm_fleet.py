@@ -1,4 +1,4 @@
-"""Where vLLM's replicas go (serve/external/vllm_fleet.py): GPU groups of `vllm.tensor_parallel_size`
+"""Where vLLM's replicas go (eyas/infra/vllm/vllm_fleet.py): GPU groups of `vllm.tensor_parallel_size`
 confined by CUDA_VISIBLE_DEVICES, CPU cores by VLLM_CPU_OMP_THREADS_BIND, and the `vllm serve` arguments
 every replica gets. The GPU layouts are this machine's view of GPUs it does not have (visible_gpus
 stands in for torch's count); the replicas on real vLLM processes are in test_vllm_server.py and
@@ -8,10 +8,10 @@ import os
 
 import pytest
 
-from eyas.errors import InputError
+from eyas.infra.errors import InputError
+from eyas.infra.vllm import vllm_fleet
+from eyas.infra.vllm.vllm_fleet import engine_args, replicas
 from eyas.recipes.load import load_recipe
-from eyas.serve.external import vllm_fleet
-from eyas.serve.external.vllm_fleet import engine_args, replicas
 
 
 def placed(monkeypatch, gpus: list[str], **vllm) -> list[tuple[str, dict]]:
@@ -81,7 +81,7 @@ def test_a_server_is_eager_on_a_cpu_and_takes_the_fleets_arguments_as_given():
     engine_args' choice (eager=False: the arguments carry the flag where it applies), never twice."""
     import torch
 
-    from eyas.serve.external.vllm_server import VllmServer
+    from eyas.infra.vllm.vllm_server import VllmServer
 
     cmd = VllmServer("t").command("python")
     assert ("--enforce-eager" in cmd) == (not torch.cuda.is_available())
@@ -99,7 +99,7 @@ def test_a_server_is_eager_on_a_cpu_and_takes_the_fleets_arguments_as_given():
 def test_mxfp4_on_a_cpu_vllm_cannot_run_it_is_refused_up_front(monkeypatch):
     """vLLM's CPU build runs MXFP4 experts only with AMX: without it (this machine's answer replaced, as a CPU
     without AMX answers) the vLLM backends are refused before vLLM starts, naming the key and the fix."""
-    from eyas.serve.external import vllm_env
+    from eyas.infra.vllm import vllm_env
 
     monkeypatch.setattr(vllm_env, "mxfp4_runs_here", lambda: False)
     with pytest.raises(InputError) as e:

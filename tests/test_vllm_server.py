@@ -23,12 +23,13 @@ from eyas.data.prompts import run_prompts
 from eyas.data.regenerate import read_sequences, run_regenerate
 from eyas.data.target import resolve_path
 from eyas.eval.evaluate import run_eval
-from eyas.io import read_jsonl, write_jsonl
-from eyas.layout import RECIPE
+from eyas.infra.io import read_jsonl, write_jsonl
+from eyas.infra.layout import RECIPE
+from eyas.infra.vllm.vllm_fleet import replicas
+from eyas.infra.vllm.vllm_server import VllmServer
 from eyas.recipes.load import load_recipe
-from eyas.serve.external.vllm_fleet import replicas
-from eyas.serve.external.vllm_server import VllmServer
 from eyas.serve.interchange.export import export
+from eyas.train.kinds import speculative_config
 
 K = 3
 BASE = DEMO_SMALL
@@ -40,7 +41,7 @@ def vllm_demo(vllm_python, demo_run, tmp_path_factory):
     root = tmp_path_factory.mktemp("vllm-server")
     draft = export(demo_run, "eagle3", root / "draft", dtype="float32", engines=["vllm"]).path
     target = resolve_path(load_recipe(str(demo_run / RECIPE)).target.model)
-    with VllmServer(target, draft=draft, k=K, log_path=root / "vllm.log") as server:
+    with VllmServer(target, speculative=speculative_config(draft, K), log_path=root / "vllm.log") as server:
         yield server, demo_run
 
 

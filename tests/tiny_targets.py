@@ -39,7 +39,7 @@ def draft_for(target, seed, aux_ids=None, kind="eagle3"):
     """A random draft of `kind` (EAGLE-3; peagle: P-EAGLE with mask token 3; dflash: DFlash, mask token 3,
     block 6, 2 layers) for `target` (its embedding; draft vocab = every other target id)."""
     from eyas.train.kinds import make_draft
-    from eyas.train.model import DraftConfig
+    from eyas.train.kinds.config import DraftConfig
 
     tc = target.config
     torch.manual_seed(seed)

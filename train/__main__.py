@@ -5,14 +5,15 @@ config); each process trains on its share of every global batch (train/schedule.
 import argparse
 import sys
 
-from eyas.errors import debugging, report_failures
-from eyas.pipeline import check_target, prepare_run, recipe_and_run
+from eyas.infra.errors import debugging, report_failures
+from eyas.pipeline import check_target, prepare_run
+from eyas.recipes.load import recipe_and_run
 from eyas.train.distributed import process_state
 from eyas.train.trainer import run_train
 
 
 def main(argv=None) -> int:
-    """Failures and interrupts are reported as `eyas` reports them (eyas/errors.py)."""
+    """Failures and interrupts are reported as `eyas` reports them (eyas/infra/errors.py)."""
     debug, argv = debugging(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(prog="eyas.train", description=__doc__)
     p.add_argument("recipe")

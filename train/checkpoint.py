@@ -17,12 +17,14 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from eyas import io
-from eyas.data.target import LAYER_ID_CONVENTION
-from eyas.errors import InputError
+from eyas.data.target import LAYER_ID_CONVENTION, input_device, load_head_weights
+from eyas.infra import io
+from eyas.infra.errors import InputError
+from eyas.train.kinds.config import DraftConfig
 
 from .kinds import make_draft
-from .model import DraftConfig, Eagle3Draft, Rotary
+from .kinds.config_json import eagle3_config  # the one definition of the EAGLE-3 config fields
+from .model import Eagle3Draft, Rotary
 
 
 def save_draft(
@@ -41,10 +43,6 @@ def save_draft(
             continue
         t = t.detach().cpu()
         tensors[name] = t.to(dtype) if t.is_floating_point() else t
-    from eyas.serve.interchange.formats import (
-        eagle3_config,
-    )  # the one definition of the EAGLE-3 config fields
-
     config = eagle3_config(draft.config, dtype)
     config["eyas"] = {
         "draft_config": draft.config.to_dict(),
@@ -121,7 +119,6 @@ def load_draft(
         if embed is None and "embed_tokens.weight" not in stored:
             if not cfg.target_model:
                 raise ValueError(f"{path}: no embed_tokens.weight and no target_model to read it from")
-            from eyas.data.target import load_head_weights
 
             embed = load_head_weights(cfg.target_model)["embed"]
         if embed is not None and not shared:
@@ -142,7 +139,6 @@ def load_draft_beside(path: str | Path, model: torch.nn.Module) -> Eagle3Draft:
     the target's dtype (float32 for a float16 target), where its input ids go, its embedding the target's own
     tensor where it has the draft's dtype and is not offloaded by a device_map (else the file's copy); in
     eval mode."""
-    from eyas.data.target import input_device
 
     dtype = next(model.parameters()).dtype
     dtype = dtype if dtype != torch.float16 else torch.float32

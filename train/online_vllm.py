@@ -43,10 +43,13 @@ import torch.distributed as dist
 
 from eyas.data.capture import DTYPES
 from eyas.data.capture_vllm import CaptureReplicas, StateSplit, VllmCapture, VllmCaptureError, replicas_for
-from eyas.errors import InputError, RunError
-from eyas.io import read_json, write_json
+from eyas.data.target import refuse_vllm_mxfp4
+from eyas.infra.errors import InputError, RunError
+from eyas.infra.io import read_json, write_json
+from eyas.infra.layout import stage_dir
+from eyas.infra.vllm.vllm_fleet import replicas, visible_gpus
+from eyas.infra.vllm.vllm_server import last_error
 from eyas.recipes.schema import Recipe
-from eyas.serve.external.vllm_server import last_error
 
 from .online import row_segments
 from .sequence_parallel import SequenceParallel
@@ -197,8 +200,6 @@ def _wait(proc) -> None:
 def start_feed(recipe: Recipe, run_dir: Path, index: dict, lengths: list[int], acc) -> VllmFeed:
     """Every process: the local main process starts a producer per replica of the recipe's `vllm` section
     and writes train/producers.json; then every process connects to each of them."""
-    from eyas.layout import stage_dir
-    from eyas.serve.external.vllm_fleet import replicas
 
     out_dir = stage_dir(run_dir, "train")
     path = out_dir / PRODUCERS
@@ -222,7 +223,6 @@ def start_feed(recipe: Recipe, run_dir: Path, index: dict, lengths: list[int], a
 
 def _start_producers(recipe: Recipe, out_dir: Path, index: dict, lengths: list[int], acc):
     """-> (the started CaptureReplicas, the buffer directory)."""
-    from eyas.data.target import refuse_vllm_mxfp4
 
     refuse_vllm_mxfp4(recipe.target, "capture.backend")
     ids = StateSplit(recipe.target, index["aux_layer_ids"]).ids
@@ -247,7 +247,6 @@ def _keep_apart(where, acc) -> set[int] | None:
             os.sched_setaffinity(0, {int(c) for c in mine})
             return before
         return None
-    from eyas.serve.external.vllm_fleet import visible_gpus
 
     gpus = visible_gpus()
     mine = gpus[acc.local_process_index] if acc.local_process_index < len(gpus) else None

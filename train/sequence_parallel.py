@@ -57,6 +57,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
 
 from eyas.recipes.schema import RecipeError
 
@@ -83,7 +84,6 @@ class SequenceParallel:
         """The mesh over every process of the launch, groups of `size` consecutive ranks (a collective:
         every process calls it); `ulysses`: the kind's attention crosses ranks through DeepSpeed's
         all-to-all (`attend`; DFlash's `all_tokens` needs no DeepSpeed)."""
-        from torch.distributed.device_mesh import init_device_mesh
 
         world = dist.get_world_size() if dist.is_initialized() else 1
         if world % size:

@@ -25,7 +25,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from eyas import io
+from eyas.infra import io
+from eyas.infra.errors import InputError
+from eyas.recipes.load import changed_keys
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
@@ -58,7 +60,6 @@ def resume_layout(num_processes: int, launcher: str, recipe: dict) -> dict:
 def layout_changes(saved: dict, now: dict) -> list[str]:
     """'num_processes 2 -> 1', 'train.grad_accum 1 -> 2': how `now` differs from a saved layout, but in
     RESUME_FREE's keys."""
-    from eyas.recipes.load import changed_keys
 
     out = [
         f"{key} {saved[key]} -> {now[key]}"
@@ -97,7 +98,6 @@ def load_latest(acc: Accelerator, state_dir: Path, layout: dict) -> tuple[int, i
     share of the tokens: all of them on the main process, which carries the count); None: nothing saved.
     A state saved with another `layout` (resume_layout) raises InputError naming the changes, loading nothing
     (a state saved before layouts were recorded is taken as it is)."""
-    from eyas.errors import InputError
 
     found = latest_state(state_dir)
     if found is None:

@@ -27,14 +27,17 @@ from typing import TYPE_CHECKING
 
 import torch
 from safetensors.torch import load_file
+from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
-from eyas import io, layout
+from eyas.data.shards import ShardDataset, read_index
 from eyas.data.splits import held_out_split, run_groups, same_split, split_record
-from eyas.data.target import cpu_bf16_runs
-from eyas.errors import InputError
-from eyas.interrupts import Interrupted, StopRequest, ignore_in_worker
+from eyas.data.target import check_fits, cpu_bf16_runs, load_head_weights, load_target_config, text_config
+from eyas.infra import io, layout
+from eyas.infra.errors import InputError
+from eyas.infra.interrupts import Interrupted, StopRequest, ignore_in_worker
 from eyas.recipes.schema import Recipe
+from eyas.train.kinds.config import OPTIONS, DraftConfig
 
 from .checkpoint import load_draft, save_draft
 from .distributed import (
@@ -46,7 +49,8 @@ from .distributed import (
     process_state,
 )
 from .kinds import kind_named, kind_of, make_draft
-from .model import OPTIONS, DraftConfig, Eagle3Draft, Rotary
+from .model import Eagle3Draft, Rotary
+from .online import OnlineTarget, RegeneratedSequences
 from .online_vllm import ProducerStopped, VllmFeed, feed_stats, start_feed
 from .optim import make_optimizer
 from .packing import PackedRows, collate_rows, cut_note, plan_rows
@@ -109,8 +113,6 @@ def build_draft(recipe: Recipe, run_dir: Path, heads: dict[str, torch.Tensor]) -
     """A fresh head sized from the target config, with the target's embedding `heads["embed"]` (V, H), the
     run's vocab map and, by `draft.lm_head`, the target's lm_head rows `heads["lm_head"]` (V, H) of the draft
     vocab (or the warm-start checkpoint of `draft.init_from`)."""
-    from eyas.data.shards import read_index
-    from eyas.data.target import load_target_config, text_config
 
     index = read_index(run_dir / "capture")
     vocab = load_file(str(run_dir / "vocab" / "vocab.safetensors"))
@@ -322,9 +324,6 @@ def setup(recipe: Recipe, run_dir: Path) -> Training:
     `_setup_training`."""
     from accelerate.utils import set_seed
 
-    from eyas.data.shards import read_index
-    from eyas.data.target import load_head_weights
-
     tr = recipe.train
     out_dir = layout.stage_dir(run_dir, "train")
     # the target's embedding and lm_head, read once (2 x 1.2 GB for gpt-oss-120b); before the
@@ -339,8 +338,6 @@ def setup(recipe: Recipe, run_dir: Path) -> Training:
     acc = make_accelerator(tr, out_dir)
     set_seed(tr.seed)
     if index.get("mode") == "online" and index.get("backend") == "vllm":  # producers: train/online_vllm.py
-        from .online import RegeneratedSequences
-
         feed = start_feed(recipe, run_dir, index, RegeneratedSequences(run_dir).lengths, acc)
     try:
         return _setup_training(recipe, run_dir, acc, heads, index, online, feed, out_dir)
@@ -395,9 +392,6 @@ def _setup_training(recipe, run_dir, acc, heads, index, online, feed, out_dir) -
 def online_target(recipe: Recipe, aux_layer_ids: list[int], device: torch.device) -> OnlineTarget:
     """`capture.mode: online`: the target (train/online.py's OnlineTarget), which adds its states to
     each micro-batch as capture would have stored them."""
-    from eyas.data.target import check_fits
-
-    from .online import OnlineTarget
 
     t = recipe.target
     c = recipe.capture
@@ -443,11 +437,8 @@ def training_data(
     """The stored sequences (or, online, the regenerated ones the target runs over: here (`online`) or in
     vLLM's producers (`feed`)), split into training rows (packed) and held-out validation sequences, dealt to
     this process (under sequence parallelism: to its group, each batch cut to this process's window)."""
-    from eyas.data.shards import ShardDataset
 
     if online is not None or feed is not None:
-        from .online import RegeneratedSequences
-
         sequences = RegeneratedSequences(run_dir)
         stream = feed.stream if feed is not None else partial(map, online)
     else:
@@ -551,7 +542,7 @@ def validation_missed(t: Training) -> bool:
 def train_steps(t: Training, progress: bool) -> None:
     """Optimizer steps from `t.step` to `t.total`, epoch after epoch (a resumed epoch skips the micro-batches
     it trained on). SIGINT / SIGTERM: the step is finished, the state saved, Interrupted raised
-    (eyas/interrupts.py)."""
+    (eyas/infra/interrupts.py)."""
     tr, acc = t.recipe.train, t.acc
     bar = tqdm(
         total=t.total, initial=t.step, desc="train (TTT)", disable=not (progress and acc.is_main_process)
@@ -608,7 +599,6 @@ def producer_stopped(t: Training, e: Exception) -> Exception:
 def epoch_loader(t: Training, epoch: int, skip: int) -> DataLoader:
     """This process's micro-batches of `epoch` after the first `skip` (torch DataLoader, train.num_workers
     workers that leave SIGINT / SIGTERM to this process)."""
-    from torch.utils.data import DataLoader
 
     tr, d = t.recipe.train, t.data
     batches = epoch_micro_batches(len(d.dataset), tr.batch_size, tr.grad_accum, *t.dp, tr.seed, epoch)[skip:]
@@ -763,7 +753,7 @@ def finish(t: Training, run_dir: Path, t_start: float) -> dict:
     save_state(acc, t.state_dir, t.step, t.tokens, t.layout)
     write_draft(t, weights, run_dir / layout.FINAL_CHECKPOINT, {"recipe": t.recipe.name, "train": info})
     if acc.is_main_process:
-        from .curves import plot_curves
+        from .curves import plot_curves  # lazy: matplotlib
 
         plot_curves(t.log_path, t.out_dir / "curves.png")
     acc.wait_for_everyone()

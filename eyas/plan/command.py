@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from eyas.data.target import count_target, stored_as_mxfp4
-from eyas.errors import as_input
+from eyas.infra.errors import as_input
+from eyas.infra.layout import is_done, read_done
 from eyas.plan.cost import (
     CPU,
     Assumptions,
@@ -39,6 +40,7 @@ from eyas.plan.cost import (
 from eyas.plan.eval_memory import eval_memory
 from eyas.plan.report import render
 from eyas.plan.tokens import TurnCount, conversation_tokens
+from eyas.recipes.load import recipe_and_run
 from eyas.train.kinds import kind_named
 from eyas.train.sequence_parallel import check_heads
 
@@ -77,7 +79,6 @@ def workload(recipe: Recipe, run_dir: str | Path | None, cfg: PretrainedConfig, 
     """The recipe's data with assumed lengths; with `run_dir`, what its finished stages counted (the
     prompts stage: turns and prompt lengths) and measured (regeneration, capture: lengths and rates;
     training: its rate) in their place."""
-    from eyas.layout import is_done, read_done
 
     d = recipe.data
     w = Workload(
@@ -214,7 +215,6 @@ def plan(recipe: Recipe, gpus: str, run_dir: str | Path | None = None, a: Assump
 
 def main_plan(argv: list[str] | None = None) -> int:
     """`eyas plan RECIPE --gpus NxGPU [--run DIR] [overrides]`: prints the plan."""
-    from eyas.pipeline import recipe_and_run
 
     p = argparse.ArgumentParser(
         prog="eyas plan", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter

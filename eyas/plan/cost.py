@@ -15,17 +15,20 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from eyas.data.target import TargetCount, host_memory_bytes
-from eyas.gpt_oss import GPT_OSS_SHARED, KNOWN_TARGETS
+from eyas.data.compact import bytes_per_token
+from eyas.data.gpt_oss import GPT_OSS_SHARED, KNOWN_TARGETS
+from eyas.data.target import TargetCount, host_memory_bytes, load_target_config, text_config
 from eyas.plan.eval_memory import EvalMemory
 from eyas.plan.tokens import TurnCount
-from eyas.train.kinds import kind_named
+from eyas.recipes.load import check_against_target
+from eyas.train.kinds import kind_named, make_draft
+from eyas.train.optim import muon_params
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
     from eyas.recipes.schema import Recipe
-    from eyas.train.model import DraftConfig
+    from eyas.train.kinds.config import DraftConfig
 
 # name: (memory GB, dense bf16 TFLOP/s) -- vendor datasheets (SXM parts)
 GPUS = {"H100": (80, 989), "H200": (141, 989), "B200": (180, 2250), "A100": (80, 312)}
@@ -173,7 +176,6 @@ def cpu_rates(measured: dict[str, float], n_gpu: int, replicas: int) -> tuple[fl
 
 def target_config(recipe: Recipe) -> tuple[PretrainedConfig, str]:
     """The target's config and where it came from (a gpt-oss target: a local copy, else eyas's own)."""
-    from eyas.data.target import load_target_config
 
     name = recipe.target.model
     if name not in KNOWN_TARGETS:
@@ -188,10 +190,7 @@ def target_config(recipe: Recipe) -> tuple[PretrainedConfig, str]:
 
 def count_draft(recipe: Recipe, cfg: PretrainedConfig) -> DraftCount:
     """Parameters of the draft the recipe trains on this target, built on the meta device."""
-    from eyas.data.target import text_config
-    from eyas.recipes.load import check_against_target
-    from eyas.train.kinds import make_draft
-    from eyas.train.trainer import draft_config, lm_head_trains
+    from eyas.train.trainer import draft_config, lm_head_trains  # lazy: httpx, safetensors
 
     tcfg = text_config(cfg)
     ids = check_against_target(recipe, tcfg.num_hidden_layers, tcfg.vocab_size)
@@ -211,7 +210,6 @@ def count_draft(recipe: Recipe, cfg: PretrainedConfig) -> DraftCount:
 def optimizer_bytes(optimizer: str, draft: torch.nn.Module) -> int:
     """fp32 optimizer state of `train.optimizer` (train/optim.py): AdamW keeps two moments per trainable
     parameter; Muon keeps one momentum on the hidden matrices, AdamW's two on the rest."""
-    from eyas.train.optim import muon_params
 
     named = [(n, p) for n, p in draft.named_parameters() if p.requires_grad]
     muon = sum(p.numel() for p in muon_params(named)) if optimizer == "muon" else 0
@@ -228,7 +226,6 @@ def shard_buffer_bytes(recipe: Recipe, bytes_per_token: int, tokens: float) -> f
 def capture_bytes_per_token(recipe: Recipe, cfg: PretrainedConfig, n_aux: int, offline: bool = False) -> int:
     """Stored capture bytes per token (0 for online capture: nothing is stored, unless `offline`: what an
     offline capture in the recipe's formats would store)."""
-    from eyas.data.compact import bytes_per_token
 
     c = recipe.capture
     dtype_bytes = 4 if c.dtype == "float32" else 2

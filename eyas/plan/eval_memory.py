@@ -12,7 +12,7 @@ benchmarks/bench_long_prompt.py measures it: the weights, the KV caches and the 
                     masks       the bool masks the loop builds (serve/decoding/masks.py: the full and the
                                 sliding one, the scatter's copy, the window test): 4 x tokens x context bytes
                     attention   eval.attention_block_mb of scores where the target's attention is eager
-                                (gpt-oss: serve/decoding/attention.py); SDPA's kernels keep no scores
+                                (gpt-oss: train/blocked_attention.py); SDPA's kernels keep no scores
                     per token   the decoder layer's live tensors (residual, norms, q/k/v, attention
                                 output, and for an MoE each of its top-k experts' gathered input,
                                 gate/up, gate and down projection: per_token_bytes), the aux states the
@@ -29,13 +29,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from eyas.serve.decoding.defaults import spare_slots
+from eyas.recipes.defaults import spare_slots
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
     from eyas.recipes.schema import Recipe
-    from eyas.train.model import DraftConfig
+    from eyas.train.kinds.config import DraftConfig
 
 
 @dataclass

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from eyas.plan.cost import CPU, Plan, shard_buffer_bytes, unrolled_steps
+from eyas.train.kinds import kind_named
 
 if TYPE_CHECKING:
     from eyas.recipes.schema import Recipe
@@ -290,6 +291,5 @@ def steps_note(recipe) -> str:
     """The training row's unrolled steps: EAGLE-3's TTT steps, P-EAGLE's depths at their COD shares plus
     the depths' attention and loss tensors on the whole grid, or DFlash's blocks plus its drafts' grids and
     the context's keys and values (eyas/plan/cost.py grid_bytes)."""
-    from eyas.train.kinds import kind_named
 
     return kind_named(recipe.draft.kind).plan_note(recipe.train, unrolled_steps(recipe))

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from eyas.infra.io import read_jsonl
+
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
@@ -41,7 +43,7 @@ def plan_tokenizer(recipe: Recipe) -> tuple[PreTrainedTokenizerBase | None, str]
     then the hub. -> (tokenizer, "") or (None, why it cannot be used and how to get one that can)."""
     from transformers import AutoTokenizer
 
-    from eyas.data.target import resolve_path
+    from eyas.data.target import resolve_path  # lazy: torch
 
     name = resolve_path(recipe.target.model)
     errors = []
@@ -82,7 +84,7 @@ def turn_prompt_lengths(
     exists: the chat template around the conversation so far with every earlier answer empty, plus
     `kept[i]` tokens for earlier answer i (the part of it the template keeps). Stops before the first
     turn longer than `limit` (data.max_prompt_tokens), which regeneration does not ask."""
-    from eyas.data.chat import render_prompt
+    from eyas.data.chat import render_prompt  # lazy: torch
 
     lengths, context = [], list(system)
     for t, user in enumerate(users):
@@ -125,8 +127,7 @@ def conversation_tokens(
     count. An answer cut at data.max_new_tokens also ends its conversation in regeneration: not modelled,
     so the count is an upper bound. Without a tokenizer the turns are still counted and the first prompt
     is `mean_prompt_tokens`."""
-    from eyas.data.chat import effort_kwargs, is_harmony, reasoning_effort, split_turns
-    from eyas.io import read_jsonl
+    from eyas.data.chat import effort_kwargs, is_harmony, reasoning_effort, split_turns  # lazy: torch
 
     d = recipe.data
     rows = read_jsonl(Path(run_dir) / "prompts" / "train.jsonl")

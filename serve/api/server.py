@@ -35,6 +35,12 @@ from typing import TYPE_CHECKING
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 
+from eyas.data.chat import eos_token_ids
+from eyas.data.target import load_recipe_target, resolve_path
+from eyas.infra.layout import run_checkpoint
+from eyas.recipes.load import recipe_and_run
+from eyas.recipes.schema import RecipeError
+from eyas.recipes.types import TreeShape
 from eyas.serve.api import basic
 from eyas.serve.api.chat_completion import serving as chat_completion
 from eyas.serve.api.completion import serving as completion
@@ -42,7 +48,7 @@ from eyas.serve.api.metrics import ServerMetrics
 from eyas.serve.api.runner import EngineRunner
 from eyas.serve.api.serving import Served, ServingError, invalid_request, serving_error
 from eyas.serve.decoding.engine import Engine
-from eyas.serve.decoding.tree import TreeShape
+from eyas.train.kinds import refuse_untrained
 
 if TYPE_CHECKING:
     from eyas.recipes.schema import Recipe
@@ -77,10 +83,7 @@ def build_served(
     speculate: bool = True,
 ) -> Served:
     """Load the target (as every stage does) and the draft; start the engine thread."""
-    from eyas.data.chat import eos_token_ids
-    from eyas.data.target import load_recipe_target, resolve_path
-    from eyas.train.checkpoint import load_draft_beside, read_config
-    from eyas.train.kinds import refuse_untrained
+    from eyas.train.checkpoint import load_draft_beside, read_config  # lazy: safetensors
 
     if draft_dir is not None and speculate and shape.is_chain:  # before the target loads
         refuse_untrained(read_config(draft_dir), shape.steps, f"--draft {draft_dir}")
@@ -148,8 +151,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def _recipe_and_draft(args: argparse.Namespace) -> tuple[Recipe, str | None]:
     """The recipe (a run directory's recipe.yaml, or a recipe file or name) with the overrides, and the
     draft: --draft, else a run directory's draft (its best checkpoint, else its final one) if it has one."""
-    from eyas.layout import run_checkpoint
-    from eyas.pipeline import recipe_and_run
 
     recipe, run_dir = recipe_and_run(args.source, None, args.overrides)
     final = run_checkpoint(run_dir)
@@ -158,7 +159,6 @@ def _recipe_and_draft(args: argparse.Namespace) -> tuple[Recipe, str | None]:
 
 def main_serve(argv: list[str]) -> int:
     """`eyas serve ...`: load, then serve until interrupted."""
-    from eyas.recipes.schema import RecipeError
 
     args = parse_args(argv)
     recipe, draft = _recipe_and_draft(args)

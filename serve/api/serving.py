@@ -19,6 +19,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
+from eyas.recipes.types import TreeShape
 from eyas.serve.api.metrics import ServerMetrics
 from eyas.serve.api.protocol import (
     ErrorInfo,
@@ -34,7 +35,6 @@ from eyas.serve.api.runner import EngineRunner
 from eyas.serve.api.text import ChatText, PlainText
 from eyas.serve.decoding.engine import Request
 from eyas.serve.decoding.sampling import SamplingParams
-from eyas.serve.decoding.tree import TreeShape
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

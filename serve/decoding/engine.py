@@ -41,12 +41,13 @@ from dataclasses import dataclass, field
 import torch
 
 from eyas.data.target import HiddenStateTap, compute_dtype, decoder_layers, input_device
+from eyas.recipes.defaults import DECODE_RESERVE, PREFILL_TOKENS, spare_slots
+from eyas.recipes.types import TreeShape
 from eyas.serve.decoding import masks as M
-from eyas.serve.decoding.attention import memory_efficient
 from eyas.serve.decoding.cache import RowKVCache
-from eyas.serve.decoding.defaults import DECODE_RESERVE, PREFILL_TOKENS, spare_slots
 from eyas.serve.decoding.sampling import RowSampling, SamplingParams, sample, verify
-from eyas.serve.decoding.tree import TreeShape, select_tree
+from eyas.serve.decoding.tree import select_tree
+from eyas.train.blocked_attention import memory_efficient
 from eyas.train.kinds import kind_of
 
 

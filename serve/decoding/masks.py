@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from eyas.serve.decoding.attention import NAME as BLOCKED
+from eyas.train.blocked_attention import NAME as BLOCKED
 
 
 def left_padded_slots(committed: torch.Tensor, lengths: torch.Tensor, q: int) -> torch.Tensor:

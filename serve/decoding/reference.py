@@ -13,8 +13,9 @@ import time
 
 import torch
 
-from eyas.serve.decoding.attention import memory_efficient
-from eyas.serve.decoding.defaults import PREFILL_TOKENS
+from eyas.data.target import input_device
+from eyas.recipes.defaults import PREFILL_TOKENS
+from eyas.train.blocked_attention import memory_efficient
 
 
 @torch.no_grad()
@@ -28,7 +29,6 @@ def greedy_generate(
     """The target's plain greedy output with Hugging Face `generate`, a prompt longer than `prefill_tokens`
     prefilled in chunks of it.
     -> (token ids cut after the first eos, mean next-token entropy in nats along the output, seconds)."""
-    from eyas.data.target import input_device
 
     memory_efficient(target_model)
     device = input_device(target_model)  # where the embedding runs, offloaded or not
@@ -66,7 +66,6 @@ def greedy_generate(
 def prefill(model, ids: list[int], prefill_tokens: int = PREFILL_TOKENS, cache=None):
     """`ids` through the target after `cache` (None: a fresh one), in forwards of at most `prefill_tokens`
     -> (fp32 next-token logits (V,) after the last id, the cache); no ids: (None, the cache)."""
-    from eyas.data.target import input_device
 
     memory_efficient(model)
     dev, start = input_device(model), cache.get_seq_length() if cache is not None else 0

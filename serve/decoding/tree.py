@@ -26,53 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-
-@dataclass(frozen=True)
-class TreeShape:
-    steps: int
-    topk: int
-    num_draft_tokens: int
-
-    def __post_init__(self):
-        if self.steps < 1 or self.topk < 1:
-            raise ValueError(f"tree steps and topk must be >= 1, got {self}")
-        most = 1 + self.topk + (self.steps - 1) * self.topk**2  # the root and every proposed node
-        if not 2 <= self.num_draft_tokens <= most:
-            raise ValueError(
-                f"num_draft_tokens={self.num_draft_tokens} for steps={self.steps}, topk={self.topk}: "
-                f"must be in [2, {most}] (the root plus at most the {most - 1} proposed nodes)"
-            )
-        if self.topk == 1 and self.num_draft_tokens != self.steps + 1:
-            raise ValueError(
-                f"a chain (topk=1) of {self.steps} steps verifies steps+1 = {self.steps + 1} tokens, "
-                f"not num_draft_tokens={self.num_draft_tokens}"
-            )
-
-    @classmethod
-    def chain(cls, k: int) -> TreeShape:
-        return cls(steps=k, topk=1, num_draft_tokens=k + 1)
-
-    @classmethod
-    def parse(cls, text: str) -> TreeShape:
-        """'S,K,N' (as `--tree 5,8,32`)."""
-        try:
-            s, k, n = (int(x) for x in text.split(","))
-        except ValueError:
-            raise ValueError(f"tree {text!r}: expected STEPS,TOPK,NUM_DRAFT_TOKENS, e.g. 5,8,32") from None
-        return cls(s, k, n)
-
-    @property
-    def is_chain(self) -> bool:
-        return self.topk == 1
-
-    @property
-    def label(self) -> str:
-        return (
-            f"k={self.steps}" if self.is_chain else f"tree {self.steps},{self.topk},{self.num_draft_tokens}"
-        )
-
-    def to_json(self):
-        return None if self.is_chain else [self.steps, self.topk, self.num_draft_tokens]
+from eyas.recipes.types import TreeShape  # S, K, N as above: a recipe's value type (eval.tree)
 
 
 @dataclass

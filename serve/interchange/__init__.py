@@ -4,6 +4,6 @@ formats.py     the EAGLE-3 / speculators config and tensor layouts engines load
 engines.py     what vLLM, SGLang and TensorRT-LLM accept (refusals name the engine)
 export.py      `eyas export`: eyas checkpoint -> engine layout, re-read and checked
 importer.py    `eyas import`: published layouts (EAGLE-3, SpecForge, speculators, ModelOpt) -> eyas
-publish.py     `eyas publish`: export + model card + Hugging Face hub upload
-model_card.py  the model card (measured tau, recommendation table)
+(`eyas publish` and its model card sit above eval, whose report they read: eyas/publish.py and
+eyas/model_card.py)
 """

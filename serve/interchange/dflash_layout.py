@@ -27,11 +27,10 @@ from __future__ import annotations
 
 import torch
 
+from eyas.train.kinds.config import DraftConfig
+from eyas.train.kinds.config_json import dtype_name, rope_fields
 from eyas.train.kinds.dflash import ARCHITECTURE as DFLASH_ARCHITECTURE
 from eyas.train.kinds.dflash import DFLASH
-from eyas.train.model import DraftConfig
-
-from .formats import dtype_name, rope_fields
 
 
 def qwen3_layer_config(cfg: DraftConfig, dtype: torch.dtype) -> dict:

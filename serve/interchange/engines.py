@@ -79,9 +79,8 @@ brought each feature, since releases were not tagged in the copies read):
 from __future__ import annotations
 
 from eyas.train.kinds import kind_of
-from eyas.train.model import DraftConfig
-
-from .formats import output_numbering
+from eyas.train.kinds.config import DraftConfig
+from eyas.train.kinds.config_json import output_numbering
 
 ENGINES = ("vllm", "sglang", "trtllm")
 ENGINE_LABELS = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM"}

@@ -28,23 +28,26 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from eyas import io
-from eyas.errors import InputError, as_input
-from eyas.layout import resolve_checkpoint
+from eyas.data.target import (
+    DEMO_TARGET,
+    FULL_WIDTH_TARGET,
+    load_head_weights,
+    load_target_config,
+    resolve_path,
+    text_config,
+)
+from eyas.infra import io
+from eyas.infra.errors import InputError, as_input
+from eyas.infra.layout import resolve_checkpoint
 from eyas.train.checkpoint import load_draft
 from eyas.train.kinds import default_k, kind_of
-from eyas.train.model import DraftConfig, Eagle3Draft
+from eyas.train.kinds.config import DraftConfig
+from eyas.train.kinds.config_json import eagle3_config, speculators_config
+from eyas.train.model import Eagle3Draft
 
 from . import engines as engine_rules
 from .dflash_layout import dflash_config, dflash_speculators_config
-from .formats import (
-    FORMATS,
-    check_vocab_map,
-    eagle3_config,
-    parse_dtype,
-    plan_tensors,
-    speculators_config,
-)
+from .formats import FORMATS, check_vocab_map, parse_dtype, plan_tensors
 from .importer import load_published
 
 # Files an export directory may hold; anything else under --out is never replaced.
@@ -83,8 +86,6 @@ def check_draft(draft: Eagle3Draft) -> None:
 
 
 def _local_target_dir(target: str) -> Path | None:
-    from eyas.data.target import DEMO_TARGET, FULL_WIDTH_TARGET, resolve_path
-
     if target in (DEMO_TARGET, FULL_WIDTH_TARGET) or target.startswith(DEMO_TARGET + "/"):
         return Path(resolve_path(target))
     return Path(target) if Path(target).is_dir() else None
@@ -95,7 +96,6 @@ def read_target_config(target: str | None, notes: list[str]):
     if not target:
         notes.append("no target recorded; aux layer ids and sizes not checked against it")
         return None
-    from eyas.data.target import load_target_config, text_config
 
     if _local_target_dir(target) is not None:
         return text_config(load_target_config(target))
@@ -133,7 +133,6 @@ def check_embedding(draft: Eagle3Draft, target: str | None, dtype: torch.dtype, 
     if local is None:
         notes.append("embed_tokens not compared with the target's (the target is not a local directory)")
         return
-    from eyas.data.target import load_head_weights
 
     embed = load_head_weights(str(local))["embed"]
     mine = draft.embed_tokens.weight.detach()

@@ -41,19 +41,21 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from eyas.errors import InputError, as_input
+from eyas.data.hub import model_errors
+from eyas.data.target import load_head_weights, load_target_config, text_config
+from eyas.infra.errors import InputError, as_input
 from eyas.train.checkpoint import save_draft
 from eyas.train.kinds import KINDS, kind_of, make_draft, published_kind
+from eyas.train.kinds.config import DraftConfig
+from eyas.train.kinds.config_json import EAGLE3_ARCHITECTURE, eagle_config_ids_to_input_ids
 from eyas.train.kinds.peagle import mask_token_of
-from eyas.train.model import DraftConfig, Eagle3Draft
+from eyas.train.model import Eagle3Draft
 
 from .dflash_layout import is_dflash, read_dflash_config
 from .formats import (
-    EAGLE3_ARCHITECTURE,
     EYAS_LAYER_PREFIX,
     MASK_HIDDEN,
     check_vocab_map,
-    eagle_config_ids_to_input_ids,
     identity_vocab_map,
     meta_state_shapes,
     parse_dtype,
@@ -95,8 +97,6 @@ def fetch(src: str | Path, revision: str | None = None) -> Path:
     if path.exists():
         raise DraftFormatError(f"{src}: not a directory (give a draft directory or a hub repo id)")
     from huggingface_hub import snapshot_download
-
-    from eyas.data.hub import model_errors
 
     with model_errors(str(src), "SRC"):  # not on the hub, gated, or the hub unreachable: one line naming it
         return Path(
@@ -245,8 +245,6 @@ def published_config(raw: dict, layout: str, target: str | None, where: str, not
         )
         and target
     ):
-        from eyas.data.target import load_target_config, text_config
-
         target_layers = text_config(load_target_config(target)).num_hidden_layers
     rope = dict(lcfg.rope_parameters)
     rope["rope_theta"] = float(rope.get("rope_theta", 10000.0))
@@ -331,7 +329,6 @@ def _target_heads(target: str | None, what: str, where: str) -> dict[str, torch.
         raise DraftFormatError(
             f"{where}: no {what} in the draft and no target to take it from; pass --target"
         )
-    from eyas.data.target import load_head_weights
 
     return load_head_weights(target)
 

@@ -14,7 +14,10 @@ This package and each kind's `__init__.py` are torch-free (the schema reads them
 
 from __future__ import annotations
 
-from eyas.errors import InputError
+import json
+from pathlib import Path
+
+from eyas.infra.errors import InputError
 
 from .base import DraftKind
 from .dflash import DFLASH
@@ -41,6 +44,17 @@ def published_kind(raw: dict) -> DraftKind:
     """The kind of a published draft from its config.json `raw` (an EAGLE-3 draft unless another kind reads
     it as its own)."""
     return next((k for k in KINDS.values() if k is not EAGLE3 and k.published(raw)), EAGLE3)
+
+
+def speculative_config(draft: str | Path | None, k: int) -> dict | None:
+    """vLLM's --speculative-config for an exported draft (None: no speculation), as its kind has vLLM serve it
+    (DraftKind.vllm_config; the kind read from the export's config.json, published_kind): a DFlash block of
+    k + 1 slots, P-EAGLE's k drafts from one forward (`parallel_drafting`), EAGLE-3's chain."""
+    if draft is None:
+        return None
+    config = Path(draft) / "config.json"
+    raw = json.loads(config.read_text()) if config.is_file() else {}
+    return published_kind(raw).vllm_config(str(draft), k)
 
 
 def make_draft(cfg):

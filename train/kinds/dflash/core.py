@@ -37,8 +37,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from eyas.train.kinds.config import DraftConfig
+
 from ...grids import row_seeds, shift_right, to_grid
-from ...model import MLP, DraftConfig, Eagle3Draft, KVCache, RMSNorm, add_output_head, apply_rope
+from ...model import MLP, Eagle3Draft, KVCache, RMSNorm, add_output_head, apply_rope
 from ...packing import positions_in_doc
 from ...ttt import ChainState, TargetView, TTTOutput, fill_counts, score_step
 

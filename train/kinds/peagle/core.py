@@ -41,9 +41,11 @@ import functools
 import torch
 from torch import nn
 
+from eyas.train.kinds.config import DraftConfig
+
 from ...attention import resolve
 from ...grids import from_grid, row_seeds, shift_right, to_grid
-from ...model import DraftConfig, Eagle3Draft, KVCache, attention_scale
+from ...model import Eagle3Draft, KVCache, attention_scale
 from ...packing import positions_in_doc
 from ...ttt import (
     ChainState,

@@ -1,6 +1,6 @@
 """gpt-oss's published configuration, for what eyas builds and plans without the hub: the values the hub's
 config.json of openai/gpt-oss-120b and -20b hold (`eyas plan`'s built-in copy, the full-width target of
-eyas/demo_target/full_width.py) and the ids of the harmony special tokens of their o200k_harmony
+data/demo_target/full_width.py) and the ids of the harmony special tokens of their o200k_harmony
 tokenizer."""
 
 # the hub configs of the gpt-oss targets (openai/gpt-oss-120b, -20b config.json), for planning offline

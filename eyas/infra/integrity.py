@@ -13,11 +13,14 @@ the stage's end does not read terabytes again.
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
-from eyas.errors import CorruptData
-from eyas.layout import ALGO, RECIPE, file_record, is_done, marker
-from eyas.stages import STAGE_ORDER
+from tqdm.auto import tqdm
+
+from eyas.infra.errors import CorruptData, InputError
+from eyas.infra.layout import ALGO, RECIPE, file_record, is_done, marker
+from eyas.infra.stages import STAGE_ORDER
 
 
 def check_file(path: Path, record: dict, full: bool = True) -> str | None:
@@ -82,7 +85,6 @@ def run_records(run_dir: Path) -> list[tuple[str, str, dict]]:
 
 def json_of(path: Path, stage: str) -> dict:
     """A marker or index: a file that does not parse is damaged (named, with the stage to redo)."""
-    import json
 
     try:
         return json.loads(path.read_text())
@@ -92,7 +94,6 @@ def json_of(path: Path, stage: str) -> dict:
 
 def verify_run(run_dir: str | Path, progress: bool = True) -> tuple[int, list[tuple[str, str, str]]]:
     """-> (files checked, [(stage, path, problem)])."""
-    from tqdm.auto import tqdm
 
     run_dir = Path(run_dir)
     records = run_records(run_dir)
@@ -106,7 +107,6 @@ def verify_run(run_dir: str | Path, progress: bool = True) -> tuple[int, list[tu
 
 def main_verify(argv: list[str] | None = None) -> int:
     """`eyas verify RUN`."""
-    from eyas.errors import InputError
 
     p = argparse.ArgumentParser(
         prog="eyas verify", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter

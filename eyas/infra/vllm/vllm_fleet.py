@@ -24,11 +24,14 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from eyas.errors import InputError, RunError
-from eyas.recipes.schema import VllmSection
+from eyas.infra.errors import InputError, RunError
 
 from .vllm_server import START_TIMEOUT_S, VllmServer
+
+if TYPE_CHECKING:  # annotations only: the recipe's `vllm` section sits a layer above (docs/architecture.md)
+    from eyas.recipes.schema import VllmSection
 
 
 @dataclass(frozen=True)

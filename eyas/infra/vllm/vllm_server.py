@@ -1,6 +1,6 @@
 """A real vLLM OpenAI server as a subprocess on 127.0.0.1, started and stopped by eyas.
 
-    with VllmServer(target_dir, draft=export_dir, k=3) as server:
+    with VllmServer(target_dir, speculative=speculative_config(export_dir, 3)) as server:
         server.url        # http://127.0.0.1:PORT, /v1/completions, /metrics, ...
 
 The command is `python -m vllm.entrypoints.openai.api_server` under vLLM's own Python
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import httpx
 
-from eyas.errors import InputError, RunError
+from eyas.infra.errors import InputError, RunError
 
 from .vllm_env import default_eager, require_vllm, vllm_environ
 
@@ -51,28 +51,14 @@ def last_error(log: str) -> str:
     return found[-1] if found else (lines[-1] if lines else "(no output)")
 
 
-def speculative_config(draft: str | Path | None, k: int) -> dict | None:
-    """vLLM's --speculative-config for an exported draft (None: no speculation), as its kind has vLLM serve it
-    (train/kinds/ DraftKind.vllm_config; the kind read from the export's config.json, published_kind): a
-    DFlash block of k + 1 slots, P-EAGLE's k drafts from one forward (`parallel_drafting`), EAGLE-3's
-    chain."""
-    if draft is None:
-        return None
-    from eyas.train.kinds import published_kind
-
-    config = Path(draft) / "config.json"
-    raw = json.loads(config.read_text()) if config.is_file() else {}
-    return published_kind(raw).vllm_config(str(draft), k)
-
-
 class VllmServer:
-    """vLLM serving `target` (with `draft` as its EAGLE-3 draft proposing `k` tokens, when given)."""
+    """vLLM serving `target`, with `speculative` as its --speculative-config when given (the draft's kind
+    builds it: train/kinds/ speculative_config; vLLM here knows no kinds)."""
 
     def __init__(
         self,
         target: str | Path,
-        draft: str | Path | None = None,
-        k: int = 3,
+        speculative: dict | None = None,
         dtype: str = "float32",
         max_model_len: int | None = None,
         extra_args: tuple[str, ...] = (),
@@ -80,7 +66,7 @@ class VllmServer:
         env: dict[str, str] | None = None,
         eager: bool | None = None,
     ):
-        self.target, self.draft, self.k = str(target), draft, k
+        self.target, self.speculative = str(target), speculative
         self.eager = default_eager() if eager is None else eager  # --enforce-eager (or in extra_args)
         self.args = ["--dtype", dtype, *extra_args]  # max_model_len None: the target config's
         self.args += ["--max-model-len", str(max_model_len)] if max_model_len else []
@@ -103,7 +89,7 @@ class VllmServer:
                 "--distributed-executor-backend",
                 "uni",
             ]  # one GPU / CPU: the worker in the engine's process
-        spec = speculative_config(self.draft, self.k)
+        spec = self.speculative
         return cmd + (["--speculative-config", json.dumps(spec)] if spec else [])
 
     def launch(self) -> None:
@@ -124,7 +110,11 @@ class VllmServer:
         `deadline` (time.monotonic())."""
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                what = f"the draft {self.draft}" if self.draft else f"the target {self.target}"
+                what = (
+                    f"the draft {self.speculative['model']}"
+                    if self.speculative
+                    else f"the target {self.target}"
+                )
                 raise VllmRefused(
                     f"vLLM{' ' + who if who else ''} exited at start (exit {self.proc.returncode}) serving "
                     f"{what}: {self.last_error()} (full log: {self.log_path})"

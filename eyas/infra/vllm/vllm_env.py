@@ -23,16 +23,17 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import platform
 import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-from eyas.errors import InputError, RunError
+from eyas.infra.errors import InputError, RunError
 
 ENV = "EYAS_VLLM_PYTHON"
-_ROOT = Path(__file__).resolve().parents[2]  # the repo root for a checkout (editable install)
+_ROOT = Path(__file__).resolve().parents[3]  # the repo root for a checkout (editable install)
 DEFAULT_VENV = (
     _ROOT / ".venv-vllm"
     if (_ROOT / "pyproject.toml").is_file()
@@ -126,7 +127,6 @@ def vllm_environ() -> dict[str, str]:
 def mxfp4_runs_here() -> bool:
     """Whether vLLM runs MXFP4 MoE experts (gpt-oss as stored) on this machine: on a GPU, yes; its CPU build
     only on an x86 CPU with AMX (vllm/model_executor/layers/fused_moe/experts/cpu_moe.py CPUExpertsMxfp4)."""
-    import platform
 
     import torch
 

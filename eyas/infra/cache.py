@@ -1,4 +1,4 @@
-"""Directories eyas builds once and keeps in its cache: the demo target (eyas/demo_target/build.py) and
+"""Directories eyas builds once and keeps in its cache: the demo target (data/demo_target/build.py) and
 dequantized GGUF targets (data/gguf.py).
 
     cache_root()      $EYAS_CACHE, else ~/.cache/eyas

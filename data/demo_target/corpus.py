@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import NamedTuple
 
-from eyas.io import write_jsonl
+from eyas.infra.io import write_jsonl
 
 WORDS = (
     "apple",

@@ -7,7 +7,7 @@ and exits non-zero:
                           before the stage it needs, an engine refusal at export, no hub token
     RunError    exit 1    a runtime failure: unreachable hub or server, corrupt data, a full disk
     SIGINT / SIGTERM      exit 130 / 143 (128 + the signal), after keeping what is complete
-                          (eyas/interrupts.py)
+                          (eyas/infra/interrupts.py)
 
 `--debug` (or EYAS_DEBUG=1) prints the traceback of an expected failure too. Anything else is a
 bug and keeps its traceback (exit 1). The hub token is masked in everything this prints.
@@ -22,7 +22,7 @@ import sys
 import traceback
 from collections.abc import Callable, Iterator
 
-from eyas.interrupts import Interrupted
+from eyas.infra.interrupts import Interrupted
 
 
 class EyasError(Exception):

@@ -8,11 +8,13 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from eyas.errors import RunError
+from eyas.infra.errors import RunError
 
 from .vllm_env import default_eager, require_vllm, vllm_environ
 
 SCRIPT = Path(__file__).with_name("vllm_offline.py")
+# the capture worker (data/capture_vllm.py starts it): a script vLLM's own Python runs, beside this module
+CAPTURE_WORKER = Path(__file__).with_name("vllm_capture_worker.py")
 
 
 def run_offline(

@@ -39,14 +39,14 @@ STAGE_FUNCTIONS = {
 COMMANDS = {
     "export": "eyas.serve.interchange.export:main_export",
     "import": "eyas.serve.interchange.importer:main_import",
-    "publish": "eyas.serve.interchange.publish:main_publish",
-    "demo-target": "eyas.demo_target.build:main_demo_target",
-    "full-width-target": "eyas.demo_target.full_width:main_full_width_target",
+    "publish": "eyas.publish:main_publish",
+    "demo-target": "eyas.data.demo_target.build:main_demo_target",
+    "full-width-target": "eyas.data.demo_target.full_width:main_full_width_target",
     "serve": "eyas.serve.api.server:main_serve",
     "plan": "eyas.plan.command:main_plan",
-    "verify": "eyas.integrity:main_verify",
+    "verify": "eyas.infra.integrity:main_verify",
     "recipe-keys": "eyas.recipes.keys:main_recipe_keys",
-    "install-vllm": "eyas.serve.external.vllm_env:main_install_vllm",
+    "install-vllm": "eyas.infra.vllm.vllm_env:main_install_vllm",
 }
 
 

@@ -20,12 +20,12 @@ from pathlib import Path
 
 import yaml
 
-from eyas.layout import FinishedRun
+from eyas.eval.report import recommendation_table, shape_label
+from eyas.infra.layout import FinishedRun
+from eyas.serve.interchange import engines as engine_rules
+from eyas.serve.interchange.export import ExportResult
 from eyas.train.kinds import DEFAULT_KIND, kind_named
-
-from . import engines as engine_rules
-from .export import ExportResult
-from .formats import output_numbering, sglang_layer_ids
+from eyas.train.kinds.config_json import output_numbering, sglang_layer_ids
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 ENGINE_TAGS = {"vllm": "vllm", "sglang": "sglang", "trtllm": "tensorrt-llm"}
@@ -56,8 +56,6 @@ def acceptance_rows(report: dict) -> list[dict]:
 def acceptance_table(report: dict) -> str:
     """One row per eval result: temperature T, concurrency C and draft shape (k or tree) included.
     Older reports (greedy, one request at a time) read as T = 0, C = 1."""
-    from eyas.eval.report import shape_label
-
     baseline = _baseline_tps(report)
     greedy = (report.get("eval_settings") or {}).get("greedy", True)
     lines = [
@@ -92,8 +90,6 @@ def acceptance_table(report: dict) -> str:
 
 def advice_section(report: dict) -> list[str]:
     """The k / tree recommendation per concurrency level (eval/advice.py), when the eval made one."""
-    from eyas.eval.report import recommendation_table
-
     rows = report.get("recommendation")
     if not rows:
         return []
@@ -172,7 +168,7 @@ def front_matter(target: str | None, engines: tuple[str, ...], license: str, kin
 
 def vllm_spec(kind: str, repo_id: str, k: int) -> dict:
     """vLLM 0.32's --speculative-config for a published draft of `kind` (train/kinds/ DraftKind.vllm_config;
-    serve/external/vllm_server.py runs the same for a local export)."""
+    eyas/infra/vllm/vllm_server.py runs the same for a local export)."""
     return kind_named(kind).vllm_config(repo_id, k)
 
 

@@ -1,7 +1,7 @@
 """A run directory's layout and its stage markers, in one place.
 
     RUN/recipe.yaml                   the resolved recipe (eyas/pipeline.py writes it)
-    RUN/<stage>/                      each stage's outputs (eyas/stages.py lists the stages)
+    RUN/<stage>/                      each stage's outputs (eyas/infra/stages.py lists the stages)
     RUN/<stage>/DONE.json             written last: what the stage returned, and "files": the size and
                                       xxh3-64 checksum of every file it wrote ({path from RUN: record})
     RUN/train/checkpoint-final/       the final eyas checkpoint (train/checkpoint.py)
@@ -13,7 +13,8 @@ A re-run skips a stage whose marker exists. Everything under RUN/<stage>/ is lis
 report and plots). The capture's shards get their records as each is written and carry them in
 capture/index.json, so the stage's end does not read terabytes again (`known`).
 
-Imports of eyas: the stage table (a leaf), eyas.io (atomic writes) and eyas.errors; none imports back.
+Imports of eyas: the stage table (a leaf), eyas.infra.io (atomic writes) and eyas.infra.errors; none imports
+back.
 """
 
 from __future__ import annotations
@@ -23,8 +24,12 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eyas.io import read_json, write_json
-from eyas.stages import STAGE_ORDER
+import xxhash
+import yaml
+
+from eyas.infra.errors import InputError
+from eyas.infra.io import read_json, write_json
+from eyas.infra.stages import STAGE_ORDER
 
 RECIPE = "recipe.yaml"
 REPORT_JSON = "report.json"
@@ -65,8 +70,6 @@ def read_done(run_dir: str | Path, stage: str) -> dict:
 def require_done(run_dir: str | Path, needed: str, stage: str) -> None:
     """Fail clearly when `stage` is run before the stage it reads from."""
     if not is_done(run_dir, needed):
-        from eyas.errors import InputError
-
         raise InputError(
             f"{run_dir}: the {needed} stage has not finished; run it before {stage} "
             f"(`eyas {needed} {run_dir}`, or `eyas run` for every stage)"
@@ -87,7 +90,6 @@ def mark_done(
 
 def file_record(path: str | Path) -> dict:
     """{"size": bytes, "xxh3_64": hex digest} of a file, read in 16 MiB chunks."""
-    import xxhash
 
     h = xxhash.xxh3_64()
     with open(path, "rb", buffering=0) as f:
@@ -167,7 +169,6 @@ class FinishedRun:
 
 def load_run(run: str | Path) -> FinishedRun:
     """A run with its draft (`run_checkpoint`), report.json and recipe.yaml (all required for publishing)."""
-    import yaml
 
     root = Path(run)
     checkpoint = run_checkpoint(root)

@@ -2,7 +2,7 @@
 
 A stage writes each output file via a temporary name in the same directory and `os.replace`, so a
 crashed stage leaves only files it can resume from (never a half-written one under its final name);
-its DONE.json marker is written last (eyas/layout.py).
+its DONE.json marker is written last (eyas/infra/layout.py).
 """
 
 from __future__ import annotations
@@ -10,11 +10,15 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from eyas.infra.errors import BadInputFile, CorruptData, causes
+from eyas.infra.errors import disk_full as says_disk_full
 
 
 @contextmanager
@@ -50,8 +54,6 @@ def disk_full(e: BaseException, directory: str | Path, path: str | Path | None =
     big files say so in their own ways: safetensors raises SafetensorError("... Os { code: 28, kind:
     StorageFull ...}"), torch.save a RuntimeError("... file write failed"); so the errno or the words are
     looked for in `e` and its causes, and `directory`'s free space (below 1 MiB) decides the rest."""
-    from eyas.errors import causes
-    from eyas.errors import disk_full as says_disk_full
 
     if not isinstance(e, Exception):
         return None
@@ -92,7 +94,6 @@ def write_jsonl(path: str | Path, rows) -> None:
 def read_jsonl(path: str | Path, user_file: bool = False) -> list[dict]:
     """Each line a JSON object; a bad line fails with the file and line number: bad input (a file the user
     gave, `user_file`) or a damaged run file (CorruptData: a stage wrote it whole)."""
-    from eyas.errors import BadInputFile, CorruptData
 
     def bad(what: str) -> Exception:
         if user_file:
@@ -131,7 +132,6 @@ def previous_dir(path: str | Path) -> Path:
 def atomic_dir(path: str | Path) -> Iterator[Path]:
     """Yield a temporary directory next to `path`; on success it replaces `path` (an existing
     directory there is swapped out and removed only after the new one is in place)."""
-    import shutil
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,5 +1,5 @@
 """The built-in demo target: a tiny gpt-oss-architecture model, trained on synthetic harmony
-conversations and cached on first use (`eyas.demo_target.build.ensure_demo_target`).
+conversations and cached on first use (`eyas.data.demo_target.build.ensure_demo_target`).
 
 corpus     the synthetic conversations and held-out prompts
 tokenizer  byte-level BPE with harmony special tokens and chat template

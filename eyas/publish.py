@@ -3,7 +3,7 @@
     eyas publish RUN --repo ORG/NAME [--private] [--revision BRANCH] [--dry-run] [--out DIR]
 
 The folder uploaded is the eagle3 export of RUN/train/checkpoint-final (checked for vLLM,
-SGLang and TensorRT-LLM, re-read by eyas), README.md (serve/model_card.py), and the run's
+SGLang and TensorRT-LLM, re-read by eyas), README.md (eyas/model_card.py), and the run's
 report.json (as eyas_report.json) and recipe.yaml. The token is huggingface_hub's usual one
 (HF_TOKEN, or the one `hf auth login` stored); it is checked before any work. `--dry-run`
 builds the folder, uploads nothing and prints its path.
@@ -19,13 +19,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from eyas.errors import InputError, RunError, as_input
-from eyas.layout import load_run
+from eyas.infra.errors import InputError, RunError, as_input
+from eyas.infra.layout import load_run
+from eyas.model_card import HUB_ID, render_model_card
+from eyas.serve.interchange.export import export
 from eyas.train.checkpoint import read_config
 from eyas.train.kinds import kind_named
-
-from .export import export
-from .model_card import HUB_ID, render_model_card
 
 
 class PublishError(InputError, ValueError):
@@ -126,7 +125,7 @@ def transport_errors() -> tuple[type, ...]:
 def hub_errors(repo: str, endpoint: str):
     """The hub's refusals and failures as eyas errors: 401/403/404 are the token's rights or the repo id (bad
     input), anything else the hub or the network (a runtime failure: try again). The hub library's messages
-    may quote the token; the one line eyas prints masks it (eyas/errors.py)."""
+    may quote the token; the one line eyas prints masks it (eyas/infra/errors.py)."""
     from huggingface_hub.errors import HfHubHTTPError
 
     try:

@@ -2,7 +2,7 @@
 layers and four experts, so that every stage can run at gpt-oss-120b's sizes on a CPU
 (`eyas full-width-target`).
 
-    config.json             the hub config of openai/gpt-oss-120b (eyas/gpt_oss.py: hidden 2880, 64 query
+    config.json             the hub config of openai/gpt-oss-120b (data/gpt_oss.py: hidden 2880, 64 query
                             heads of 64, 8 KV heads, vocab 201,088, sinks, sliding window 128 on every other
                             layer, YaRN x32 over 4,096 positions, swiglu limit 7, its MXFP4
                             quantization_config) but num_hidden_layers 4, num_local_experts 4 (top-4)
@@ -30,8 +30,10 @@ from pathlib import Path
 
 import torch
 
-from eyas.cache import build_once, cache_root
-from eyas.gpt_oss import GENERATION_EOS_IDS, GPT_OSS_SHARED, HUB_CONFIG_REST, SPECIAL_TOKEN_IDS
+from eyas.data.demo_target.corpus import generate_conversations
+from eyas.data.gpt_oss import GENERATION_EOS_IDS, GPT_OSS_SHARED, HUB_CONFIG_REST, SPECIAL_TOKEN_IDS
+from eyas.infra.cache import build_once, cache_root
+from eyas.infra.vllm.vllm_env import mxfp4_runs_here
 
 VERSION = 5  # bump with any change to what a build produces (and the cache dir name)
 CACHE_NAME = f"full-width-target-v{VERSION}"
@@ -77,7 +79,6 @@ RUN_OVERRIDES = [
 def run_overrides() -> list[str]:
     """RUN_OVERRIDES and the backends of regeneration and capture: vLLM where it runs MXFP4 here (a GPU, or a
     CPU with AMX), else transformers (it dequantizes the experts), said on stdout."""
-    from eyas.serve.external.vllm_env import mxfp4_runs_here
 
     backend = "vllm" if mxfp4_runs_here() else "hf"
     if backend == "hf":
@@ -86,7 +87,7 @@ def run_overrides() -> list[str]:
 
 
 def full_width_config(layers: int = LAYERS, experts: int = EXPERTS):
-    """gpt-oss-120b's config (eyas/gpt_oss.py) with `layers` layers (sliding and full attention in turn, as
+    """gpt-oss-120b's config (data/gpt_oss.py) with `layers` layers (sliding and full attention in turn, as
     gpt-oss's first layers are) and `experts` experts (top-4: at most 4). gpt-oss-20b's depth: 24 and 32."""
     from transformers import GptOssConfig
 
@@ -130,9 +131,15 @@ def full_width_tokenizer(vocab_size: int):
     from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
 
-    from eyas.demo_target.build import TOKENIZER_CONVERSATIONS
-    from eyas.demo_target.corpus import generate_conversations
-    from eyas.demo_target.tokenizer import BOS, CHAT_TEMPLATE, EOS, PAD, build_tokenizer, corpus_texts
+    from eyas.data.demo_target.build import TOKENIZER_CONVERSATIONS  # lazy: tokenizers, transformers
+    from eyas.data.demo_target.tokenizer import (  # lazy: tokenizers, transformers
+        BOS,
+        CHAT_TEMPLATE,
+        EOS,
+        PAD,
+        build_tokenizer,
+        corpus_texts,
+    )
 
     demo = build_tokenizer(corpus_texts(generate_conversations(TOKENIZER_CONVERSATIONS, 0)))
     spec = json.loads(demo.backend_tokenizer.to_str())

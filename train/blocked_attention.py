@@ -23,8 +23,9 @@ eager's bitwise; where it reads a range (a sliding layer's window, a causal bloc
 ALIGN) the sums over keys run in another order: within 2e-7 in fp32 (`tests/test_chunked_prefill.py`).
 
 Registered with transformers as the attention implementation "eyas_blocked" (and sdpa's bool masks for it:
-`use_blocked_attention`); the engine (engine.py), the greedy reference (reference.py) and the verdict use it
-for every target whose own implementation is not SDPA. Memory per forward: the block's scores, about
+`use_blocked_attention`); the engine (serve/decoding/engine.py), the greedy reference (reference.py there) and
+the verdict use it for every target whose own implementation is not SDPA; the draft (train/model.py) for
+grouped KV heads on CUDA. Memory per forward: the block's scores, about
 `budget_bytes` (BLOCK_BYTES unless set), whatever the prompt's length.
 """
 
@@ -35,7 +36,7 @@ from contextlib import contextmanager
 
 import torch
 
-from eyas.serve.decoding.defaults import ATTENTION_BLOCK_MB
+from eyas.recipes.defaults import ATTENTION_BLOCK_MB
 
 NAME = "eyas_blocked"
 BLOCK_BYTES = ATTENTION_BLOCK_MB << 20  # the score tensors of one query block (eval.attention_block_mb)

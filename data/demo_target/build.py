@@ -22,13 +22,13 @@ from pathlib import Path
 import torch
 from transformers import GenerationConfig
 
-from eyas.cache import build_once, cache_root
-from eyas.demo_target.corpus import generate_conversations, write_prompts
-from eyas.demo_target.model import ARCHITECTURE, init_model
-from eyas.demo_target.quality import measure
-from eyas.demo_target.tokenizer import build_tokenizer, corpus_texts
-from eyas.demo_target.training import encode, make_batches, train
-from eyas.io import write_json
+from eyas.data.demo_target.corpus import generate_conversations, write_prompts
+from eyas.data.demo_target.model import ARCHITECTURE, init_model
+from eyas.data.demo_target.quality import measure
+from eyas.data.demo_target.tokenizer import build_tokenizer, corpus_texts
+from eyas.data.demo_target.training import encode, make_batches, train
+from eyas.infra.cache import build_once, cache_root
+from eyas.infra.io import write_json
 
 VERSION = 2  # bump with any change that alters what a build produces (and the cache dir name)
 CACHE_NAME = f"demo-target-v{VERSION}"
@@ -137,7 +137,7 @@ def ensure_demo_target(
     progress: bool = True,
     steps: int | None = None,
 ) -> Path:
-    """The demo target's directory (see the module docstring), built on first use (eyas/cache.py: one
+    """The demo target's directory (see the module docstring), built on first use (eyas/infra/cache.py: one
     build at a time per cache root, into a temporary directory renamed into place).
 
     A complete build made with the same `seed` and `steps` is returned at once unless `force`.
