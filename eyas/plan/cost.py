@@ -52,9 +52,11 @@ class Assumptions:
     # activation memory per token per TTT step, gpt-oss-120b draft dims, bf16, compiled norms/MLP, measured
     # on an H100 (docs/benchmarks.md "TTT step time and memory by sequence length"): T=32K 60.5 GiB peak,
     # T=64K with checkpoint_layer 38.0 GiB, less the measured setup's static part (weights, grads, AdamW
-    # with a trained lm_head, embedding, teacher lm_head)
-    act_bytes_per_token_step: float = 236e3
-    act_bytes_per_token_step_checkpointed: float = 65.6e3
+    # with a trained lm_head, embedding, teacher lm_head) and its teacher (teacher_bytes at its 32,000-id
+    # draft vocabulary: 18.3 KB a token-step at TTT 7, and a chunk's 1.5 GB: 6.5 KB a token-step at 32K,
+    # 3.3 at 64K): 236 and 65.6 KB with them
+    act_bytes_per_token_step: float = 211.2e3
+    act_bytes_per_token_step_checkpointed: float = 44.0e3
     # draft training tokens/s on one H100 at TTT 7, gpt-oss-120b draft dims, AdamW (docs/benchmarks.md, the
     # same section; Muon's orthogonalization per step is not in it): 22.3K at T=4K, 15.8K at 32K
     train_tok_s_h100: tuple = ((4096, 22.3e3), (32768, 15.8e3))
@@ -108,7 +110,8 @@ class Plan:
     capture_bytes_per_token: int
     capture_bytes: float
     train_static_gb: float  # weights, gradients, optimizer state, frozen weights, teacher lm_head
-    train_activation_gb: float
+    train_activation_gb: float  # the teacher's included
+    train_teacher_gb: float  # teacher_bytes: the target's distribution a step trains against
     train_gb_per_gpu: float
     regen_s: float | None
     regen_tok_s: float  # generated tokens/s
@@ -256,14 +259,32 @@ def training_memory(
     per_ts = a.act_bytes_per_token_step_checkpointed if tr.checkpoint_layer else a.act_bytes_per_token_step
     # measured at gpt-oss-120b draft dims: hidden 2880, intermediate 17280
     scale = (2 * draft.config.hidden_size + draft.config.intermediate_size) / (2 * 2880 + 17280)
-    tokens = math.ceil(tr.max_length / tr.sequence_parallel)
     layers = draft.config.num_layers  # measured with one layer; each holds its own per step
-    rows = tokens * tr.batch_size
+    rows = shard_rows(tr)
     shard, whole = grid_bytes(recipe, draft)
     grids = shard * rows + whole * tr.max_length * tr.batch_size
     whole_row = kind_named(recipe.draft.kind).unrolled_whole_row()  # DFlash's blocks: the whole row's
     unrolled_rows = tr.max_length * tr.batch_size if whole_row else rows
-    return static, per_ts * scale * layers * unrolled_rows * unrolled_steps(recipe) + grids
+    unrolled = per_ts * scale * layers * unrolled_rows * unrolled_steps(recipe)
+    return static, unrolled + grids + teacher_bytes(cfg, draft, rows)
+
+
+def shard_rows(tr) -> int:
+    """The positions of a step one GPU holds: batch x its share of a row (train.sequence_parallel)."""
+    return math.ceil(tr.max_length / tr.sequence_parallel) * tr.batch_size
+
+
+TEACHER_CHUNK = 1024  # positions per full-vocabulary lm_head chunk (train/ttt.py target_view's `chunk`)
+
+
+def teacher_bytes(cfg: PretrainedConfig, draft: DraftCount, rows: int) -> float:
+    """The teacher a training step holds (train/ttt.py target_view), for the `rows` positions one GPU holds:
+    fp32 probabilities over the draft vocabulary, the argmax (int64), the in-vocabulary mass (fp32) and flag
+    (bool) at every position, and one chunk's transients (its full-vocabulary logits in bf16 and fp32, its
+    draft-vocabulary slice and exponent in fp32). gpt-oss-120b's DFlash recipe (every one of 201,088 ids,
+    T = 8,192): 6.6 GB at the positions + 2.9 GB a chunk."""
+    V, V_d = cfg.vocab_size, draft.config.draft_vocab_size
+    return rows * (4 * V_d + 8 + 4 + 1) + TEACHER_CHUNK * (6 * V + 8 * V_d)
 
 
 def grid_bytes(recipe: Recipe, draft: DraftCount) -> tuple[float, float]:

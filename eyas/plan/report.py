@@ -112,7 +112,8 @@ def resource_lines(recipe: Recipe, p: Plan) -> list[str]:
         f"{recipe.capture.teacher}) = {size(p.capture_bytes)}" + buffer_note(recipe, p),
         f"training memory per GPU (DDP): {p.train_gb_per_gpu:,.1f} GB = {p.train_static_gb:,.1f} GB weights, "
         f"gradients, {OPTIMIZER_STATE[tr.optimizer]}, frozen weights, teacher lm_head + "
-        f"{p.train_activation_gb:,.1f} GB activations at "
+        f"{p.train_activation_gb:,.1f} GB activations (the teacher's {p.train_teacher_gb:,.1f} GB: fp32 over "
+        f"{recipe.vocab.draft_vocab_size:,} draft ids) at "
         f"max_length {tr.max_length}{sp_note(tr.sequence_parallel)} x batch {tr.batch_size} "
         + steps_note(recipe)
         + f"{' (checkpoint_layer)' if tr.checkpoint_layer else ''}: {fits(p, p.train_gb_per_gpu)}",
@@ -231,7 +232,8 @@ def assumption_lines(recipe: Recipe, p: Plan) -> list[str]:
         "assumptions (change them in eyas/plan/cost.py Assumptions, or pass --run DIR: a run's prompts stage "
         "counts the turns, its later stages give measured rates):",
         f"  {turns_assumption(recipe, p)}; {prompt}generated = {a.new_token_fraction:.2f} x "
-        f"data.max_new_tokens; activations {a.act_bytes_per_token_step / 1e3:.0f} KB per token per TTT step "
+        f"data.max_new_tokens; activations {a.act_bytes_per_token_step / 1e3:.0f} KB per token per TTT step, "
+        "the teacher apart "
         f"({a.act_bytes_per_token_step_checkpointed / 1e3:.1f} KB with checkpoint_layer; H100-measured)",
         f"  training {a.train_tok_s_h100[0][1] / 1e3:.1f}K tok/s at T=4K, "
         f"{a.train_tok_s_h100[1][1] / 1e3:.1f}K at 32K per H100 (measured), scaled by bf16 FLOP/s for other "
