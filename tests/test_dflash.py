@@ -328,7 +328,7 @@ def test_zlab_gpt_oss_120b_dflash_is_the_recipes_shape():
 
     from eyas.plan.cost import count_draft, target_config
     from eyas.recipes.load import load_recipe
-    from eyas.serve.interchange.dflash_layout import dflash_config, read_dflash_config
+    from eyas.train.kinds.dflash.layout import dflash_config, read_dflash_config
 
     raw = json.loads(
         (Path(__file__).parent / "fixtures" / "zlab-gpt-oss-120b-dflash.config.json").read_text()

@@ -62,14 +62,14 @@ def test_run_directory_and_included_embeddings(tmp_path, target):
 
 def test_a_wrong_config_fails_the_export_loudly(tmp_path, target, monkeypatch):
     ckpt = saved(tmp_path, make_draft(3, target))
-    real = export_mod.eagle3_config
+    real = export_mod.config_json
 
-    def wrong_theta(cfg, dtype):
-        config = real(cfg, dtype)
+    def wrong_theta(*args):
+        config = real(*args)
         config["rope_parameters"] = {"rope_type": "default", "rope_theta": 20000.0}
         return config
 
-    monkeypatch.setattr(export_mod, "eagle3_config", wrong_theta)
+    monkeypatch.setattr(export_mod, "config_json", wrong_theta)
     with pytest.raises(ExportError, match="re-read rope_parameters"):
         export(ckpt, "eagle3", tmp_path / "out", dtype="float32")
     assert not (tmp_path / "out").exists()

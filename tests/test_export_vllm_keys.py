@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from eyas.serve.interchange.formats import describe_export_keys
+from eyas.train.kinds import kind_of
 from eyas.train.kinds.config import DraftConfig
 from eyas.train.kinds.config_json import eagle3_config, speculators_config
 
@@ -133,7 +134,7 @@ def test_speculators_keys_load_into_the_same_params(cfg):
 
 
 def test_eagle3_config_fields_vllm_reads(cfg):
-    c = eagle3_config(cfg, torch.bfloat16)
+    c = eagle3_config(cfg, torch.bfloat16, kind_of(cfg))
     assert c["architectures"] == ["LlamaForCausalLMEagle3"] and c["model_type"] == "llama"
     assert c["num_hidden_layers"] == 1 and c["hidden_act"] == "silu"
     assert (c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]) == (
@@ -162,7 +163,7 @@ def test_eagle3_config_fields_vllm_reads(cfg):
 
 
 def test_speculators_config_as_vllm_converts_it(cfg):
-    c = speculators_config(cfg, torch.bfloat16, 3, "openai/gpt-oss-120b", ["GptOssForCausalLM"])
+    c = speculators_config(cfg, torch.bfloat16, 3, "openai/gpt-oss-120b", ["GptOssForCausalLM"], kind_of(cfg))
     # SpeculatorsConfig.validate_speculators_config
     assert c["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 3
     assert c["speculators_config"]["verifier"]["name_or_path"] == "openai/gpt-oss-120b"

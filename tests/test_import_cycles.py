@@ -1,4 +1,5 @@
-"""No import cycle among eyas's modules, lazy (function-level) imports included.
+"""No import cycle among eyas's modules, lazy (function-level) imports included (an import under
+`if TYPE_CHECKING:`, for annotations only, runs never and is no edge).
 
 Each stage folder at the top of the repo is a subpackage of `eyas` (pyproject.toml's package-dir):
 `data/x.py` is `eyas.data.x`. Every `import` / `from ... import` anywhere in a file's AST is an edge,
@@ -47,13 +48,30 @@ def _with_parents(name: str, mods: dict[str, Path]) -> set[str]:
     return {".".join(parts[:i]) for i in range(1, len(parts) + 1)} & set(mods)
 
 
+def type_checking(node: ast.AST) -> bool:
+    """`if TYPE_CHECKING:` (annotations only: no import at run time)."""
+    test = getattr(node, "test", None)
+    return isinstance(node, ast.If) and (
+        (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING")
+        or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+    )
+
+
+def runtime_nodes(tree: ast.AST):
+    """Every node of `tree` but those under `if TYPE_CHECKING:`."""
+    for child in ast.iter_child_nodes(tree):
+        if not type_checking(child):
+            yield child
+            yield from runtime_nodes(child)
+
+
 def import_graph(root: Path = ROOT, package_dirs: dict[str, str] = PACKAGE_DIRS) -> dict[str, set[str]]:
     """{module: modules of eyas it imports anywhere in its file}."""
     mods = eyas_modules(root, package_dirs)
     graph = {}
     for name, path in mods.items():
         edges: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in runtime_nodes(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Import):
                 for alias in node.names:
                     edges |= _with_parents(alias.name, mods)

@@ -114,10 +114,8 @@ def test_a_published_config_is_read_as_its_kind():
     writes a top-level mask_token_id as P-EAGLE's does, and stays DFlash's."""
     import torch
 
-    from eyas.serve.interchange.dflash_layout import dflash_config, dflash_speculators_config
-    from eyas.train.kinds import published_kind, speculative_config
+    from eyas.train.kinds import KINDS, published_kind, speculative_config
     from eyas.train.kinds.config import DraftConfig
-    from eyas.train.kinds.config_json import eagle3_config, speculators_config
 
     sizes = {"hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8}
     base = {
@@ -132,25 +130,25 @@ def test_a_published_config_is_read_as_its_kind():
         "peagle": DraftConfig(**base, kind="peagle", mask_token_id=96),
         "dflash": DraftConfig(**base, kind="dflash", mask_token_id=96, block_size=4, num_layers=2),
     }
-    own = {
-        "eagle3": lambda c: eagle3_config(c, torch.bfloat16),
-        "peagle": lambda c: eagle3_config(c, torch.bfloat16),
-        "dflash": lambda c: dflash_config(c, torch.bfloat16),
-    }
-    spec = {
-        "eagle3": lambda c: speculators_config(c, torch.bfloat16, 3, "t", ["A"]),
-        "peagle": lambda c: speculators_config(c, torch.bfloat16, 3, "t", ["A"]),
-        "dflash": lambda c: dflash_speculators_config(c, torch.bfloat16, "t", ["A"]),
-    }
+    assert set(cfgs) == set(KINDS)
+    assert all(
+        k.formats[-1] == "speculators" for k in KINDS.values()
+    )  # each: a layout of its own, speculators'
+
+    def writer(fmt_of):  # a kind's config.json writer (DraftKind.published_config) for one of its layouts
+        return {n: lambda c, n=n, **kw: KINDS[n].published_config(c, fmt_of(KINDS[n]), **kw) for n in cfgs}
+
+    own, spec = writer(lambda k: k.formats[0]), writer(lambda k: k.formats[-1])
     methods = {"eagle3": ("eagle3", None), "peagle": ("eagle3", True), "dflash": ("dflash", None)}
     for name, cfg in cfgs.items():
         for layout in (own, spec):
-            raw = layout[name](cfg)
+            raw = layout[name](cfg, dtype=torch.bfloat16, k=3, verifier=("t", ["A"]))
             assert published_kind(raw).name == name, (name, raw)
     for name, (method, parallel) in methods.items():
         cfg = cfgs[name]
         with tempfile.TemporaryDirectory() as d:
             for layout in (own, spec):
-                (Path(d) / "config.json").write_text(json.dumps(layout[name](cfg)))
+                raw = layout[name](cfg, dtype=torch.bfloat16, k=3, verifier=("t", ["A"]))
+                (Path(d) / "config.json").write_text(json.dumps(raw))
                 got = speculative_config(d, 3)
                 assert (got["method"], got.get("parallel_drafting")) == (method, parallel), (name, got)

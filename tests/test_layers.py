@@ -29,7 +29,7 @@ import ast
 import re
 from pathlib import Path
 
-from test_import_cycles import PACKAGE_DIRS, ROOT, _absolute, eyas_modules
+from test_import_cycles import PACKAGE_DIRS, ROOT, _absolute, eyas_modules, type_checking
 
 ORDER = ("infra", "kinds", "recipes", "data", "train", "serve", "eval", "app")
 # slow to import, or optional: a torch submodule named here costs more than torch itself (dynamo, flex, FSDP)
@@ -53,14 +53,6 @@ def layer_of(module: str) -> str:
     )
 
 
-def _type_checking(node: ast.AST) -> bool:
-    test = getattr(node, "test", None)
-    return isinstance(node, ast.If) and (
-        (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING")
-        or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
-    )
-
-
 def imports(path: Path, module: str, mods) -> list[tuple[ast.AST, list[str], bool]]:
     """Every import statement outside `if TYPE_CHECKING:` -> (node, the modules it names, inside a function).
     `from P import name` names P.name where that is an eyas module, else P."""
@@ -69,7 +61,7 @@ def imports(path: Path, module: str, mods) -> list[tuple[ast.AST, list[str], boo
 
     def walk(node, in_function):
         for child in ast.iter_child_nodes(node):
-            if _type_checking(child):
+            if type_checking(child):
                 continue
             inner = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
             if isinstance(child, ast.Import):

@@ -22,7 +22,7 @@ from eyas.infra import io
 from eyas.infra.errors import InputError
 from eyas.train.kinds.config import DraftConfig
 
-from .kinds import make_draft
+from .kinds import kind_of, make_draft
 from .kinds.config_json import eagle3_config  # the one definition of the EAGLE-3 config fields
 from .model import Eagle3Draft, Rotary
 
@@ -43,7 +43,7 @@ def save_draft(
             continue
         t = t.detach().cpu()
         tensors[name] = t.to(dtype) if t.is_floating_point() else t
-    config = eagle3_config(draft.config, dtype)
+    config = eagle3_config(draft.config, dtype, kind_of(draft.config))
     config["eyas"] = {
         "draft_config": draft.config.to_dict(),
         "layer_id_convention": LAYER_ID_CONVENTION,

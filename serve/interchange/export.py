@@ -42,11 +42,9 @@ from eyas.infra.layout import resolve_checkpoint
 from eyas.train.checkpoint import load_draft
 from eyas.train.kinds import default_k, kind_of
 from eyas.train.kinds.config import DraftConfig
-from eyas.train.kinds.config_json import eagle3_config, speculators_config
 from eyas.train.model import Eagle3Draft
 
 from . import engines as engine_rules
-from .dflash_layout import dflash_config, dflash_speculators_config
 from .formats import FORMATS, check_vocab_map, parse_dtype, plan_tensors
 from .importer import load_published
 
@@ -253,15 +251,10 @@ def _write(
 
 
 def config_json(cfg: DraftConfig, fmt: str, dtype, num_speculative_tokens: int, target, tcfg, notes) -> dict:
-    """The config.json of layout `fmt` (serve/interchange/formats.py, dflash_layout.py)."""
-    if fmt == "eagle3":
-        return eagle3_config(cfg, dtype)
-    if fmt == "dflash":
-        return dflash_config(cfg, dtype)
-    verifier, architectures = _verifier(cfg, target, tcfg, notes)
-    if kind_of(cfg).speculators_type == "dflash":  # speculators' DFlash layout: k is its block's (size - 1)
-        return dflash_speculators_config(cfg, dtype, verifier, architectures)
-    return speculators_config(cfg, dtype, num_speculative_tokens, verifier, architectures)
+    """The config.json of layout `fmt`, as the draft's kind writes it (DraftKind.published_config); the
+    speculators layout names the target (its verifier)."""
+    verifier = _verifier(cfg, target, tcfg, notes) if fmt == "speculators" else None
+    return kind_of(cfg).published_config(cfg, fmt, dtype, num_speculative_tokens, verifier)
 
 
 def _check_replaceable(out_dir: Path) -> None:

@@ -8,7 +8,7 @@ Layouts read (see serve/formats.py for the sources):
                (use_input_layernorm_in_first_layer, use_last_layernorm, ...), tensors
                `layers.0.*`, no embed_tokens / t2d, d2t optional.
   speculators  vLLM speculators `speculators_model_type: "eagle3"` with `transformer_layer_config`.
-  dflash       a DFlash draft (serve/interchange/dflash_layout.py): z-lab's `DFlashDraftModel` config.json
+  dflash       a DFlash draft (train/kinds/dflash/layout.py): z-lab's `DFlashDraftModel` config.json
                (read as a Qwen3Config whatever its model_type, as z-lab's DFlashDraftModel reads it: its
                config_class; z-lab's gpt-oss drafts say `gpt_oss`) or speculators `dflash`; names kept.
   eyas         an eyas checkpoint (config.json "eyas" block), re-saved.
@@ -51,7 +51,6 @@ from eyas.train.kinds.config_json import EAGLE3_ARCHITECTURE, eagle_config_ids_t
 from eyas.train.kinds.peagle import mask_token_of
 from eyas.train.model import Eagle3Draft
 
-from .dflash_layout import is_dflash, read_dflash_config
 from .formats import (
     EYAS_LAYER_PREFIX,
     MASK_HIDDEN,
@@ -424,14 +423,16 @@ def read_published(
         cfg = DraftConfig(**raw["eyas"]["draft_config"])
         if target:
             cfg.target_model = target
-    elif is_dflash(raw):
-        try:
-            cfg = read_dflash_config(raw, _target_name(raw, "speculators", target), str(config_path))
+    else:
+        try:  # a kind with a layout of its own reads it (DraftKind.read_published), else the EAGLE-3 reader
+            cfg = published_kind(raw).read_published(
+                raw, _target_name(raw, "speculators", target), str(config_path)
+            )
         except ValueError as e:
             raise DraftFormatError(str(e)) from None
-    else:
-        cfg = published_config(raw, layout, _target_name(raw, layout, target), str(config_path), notes)
-    state = normalize_names(read_weights(path), str(path), own_layers=kind_of(cfg).layer_family != "Llama")
+        if cfg is None:
+            cfg = published_config(raw, layout, _target_name(raw, layout, target), str(config_path), notes)
+    state = normalize_names(read_weights(path), str(path), own_layers=kind_of(cfg).own_layer_names)
     return cfg, complete_state(state, cfg, str(path), embed, notes), layout, notes
 
 

@@ -20,12 +20,14 @@ from pathlib import Path
 from eyas.infra.errors import InputError
 
 from .base import DraftKind
+from .config import DEFAULT_KIND
 from .dflash import DFLASH
 from .eagle3 import EAGLE3
 from .peagle import PEAGLE
 
 KINDS: dict[str, DraftKind] = {k.name: k for k in (EAGLE3, PEAGLE, DFLASH)}
-DEFAULT_KIND = EAGLE3.name  # a recipe's, and a record's that names none (written before kinds)
+if DEFAULT_KIND not in KINDS:  # DraftConfig's default kind (config.py) is a registered one
+    raise ImportError(f"train/kinds/config.py DEFAULT_KIND {DEFAULT_KIND!r} is no registered kind")
 
 
 def kind_named(name: str) -> DraftKind:

@@ -19,6 +19,8 @@ from __future__ import annotations
 import importlib
 from typing import Any, ClassVar
 
+from .config_json import eagle3_config, speculators_config
+
 
 class DraftKind:
     """A draft kind: class attributes say what it is, methods what it does with a recipe's train section `tr`
@@ -125,6 +127,22 @@ class DraftKind:
     def published(self, raw: dict) -> bool:
         """A published draft's config.json `raw` is this kind's (the registry asks the others first)."""
         return True
+
+    # its decoder layers keep their published names `layers.i.` (the importer renames EAGLE-3's
+    # `layers.0.` / `midlayer.0.` to `midlayer.`)
+    own_layer_names: ClassVar[bool] = False
+
+    def published_config(self, cfg, fmt: str, dtype, k: int, verifier: tuple[str, list[str]] | None) -> dict:
+        """The config.json of its layout `fmt` (one of `formats`) for `cfg`'s draft in `dtype`, serving `k`
+        drafts; `verifier`: the target's (name, architectures), which the speculators layout names."""
+        if fmt == "speculators":
+            return speculators_config(cfg, dtype, k, *verifier, self)
+        return eagle3_config(cfg, dtype, self)
+
+    def read_published(self, raw: dict, target: str | None, where: str):
+        """A DraftConfig from a published config.json `raw` in a layout of its own, ValueError naming what
+        eyas cannot read; None: the EAGLE-3 layouts' reader (serve/interchange/importer.py) reads it."""
+        return None
 
     # its own layout writes the vocab map (d2t / t2d) even at the target's whole vocabulary
     always_vocab_map: ClassVar[bool] = True

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from . import DEFAULT_KIND
+# the kind of a recipe, and of a record, that names none (written before kinds): EAGLE-3 (train/kinds/eagle3/)
+DEFAULT_KIND = "eagle3"
+
 
 # recipe `draft` switches
 OPTIONS = (

@@ -24,11 +24,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from . import kind_of
 from .config import DraftConfig
 
 if TYPE_CHECKING:  # annotations only: this module stays torch-free
     import torch
+
+    from .base import DraftKind
 
 EAGLE3_ARCHITECTURE = "LlamaForCausalLMEagle3"  # vLLM registry entry, SGLang EntryClass
 SPECULATORS_ARCHITECTURE = "Eagle3Speculator"  # speculators Eagle3SpeculatorConfig default
@@ -103,18 +104,13 @@ def window_fields(cfg: DraftConfig) -> dict:
     return {"layer_types": ["sliding_attention"] * cfg.num_layers, "sliding_window": cfg.sliding_window}
 
 
-def parallel_keys(cfg: DraftConfig) -> dict:
-    """The keys a parallel draft's kind adds to the EAGLE-3 layout (train/kinds/ DraftKind.parallel_keys: a
-    P-EAGLE draft's mask token, which vLLM 0.32's llm_base_proposer reads for the mask slots; its weights
-    add `mask_hidden` (1, n_aux * H_t), which llama_eagle3.py requires under parallel_drafting)."""
-    return kind_of(cfg).parallel_keys(cfg)
-
-
-def eagle3_config(cfg: DraftConfig, dtype: torch.dtype) -> dict:
-    """config.json of the eagle3 (release) layout (a P-EAGLE draft: plus its mask token, served with
-    `"parallel_drafting": true` in vLLM's speculative config)."""
+def eagle3_config(cfg: DraftConfig, dtype: torch.dtype, kind: DraftKind) -> dict:
+    """config.json of the eagle3 (release) layout of `cfg`'s draft, of `kind` (a P-EAGLE draft: plus the keys
+    its kind adds, DraftKind.parallel_keys: its mask token, which vLLM 0.32's llm_base_proposer reads for
+    the mask slots, served with `"parallel_drafting": true`; its weights add `mask_hidden` (1, n_aux * H_t),
+    which llama_eagle3.py requires then)."""
     return {
-        **parallel_keys(cfg),
+        **kind.parallel_keys(cfg),
         "architectures": [EAGLE3_ARCHITECTURE],
         **llama_layer_config(cfg, dtype),
         # lm_head rows. SGLang: absent/null means "take lm_head from the target" (full vocab);
@@ -149,14 +145,16 @@ def speculators_config(
     num_speculative_tokens: int,
     verifier: str,
     verifier_architectures: list[str],
+    kind: DraftKind,
 ) -> dict:
-    """config.json of the speculators layout (vLLM SpeculatorsConfig + speculators Eagle3SpeculatorConfig)."""
+    """config.json of the speculators layout (vLLM SpeculatorsConfig + speculators Eagle3SpeculatorConfig)
+    of `cfg`'s draft, of `kind`."""
     return {
         "architectures": [SPECULATORS_ARCHITECTURE],
         # vLLM detects the format by this key; "eagle3" selects update_eagle3 in algos.py, "peagle"
         # update_peagle (mask_token_id -> pard_token) and a speculative config with parallel_drafting
-        "speculators_model_type": kind_of(cfg).speculators_type,
-        **{k: v for k, v in parallel_keys(cfg).items() if k == "mask_token_id"},
+        "speculators_model_type": kind.speculators_type,
+        **{k: v for k, v in kind.parallel_keys(cfg).items() if k == "mask_token_id"},
         # vLLM: becomes the draft's hf_config (architectures replaced by Eagle3LlamaForCausalLM)
         "transformer_layer_config": llama_layer_config(cfg, dtype),
         "draft_vocab_size": cfg.draft_vocab_size,

@@ -1,16 +1,15 @@
 """DFlash: a block of drafts from one non-causal forward fed the target's states as keys / values, trained on
 random anchors.
 
-The model and its unroll are core.py (`DFlashDraft`, `dflash_forward`), its own published layout is
-serve/interchange/dflash_layout.py (z-lab's); what the rest of eyas asks of the kind is `DFlash` below (the
+The model and its unroll are core.py (`DFlashDraft`, `dflash_forward`), its own published layouts are
+layout.py (z-lab's, and speculators'); what the rest of eyas asks of the kind is `DFlash` below (the
 interface: train/kinds/base.py).
 """
 
 from __future__ import annotations
 
 from ..base import DraftKind
-
-ARCHITECTURE = "DFlashDraftModel"  # z-lab's config.json architectures entry (vLLM's qwen3_dflash.py)
+from .layout import ARCHITECTURE, dflash_config, dflash_speculators_config, read_dflash_config
 
 
 def anchor_share(tr) -> float:
@@ -151,6 +150,17 @@ class DFlash(DraftKind):
 
     def engine_problem(self, engine_label: str) -> str:
         return "draft kind dflash: eyas exports it for vLLM (method dflash, qwen3_dflash.py) only"
+
+    own_layer_names = True  # Qwen3's `layers.i.`
+
+    def published_config(self, cfg, fmt: str, dtype, k: int, verifier: tuple[str, list[str]] | None) -> dict:
+        """layout.py: z-lab's, or speculators' (whose k is its block's, block_size - 1)."""
+        if fmt == "speculators":
+            return dflash_speculators_config(cfg, dtype, *verifier)
+        return dflash_config(cfg, dtype)
+
+    def read_published(self, raw: dict, target: str | None, where: str):
+        return read_dflash_config(raw, target, where)
 
 
 DFLASH = DFlash()

@@ -1,4 +1,5 @@
 """The published DFlash draft layouts (train/kinds/dflash/core.py): config.json both ways, read back.
+Torch-free (transformers' Qwen3Config is read when a published config is).
 
   dflash       z-lab's release layout (z-lab/gpt-oss-120b-DFlash, ...), which vLLM 0.32 serves with
                `{"method": "dflash", "model": DIR, "num_speculative_tokens": block_size - 1}`:
@@ -25,12 +26,15 @@ eagle3_utils.py, speculators/models/dflash/{config,core}.py.
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
-from eyas.train.kinds.config import DraftConfig
-from eyas.train.kinds.config_json import dtype_name, rope_fields
-from eyas.train.kinds.dflash import ARCHITECTURE as DFLASH_ARCHITECTURE
-from eyas.train.kinds.dflash import DFLASH
+from ..config import DraftConfig
+from ..config_json import dtype_name, rope_fields
+
+if TYPE_CHECKING:  # annotations only
+    import torch
+
+ARCHITECTURE = "DFlashDraftModel"  # z-lab's config.json architectures entry (vLLM's qwen3_dflash.py)
 
 
 def qwen3_layer_config(cfg: DraftConfig, dtype: torch.dtype) -> dict:
@@ -57,7 +61,7 @@ def qwen3_layer_config(cfg: DraftConfig, dtype: torch.dtype) -> dict:
 def dflash_config(cfg: DraftConfig, dtype: torch.dtype) -> dict:
     """config.json of z-lab's layout (vLLM method "dflash")."""
     return {
-        "architectures": [DFLASH_ARCHITECTURE],
+        "architectures": [ARCHITECTURE],
         **qwen3_layer_config(cfg, dtype),
         "block_size": cfg.block_size,
         "draft_vocab_size": cfg.draft_vocab_size,
@@ -100,11 +104,6 @@ def dflash_speculators_config(
             "verifier": {"name_or_path": verifier, "architectures": list(verifier_architectures)},
         },
     }
-
-
-def is_dflash(raw: dict) -> bool:
-    """A published config.json of DFlash's (either layout): the kind's own test (DFlash.published)."""
-    return DFLASH.published(raw)
 
 
 def read_dflash_config(raw: dict, target: str | None, where: str) -> DraftConfig:
@@ -151,7 +150,7 @@ def read_dflash_config(raw: dict, target: str | None, where: str) -> DraftConfig
         hidden_act=lcfg.hidden_act,
         target_model=target,
         num_layers=int(lcfg.num_hidden_layers),
-        kind=DFLASH.name,
+        kind="dflash",
         mask_token_id=int(mask),
         block_size=int(block),
         attention_bias=bool(getattr(lcfg, "attention_bias", False)),
