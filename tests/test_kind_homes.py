@@ -152,3 +152,23 @@ def test_a_published_config_is_read_as_its_kind():
                 (Path(d) / "config.json").write_text(json.dumps(raw))
                 got = speculative_config(d, 3)
                 assert (got["method"], got.get("parallel_drafting")) == (method, parallel), (name, got)
+
+
+def test_each_kinds_unroll_has_the_shared_signature():
+    """train/grids.py Unroll: each kind's UNROLL takes the seven inputs by position, every shared setting by
+    name with the same default, and then exactly the options its kind passes it (DraftKind.options)."""
+    import inspect
+
+    from eyas.recipes.schema import TrainSection
+    from eyas.train.grids import Unroll
+
+    shared = list(inspect.signature(Unroll.__call__).parameters.values())[1:]
+    inputs = [p for p in shared if p.kind is p.POSITIONAL_ONLY]
+    settings = [p for p in shared if p.kind is p.POSITIONAL_OR_KEYWORD]
+    assert len(inputs) == 7 and [p.name for p in settings][:2] == ["decay", "attention"]
+    for name, kind in KINDS.items():
+        params = list(inspect.signature(kind.forward).parameters.values())
+        assert all(p.default is p.empty for p in params[:7]), name
+        got = [(p.name, p.default) for p in params[7 : 7 + len(settings)]]
+        assert got == [(p.name, p.default) for p in settings], name
+        assert [p.name for p in params[7 + len(settings) :]] == list(kind.options(TrainSection())), name
