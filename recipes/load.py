@@ -12,7 +12,7 @@ from pydantic import BaseModel, ValidationError
 
 from eyas.infra.layout import RECIPE
 from eyas.recipes.schema import Recipe, RecipeError, check
-from eyas.recipes.types import inner_model
+from eyas.recipes.types import inner_model, tagged_member
 
 # ------------------------------------------------------------------ pydantic's errors, in our words
 
@@ -38,10 +38,15 @@ _SAYS = {
 
 
 def _owner(loc: tuple) -> type[BaseModel]:
-    """The model holding the last key of an error's location (list indices and union tags skipped)."""
-    cls = Recipe
+    """The model holding the last key of an error's location (list indices skipped; a union's tag picks its
+    member: the draft section of `draft.kind`)."""
+    cls, annotation = Recipe, None
     for part in loc[:-1]:
-        cls = inner_model(cls.model_fields[part].annotation) if part in cls.model_fields else cls
+        if isinstance(part, str) and part.startswith("|") and annotation is not None:
+            cls = tagged_member(annotation, part) or cls
+        elif part in cls.model_fields:
+            annotation = cls.model_fields[part].annotation
+            cls = inner_model(annotation)
     return cls
 
 
@@ -74,7 +79,11 @@ def _message(e: dict) -> tuple[int, str]:
     if kind == "literal_error" and isinstance(v, str):
         return 1, f"{key}: must be {ctx['expected'].replace(chr(39), '')}, got {v!r}"
     if kind == "extra_forbidden":
-        return 0, f"{key}: unknown key (known: {', '.join(sorted(_owner(loc).model_fields))})"
+        owner = _owner(loc)
+        of = f" for draft.kind {owner.model_fields['kind'].default}" if "kind" in owner.model_fields else ""
+        return 0, f"{key}: unknown key{of} (known: {', '.join(sorted(owner.model_fields))})"
+    if kind == "draft_kind":  # recipes/draft.py: no kind of that name
+        return 1, f"{e['msg']}, got {v.get('kind')!r}"
     if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
         return 1, f"{key}: {_range(e, key)}"
     item = kind == "model_type" and loc and isinstance(loc[-1], int)  # a list item: say what it holds
@@ -155,10 +164,13 @@ def dump_recipe(r: Recipe) -> str:
 
 def _diff(a: dict, b: dict, prefix: str = "", defaults: dict | None = None) -> list[str]:
     """Keys whose values differ between a saved recipe section `a` and `b`. A key the saved recipe lacks
-    (added to the schema after the run was made) counts as its default."""
+    (added to the schema after the run was made) counts as its default; one `b` lacks at null or false
+    (another draft kind's, in a recipe saved before each kind had its own section) as unset."""
     keys, defaults = [], defaults or {}
     for k in sorted(set(a) | set(b)):
         va, vb = a.get(k, defaults.get(k)), b.get(k)
+        if k not in b and va in (None, False):
+            continue
         if isinstance(va, dict) and isinstance(vb, dict):
             keys += _diff(
                 va, vb, f"{prefix}{k}.", defaults.get(k) if isinstance(defaults.get(k), dict) else None

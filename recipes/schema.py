@@ -8,12 +8,13 @@ pydantic's errors so, and checks a recipe against its target's config.json.
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from eyas.infra.errors import InputError
 from eyas.recipes.defaults import ATTENTION_BLOCK_MB, PREFILL_TOKENS
-from eyas.recipes.types import DeviceMap, Dtype, Names, Num, TreeShape, Weights, either
-from eyas.train.kinds import DEFAULT_KIND, KINDS, foreign_options, kind_named
+from eyas.recipes.draft import SECTIONS, AnyDraftSection
+from eyas.recipes.types import DeviceMap, Dtype, Names, Num, Section, TreeShape, Weights, either
+from eyas.train.kinds import DEFAULT_KIND, foreign_options, kind_named
 
 DEVICE_MAP_PLANS = ("auto", "balanced", "balanced_low_0", "sequential")
 Attention = Literal["auto", "flex", "sdpa", "chunked", "dense"]
@@ -28,12 +29,6 @@ class RecipeError(InputError, ValueError):
 def check(cond: Any, key: str, msg: str) -> None:
     if not cond:
         raise RecipeError(f"{key}: {msg}")
-
-
-class Section(BaseModel):
-    """A recipe section: strict types (an int is a number, "1" no integer), unknown keys refused."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class TargetSection(Section):
@@ -224,55 +219,6 @@ class VocabSection(Section):
     draft_vocab_size: int = Field(32000, ge=1, description="the draft's vocabulary (at most the target's)")
 
 
-class DraftSection(Section):
-    kind: Literal[tuple(KINDS)] = Field(  # type: ignore[valid-type]  # the registry's names
-        DEFAULT_KIND,
-        description="the draft kind (train/kinds/): "
-        + "; ".join(f"{name}: {kind.summary.split(': ', 1)[1]}" for name, kind in KINDS.items()),
-    )
-    mask_token_id: int | None = Field(
-        None,
-        ge=0,
-        description="peagle, dflash: the mask slots' input token (vLLM's pard_token / dflash_config."
-        "mask_token_id); null: the target's pad token, else its vocabulary's last id",
-    )
-    block_size: int | None = Field(
-        None,
-        ge=2,
-        description="dflash: the block, the anchor and block_size - 1 mask slots (drafts per round); null: "
-        "train.ttt_steps + 1 when that is given, else 16 (speculators 0.9.0's DFlash default). "
-        "train.ttt_steps follows it (block_size - 1)",
-    )
-    attention_bias: bool = Field(
-        False, description="dflash: q/k/v/o projections with a bias (z-lab's gpt-oss DFlash drafts have one)"
-    )
-    intermediate_size: int | None = Field(None, ge=1, description="MLP width (null: the target's)")
-    num_attention_heads: int | None = Field(None, ge=1, description="attention heads (null: the target's)")
-    num_key_value_heads: int | None = Field(None, ge=1, description="key/value heads (null: the target's)")
-    head_dim: int | None = Field(None, ge=1, description="attention head size (null: the target's)")
-    rms_norm_eps: Num | None = Field(None, description="the RMSNorms' epsilon (null: the target's)")
-    init_from: str | None = Field(None, description="an eyas checkpoint to warm-start from")
-    norm_before_fc: bool = Field(False, description="one RMSNorm over the concatenated aux states before fc")
-    norm_before_residual: bool = Field(False, description="first layer: the residual is hidden_norm(h)")
-    num_layers: int = Field(1, ge=1, description="decoder layers (draft.kind dflash: 5 when not given)")
-    sliding_window: int | None = Field(
-        None,
-        ge=2,
-        description="attend over the last this many positions only, in training, eyas's loop and the "
-        "export (vLLM reads it; SGLang and TensorRT-LLM exports are refused); null: full attention",
-    )
-    norm_output: bool = Field(
-        False,
-        description="the next TTT / draft step's h is the final norm's output (speculators' default; no "
-        "effect on draft.kind peagle, which feeds no output back)",
-    )
-    lm_head: Literal["random", "target", "target_frozen"] = Field(
-        "random",
-        description="lm_head init: random (EAGLE-3, SpecForge); the target's lm_head rows of the draft "
-        "vocab, trained (target) or frozen (target_frozen, speculators)",
-    )
-
-
 class TrainSection(Section):
     ttt_steps: int = Field(7, ge=1, description="training-time-test steps: draft tokens unrolled")
     decay: Num = Field(0.8, gt=0, le=1, description="step i's loss is weighed by decay**i")
@@ -413,7 +359,9 @@ class Recipe(Section):
     capture: CaptureSection = Field(default_factory=CaptureSection, description="the states trained on")
     vllm: VllmSection = Field(default_factory=VllmSection, description="vLLM's replicas (backend: vllm)")
     vocab: VocabSection = Field(default_factory=VocabSection, description="the draft's vocabulary")
-    draft: DraftSection = Field(default_factory=DraftSection, description="the draft's architecture")
+    draft: AnyDraftSection = Field(  # one class a kind, picked by draft.kind (recipes/draft.py)
+        default_factory=lambda: SECTIONS[DEFAULT_KIND](), description="the draft's architecture"
+    )
     train: TrainSection = Field(default_factory=TrainSection, description="training")
     eval: EvalSection = Field(default_factory=EvalSection, description="acceptance and speed")
 
@@ -435,7 +383,7 @@ class Recipe(Section):
         in_training = self.capture.mode == "online" and self.capture.backend == "hf"
         check(self.target.device_map is None or not in_training, "target.device_map", why)
         past = f"past what TTT trained (train.ttt_steps={t})"
-        w = self.draft.sliding_window
+        w = getattr(self.draft, "sliding_window", None)  # an EAGLE-3 layer's option
         window = (
             f"draft.sliding_window={w} must exceed train.ttt_steps={t}: a chain's own drafts stay in view"
         )

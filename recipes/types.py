@@ -7,7 +7,13 @@ import typing
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, Discriminator, Tag
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Tag
+
+
+class Section(BaseModel):
+    """A recipe section: strict types (an int is a number, "1" no integer), unknown keys refused."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 def _number(v: Any) -> Any:  # YAML 1.1 reads `3e-4` (no dot) as a string
@@ -34,6 +40,18 @@ def either(a: Any, b: Any, expected: str) -> Any:
         custom_error_message=f"expected {expected}",
     )
     return Annotated[typing.Union[tuple(Annotated[t, Tag(f"|{k}")] for k, t in tags.items())], shape]  # noqa: UP007
+
+
+def tagged_member(tp: Any, tag: str) -> type[BaseModel] | None:
+    """The model of the member tagged `tag` in a tagged union annotation `tp` (`either`'s, the draft
+    section's), None if none is."""
+    while typing.get_origin(tp) is Annotated:
+        tp = typing.get_args(tp)[0]
+    for member in typing.get_args(tp):
+        args = typing.get_args(member) if typing.get_origin(member) is Annotated else ()
+        if any(isinstance(m, Tag) and m.tag == tag for m in args[1:]):
+            return inner_model(args[0])
+    return None
 
 
 def inner_model(tp: Any) -> type[BaseModel] | None:

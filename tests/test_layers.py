@@ -3,9 +3,9 @@
 eyas's modules sit in layers, bottom to top (docs/architecture.md, "Layers"):
 
     infra    eyas/infra/: errors, atomic writes, a run's layout, checksums, the cache, running vLLM
-    kinds    train/kinds/ minus each kind's core.py: the registry, `DraftKind`, each kind's torch-free spec,
-             DraftConfig and the checkpoint format (config.json): what the schema reads to know the kinds
-    recipes  recipes/: the schema, loading, defaults
+    kinds    train/kinds/ minus each kind's core.py and recipe.py: the registry, `DraftKind`, each kind's
+             torch-free spec, DraftConfig and the checkpoint format (config.json)
+    recipes  recipes/ and each kind's recipe.py (its `draft` section): the schema, loading, defaults
     data     data/: targets, prompts, regeneration, capture, vocab
     train    train/ and each kind's core.py (its model and training unroll, loaded by name by the registry)
     serve    serve/: the loop, the server, export and import
@@ -45,8 +45,10 @@ def layer_of(module: str) -> str:
     parts = module.split(".")
     if parts[-1] == "__main__" or len(parts) == 1:
         return "app"
-    if module.startswith("eyas.train.kinds") and parts[-1] != "core":
+    if module.startswith("eyas.train.kinds") and parts[-1] not in ("core", "recipe"):
         return "kinds"
+    if module.startswith("eyas.train.kinds") and parts[-1] == "recipe":
+        return "recipes"  # a kind's recipe `draft` section (recipes/draft.py loads it by name)
     second = parts[1]
     return {"infra": "infra", "recipes": "recipes", "data": "data", "train": "train", "serve": "serve"}.get(
         second, "eval" if second == "eval" else "app"

@@ -254,10 +254,12 @@ def test_k_advice_prices_one_draft_forward_for_parallel_drafts():
 
 
 def test_the_recipe_offers_exactly_the_registered_kinds():
-    """recipes/schema.py's draft.kind choices are train/kinds/'s registry (the schema stays torch-free)."""
+    """recipes/draft.py's sections, one a kind, are train/kinds/'s registry, each the section of its own name
+    only (the schema stays torch-free)."""
     import typing
 
-    from eyas.recipes.schema import DraftSection
+    from eyas.recipes.draft import SECTIONS
     from eyas.train.kinds import KINDS
 
-    assert set(typing.get_args(DraftSection.model_fields["kind"].annotation)) == set(KINDS)
+    assert list(SECTIONS) == list(KINDS)
+    assert all(typing.get_args(c.model_fields["kind"].annotation) == (n,) for n, c in SECTIONS.items())

@@ -3,40 +3,62 @@
 import pytest
 from pydantic import BaseModel
 
+from eyas.recipes.draft import SECTIONS
 from eyas.recipes.keys import default_text, main_recipe_keys
 from eyas.recipes.schema import PromptSource, Recipe
 from eyas.recipes.types import inner_model
 
 
 def every_key() -> list[tuple[str, type[BaseModel], str]]:
-    """(printed key, model, field) for every field of every section; PromptSource's as data.prompts[].KEY."""
+    """(printed key, model, field) for every field of every section, the draft section's of every kind's
+    class (recipes/draft.py); PromptSource's as data.prompts[].KEY."""
     keys = []
     for section, info in Recipe.model_fields.items():
-        model = inner_model(info.annotation)
-        if model is None:
+        models = list(SECTIONS.values()) if section == "draft" else [inner_model(info.annotation)]
+        if models[0] is None:
             keys.append((section, Recipe, section))
             continue
-        keys += [(f"{section}.{name}", model, name) for name in model.model_fields]
+        keys += [(f"{section}.{name}", model, name) for model in models for name in model.model_fields]
     keys += [(f"data.prompts[].{name}", PromptSource, name) for name in PromptSource.model_fields]
     return keys
 
 
 def listing(capsys, *argv: str) -> dict[str, str]:
+    """{key: its line} (a draft key whose default or description differs by kind: its last line)."""
+    return {line.split("  ", 1)[0]: line for line in lines(capsys, *argv)}
+
+
+def lines(capsys, *argv: str) -> list[str]:
     assert main_recipe_keys(list(argv)) == 0
-    lines = capsys.readouterr().out.splitlines()
-    return {line.split("  ", 1)[0]: line for line in lines}
+    return capsys.readouterr().out.splitlines()
 
 
 def test_every_key_has_its_default_and_a_description(capsys):
-    printed = listing(capsys)
+    printed = lines(capsys)
     keys = every_key()
-    assert len(keys) > 80 and set(printed) == {key for key, _, _ in keys}
+    assert len(keys) > 80 and {p.split("  ", 1)[0] for p in printed} == {key for key, _, _ in keys}
     for key, model, name in keys:
         info = model.model_fields[name]
         assert info.description and info.description.strip(), f"{key} has no description"
-        _, kind_and_default, description = printed[key].split("  ")
-        assert kind_and_default.startswith("(") and kind_and_default.endswith(f", {default_text(info)})"), key
-        assert description == info.description
+        if key == "draft.kind":  # one line: every kind's name
+            continue
+        # a draft key only some kinds have: `[draft.kind a, b] ` before its type (the kind of `model`)
+        kind = getattr(model.model_fields.get("kind"), "default", None)
+        ok = [
+            p
+            for p in printed
+            if p.split("  ")[0] == key
+            and p.split("  ")[1].rsplit("] ", 1)[-1].endswith(f", {default_text(info)})")
+            and p.split("  ")[2] == info.description
+            and (not p.split("  ")[1].startswith("[") or kind in p.split("  ")[1].split("]")[0])
+        ]
+        assert len(ok) == 1, (key, kind)
+    assert printed.count(next(p for p in printed if p.startswith("draft.kind  "))) == 1
+    assert next(p for p in printed if p.startswith("draft.kind  ")).startswith(
+        "draft.kind  (eagle3 | peagle | dflash, default eagle3)"
+    )
+    assert "draft.block_size  [draft.kind dflash] (int | None, default null)" in "\n".join(printed)
+    printed = listing(capsys)
     ttt = Recipe.model_fields["train"].annotation.model_fields["ttt_steps"].description
     assert printed["train.ttt_steps"] == f"train.ttt_steps  (int, default 7)  {ttt}"
     assert "(auto | float32 | bfloat16 | float16, default auto)" in printed["target.dtype"]

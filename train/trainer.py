@@ -82,17 +82,19 @@ def draft_config(recipe: Recipe, tcfg, aux_layer_ids: list[int], draft_vocab_siz
         num_key_value_heads=d.num_key_value_heads,
         head_dim=d.head_dim,
         rms_norm_eps=d.rms_norm_eps,
-        norm_before_fc=d.norm_before_fc,
-        norm_before_residual=d.norm_before_residual,
+        # a key its kind's section lacks (recipes/draft.py: DFlash has no EAGLE-3 layer options, EAGLE-3 no
+        # mask token) is DraftConfig's default
+        norm_before_fc=getattr(d, "norm_before_fc", None),
+        norm_before_residual=getattr(d, "norm_before_residual", None),
         num_layers=d.num_layers,
         # P-EAGLE never feeds a draft's output back (one forward a round): norm_output has no effect on it,
         # and vLLM's speculators loader drops it for peagle
-        norm_output=d.norm_output and kind.feeds_output_back,
-        sliding_window=d.sliding_window,
+        norm_output=getattr(d, "norm_output", False) and kind.feeds_output_back,
+        sliding_window=getattr(d, "sliding_window", None),
         kind=d.kind,
         mask_token_id=mask_token(d, tcfg) if kind.mask_slots else None,
-        block_size=d.block_size,
-        attention_bias=d.attention_bias or None,
+        block_size=getattr(d, "block_size", None),
+        attention_bias=getattr(d, "attention_bias", False) or None,
         trained_k=kind.trained_k(recipe.train),
     )
 

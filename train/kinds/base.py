@@ -31,6 +31,8 @@ class DraftKind:
     core: ClassVar[
         str
     ]  # the dotted module of its torch half: MODEL (a class built from a DraftConfig), UNROLL
+    # "module:Class" of its recipe `draft` section (recipes/draft.py), a module in the recipes' layer
+    draft_section: ClassVar[str]
     chains_only: ClassVar[bool] = False  # proposes chains only (no trees)
     # train.sequence_parallel splits the attention's heads over a row's ranks (Ulysses: P divides them);
     # otherwise the row's context is gathered (train/sequence_parallel.py)

@@ -21,11 +21,12 @@ class DFlash(DraftKind):
     name = "dflash"
     summary = "DFlash: a block of drafts from one non-causal forward (random anchors)"
     core = "eyas.train.kinds.dflash.core"
+    draft_section = "eyas.train.kinds.dflash.recipe:DFlashSection"  # its recipe `draft` keys
     chains_only = True
     sp_splits_heads = False  # it gathers the row's context instead
     anchor_row = True
     mask_slots = True
-    own_options = ("draft.mask_token_id", "draft.block_size", "draft.attention_bias", "train.block_lengths")
+    own_options = ("train.block_lengths",)  # its draft keys are its section's (recipe.py)
     proposal = "_draft_block"
     commit = "_write_context"  # a committed token writes its context keys (core.py)
     formats = ("dflash", "speculators")
@@ -75,12 +76,7 @@ class DFlash(DraftKind):
     def check_recipe(self, recipe, check) -> None:
         """The block and train.ttt_steps (its drafts) agree, one following the other; eval.k follows the
         block (it trains whole, so it serves whole)."""
-        d, tr = recipe.draft, recipe.train
-        for key in ("norm_before_fc", "norm_before_residual", "norm_output", "sliding_window"):
-            why = "is an EAGLE-3 layer's option: a DFlash draft (vLLM's qwen3_dflash.py) has fc, then "
-            check(not getattr(d, key), f"draft.{key}", why + "hidden_norm, then Qwen3 layers; unset it")
-        if "num_layers" not in d.model_fields_set:
-            d.num_layers = 5  # speculators 0.9.0's DFlash default (its issue #979's recipe)
+        d, tr = recipe.draft, recipe.train  # its section (recipe.py) has no EAGLE-3 layer options
         if d.block_size is None:
             d.block_size = tr.ttt_steps + 1 if "ttt_steps" in tr.model_fields_set else 16
             tr.ttt_steps = d.block_size - 1

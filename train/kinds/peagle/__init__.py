@@ -26,10 +26,11 @@ class PEagle(DraftKind):
     name = "peagle"
     summary = "P-EAGLE: all K drafts from one forward (COD-sampled depths)"
     core = "eyas.train.kinds.peagle.core"
+    draft_section = "eyas.train.kinds.peagle.recipe:PEagleSection"  # its recipe `draft` keys
     chains_only = True
     feeds_output_back = False  # one forward a round: norm_output has no effect (vLLM's loader drops it)
     mask_slots = True
-    own_options = ("draft.mask_token_id",)
+    # (its own draft key, mask_token_id, is its section's: recipe.py)
     proposal = "_draft_parallel"
     engines = ("vllm",)
     speculators_type = "peagle"  # vLLM's update_peagle: mask_token_id -> pard_token, parallel_drafting
