@@ -61,7 +61,12 @@ from .formats import (
     t2d_from_d2t,
 )
 
-LAYOUTS = ("eyas", "eagle3", "modelopt", "speculators", "dflash")
+EAGLE3_LAYOUTS = ("eagle3", "modelopt", "speculators")  # read here; a kind's own layout, by the kind
+LAYOUTS = (
+    "eyas",
+    *EAGLE3_LAYOUTS,
+    *(k.formats[0] for k in KINDS.values() if k.formats[0] not in EAGLE3_LAYOUTS),
+)
 
 # Tensors some published drafts carry that are not part of the served draft: the speculators
 # trainer's frozen verifier head/norm, and RoPE buffers old HF checkpoints stored.
@@ -125,8 +130,12 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
 def detect_layout(raw: dict, where: str) -> str:
     if "eyas" in raw:
         return "eyas"
-    if "DFlashDraftModel" in (raw.get("architectures") or []):
-        return "dflash"
+    if "speculators_model_type" not in raw:  # a kind's layout of its own (DFlash's z-lab layout): its name
+        own = [
+            k.formats[0] for k in KINDS.values() if k.formats[0] not in EAGLE3_LAYOUTS and k.published(raw)
+        ]
+        if own:
+            return own[0]
     if "speculators_model_type" in raw:
         types = [k.speculators_type for k in KINDS.values()]
         if raw["speculators_model_type"] not in types:
