@@ -8,7 +8,7 @@ eyas's modules sit in layers, bottom to top (docs/architecture.md, "Layers"):
     recipes  recipes/ and each kind's recipe.py (its `draft` section): the schema, loading, defaults
     data     data/: targets, prompts, regeneration, capture, vocab
     train    train/ and each kind's core.py (its model and training unroll, loaded by name by the registry)
-    serve    serve/: the loop, the server, export and import
+    serve    serve/: the loop, the server, export and import; each kind's loop.py (its round in the loop)
     eval     eval/: measuring drafts
     app      eyas/'s own modules (the CLI, the pipeline, the plan, publishing) and every `__main__`
 
@@ -45,10 +45,8 @@ def layer_of(module: str) -> str:
     parts = module.split(".")
     if parts[-1] == "__main__" or len(parts) == 1:
         return "app"
-    if module.startswith("eyas.train.kinds") and parts[-1] not in ("core", "recipe"):
-        return "kinds"
-    if module.startswith("eyas.train.kinds") and parts[-1] == "recipe":
-        return "recipes"  # a kind's recipe `draft` section (recipes/draft.py loads it by name)
+    if module.startswith("eyas.train.kinds"):  # a kind's home spans layers, each module named by the registry
+        return {"recipe": "recipes", "core": "train", "loop": "serve"}.get(parts[-1], "kinds")
     second = parts[1]
     return {"infra": "infra", "recipes": "recipes", "data": "data", "train": "train", "serve": "serve"}.get(
         second, "eval" if second == "eval" else "app"

@@ -185,8 +185,8 @@ class RankedEngine(Engine):
         super().__init__(*a, **kw)
         self.dist = dist
 
-    def _draft_tree(self, n, n_max, B):
-        tree = super()._draft_tree(n, n_max, B)
+    def _propose(self, n, n_max, B):
+        tree = super()._propose(n, n_max, B)
         tokens, kids = tree.tokens.tolist(), tree.children.tolist()
         for b in range(B):
 

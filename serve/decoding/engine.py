@@ -46,7 +46,6 @@ from eyas.recipes.types import TreeShape
 from eyas.serve.decoding import masks as M
 from eyas.serve.decoding.cache import RowKVCache
 from eyas.serve.decoding.sampling import RowSampling, SamplingParams, sample, verify
-from eyas.serve.decoding.tree import select_tree
 from eyas.train.blocked_attention import memory_efficient
 from eyas.train.kinds import kind_of
 
@@ -166,8 +165,7 @@ class Engine:
             # the draft kind's round (train/kinds/ DraftKind.proposal, .commit): its proposal (a tree of draft
             # forwards, or K drafts from one), and what it keeps of each committed position (EAGLE-3's and
             # P-EAGLE's step 0: an entry and the head's next draft; DFlash's context keys)
-            kind = kind_of(draft.config)
-            self._propose, self._commit = getattr(self, kind.proposal), getattr(self, kind.commit)
+            self._proposal, self._commit_fn = kind_of(draft.config).round
             check_shape(draft, shape)
             self.tap = HiddenStateTap(target, draft.config.aux_layer_ids)
             self.dcache = RowKVCache(max_batch, max_slots=self.max_model_len + spare)
@@ -261,24 +259,6 @@ class Engine:
         self.tcache.check_routed(self.num_layers)
         aux = self.tap.aux.to(self.device) if self.tap is not None else None
         return out.logits.to(self.device).float(), aux
-
-    def _draft_step(
-        self, row0: int, ids, hidden, pos, committed, spec_slots, spec_pos, vis, kv_len, last_only: bool
-    ):
-        q = ids.shape[1]
-        window = self.draft.config.sliding_window  # the draft's own window (draft.sliding_window), if any
-        allowed = M.attention_allowed(committed, spec_slots, spec_pos, vis, kv_len, window)
-        self.dcache.plan(row0, spec_slots[:, -q:], kv_len)
-        return self.draft.step(
-            ids, hidden, pos, self.dcache, attn_mask=allowed, logits_to_keep=1 if last_only else 0
-        )
-
-    def _write_context(self, row0: int, ids, hidden, pos, committed, write, spec_pos, vis, kv_len, last_only):
-        """DFlash's commit: the context keys / values of these positions (hidden: fc(aux)) into the draft's
-        cache at their slots; no draft logits (the block drafts from them next round). -> (None, None)."""
-        self.dcache.plan(row0, write, kv_len)
-        self.draft.write_context(hidden, pos, self.dcache)
-        return None, None
 
     # ------------------------------------------------------------------ 1. admit
 
@@ -442,98 +422,14 @@ class Engine:
         if self.profile:
             self.stats.append(StepStats("decode", B, N, n_mean, t2 - t1, now - t0, emitted))
 
-    def _draft_tree(self, n: torch.Tensor, n_max: int, B: int):
-        """Steps 2: the dynamic tree (a chain when topk = 1) of every row."""
-        S, K = self.shape.steps, self.shape.topk
-        dev = self.device
-        d = self.draft
-        probs = self.head_logits[:B].softmax(-1)
-        p1, i1 = probs.topk(K, dim=-1)  # (B, K), decreasing
-        tok = d.to_target_ids(i1)
-        cand_tok, cand_score = [tok], [p1]
-        cand_par = [torch.full((B, K), -1, dtype=torch.long, device=dev)]
-        cand_depth = [torch.ones(B, K, dtype=torch.long, device=dev)]
-        f_tok, f_score, f_cand = tok, p1, torch.arange(K, device=dev).expand(B, K)
-        f_hidden = self.head_state[:B, None].expand(B, K, -1)
-        fed_vis = torch.zeros(B, K, 0, dtype=torch.bool, device=dev)  # frontier x earlier fed entries
-        eye = torch.eye(K, dtype=torch.bool, device=dev)[None].expand(B, K, K)
-        spec_slots = torch.zeros(B, 0, dtype=torch.long, device=dev)
-        spec_pos = torch.zeros(B, 0, dtype=torch.long, device=dev)
-        base = K
-        for s in range(1, min(S, self.shape.num_draft_tokens - 1)):  # deeper levels could hold no chosen node
-            pos = (n + s - 1)[:, None].expand(B, K)
-            spec_slots = torch.cat([spec_slots, n[:, None] + (s - 1) * K + torch.arange(K, device=dev)], 1)
-            spec_pos = torch.cat([spec_pos, pos], 1)
-            vis = torch.cat([fed_vis, eye], 2)
-            h, logits = self._draft_step(
-                0, f_tok, f_hidden, pos, n, spec_slots, spec_pos, vis, n_max + s * K, last_only=False
-            )
-            cp, ci = logits.float().softmax(-1).topk(K, dim=-1)  # (B, K, K)
-            c_score = (f_score[:, :, None] * cp).reshape(B, K * K)
-            c_tok = d.to_target_ids(ci).reshape(B, K * K)
-            cand_tok.append(c_tok)
-            cand_score.append(c_score)
-            cand_par.append(f_cand[:, :, None].expand(B, K, K).reshape(B, K * K))
-            cand_depth.append(torch.full((B, K * K), s + 1, dtype=torch.long, device=dev))
-            sel = c_score.topk(K, dim=-1).indices  # the next frontier
-            parent = sel // K
-            f_tok, f_score = c_tok.gather(1, sel), c_score.gather(1, sel)
-            f_cand = base + sel
-            f_hidden = h.gather(1, parent[:, :, None].expand(B, K, h.shape[-1]))
-            fed_vis = vis.gather(1, parent[:, :, None].expand(B, K, vis.shape[-1]))
-            base += K * K
-        return select_tree(
-            self.pending[:B],
-            torch.cat(cand_tok, 1),
-            torch.cat(cand_score, 1),
-            torch.cat(cand_par, 1),
-            torch.cat(cand_depth, 1),
-            self.shape,
-        )
+    def _propose(self, n: torch.Tensor, n_max: int, B: int):
+        """Step 2: the draft kind's proposal for rows 0..B-1 (n: their committed entries) -> a Tree."""
+        return self._proposal(self, n, n_max, B)
 
-    def _draft_parallel(self, n: torch.Tensor, n_max: int, B: int):
-        """Step 2 for P-EAGLE (train/kinds/peagle): the chain's first draft from the head (the step-0 entry
-        of x_n), the other K - 1 from ONE draft forward of mask slots at positions n..n+K-2, each seeing the
-        committed entries and the slots before it (vLLM's parallel drafting). Greedy drafts, as a chain's."""
-        K, dev, d = self.shape.steps, self.device, self.draft
-        p, i = self.head_logits[:B].softmax(-1).max(-1)  # (B,) depth 0
-        probs, ids = [p[:, None]], [i[:, None]]
-        if K > 1:
-            mask_ids, hidden = d.mask_inputs((B, K - 1))
-            pos = n[:, None] + torch.arange(K - 1, device=dev)  # (B, K-1) positions = their draft slots
-            vis = torch.ones(K - 1, K - 1, dtype=torch.bool, device=dev).tril()[None].expand(B, -1, -1)
-            _, logits = self._draft_step(0, mask_ids, hidden, pos, n, pos, pos, vis, n_max + K - 1, False)
-            p, i = logits.float().softmax(-1).max(-1)  # (B, K-1)
-            probs.append(p)
-            ids.append(i)
-        depth = torch.arange(1, K + 1, device=dev).expand(B, K)
-        return select_tree(
-            self.pending[:B],
-            d.to_target_ids(torch.cat(ids, 1)),
-            torch.cat(probs, 1).cumprod(1),  # a chain's scores: each node below its parent
-            depth - 2,  # parents: the previous node (-1: the root)
-            depth,
-            self.shape,
-        )
-
-    def _draft_block(self, n: torch.Tensor, n_max: int, B: int):
-        """Step 2 for DFlash (train/kinds/dflash): one forward of the block [x_n, mask x k] at positions
-        n..n+k over the context keys of positions < n, non-causal within the block; slot s drafts x_{n+s}
-        (vLLM's DFlash proposer: num_speculative_tokens = k). A k below the block's drafts runs a shorter
-        block, as vLLM does (non-causal: its slots see fewer mask slots than in training); eyas refuses it
-        for a draft that records its trained block (DraftKind.untrained_k), runs it where none is.
-        Greedy drafts, as a chain's."""
-        k, dev, d = self.shape.steps, self.device, self.draft
-        S = k + 1
-        ids = torch.full((B, S), d.config.mask_token_id, dtype=torch.long, device=dev)
-        ids[:, 0] = self.pending[:B]
-        pos = n[:, None] + torch.arange(S, device=dev)  # (B, S) positions = their draft slots
-        vis = torch.ones(B, S, S, dtype=torch.bool, device=dev)
-        allowed = M.attention_allowed(n, pos, pos, vis, n_max + S)
-        self.dcache.plan(0, pos, n_max + S)
-        p, i = d.block(ids, pos, self.dcache, allowed)[:, 1:].float().softmax(-1).max(-1)  # (B, k)
-        depth = torch.arange(1, k + 1, device=dev).expand(B, k)
-        return select_tree(self.pending[:B], d.to_target_ids(i), p.cumprod(1), depth - 2, depth, self.shape)
+    def _commit(self, *args, last_only: bool):
+        """What the draft keeps of committed positions (row0, ids, hidden, pos, committed, write, spec_pos,
+        vis, kv_len): (its output state, its logits), where it drafts from next."""
+        return self._commit_fn(self, *args, last_only=last_only)
 
     # ------------------------------------------------------------------ bookkeeping
 

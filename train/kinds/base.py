@@ -44,10 +44,10 @@ class DraftKind:
     # recipe options ("section.key") only this kind reads: set for another kind, they are refused
     own_options: ClassVar[tuple[str, ...]] = ()
     mask_slots: ClassVar[bool] = False  # its parallel slots take a mask token (DraftConfig.mask_token_id)
-    # the loop's round (serve/decoding/engine.py Engine methods): the proposal of k drafts, and what a
-    # committed token writes into the draft's cache
-    proposal: ClassVar[str] = "_draft_tree"
-    commit: ClassVar[str] = "_draft_step"
+    # the loop's round ("module:function" of its loop.py, a module of the serve layer, loaded by `round`):
+    # the proposal of k drafts, and what a committed token writes into the draft's cache
+    proposal: ClassVar[str] = "eyas.train.kinds.eagle3.loop:propose_tree"
+    commit: ClassVar[str] = "eyas.train.kinds.eagle3.loop:draft_step"
     # published: the layouts its weights go out in (serve/interchange/formats.py FORMATS) and the engines
     # that serve it (serve/interchange/engines.py ENGINES)
     formats: ClassVar[tuple[str, ...]] = ("eagle3", "speculators")
@@ -63,6 +63,12 @@ class DraftKind:
     @property
     def model(self) -> type:
         return importlib.import_module(self.core).MODEL
+
+    @property
+    def round(self) -> tuple:
+        """(proposal, commit): its loop.py functions the serving loop's Engine calls with itself, imported
+        on first use, as `core` is."""
+        return tuple(_resolve(spec) for spec in (self.proposal, self.commit))
 
     @property
     def forward(self):
@@ -176,3 +182,8 @@ class DraftKind:
         return (
             f"draft kind {self.name}: {engine_label} does not serve it (served by: {', '.join(self.engines)})"
         )
+
+
+def _resolve(spec: str):
+    module, _, name = spec.partition(":")
+    return getattr(importlib.import_module(module), name)

@@ -27,8 +27,8 @@ class DFlash(DraftKind):
     anchor_row = True
     mask_slots = True
     own_options = ("train.block_lengths",)  # its draft keys are its section's (recipe.py)
-    proposal = "_draft_block"
-    commit = "_write_context"  # a committed token writes its context keys (core.py)
+    proposal = "eyas.train.kinds.dflash.loop:propose_block"
+    commit = "eyas.train.kinds.dflash.loop:write_context"  # a committed token writes its context keys
     formats = ("dflash", "speculators")
     engines = ("vllm",)
     speculators_type = "dflash"

@@ -31,7 +31,7 @@ class PEagle(DraftKind):
     feeds_output_back = False  # one forward a round: norm_output has no effect (vLLM's loader drops it)
     mask_slots = True
     # (its own draft key, mask_token_id, is its section's: recipe.py)
-    proposal = "_draft_parallel"
+    proposal = "eyas.train.kinds.peagle.loop:propose_parallel"
     engines = ("vllm",)
     speculators_type = "peagle"  # vLLM's update_peagle: mask_token_id -> pard_token, parallel_drafting
     card_title = "A P-EAGLE (parallel drafting) speculative-decoding draft head"
