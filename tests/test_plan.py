@@ -43,12 +43,13 @@ def test_gpt_oss_120b_plan_on_8xh100_matches_hand_computation():
     # frozen embedding and lm_head rows; the fp32 teacher lm_head
     static = 8 * draft + 4 * MATRICES + 8 * (draft - MATRICES) + 4 * (V * H + H * VD) + 4 * V * H
     # the teacher (train/ttt.py target_view): fp32 over the draft vocabulary, argmax, mass and flag at every
-    # position; one 1024-position chunk's full-vocabulary logits (bf16, fp32) and draft slice and exponent
-    teacher = 4096 * (4 * VD + 13) + 1024 * (6 * V + 8 * VD)
-    assert p.train_teacher_gb * 1e9 == teacher
-    assert p.train_gb_per_gpu * 1e9 == pytest.approx(
-        static + a.act_bytes_per_token_step * 4096 * 1 * 5 + teacher
-    )
+    # position, held through the step; its lm_head chunks (1024 positions of 10 V + 4 V_d bytes at most, and
+    # the lm_head cast to bf16) are gone before the unroll, whose activations are larger here
+    teacher = 4096 * (4 * VD + 13)
+    scratch = 1024 * (10 * V + 4 * VD) + 2 * V * H
+    unrolled = a.act_bytes_per_token_step * 4096 * 1 * 5
+    assert p.train_teacher_gb * 1e9 == pytest.approx(teacher) and unrolled > scratch
+    assert p.train_gb_per_gpu * 1e9 == pytest.approx(static + unrolled + teacher)
     # MXFP4 65.25 GB fits one H100 (72 GB with 10% headroom): 8 replicas, one shard each
     assert (p.replicas, p.gpus_per_replica) == (8, 1)
     # the recipe regenerates through vLLM (data.backend: vllm); with HF generate it would take 20x longer
@@ -123,13 +124,12 @@ def test_long_context_plan_scales_activations_and_training_rate():
     a = Assumptions()
     assert r.train.checkpoint_layer and r.train.max_length == 131072
     act = a.act_bytes_per_token_step_checkpointed * 131072 * r.train.batch_size * r.train.ttt_steps
-    chunk = 1024 * (6 * 201088 + 8 * r.vocab.draft_vocab_size)  # the teacher's chunk, whatever the length
     assert p.train_activation_gb * 1e9 == pytest.approx(act + p.train_teacher_gb * 1e9)
     assert p.train_tok_s == pytest.approx(8 * 15.8e3 * 7 / r.train.ttt_steps)  # held at the 32K rate
     # each row over 4 GPUs (train.sequence_parallel): a GPU holds a quarter of its tokens' activations
     r4 = load_recipe("gpt-oss-120b-long-context", ["train.sequence_parallel=4"])
     sp = plan(r4, "8xH200")
-    assert sp.train_activation_gb == pytest.approx((p.train_activation_gb - chunk / 1e9) / 4 + chunk / 1e9)
+    assert sp.train_activation_gb == pytest.approx(p.train_activation_gb / 4)
     assert sp.train_static_gb == pytest.approx(p.train_static_gb)
     assert "max_length 131072 / 4 GPUs (train.sequence_parallel) x batch 1" in render(r4, sp)
     assert load_recipe("gpt-oss-120b-long-context").train.sequence_parallel == 2  # 128K rows: 64K per GPU
@@ -230,3 +230,19 @@ def test_gpt_oss_120b_plan_from_a_prompts_stage_run_offline(tmp_path):
         "target openai/gpt-oss-120b (eyas's built-in copy of its hub config): 116.83B parameters"
         in out.stdout
     )
+
+
+def test_the_teacher_scratch_is_one_chunk_of_the_positions_there_are():
+    """teacher_scratch_bytes (eyas/plan/cost.py): target_view's chunk is at most the step's positions; with
+    every id the draft's (DFlash), 8 V + 8 V_d bytes a position; the lm_head's bf16 copy unless training is
+    fp32; a top-k teacher renormalises a copy of its probabilities instead."""
+    from eyas.plan.cost import count_draft, target_config, teacher_scratch_bytes
+
+    r = load_recipe("gpt-oss-120b-dflash", ["train.max_length=512"])
+    d = count_draft(r, target_config(r)[0])
+    assert d.config.draft_vocab_size == V
+    assert teacher_scratch_bytes(r, d, 512) == 512 * 16 * V + 2 * V * H
+    fp32 = load_recipe("gpt-oss-120b-dflash", ["train.mixed_precision='no'"])
+    assert teacher_scratch_bytes(fp32, d, 8192) == 1024 * 16 * V
+    topk = load_recipe("gpt-oss-120b", ["capture.teacher=topk"])
+    assert teacher_scratch_bytes(topk, count_draft(topk, target_config(topk)[0]), 4096) == 4096 * 4 * VD

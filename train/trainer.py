@@ -62,11 +62,8 @@ from .validation import sampled_at_t1, validate
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
-    from torch.utils.data import DataLoader
 
     from eyas.recipes.schema import TrainSection
-
-    from .online import OnlineTarget
 
 
 def draft_config(recipe: Recipe, tcfg, aux_layer_ids: list[int], draft_vocab_size: int) -> DraftConfig:

@@ -53,10 +53,10 @@ class Assumptions:
     # on an H100 (docs/benchmarks.md "TTT step time and memory by sequence length"): T=32K 60.5 GiB peak,
     # T=64K with checkpoint_layer 38.0 GiB, less the measured setup's static part (weights, grads, AdamW
     # with a trained lm_head, embedding, teacher lm_head) and its teacher (teacher_bytes at its 32,000-id
-    # draft vocabulary: 18.3 KB a token-step at TTT 7, and a chunk's 1.5 GB: 6.5 KB a token-step at 32K,
-    # 3.3 at 64K): 236 and 65.6 KB with them
-    act_bytes_per_token_step: float = 211.2e3
-    act_bytes_per_token_step_checkpointed: float = 44.0e3
+    # draft vocabulary: 18.3 KB a token-step at TTT 7; the lm_head chunks are gone by the unroll's peak):
+    # 236 and 65.6 KB with it
+    act_bytes_per_token_step: float = 217.7e3
+    act_bytes_per_token_step_checkpointed: float = 47.3e3
     # draft training tokens/s on one H100 at TTT 7, gpt-oss-120b draft dims, AdamW (docs/benchmarks.md, the
     # same section; Muon's orthogonalization per step is not in it): 22.3K at T=4K, 15.8K at 32K
     train_tok_s_h100: tuple = ((4096, 22.3e3), (32768, 15.8e3))
@@ -219,11 +219,11 @@ def optimizer_bytes(optimizer: str, draft: torch.nn.Module) -> int:
     return 4 * muon + 8 * (sum(p.numel() for _, p in named) - muon)
 
 
-def shard_buffer_bytes(recipe: Recipe, bytes_per_token: int, tokens: float) -> float:
+def shard_buffer_bytes(recipe: Recipe, token_bytes: int, tokens: float) -> float:
     """Host memory an offline capture holds while it writes a shard: the shard's rows and their
     concatenation (data/shards.py write_shard), capture.shard_tokens (or every token, when fewer) each. On a
     CPU it is the capture process's memory beside the target's."""
-    return 2 * min(recipe.capture.shard_tokens, tokens) * bytes_per_token
+    return 2 * min(recipe.capture.shard_tokens, tokens) * token_bytes
 
 
 def capture_bytes_per_token(recipe: Recipe, cfg: PretrainedConfig, n_aux: int, offline: bool = False) -> int:
@@ -266,7 +266,10 @@ def training_memory(
     whole_row = kind_named(recipe.draft.kind).unrolled_whole_row()  # DFlash's blocks: the whole row's
     unrolled_rows = tr.max_length * tr.batch_size if whole_row else rows
     unrolled = per_ts * scale * layers * unrolled_rows * unrolled_steps(recipe)
-    return static, unrolled + grids + teacher_bytes(cfg, draft, rows)
+    # the teacher is held through the step; its lm_head chunks come and go before the unroll runs
+    return static, teacher_bytes(draft, rows) + max(
+        teacher_scratch_bytes(recipe, draft, rows), unrolled + grids
+    )
 
 
 def shard_rows(tr) -> int:
@@ -277,14 +280,25 @@ def shard_rows(tr) -> int:
 TEACHER_CHUNK = 1024  # positions per full-vocabulary lm_head chunk (train/ttt.py target_view's `chunk`)
 
 
-def teacher_bytes(cfg: PretrainedConfig, draft: DraftCount, rows: int) -> float:
-    """The teacher a training step holds (train/ttt.py target_view), for the `rows` positions one GPU holds:
-    fp32 probabilities over the draft vocabulary, the argmax (int64), the in-vocabulary mass (fp32) and flag
-    (bool) at every position, and one chunk's transients (its full-vocabulary logits in bf16 and fp32, its
-    draft-vocabulary slice and exponent in fp32). gpt-oss-120b's DFlash recipe (every one of 201,088 ids,
-    T = 8,192): 6.6 GB at the positions + 2.9 GB a chunk."""
-    V, V_d = cfg.vocab_size, draft.config.draft_vocab_size
-    return rows * (4 * V_d + 8 + 4 + 1) + TEACHER_CHUNK * (6 * V + 8 * V_d)
+def teacher_bytes(draft: DraftCount, rows: int) -> float:
+    """The teacher a training step holds throughout (train/ttt.py target_view, or topk_view), for the `rows`
+    positions one GPU holds: fp32 probabilities over the draft vocabulary, the argmax (int64), the
+    in-vocabulary mass (fp32) and flag (bool) at every position. gpt-oss-120b's DFlash recipe (every one of
+    201,088 ids, T = 8,192): 6.6 GB."""
+    return rows * (4 * draft.config.draft_vocab_size + 8 + 4 + 1)
+
+
+def teacher_scratch_bytes(recipe: Recipe, draft: DraftCount, rows: int) -> float:
+    """What computing the teacher holds for a moment, before the unroll: target_view's one chunk of
+    positions at a time (its full-vocabulary logits in bf16 and fp32 beside the previous chunk's fp32 logits
+    and draft slice, 10 V + 4 V_d bytes a position; or, later, the logits, the slice, the softmax's exponent
+    and logsumexp's copy, 8 V + 8 V_d) and the lm_head cast once to the autocast dtype (2 V H_t, unless
+    training runs in fp32); topk_view (capture.teacher topk): the renormalised copy of its probabilities."""
+    c, V, V_d = draft.config, draft.config.vocab_size, draft.config.draft_vocab_size
+    if recipe.capture.teacher == "topk":
+        return rows * 4 * V_d
+    cast = 2 * V * c.target_hidden_size if recipe.train.mixed_precision != "no" else 0
+    return min(TEACHER_CHUNK, rows) * max(10 * V + 4 * V_d, 8 * V + 8 * V_d) + cast
 
 
 def grid_bytes(recipe: Recipe, draft: DraftCount) -> tuple[float, float]:

@@ -127,7 +127,8 @@ class Engine:
             target.config.get_text_config() if hasattr(target.config, "get_text_config") else target.config
         )
         # the loop passes explicit ragged / tree masks, and prefills a long prompt in chunks of at most
-        # `prefill_tokens` tokens: SDPA, or eager's math in query blocks (attention.py), bound its memory
+        # `prefill_tokens` tokens: SDPA, or eager's math in query blocks (train/blocked_attention.py), bound
+        # its memory
         memory_efficient(target)
         self.window = M.model_window(self.config)
         self.num_layers = len(decoder_layers(target))

@@ -67,8 +67,9 @@ def attention_allowed(
 
 
 def as_attention_mask(allowed: torch.Tensor, impl: str, dtype: torch.dtype) -> torch.Tensor:
-    """(n, q, K) bool -> the 4D mask the attention implementation takes: sdpa and eyas_blocked (attention.py)
-    a bool mask, eager an additive float mask (0 / dtype min, as transformers' `eager_mask`)."""
+    """(n, q, K) bool -> the 4D mask the attention implementation takes: sdpa and eyas_blocked
+    (train/blocked_attention.py) a bool mask, eager an additive float mask (0 / dtype min, as transformers'
+    `eager_mask`)."""
     m = allowed[:, None]
     if impl in ("sdpa", BLOCKED):
         return m

@@ -1,7 +1,8 @@
 """The target's own output without speculation, with Hugging Face `generate`: the reference every
 speculative output is checked against (greedy: token for token). Long prompts are prefilled in chunks of
 `prefill_tokens` (generate's own chunked prefill, with its own cache and masks) through the memory-efficient
-attention the loop uses (attention.py), so a 128K-token prompt's reference takes no (q x kv) tensor either.
+attention the loop uses (train/blocked_attention.py), so a 128K-token prompt's reference takes no (q x kv)
+tensor either.
 
     greedy_generate   the reference output, with its mean next-token entropy
     prefill           a context through the target in chunks into a fresh Hugging Face cache (eval/verdict.py)

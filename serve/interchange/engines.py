@@ -78,14 +78,19 @@ brought each feature, since releases were not tagged in the copies read):
 
 from __future__ import annotations
 
-from eyas.train.kinds import kind_of
+from eyas.train.kinds import KINDS, kind_of
 from eyas.train.kinds.config import DraftConfig
 from eyas.train.kinds.config_json import output_numbering
 
 ENGINES = ("vllm", "sglang", "trtllm")
 ENGINE_LABELS = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM"}
-# which engines load each published layout (serve/formats.py)
-FORMAT_ENGINES = {"eagle3": ("vllm", "sglang", "trtllm"), "speculators": ("vllm",), "dflash": ("vllm",)}
+# which engines load each published layout (serve/interchange/formats.py FORMATS): a kind's own layout, the
+# engines that serve that kind
+FORMAT_ENGINES = {
+    "eagle3": ("vllm", "sglang", "trtllm"),
+    "speculators": ("vllm",),
+    **{k.formats[0]: k.engines for k in KINDS.values() if k.formats[0] not in ("eagle3", "speculators")},
+}
 
 SERVABLE_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 

@@ -9,8 +9,8 @@ Order of work (nothing is written under DIR unless every step passes):
   2. against the target, when its config is readable: aux layer ids within its layer count
      (vLLM numbering: id k = input of decoder layer k, so 1 <= k < N), hidden and vocab sizes;
      when the target is a local directory, the draft's embedding equals the target's;
-  3. per engine (serve/engines.py): refused with the engine's reason;
-  4. tensors and config.json written to a temporary directory next to DIR (serve/formats.py);
+  3. per engine (serve/interchange/engines.py): refused with the engine's reason;
+  4. tensors and config.json written to a temporary directory next to DIR (serve/interchange/formats.py);
   5. re-read by the importer and run on a fixed batch: the logits (and d2t/t2d, and every config
      field) must equal those of the source checkpoint with its weights rounded to the export
      dtype — bit for bit, in fp32; then the directory is renamed into place.

@@ -37,10 +37,11 @@ from dataclasses import dataclass
 
 import torch
 
-from eyas.train.kinds import make_draft
+from eyas.train.kinds import KINDS, make_draft
 from eyas.train.kinds.config import DraftConfig
 
-FORMATS = ("eagle3", "speculators", "dflash")
+# every kind's layouts (DraftKind.formats): EAGLE-3's release layout, speculators', and a kind's own
+FORMATS = tuple(dict.fromkeys(f for k in KINDS.values() for f in k.formats))
 # Published prefix of the single decoder layer -> eyas's prefix. `midlayer.` is the release
 # name (SGLang loads ONLY this name: an unknown `layers.0.*` is silently skipped there);
 # `layers.0.` is the speculators / ModelOpt name (vLLM maps `midlayer.` -> `layers.0.`,

@@ -1,6 +1,6 @@
 """`eyas import`: read a published EAGLE-3 draft into an eyas checkpoint.
 
-Layouts read (see serve/formats.py for the sources):
+Layouts read (see serve/interchange/formats.py for the sources):
   eagle3       SafeAILab EAGLE-3 release / SpecForge / eyas export: `LlamaForCausalLMEagle3`,
                tensors `midlayer.*` (also accepted: `layers.0.*`, and a leading `model.`),
                `pytorch_model.bin` or safetensors, aux ids top level and/or in `eagle_config`.

@@ -45,7 +45,12 @@ def kind_of(cfg) -> DraftKind:
 def published_kind(raw: dict) -> DraftKind:
     """The kind of a published draft from its config.json `raw` (an EAGLE-3 draft unless another kind reads
     it as its own)."""
-    return next((k for k in KINDS.values() if k is not EAGLE3 and k.published(raw)), EAGLE3)
+    # the kinds with a layout of their own first (DFlash's reads no other kind's), EAGLE-3 last: a P-EAGLE
+    # config is EAGLE-3's with a mask token, which a third party's DFlash config may carry too
+    own = sorted(
+        (k for k in KINDS.values() if k is not EAGLE3), key=lambda k: k.formats[0] == EAGLE3.formats[0]
+    )
+    return next((k for k in own if k.published(raw)), EAGLE3)
 
 
 def speculative_config(draft: str | Path | None, k: int) -> dict | None:

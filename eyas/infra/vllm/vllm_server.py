@@ -110,11 +110,8 @@ class VllmServer:
         `deadline` (time.monotonic())."""
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                what = (
-                    f"the draft {self.speculative['model']}"
-                    if self.speculative
-                    else f"the target {self.target}"
-                )
+                spec = self.speculative or {}  # an n-gram config names no model
+                what = f"the draft {spec.get('model', spec)}" if spec else f"the target {self.target}"
                 raise VllmRefused(
                     f"vLLM{' ' + who if who else ''} exited at start (exit {self.proc.returncode}) serving "
                     f"{what}: {self.last_error()} (full log: {self.log_path})"
