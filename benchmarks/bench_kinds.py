@@ -38,6 +38,7 @@ from pathlib import Path
 from eyas.eval.evaluate import run_eval
 from eyas.recipes.load import load_recipe
 from eyas.train.checkpoint import read_config
+from eyas.train.kinds import kind_of
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_defaults import BASE_STAGES, link_stages  # noqa: E402
@@ -80,15 +81,20 @@ def drafts_of(args) -> list[tuple[str, str, str]]:
 def groups(args, drafts) -> dict[tuple, tuple[list[tuple[str, str]], list[int]]]:
     """The drafts by (kind, DFlash block) -> (their (name, checkpoint), the chain lengths they run):
     --k-eagle3, --k-peagle, and for a DFlash draft --k-dflash up to its block's drafts (beyond it:
-    block_size - 1). A k below that runs a block of k + 1 (as vLLM does at that num_speculative_tokens): a
-    shape not trained."""
+    block_size - 1; DraftKind.k_problem), less the rounds the draft did not train and the loop refuses
+    (DraftKind.untrained_k: a DFlash draft trained on whole blocks runs its block's k only; an imported
+    draft, which records none, runs any)."""
     ks_of = {"eagle3": args.k_eagle3, "peagle": args.k_peagle, "dflash": args.k_dflash}
     out: dict[tuple, tuple[list, list[int]]] = {}
     for _, name, ckpt in drafts:
         cfg = read_config(ckpt)
-        ks = ks_of[cfg.kind]
-        if cfg.kind == "dflash":
-            ks = sorted({min(k, cfg.block_size - 1) for k in ks})
+        kind = kind_of(cfg)
+        most = max(k for k in range(1, max(ks_of[cfg.kind]) + 1) if not kind.k_problem(cfg, k))
+        ks = sorted({min(k, most) for k in ks_of[cfg.kind]})
+        skipped = [k for k in ks if kind.untrained_k(cfg.trained_k, k)]
+        if skipped:  # rounds the loop refuses: the draft did not train them (DraftKind.untrained_k)
+            print(f"# {name}: k {skipped} not run: {kind.untrained_k(cfg.trained_k, skipped[0])}")
+        ks = [k for k in ks if k not in skipped]
         out.setdefault((cfg.kind, cfg.block_size), ([], ks))[0].append((name, ckpt))
     return out
 

@@ -36,6 +36,7 @@ from eyas.recipes.types import TreeShape
 from eyas.serve.decoding.engine import Engine
 from eyas.serve.decoding.sampling import SamplingParams
 from eyas.train.checkpoint import load_draft_beside
+from eyas.train.kinds import default_k, kind_of
 
 
 @dataclass
@@ -124,7 +125,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--layers", type=int, help="override the random target's layer count (smoke runs)")
     p.add_argument("--device", default=None)
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
-    p.add_argument("--k", type=int, nargs="+", default=[1, 2, 3, 4])
+    p.add_argument(
+        "--k",
+        type=int,
+        nargs="+",
+        default=None,
+        help="chain lengths (default: 1-4 where the draft trained them, else the trained k nearest 3)",
+    )
     p.add_argument("--tree", nargs="*", default=["3,2,6"])
     p.add_argument("--temperature", type=float, nargs="+", default=[0.0, 1.0])
     p.add_argument("--prompts", type=int, default=32, help="prompts per configuration")
@@ -166,6 +173,13 @@ def run_setup(args: argparse.Namespace) -> Setup:
     draft = load_draft_beside(run / layout.FINAL_CHECKPOINT, model)
     prompts = [render_prompt(tok, m) for m in held_out(run, args.prompts).messages]
     return Setup(model, draft, set(eos_token_ids(model, tok)), prompts, f"{recipe.target.model} ({run})", dev)
+
+
+def default_ks(cfg) -> list[int]:
+    """k = 1 .. 4 where the draft of DraftConfig `cfg` trained that round (a DFlash draft trained on whole
+    blocks serves its block's k only: DraftKind.untrained_k), else the trained k nearest 3."""
+    ks = [k for k in range(1, 5) if kind_of(cfg).untrained_k(cfg.trained_k, k) is None]
+    return ks or [default_k(cfg.kind, cfg.trained_k)]
 
 
 def make_engine(setup: Setup, shape: TreeShape | None, concurrency: int) -> Engine:
@@ -227,7 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     setup = random_setup(args) if args.random_target else run_setup(args)
-    shapes = [TreeShape.chain(k) for k in args.k] + [TreeShape.parse(t) for t in args.tree]
+    ks = args.k if args.k is not None else default_ks(setup.draft.config)
+    shapes = [TreeShape.chain(k) for k in ks] + [TreeShape.parse(t) for t in args.tree]
     print(
         f"# {setup.what} on {setup.device}, {len(setup.prompts)} prompts, "
         f"max_new_tokens {args.max_new_tokens}, torch threads {torch.get_num_threads()}"

@@ -15,7 +15,8 @@ Cost model, fitted by least squares to every decoding iteration the eval ran (en
 
     tau(k)           chains: 1 + sum of the measured per-position acceptance up to k (a position's
                      acceptance does not depend on how many drafts follow it), from the longest
-                     measured chain at that temperature; trees: their measured tau
+                     measured chain at that temperature, only the rounds the draft trained where
+                     its kind serves no other (DraftKind.untrained_k); trees: their measured tau
 
     speedup(shape, C) = [C * tau / (T_t(C, N) + T_d)] / [C / T_b(C)]     (prefill left out of both)
 
@@ -95,7 +96,10 @@ def candidate_taus(results: list[dict]) -> dict[str, tuple[TreeShape, float]]:
     if chains:
         longest = max(chains, key=lambda r: (r["k"], r["target_forwards"]))
         pp = longest["per_position_acceptance"]
+        kind = kind_named(longest.get("draft_kind", DEFAULT_KIND))
         for k in range(1, len(pp) + 1):
+            if kind.untrained_k(longest.get("trained_k"), k):  # a round the draft would refuse to serve
+                continue
             shape = TreeShape.chain(k)
             out[shape.label] = (shape, 1.0 + sum(pp[:k]))
     for r in results:

@@ -413,6 +413,7 @@ def measure_point(
             lengths = [len(p) for p in point.prompts]
             entry = result_entry(name, bench, "eyas", c, temp, shape, res, base, point.refs, lengths=lengths)
             entry["draft_kind"] = draft.config.kind  # eval/advice.py: the draft forwards of a round
+            entry["trained_k"] = draft.config.trained_k  # and the chains it may advise (only trained ones)
             if entry["num_mismatched"]:  # where they part: numerics of the target's shapes, or a failure
                 entry.update(classified(model, point, res, shape.num_draft_tokens, chunk))
             sweep.results.append(entry)

@@ -449,3 +449,22 @@ def test_a_dflash_draft_serves_only_the_block_it_trained(tmp_path):
         Recipe.model_validate({"train": {"block_lengths": "random"}})
     with pytest.raises((RecipeError, ValueError), match=r"eval\.more_k\[0\]: k=7: this DFlash draft trained"):
         Recipe.model_validate({"draft": {"kind": "dflash"}, "eval": {"more_k": [7]}})
+
+
+def test_k_advice_offers_only_the_rounds_the_draft_trained():
+    """eval/advice.py reads every shorter chain's tau off the longest measured chain; for a DFlash draft that
+    trained whole blocks of 8 only (trained_k [7]) the shorter chains are rounds it would refuse, so k = 7 is
+    its only candidate; trained with random block lengths (1 .. 7), or unrecorded, every k up to 7 is."""
+    from eyas.eval import advice
+
+    pp = [0.5, 0.3, 0.2, 0.1, 0.05, 0.02, 0.01]
+    entry = {"k": 7, "tree": None, "target_forwards": 10, "per_position_acceptance": pp}
+    for kind, trained, ks in (
+        ("dflash", [7], [7]),
+        ("dflash", list(range(1, 8)), list(range(1, 8))),
+        ("dflash", None, list(range(1, 8))),
+        ("eagle3", None, list(range(1, 8))),
+    ):
+        cands = advice.candidate_taus([{**entry, "draft_kind": kind, "trained_k": trained}])
+        assert sorted(shape.steps for shape, _ in cands.values()) == ks
+        assert cands[f"k={ks[0]}"][1] == pytest.approx(1.0 + sum(pp[: ks[0]]))
