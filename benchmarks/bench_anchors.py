@@ -445,7 +445,7 @@ def evaluate(args, drafts: list[tuple[str, str]]) -> list[dict]:
             f"eval.seed={seed}",
             *eval_dtype_overrides(args.eval_dtype),
         ]
-        recipe = load_recipe(args.recipe, [*args.overrides, *over])
+        recipe = load_recipe(args.recipe, [*args.overrides, *budget(args), *over])
         report = run_eval(
             recipe,
             out,
@@ -698,7 +698,7 @@ def prepare_data(args, recipe) -> dict:
 
 def main(argv=None) -> int:
     args = parse(argv)
-    recipe = load_recipe(args.recipe, args.overrides)
+    recipe = load_recipe(args.recipe, [*args.overrides, *budget(args)])  # the kind's own keys need its kind
     meta = prepare_data(args, recipe)
     trained = []
     with open(args.work / "results.jsonl", "a") as results:

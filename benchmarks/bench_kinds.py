@@ -79,7 +79,8 @@ def drafts_of(args) -> list[tuple[str, str, str]]:
 
 
 def groups(args, drafts) -> dict[tuple, tuple[list[tuple[str, str]], list[int]]]:
-    """The drafts by (kind, DFlash block) -> (their (name, checkpoint), the chain lengths they run):
+    """The drafts by (kind, DFlash block, chain lengths) -> (their (name, checkpoint), the chain lengths they
+    run):
     --k-eagle3, --k-peagle, and for a DFlash draft --k-dflash up to its block's drafts (beyond it:
     block_size - 1; DraftKind.k_problem), less the rounds the draft did not train and the loop refuses
     (DraftKind.untrained_k: a DFlash draft trained on whole blocks runs its block's k only; an imported
@@ -95,7 +96,7 @@ def groups(args, drafts) -> dict[tuple, tuple[list[tuple[str, str]], list[int]]]
         if skipped:  # rounds the loop refuses: the draft did not train them (DraftKind.untrained_k)
             print(f"# {name}: k {skipped} not run: {kind.untrained_k(cfg.trained_k, skipped[0])}")
         ks = [k for k in ks if k not in skipped]
-        out.setdefault((cfg.kind, cfg.block_size), ([], ks))[0].append((name, ckpt))
+        out.setdefault((cfg.kind, cfg.block_size, tuple(ks)), ([], ks))[0].append((name, ckpt))
     return out
 
 
@@ -103,8 +104,8 @@ def measure(args, recipe, drafts) -> list[dict]:
     """eyas's loop: one run_eval per draft kind (and DFlash block): a P-EAGLE or DFlash draft proposes chains
     only."""
     rows = []
-    for (kind, block), (mine, ks) in groups(args, drafts).items():
-        out = args.out / (kind if block is None else f"{kind}-b{block}")
+    for i, ((kind, block, _), (mine, ks)) in enumerate(groups(args, drafts).items()):
+        out = args.out / f"{kind if block is None else f'{kind}-b{block}'}-{i}"
         link_stages(out, args.run, BASE_STAGES)  # eval reads the run's prompts; its report goes here
         report = run_eval(
             recipe,
@@ -153,7 +154,7 @@ def vllm_measure(args, recipe, drafts) -> list[dict]:
             return {c: run_server(server.url, prompts, params, c) for c in args.concurrency}
 
     plain = {c: r[0].tokens_per_s for c, r in serve().items()}
-    for (kind, _), (mine, ks) in groups(args, drafts).items():
+    for (kind, _, _), (mine, ks) in groups(args, drafts).items():
         for name, ckpt in mine:
             path = export(ckpt, kind_named(kind).formats[0], out / name, engines=["vllm"], dtype=dtype).path
             rows += vllm_draft_rows(serve, path, name, ks, plain)

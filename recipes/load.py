@@ -11,6 +11,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from eyas.infra.layout import RECIPE
+from eyas.recipes.draft import SECTIONS
 from eyas.recipes.schema import Recipe, RecipeError, check
 from eyas.recipes.types import inner_model, tagged_member
 
@@ -80,7 +81,15 @@ def _message(e: dict) -> tuple[int, str]:
         return 1, f"{key}: must be {ctx['expected'].replace(chr(39), '')}, got {v!r}"
     if kind == "extra_forbidden":
         owner = _owner(loc)
-        of = f" for draft.kind {owner.model_fields['kind'].default}" if "kind" in owner.model_fields else ""
+        mine = owner.model_fields["kind"].default if "kind" in owner.model_fields else None
+        others = [n for n, c in SECTIONS.items() if mine and loc[-1] in c.model_fields]
+        if others:  # another kind's key, set (draft.kind switched by an override, say)
+            shown = str(v).lower() if isinstance(v, bool) else v
+            return 0, (
+                f"{key}: {shown} is a key of draft.kind {' or '.join(others)}, not {mine}: remove it "
+                "(another kind's key at false or null is dropped)"
+            )
+        of = f" for draft.kind {mine}" if mine else ""
         return 0, f"{key}: unknown key{of} (known: {', '.join(sorted(owner.model_fields))})"
     if kind == "draft_kind":  # recipes/draft.py: no kind of that name
         return 1, f"{e['msg']}, got {v.get('kind')!r}"

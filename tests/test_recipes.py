@@ -320,3 +320,23 @@ def test_max_turns():
         load_recipe({"data": {"max_turns": 0}})
     with pytest.raises(RecipeError, match=r"^data.max_turns: expected an integer"):
         load_recipe({"data": {"max_turns": "all"}})
+
+
+def test_another_kinds_key_is_named_with_its_kind():
+    """The draft section is the kind's own class: a key of another kind, set, names the kinds that have it
+    (an override that switches draft.kind on a recipe with EAGLE-3's switches on, say); at false or null it
+    is dropped, so the documented `draft.kind=dflash draft.norm_output=false` works; a key no kind has is
+    unknown."""
+    eagle3 = {"draft": {"norm_output": True, "norm_before_fc": True}}
+    with pytest.raises(RecipeError) as e:
+        load_recipe(eagle3, ["draft.kind=dflash", "draft.norm_before_fc=false"])
+    assert str(e.value) == (
+        "draft.norm_output: true is a key of draft.kind eagle3 or peagle, not dflash: remove it (another "
+        "kind's key at false or null is dropped)"
+    )
+    r = load_recipe(eagle3, ["draft.kind=dflash", "draft.norm_before_fc=false", "draft.norm_output=false"])
+    assert r.draft.kind == "dflash" and not hasattr(r.draft, "norm_output")
+    with pytest.raises(RecipeError, match=r"^draft.block_size: 8 is a key of draft.kind dflash, not eagle3"):
+        load_recipe({"draft": {"block_size": 8}})
+    with pytest.raises(RecipeError, match=r"^draft.bogus: unknown key for draft.kind eagle3 \(known: "):
+        load_recipe({"draft": {"bogus": 1}})
