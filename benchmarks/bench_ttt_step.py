@@ -32,7 +32,7 @@ from contextlib import AbstractContextManager, nullcontext
 
 import torch
 
-from eyas.train import kinds
+from eyas.train import kinds, ttt
 from eyas.train.kinds import KINDS
 from eyas.train.kinds.config import DraftConfig
 from eyas.train.model import Eagle3Draft
@@ -272,7 +272,9 @@ def main() -> None:
         run_in_subprocesses(args, runs, warmup, precision)
         return
     autocast = torch.autocast(dev.type, dtype=torch.bfloat16) if precision == "bf16" else nullcontext()
+    counter = LmHeadRows()
     for attention, T in runs:
+        counter.rows = 0
         got = measure_length(draft, lm_head, attention, T, args, autocast, warmup)
         if got is None:
             print(f"[{attention}] T={T:6d}  OOM", flush=True)
@@ -281,9 +283,29 @@ def main() -> None:
         print(
             f"[{attention}] T={T:6d}  {sec:8.3f} s/step  {args.batch * T / sec:9.0f} tok/s  "
             f"peak {'GPU' if dev.type == 'cuda' else 'RSS'} {mem:9.0f} MiB  "
-            f"(warm-up {t_warm:.1f} s, loss {loss:.4f})",
+            f"(warm-up {t_warm:.1f} s, loss {loss:.4f}, lm_head rows a step "
+            f"{counter.rows // (warmup + args.repeat):,})",
             flush=True,
         )
+
+
+class LmHeadRows:
+    """Counts the positions the draft's lm_head (and its loss) runs over, wrapping train/ttt.py's two loss
+    paths: 6 x rows x H x V_d is the lm_head's FLOPs (forward and backward) a step."""
+
+    def __init__(self) -> None:
+        self.rows = 0
+        for name in ("linear_loss", "reference_loss"):
+            setattr(ttt, name, self.counting(getattr(ttt, name)))
+
+    def counting(self, fn):
+        def counted(*a, **kw):
+            x = a[1] if fn.__name__ == "reference_loss" else a[0]  # (B, L, H) hidden states
+            self.rows += x.shape[0] * x.shape[1]
+            return fn(*a, **kw)
+
+        counted.__name__ = fn.__name__
+        return counted
 
 
 def train_step(module, opt, autocast, inputs: tuple, final, dev: torch.device) -> float:

@@ -190,3 +190,63 @@ def test_t1_estimate_on_sampled_text_is_the_expected_acceptance():
     greedy = torch.tensor(got[False]).mean(0)
     assert greedy[0] == pytest.approx(exact[0], rel=1e-5)  # step 0 needs no weight
     assert all(greedy[j].item() < exact[j] - 10 * se[j].item() for j in (1, 2))
+
+
+@pytest.mark.parametrize("right", [False, True])
+@pytest.mark.parametrize("kind", ["eagle3", "peagle", "dflash"])
+def test_the_teacher_at_its_read_rows_trains_and_counts_as_everywhere(kind, right, monkeypatch):
+    """TTTModule computes the teacher only at teacher_rows (a counted token among the next ttt_steps
+    positions: packed prompts are skipped); every loss, gradient and count equals the teacher computed at
+    every position, for each kind's unroll (its training options included), in a packed batch whose
+    prompts are unmasked. `right`: every draft guesses the target's argmax (a zero lm_head's first id, the
+    target's argmax and the text everywhere), so chains that start in a prompt reach the answer and are counted: a
+    window of 1 instead of ttt_steps fails here. The rows: exactly the `steps` positions before each
+    counted token."""
+    from test_dflash import dflash
+    from test_peagle import peagle
+
+    from eyas.train import ttt
+    from eyas.train.kinds import KINDS
+
+    mask = torch.tensor([[0, 0, 0, 1, 1, 0, 0, 0, 0, 1]])
+    want = torch.tensor([[0, 1, 1, 1, 0, 0, 0, 1, 1, 0]], dtype=torch.bool)
+    assert torch.equal(ttt.teacher_rows(mask, 2), want)
+    d = {"eagle3": lambda: make_draft(5), "peagle": lambda: peagle(5), "dflash": lambda: dflash(5)}[kind]()
+    steps = 4
+    options = {
+        "peagle": {"cod": (0.7, 0.2), "cod_seed": (0, 0)},
+        "dflash": {"anchors": 6, "anchor_seed": (0, 0)},
+    }
+    g = torch.Generator().manual_seed(6)
+    B, T, H = 2, 40, 32
+    aux, ids = torch.randn(B, T, 3 * H, generator=g), torch.randint(0, 97, (B, T), generator=g)
+    doc = packed_docs(B, T, g)
+    mask = torch.ones(B, T)
+    mask[:, :7], mask[0, 15:22], mask[1, 24:30] = 0, 0, 0  # each row's prompts
+    final, W = torch.randn(B, T, H, generator=g), torch.randn(97, H, generator=g)
+    if right:
+        final[..., 0], W[:, 0], W[0, 0] = 50.0, 0.0, 1.0  # the target's argmax: id 0 everywhere
+        ids.zero_()  # and the text (a chain goes on where the token fed is the argmax)
+        with torch.no_grad():
+            d.lm_head.weight.zero_()  # the draft's: its id 0 (target id 0) everywhere
+    runs = []
+    for every in (False, True):
+        if every:
+            monkeypatch.setattr(ttt, "teacher_rows", lambda m, s: torch.ones_like(m, dtype=torch.bool))
+        module = ttt.TTTModule(
+            d, W, steps, 0.8, "dense", False, unroll=KINDS[kind].forward, options=options.get(kind)
+        )
+        module.train()
+        d.zero_grad()
+        out = module(aux, ids, mask, doc, final=final)
+        out.loss.backward()
+        grads = [p.grad.clone() for p in d.parameters() if p.grad is not None]
+        runs.append((out, grads))
+    (a, ga), (b, gb) = runs
+    torch.testing.assert_close(a.loss, b.loss, rtol=1e-6, atol=0)
+    for x, y in zip(ga, gb, strict=True):
+        torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-7)
+    for field in ("step_count", "step_right", "step_cond_base", "step_cond_right"):
+        assert getattr(a, field) == getattr(b, field), field
+    assert not right or a.step_cond_base[-1] > 0
+    assert a.step_sampled_right == pytest.approx(b.step_sampled_right, rel=1e-6)

@@ -80,31 +80,53 @@ class TargetView:
     mass: torch.Tensor | None = None
 
 
+def teacher_rows(loss_mask: torch.Tensor, steps: int) -> torch.Tensor:
+    """loss_mask (B, T) -> (B, T) bool: the positions whose teacher is read, those with a counted token among
+    the next `steps`: prediction (j, i) is scored against z_{i+1+j} for x_{i+2+j}, and its chain (whether
+    steps 0..j-1 were right) reads z_{i+1} .. z_{i+j}, so a counted x_q reads z_{q-steps} .. z_{q-1} at most.
+    An answer span and the `steps` positions before it; a packed row's prompts are skipped."""
+    m, need = loss_mask.bool(), torch.zeros_like(loss_mask, dtype=torch.bool)
+    for s in range(1, min(steps, m.shape[1] - 1) + 1):
+        need[:, :-s] |= m[:, s:]
+    return need
+
+
 @torch.no_grad()
 def target_view(
-    final: torch.Tensor, lm_head_weight: torch.Tensor, draft: Eagle3Draft, chunk: int = 1024
+    final: torch.Tensor,
+    lm_head_weight: torch.Tensor,
+    draft: Eagle3Draft,
+    chunk: int = 1024,
+    rows: torch.Tensor | None = None,
 ) -> TargetView:
-    """final (B, T, H_t) post-norm states the target's lm_head consumes; lm_head_weight (V, H_t).
-    The (B, T, V_d) fp32 probabilities are allocated once and filled chunk by chunk (appending chunks and
-    concatenating would hold them twice at the end: 12 GiB instead of 6.1 at gpt-oss's 201,088 ids and
-    T = 8,192 with the whole vocabulary as the draft's)."""
+    """final (B, T, H_t) post-norm states the target's lm_head consumes; lm_head_weight (V, H_t); rows
+    (B, T) bool: the positions to compute (teacher_rows; None: all), the others left zero (never read: their
+    predictions are not counted). The (B, T, V_d) fp32 probabilities are allocated once and filled chunk by
+    chunk (appending chunks and concatenating would hold them twice at the end: 12 GiB instead of 6.1 at
+    gpt-oss's 201,088 ids and T = 8,192 with the whole vocabulary as the draft's)."""
     B, T, _ = final.shape
     V_d = draft.config.draft_vocab_size
     draft_to_target = draft.to_target_ids(torch.arange(V_d, device=final.device))  # (V_d,)
-    probs = torch.empty(B * T, V_d, dtype=torch.float32, device=final.device)
-    argmax = torch.empty(B * T, dtype=torch.long, device=final.device)
-    mass = torch.empty(B * T, dtype=torch.float32, device=final.device)
-    flat = final.reshape(B * T, -1)
+    idx = None if rows is None or bool(rows.all()) else rows.reshape(-1).nonzero().squeeze(1)  # (n,)
+    new = torch.empty if idx is None else torch.zeros
+    probs = new(B * T, V_d, dtype=torch.float32, device=final.device)
+    argmax = new(B * T, dtype=torch.long, device=final.device)
+    mass = new(B * T, dtype=torch.float32, device=final.device)
+    flat = final.reshape(B * T, -1) if idx is None else final.reshape(B * T, -1)[idx]
     dev = final.device.type
     dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else lm_head_weight.dtype
     w = lm_head_weight.to(device=final.device, dtype=dtype)  # cast once, not once per chunk
-    for s in range(0, B * T, chunk):  # full-vocab logits in chunks: V is 201088 for gpt-oss
+    for s in range(0, flat.shape[0], chunk):  # full-vocab logits in chunks: V is 201088 for gpt-oss
+        at = slice(s, s + chunk) if idx is None else idx[s : s + chunk]
         z = (flat[s : s + chunk].to(dtype) @ w.T).float()  # (c, V)
-        argmax[s : s + chunk] = z.argmax(-1)
+        argmax[at] = z.argmax(-1)
         zd = z[:, draft_to_target]
         lse = torch.logsumexp(zd, -1, keepdim=True)  # one reduction for both: the softmax and its mass
-        torch.exp(zd - lse, out=probs[s : s + chunk])
-        mass[s : s + chunk] = (lse[:, 0] - torch.logsumexp(z, -1)).exp()
+        if idx is None:
+            torch.exp(zd - lse, out=probs[at])
+        else:
+            probs[at] = torch.exp(zd - lse)
+        mass[at] = (lse[:, 0] - torch.logsumexp(z, -1)).exp()
     argmax = argmax.view(B, T)
     return TargetView(probs.view(B, T, V_d), argmax, draft.t2d[argmax], mass.view(B, T))
 
@@ -480,8 +502,9 @@ class TTTModule(torch.nn.Module):
         self, aux, input_ids, loss_mask, doc_ids, final=None, teacher_ids=None, teacher_logprobs=None
     ) -> TTTOutput:
         """A collated batch (`train/packing.collate_rows`): the teacher is the final state or the top-k."""
-        if final is not None:
-            target = target_view(final, self.lm_head_weight, self.draft)
+        if final is not None:  # only where a counted prediction or its chain reads it (teacher_rows)
+            rows = teacher_rows(loss_mask, self.ttt_steps)
+            target = target_view(final, self.lm_head_weight, self.draft, rows=rows)
         else:
             target = topk_view(teacher_ids, teacher_logprobs, self.draft)
         out = self.unroll(
