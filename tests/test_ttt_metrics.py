@@ -199,9 +199,9 @@ def test_the_teacher_at_its_read_rows_trains_and_counts_as_everywhere(kind, righ
     positions: packed prompts are skipped); every loss, gradient and count equals the teacher computed at
     every position, for each kind's unroll (its training options included), in a packed batch whose
     prompts are unmasked. `right`: every draft guesses the target's argmax (a zero lm_head's first id, the
-    target's argmax and the text everywhere), so chains that start in a prompt reach the answer and are counted: a
-    window of 1 instead of ttt_steps fails here. The rows: exactly the `steps` positions before each
-    counted token."""
+    target's argmax and the text everywhere), so chains that start in a prompt reach the answer and are
+    counted: a window of 1 instead of ttt_steps fails here. The rows: exactly the `steps` positions before
+    each counted token."""
     from test_dflash import dflash
     from test_peagle import peagle
 
