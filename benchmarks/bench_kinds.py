@@ -90,19 +90,22 @@ def groups(args, drafts) -> dict[tuple, tuple[list[tuple[str, str]], list[int]]]
     for _, name, ckpt in drafts:
         cfg = read_config(ckpt)
         kind = kind_of(cfg)
-        most = max(k for k in range(1, max(ks_of[cfg.kind]) + 1) if not kind.k_problem(cfg, k))
+        most = max((k for k in range(1, max(ks_of[cfg.kind]) + 1) if not kind.k_problem(cfg, k)), default=1)
         ks = sorted({min(k, most) for k in ks_of[cfg.kind]})
         skipped = [k for k in ks if kind.untrained_k(cfg.trained_k, k)]
         if skipped:  # rounds the loop refuses: the draft did not train them (DraftKind.untrained_k)
             print(f"# {name}: k {skipped} not run: {kind.untrained_k(cfg.trained_k, skipped[0])}")
         ks = [k for k in ks if k not in skipped]
+        if not ks and not (cfg.kind == "eagle3" and args.tree):
+            print(f"# {name}: no k left to run: left out")
+            continue
         out.setdefault((cfg.kind, cfg.block_size, tuple(ks)), ([], ks))[0].append((name, ckpt))
     return out
 
 
 def measure(args, recipe, drafts) -> list[dict]:
-    """eyas's loop: one run_eval per draft kind (and DFlash block): a P-EAGLE or DFlash draft proposes chains
-    only."""
+    """eyas's loop: one run_eval per group (`groups`: kind, DFlash block, chains; each report in
+    OUT/<kind>[-bB]-I): a P-EAGLE or DFlash draft proposes chains only."""
     rows = []
     for i, ((kind, block, _), (mine, ks)) in enumerate(groups(args, drafts).items()):
         out = args.out / f"{kind if block is None else f'{kind}-b{block}'}-{i}"

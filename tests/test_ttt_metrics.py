@@ -192,16 +192,19 @@ def test_t1_estimate_on_sampled_text_is_the_expected_acceptance():
     assert all(greedy[j].item() < exact[j] - 10 * se[j].item() for j in (1, 2))
 
 
+@pytest.mark.parametrize("loss", ["kl", "lk"])
 @pytest.mark.parametrize("right", [False, True])
 @pytest.mark.parametrize("kind", ["eagle3", "peagle", "dflash"])
-def test_the_teacher_at_its_read_rows_trains_and_counts_as_everywhere(kind, right, monkeypatch):
+def test_the_teacher_at_its_read_rows_trains_and_counts_as_everywhere(kind, right, loss, monkeypatch):
     """TTTModule computes the teacher only at teacher_rows (a counted token among the next ttt_steps
-    positions: packed prompts are skipped); every loss, gradient and count equals the teacher computed at
-    every position, for each kind's unroll (its training options included), in a packed batch whose
-    prompts are unmasked. `right`: every draft guesses the target's argmax (a zero lm_head's first id, the
-    target's argmax and the text everywhere), so chains that start in a prompt reach the answer and are
-    counted: a window of 1 instead of ttt_steps fails here. The rows: exactly the `steps` positions before
-    each counted token."""
+    positions: packed prompts are skipped, their rows left zero); every loss, gradient (finite: LK's alpha
+    is 0 on a zero row) and count equals the teacher computed at every position, for each kind's unroll (its
+    training options included), in a packed batch whose prompts are unmasked. `right`: every draft guesses the
+    target's argmax (a zero lm_head's first draft id, target id 1, is the target's argmax and the text
+    everywhere; a skipped row's argmax is 0), so chains that start in a prompt reach the answer and are
+    counted: a window of ttt_steps - 1 fails here for EAGLE-3, whose chains read the teacher that far back,
+    one of 1 for P-EAGLE too (DFlash's blocks read z_{q-1} alone). The rows: exactly the `steps` positions
+    before each counted token."""
     from test_dflash import dflash
     from test_peagle import peagle
 
@@ -212,6 +215,7 @@ def test_the_teacher_at_its_read_rows_trains_and_counts_as_everywhere(kind, righ
     want = torch.tensor([[0, 1, 1, 1, 0, 0, 0, 1, 1, 0]], dtype=torch.bool)
     assert torch.equal(ttt.teacher_rows(mask, 2), want)
     d = {"eagle3": lambda: make_draft(5), "peagle": lambda: peagle(5), "dflash": lambda: dflash(5)}[kind]()
+    d = mapped(d)  # draft id i = target id 2i + 1
     steps = 4
     options = {
         "peagle": {"cod": (0.7, 0.2), "cod_seed": (0, 0)},
@@ -225,22 +229,23 @@ def test_the_teacher_at_its_read_rows_trains_and_counts_as_everywhere(kind, righ
     mask[:, :7], mask[0, 15:22], mask[1, 24:30] = 0, 0, 0  # each row's prompts
     final, W = torch.randn(B, T, H, generator=g), torch.randn(97, H, generator=g)
     if right:
-        final[..., 0], W[:, 0], W[0, 0] = 50.0, 0.0, 1.0  # the target's argmax: id 0 everywhere
-        ids.zero_()  # and the text (a chain goes on where the token fed is the argmax)
+        final[..., 0], W[:, 0], W[1, 0] = 50.0, 0.0, 1.0  # the target's argmax: id 1 everywhere
+        ids.fill_(1)  # and the text (a chain goes on where the token fed is the argmax)
         with torch.no_grad():
-            d.lm_head.weight.zero_()  # the draft's: its id 0 (target id 0) everywhere
+            d.lm_head.weight.zero_()  # the draft's: its id 0, target id 1, everywhere
     runs = []
     for every in (False, True):
         if every:
             monkeypatch.setattr(ttt, "teacher_rows", lambda m, s: torch.ones_like(m, dtype=torch.bool))
         module = ttt.TTTModule(
-            d, W, steps, 0.8, "dense", False, unroll=KINDS[kind].forward, options=options.get(kind)
+            d, W, steps, 0.8, "dense", False, unroll=KINDS[kind].forward, options=options.get(kind), loss=loss
         )
         module.train()
         d.zero_grad()
         out = module(aux, ids, mask, doc, final=final)
         out.loss.backward()
         grads = [p.grad.clone() for p in d.parameters() if p.grad is not None]
+        assert all(bool(x.isfinite().all()) for x in grads)
         runs.append((out, grads))
     (a, ga), (b, gb) = runs
     torch.testing.assert_close(a.loss, b.loss, rtol=1e-6, atol=0)
@@ -248,5 +253,6 @@ def test_the_teacher_at_its_read_rows_trains_and_counts_as_everywhere(kind, righ
         torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-7)
     for field in ("step_count", "step_right", "step_cond_base", "step_cond_right"):
         assert getattr(a, field) == getattr(b, field), field
+    assert a.step_sampled_right == pytest.approx(b.step_sampled_right, rel=1e-6)
     assert not right or a.step_cond_base[-1] > 0
     assert a.step_sampled_right == pytest.approx(b.step_sampled_right, rel=1e-6)

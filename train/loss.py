@@ -57,7 +57,9 @@ def loss_and_grad(
         return loss, None
     qm = q * (q < p)
     dalpha = qm - q * qm.sum(-1, keepdim=True)
-    return loss, -dalpha / alpha[..., None] * (alpha > LK_MIN_ALPHA)[..., None]
+    # alpha 0 (a teacher row left zero: train/ttt.py teacher_rows; no top-k mass in the draft vocab): no
+    # gradient, and not 0 / 0
+    return loss, -dalpha / alpha.clamp(min=LK_MIN_ALPHA)[..., None] * (alpha > LK_MIN_ALPHA)[..., None]
 
 
 def chunk_positions(B: int, V: int, budget: int = BUDGET) -> int:

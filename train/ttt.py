@@ -65,7 +65,9 @@ from .sequence_parallel import SequenceParallel
 
 @dataclass
 class TargetView:
-    """What the target says at each position, computed once per batch (no grad).
+    """What the target says at each position, computed once per batch (no grad); from the final states
+    (target_view) only at teacher_rows(loss_mask, ttt_steps), every field zero elsewhere: an unroll reads
+    it only where a counted prediction, or the chain that reaches one, does.
 
     probs (B, T, V_d): target softmax restricted to the draft vocab, renormalised;
     argmax (B, T): the target's greedy next token (target ids);
@@ -503,7 +505,10 @@ class TTTModule(torch.nn.Module):
     ) -> TTTOutput:
         """A collated batch (`train/packing.collate_rows`): the teacher is the final state or the top-k."""
         if final is not None:  # only where a counted prediction or its chain reads it (teacher_rows)
-            rows = teacher_rows(loss_mask, self.ttt_steps)
+            rows = teacher_rows(loss_mask, self.ttt_steps)  # (B, T): the whole row's, as loss_mask is
+            if self.sp is not None:  # the teacher is this rank's shard and its halo (SequenceParallel.window)
+                lo, _, ext = self.sp.bounds(loss_mask.shape[1])
+                rows = rows[:, lo:ext]
             target = target_view(final, self.lm_head_weight, self.draft, rows=rows)
         else:
             target = topk_view(teacher_ids, teacher_logprobs, self.draft)
