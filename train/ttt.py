@@ -109,11 +109,10 @@ def target_view(
     B, T, _ = final.shape
     V_d = draft.config.draft_vocab_size
     draft_to_target = draft.to_target_ids(torch.arange(V_d, device=final.device))  # (V_d,)
-    idx = None if rows is None or bool(rows.all()) else rows.reshape(-1).nonzero().squeeze(1)  # (n,)
-    new = torch.empty if idx is None else torch.zeros
-    probs = new(B * T, V_d, dtype=torch.float32, device=final.device)
-    argmax = new(B * T, dtype=torch.long, device=final.device)
-    mass = new(B * T, dtype=torch.float32, device=final.device)
+    idx = None if rows is None else rows.reshape(-1).nonzero().squeeze(1)  # (n,) the rows computed
+    probs = torch.zeros(B * T, V_d, dtype=torch.float32, device=final.device)
+    argmax = torch.zeros(B * T, dtype=torch.long, device=final.device)
+    mass = torch.zeros(B * T, dtype=torch.float32, device=final.device)
     flat = final.reshape(B * T, -1) if idx is None else final.reshape(B * T, -1)[idx]
     dev = final.device.type
     dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else lm_head_weight.dtype
@@ -122,13 +121,10 @@ def target_view(
         at = slice(s, s + chunk) if idx is None else idx[s : s + chunk]
         z = (flat[s : s + chunk].to(dtype) @ w.T).float()  # (c, V)
         argmax[at] = z.argmax(-1)
-        zd = z[:, draft_to_target]
+        zd = z[:, draft_to_target]  # a copy: the softmax is taken in place
         lse = torch.logsumexp(zd, -1, keepdim=True)  # one reduction for both: the softmax and its mass
-        if idx is None:
-            torch.exp(zd - lse, out=probs[at])
-        else:
-            probs[at] = torch.exp(zd - lse)
         mass[at] = (lse[:, 0] - torch.logsumexp(z, -1)).exp()
+        probs[at] = zd.sub_(lse).exp_()
     argmax = argmax.view(B, T)
     return TargetView(probs.view(B, T, V_d), argmax, draft.t2d[argmax], mass.view(B, T))
 
