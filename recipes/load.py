@@ -14,6 +14,7 @@ from eyas.infra.layout import RECIPE
 from eyas.recipes.draft import SECTIONS
 from eyas.recipes.schema import Recipe, RecipeError, check
 from eyas.recipes.types import inner_model, tagged_member
+from eyas.train.kinds import DEFAULT_KIND
 
 # ------------------------------------------------------------------ pydantic's errors, in our words
 
@@ -158,10 +159,38 @@ def load_recipe(source: str | Path | dict | None, overrides: list[str] | None = 
             raw = yaml.safe_load(path.read_text()) or {}
         except yaml.YAMLError as e:
             raise RecipeError(f"recipe {path}: not valid YAML: {e}") from e
+    over = parse_overrides(overrides or [])
+    kind_switch(raw, over, source)
     try:
-        return Recipe.model_validate(_merge(raw, parse_overrides(overrides or [])))
+        return Recipe.model_validate(_merge(raw, over))
     except ValidationError as e:
         raise _recipe_error(e) from None
+
+
+def kind_switch(raw: dict, over: dict, source: Any) -> None:
+    """Refuse an override of `draft.kind` over a file whose draft section holds, at the file's kind's default,
+    a key whose default the new kind sets otherwise: a run's saved recipe.yaml writes every key, so
+    `draft.kind=dflash` over an EAGLE-3 run's would train a 1-layer DFlash (EAGLE-3's num_layers) where
+    DFlash's own default is 5. The command line (or a recipe of the new kind) says which is meant."""
+    if isinstance(over.get("draft"), Replace):  # `draft={...}`: the file's section is not read
+        return
+    file_draft = raw.get("draft") if isinstance(raw.get("draft"), dict) else {}
+    over_draft = over.get("draft") if isinstance(over.get("draft"), dict) else {}
+    old, new = file_draft.get("kind", DEFAULT_KIND), over_draft.get("kind")
+    if new is None or new == old or old not in SECTIONS or new not in SECTIONS:
+        return
+    was, now = SECTIONS[old].model_fields, SECTIONS[new].model_fields
+    held = [
+        f"draft.{k}: {v!r} ({old}'s default; {new}'s is {now[k].default!r})"
+        for k, v in file_draft.items()
+        if k in was and k in now and k not in over_draft and v == was[k].default != now[k].default
+    ]
+    check(
+        not held,
+        f"draft.kind={new} over recipe {source} (kind {old})",
+        f"it holds {', '.join(held)}: give each on the command line (draft.KEY=VALUE), or start from a "
+        f"recipe of kind {new}",
+    )
 
 
 def dump_recipe(r: Recipe) -> str:

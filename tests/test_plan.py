@@ -40,13 +40,13 @@ def test_gpt_oss_120b_plan_on_8xh100_matches_hand_computation():
     assert p.capture_bytes_per_token == 4 * H * 2 + 5  # 3 aux + final, bf16, + token id and loss mask
     assert p.capture_bytes == tokens * 23_045
     # fp32 weights + grads, Muon's momentum on the matrices and AdamW's two moments on the norms; the fp32
-    # frozen embedding and lm_head rows; the fp32 teacher lm_head
-    static = 8 * draft + 4 * MATRICES + 8 * (draft - MATRICES) + 4 * (V * H + H * VD) + 4 * V * H
+    # frozen embedding and lm_head rows; the fp32 teacher lm_head and its bf16 copy, kept (teacher_weight)
+    static = 8 * draft + 4 * MATRICES + 8 * (draft - MATRICES) + 4 * (V * H + H * VD) + 4 * V * H + 2 * V * H
     # the teacher (train/ttt.py target_view): fp32 over the draft vocabulary, argmax, mass and flag at every
-    # position, held through the step; its lm_head chunks (1024 positions of 10 V + 4 V_d bytes at most, and
-    # the lm_head cast to bf16) are gone before the unroll, whose activations are larger here
+    # position, held through the step; its lm_head chunks (128 positions of 10 V + 4 V_d bytes at most) are
+    # gone before the unroll, whose activations are larger here
     teacher = 4096 * (4 * VD + 13)
-    scratch = 1024 * (10 * V + 4 * VD) + 2 * V * H
+    scratch = 128 * (10 * V + 4 * VD)
     unrolled = a.act_bytes_per_token_step * 4096 * 1 * 5
     assert p.train_teacher_gb * 1e9 == pytest.approx(teacher) and unrolled > scratch
     assert p.train_gb_per_gpu * 1e9 == pytest.approx(static + unrolled + teacher)
@@ -103,7 +103,7 @@ def test_gpt_oss_120b_plan_on_8xh100_matches_hand_computation():
 def test_training_memory_prices_the_optimizer_and_a_frozen_lm_head(optimizer, lm_head):
     """Static training bytes = fp32 weights and gradients of the trainable parameters + the optimizer's state
     (AdamW: 2 moments; Muon: 1 momentum on the hidden matrices, AdamW's 2 on the norms) + the fp32 frozen
-    weights (the embedding; the lm_head under target_frozen) + the fp32 teacher lm_head."""
+    weights (the embedding; the lm_head under target_frozen) + the fp32 teacher lm_head and its bf16 copy."""
     over = [f"train.optimizer={optimizer}", f"draft.lm_head={lm_head}"]
     p = plan(load_recipe("gpt-oss-120b", over), "8xH100")
     norms, head = 7 * H, H * VD
@@ -111,7 +111,7 @@ def test_training_memory_prices_the_optimizer_and_a_frozen_lm_head(optimizer, lm
     state = 8 * trainable if optimizer == "adamw" else 4 * MATRICES + 8 * (trainable - MATRICES)
     frozen = V * H + (head if lm_head == "target_frozen" else 0)
     assert (p.draft_trainable, p.draft_frozen) == (trainable, frozen)
-    assert p.train_static_gb * 1e9 == pytest.approx(8 * trainable + state + 4 * frozen + 4 * V * H)
+    assert p.train_static_gb * 1e9 == pytest.approx(8 * trainable + state + 4 * frozen + 6 * V * H)
     assert p.allreduce_bytes == 4 * trainable
     assert f"gradients, {'AdamW' if optimizer == 'adamw' else 'Muon (AdamW on the rest)'}, frozen" in render(
         load_recipe("gpt-oss-120b", over), p
@@ -234,15 +234,17 @@ def test_gpt_oss_120b_plan_from_a_prompts_stage_run_offline(tmp_path):
 
 def test_the_teacher_scratch_is_one_chunk_of_the_positions_there_are():
     """teacher_scratch_bytes (eyas/plan/cost.py): target_view's chunk is at most the step's positions; with
-    every id the draft's (DFlash), 8 V + 8 V_d bytes a position; the lm_head's bf16 copy unless training is
-    fp32; a top-k teacher renormalises a copy of its probabilities instead."""
-    from eyas.plan.cost import count_draft, target_config, teacher_scratch_bytes
+    every id the draft's (DFlash), 8 V + 8 V_d bytes a position; the lm_head's bf16 copy, kept through
+    training unless it is fp32 (teacher_cast_bytes); a top-k teacher renormalises a copy of its probabilities
+    instead."""
+    from eyas.plan.cost import count_draft, target_config, teacher_cast_bytes, teacher_scratch_bytes
 
     r = load_recipe("gpt-oss-120b-dflash", ["train.max_length=512"])
     d = count_draft(r, target_config(r)[0])
     assert d.config.draft_vocab_size == V
-    assert teacher_scratch_bytes(r, d, 512) == 512 * 16 * V + 2 * V * H
+    assert teacher_scratch_bytes(r, d, 100) == 100 * 16 * V
+    assert teacher_scratch_bytes(r, d, 512) == 128 * 16 * V and teacher_cast_bytes(r, d) == 2 * V * H
     fp32 = load_recipe("gpt-oss-120b-dflash", ["train.mixed_precision='no'"])
-    assert teacher_scratch_bytes(fp32, d, 8192) == 1024 * 16 * V
+    assert teacher_scratch_bytes(fp32, d, 8192) == 128 * 16 * V and teacher_cast_bytes(fp32, d) == 0
     topk = load_recipe("gpt-oss-120b", ["capture.teacher=topk"])
     assert teacher_scratch_bytes(topk, count_draft(topk, target_config(topk)[0]), 4096) == 4096 * 4 * VD

@@ -340,3 +340,25 @@ def test_another_kinds_key_is_named_with_its_kind():
         load_recipe({"draft": {"block_size": 8}})
     with pytest.raises(RecipeError, match=r"^draft.bogus: unknown key for draft.kind eagle3 \(known: "):
         load_recipe({"draft": {"bogus": 1}})
+
+
+def test_a_kind_switch_refuses_the_old_kinds_defaults(tmp_path):
+    """`draft.kind=dflash` over a run's saved recipe.yaml (every key written, EAGLE-3's num_layers: 1 among
+    them) is refused, naming the key and both defaults, rather than training a 1-layer DFlash; stated on the
+    command line it goes through; a value that is no kind's default is the file's choice and is kept."""
+    saved = tmp_path / "recipe.yaml"
+    saved.write_text(dump_recipe(load_recipe("demo")))
+    with pytest.raises(RecipeError) as e:
+        load_recipe(saved, ["draft.kind=dflash", "draft.norm_before_fc=false", "draft.norm_output=false"])
+    assert str(e.value) == (
+        f"draft.kind=dflash over recipe {saved} (kind eagle3): it holds draft.num_layers: 1 (eagle3's "
+        "default; dflash's is 5): give each on the command line (draft.KEY=VALUE), or start from a recipe of "
+        "kind dflash"
+    )
+    over = ["draft.kind=dflash", "draft.norm_before_fc=false", "draft.norm_output=false"]
+    over += ["train.block_lengths=random"]  # the demo's eval.k 4 is a shorter block than it trains
+    assert load_recipe(saved, [*over, "draft.num_layers=5"]).draft.num_layers == 5
+    assert load_recipe({"draft": {"num_layers": 3}}, ["draft.kind=dflash"]).draft.num_layers == 3
+    assert load_recipe({}, ["draft.kind=dflash"]).draft.num_layers == 5  # no file key: the kind's own
+    # `draft={...}` replaces the file's section whole: nothing of it is kept, so nothing is refused
+    assert load_recipe(saved, ["draft={kind: dflash}", over[-1]]).draft.num_layers == 5

@@ -244,7 +244,7 @@ def training_memory(
 ) -> tuple[float, float]:
     """Draft training bytes per GPU (DDP: everything replicated) -> (static, activations). Static: fp32
     weights, gradients and optimizer state, the fp32 frozen weights (embedding; lm_head where frozen), the
-    teacher lm_head (teacher final).
+    teacher lm_head (teacher final) and its copy in the autocast dtype (`teacher_cast_bytes`).
     Activations: the measured bytes per token per TTT step, scaled by the draft's layer width, for the
     tokens of a row one GPU holds (train.sequence_parallel P: T / P of each; train/sequence_parallel.py),
     DFlash's blocks and context for the whole row (its blocks sit where the answers are: one shard may
@@ -255,6 +255,7 @@ def training_memory(
         + draft.optimizer_bytes
         + 4 * draft.frozen
         + (4 * cfg.vocab_size * cfg.hidden_size if recipe.capture.teacher == "final" else 0)
+        + teacher_cast_bytes(recipe, draft)
     )
     per_ts = a.act_bytes_per_token_step_checkpointed if tr.checkpoint_layer else a.act_bytes_per_token_step
     # measured at gpt-oss-120b draft dims: hidden 2880, intermediate 17280
@@ -277,7 +278,7 @@ def shard_rows(tr) -> int:
     return math.ceil(tr.max_length / tr.sequence_parallel) * tr.batch_size
 
 
-TEACHER_CHUNK = 1024  # positions per full-vocabulary lm_head chunk (train/ttt.py target_view's `chunk`)
+TEACHER_CHUNK = 128  # positions per full-vocabulary lm_head chunk (train/ttt.py target_view's `chunk`)
 
 
 def teacher_bytes(draft: DraftCount, rows: int) -> float:
@@ -288,17 +289,25 @@ def teacher_bytes(draft: DraftCount, rows: int) -> float:
     return rows * (4 * draft.config.draft_vocab_size + 8 + 4 + 1)
 
 
+def teacher_cast_bytes(recipe: Recipe, draft: DraftCount) -> float:
+    """The fp32 teacher lm_head's copy in the autocast dtype, cast once and kept (train/ttt.py
+    TTTModule.teacher_weight): 2 V H_t bytes (1.16 GB at gpt-oss-120b); none in fp32 or with a top-k
+    teacher."""
+    if recipe.capture.teacher == "topk" or recipe.train.mixed_precision == "no":
+        return 0
+    return 2 * draft.config.vocab_size * draft.config.target_hidden_size
+
+
 def teacher_scratch_bytes(recipe: Recipe, draft: DraftCount, rows: int) -> float:
     """What computing the teacher holds for a moment, before the unroll: target_view's one chunk of
     positions at a time (its full-vocabulary logits in bf16 and fp32 beside the previous chunk's fp32 logits
     and draft slice, 10 V + 4 V_d bytes a position; or, later, the logits, the slice, the softmax's exponent
-    and logsumexp's copy, 8 V + 8 V_d) and the lm_head cast once to the autocast dtype (2 V H_t, unless
-    training runs in fp32); topk_view (capture.teacher topk): the renormalised copy of its probabilities."""
-    c, V, V_d = draft.config, draft.config.vocab_size, draft.config.draft_vocab_size
+    and logsumexp's copy, 8 V + 8 V_d); topk_view (capture.teacher topk): the renormalised copy of its
+    probabilities."""
+    V, V_d = draft.config.vocab_size, draft.config.draft_vocab_size
     if recipe.capture.teacher == "topk":
         return rows * 4 * V_d
-    cast = 2 * V * c.target_hidden_size if recipe.train.mixed_precision != "no" else 0
-    return min(TEACHER_CHUNK, rows) * max(10 * V + 4 * V_d, 8 * V + 8 * V_d) + cast
+    return min(TEACHER_CHUNK, rows) * max(10 * V + 4 * V_d, 8 * V + 8 * V_d)
 
 
 def grid_bytes(recipe: Recipe, draft: DraftCount) -> tuple[float, float]:
