@@ -99,7 +99,8 @@ def groups(args, drafts) -> dict[tuple, tuple[list[tuple[str, str]], list[int]]]
         if not ks and not (cfg.kind == "eagle3" and args.tree):
             print(f"# {name}: no k left to run: left out")
             continue
-        out.setdefault((cfg.kind, cfg.block_size, tuple(ks)), ([], ks))[0].append((name, ckpt))
+        block = getattr(cfg, "block_size", None)  # DFlash's (DFlashConfig), none for the other kinds
+        out.setdefault((cfg.kind, block, tuple(ks)), ([], ks))[0].append((name, ckpt))
     return out
 
 

@@ -31,24 +31,27 @@ H, V, V_D, N_AUX, TTT = 64, 300, 120, 3, 4
 
 def draft(opts: dict) -> Eagle3Draft:
     torch.manual_seed(0)
-    cfg = DraftConfig(
-        hidden_size=H,
-        num_attention_heads=8,
-        num_key_value_heads=4,
-        head_dim=16,
-        intermediate_size=128,
-        vocab_size=V,
-        draft_vocab_size=V_D,
-        aux_layer_ids=[1, 2, 3],
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-        norm_before_fc=bool(opts.get("norm_before_fc", 0)),
-        norm_before_residual=bool(opts.get("norm_before_residual", 0)),
-        norm_output=bool(opts.get("norm_output", 0)),
-        num_layers=int(opts.get("num_layers", 1)),
-        sliding_window=int(opts.get("sliding_window", 0)) or None,
-        kind=opts.get("kind", "eagle3"),
-        mask_token_id=V - 1 if opts.get("kind") == "dflash" else None,
-        block_size=TTT + 1 if opts.get("kind") == "dflash" else None,
+    # every kind's options at once, the kind's own kept (from_dict drops another kind's at null or false)
+    cfg = DraftConfig.from_dict(
+        dict(
+            hidden_size=H,
+            num_attention_heads=8,
+            num_key_value_heads=4,
+            head_dim=16,
+            intermediate_size=128,
+            vocab_size=V,
+            draft_vocab_size=V_D,
+            aux_layer_ids=[1, 2, 3],
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+            norm_before_fc=bool(opts.get("norm_before_fc", 0)),
+            norm_before_residual=bool(opts.get("norm_before_residual", 0)),
+            norm_output=bool(opts.get("norm_output", 0)),
+            num_layers=int(opts.get("num_layers", 1)),
+            sliding_window=int(opts.get("sliding_window", 0)) or None,
+            kind=opts.get("kind", "eagle3"),
+            mask_token_id=V - 1 if opts.get("kind") == "dflash" else None,
+            block_size=TTT + 1 if opts.get("kind") == "dflash" else None,
+        )
     )
     d = make_draft(cfg)
     for p in d.parameters():  # away from the initial zeros / ones, so every option changes the outputs

@@ -23,7 +23,6 @@ from eyas.infra.errors import InputError
 from eyas.train.kinds.config import DraftConfig
 
 from .kinds import kind_of, make_draft
-from .kinds.config_json import eagle3_config  # the one definition of the EAGLE-3 config fields
 from .model import Eagle3Draft, Rotary
 
 
@@ -43,7 +42,7 @@ def save_draft(
             continue
         t = t.detach().cpu()
         tensors[name] = t.to(dtype) if t.is_floating_point() else t
-    config = eagle3_config(draft.config, dtype, kind_of(draft.config))
+    config = kind_of(draft.config).checkpoint_config(draft.config, dtype)
     config["eyas"] = {
         "draft_config": draft.config.to_dict(),
         "layer_id_convention": LAYER_ID_CONVENTION,
@@ -72,7 +71,7 @@ def read_config(path: str | Path) -> DraftConfig:
             f"{path}: not an eyas checkpoint (no 'eyas' block in config.json); "
             "use `eyas import` to convert a published draft"
         )
-    return DraftConfig(**raw["eyas"]["draft_config"])
+    return DraftConfig.from_dict(raw["eyas"]["draft_config"])
 
 
 CHUNK_BYTES = 256 * 2**20  # a tensor of the file is read this much at a time (the embedding: 2.3 GB in fp32)

@@ -79,7 +79,7 @@ brought each feature, since releases were not tagged in the copies read):
 from __future__ import annotations
 
 from eyas.train.kinds import KINDS, kind_of
-from eyas.train.kinds.config import DraftConfig
+from eyas.train.kinds.config import DraftConfig, layer_option
 from eyas.train.kinds.config_json import output_numbering
 
 ENGINES = ("vllm", "sglang", "trtllm")
@@ -158,18 +158,18 @@ def problems(
             "embedding (SGLang eagle_worker.py set_embed; TensorRT-LLM's was not verified); serve it with "
             "vLLM, which keeps a draft's distinct embed_tokens (vllm/v1/spec_decode/llm_base_proposer.py)"
         )
-    if cfg.norm_before_residual and engine in ("sglang", "trtllm"):
+    if layer_option(cfg, "norm_before_residual") and engine in ("sglang", "trtllm"):
         found.append(
             f"norm_before_residual: {label}'s first draft layer always keeps the raw hidden state as "
             "its residual (SGLang llama_eagle3.py / TRT-LLM Eagle3DecoderLayer); serve it with vLLM"
         )
-    if cfg.sliding_window and engine in ("sglang", "trtllm"):
+    if layer_option(cfg, "sliding_window") and engine in ("sglang", "trtllm"):
         found.append(
             f"sliding_window {cfg.sliding_window}: {label} is not known to read a window from an EAGLE-3 "
             "draft's config (SGLang llama.py's LlamaAttention builds RadixAttention without one; "
             "TensorRT-LLM's was not verified), so it would attend over the whole context; serve it with vLLM"
         )
-    if cfg.norm_output and engine in ("sglang", "trtllm"):
+    if layer_option(cfg, "norm_output") and engine in ("sglang", "trtllm"):
         found.append(
             f"norm_output: {label} feeds the draft's prenorm output to its next step (SGLang "
             "llama_eagle3.py / TRT-LLM modeling_speculative.py); serve it with vLLM"
@@ -245,7 +245,7 @@ def notes(cfg: DraftConfig, engine: str, target_layers: int | None = None) -> li
             )
         if last:
             out.append(f"aux layer id {target_layers} (the last layer's output): needs vLLM with PR #36063")
-        if cfg.norm_before_fc:
+        if layer_option(cfg, "norm_before_fc"):
             out.append(
                 "norm_before_fc: needs vLLM with PR #36545 (eagle3 config) / #38111 (speculators config)"
             )
@@ -257,7 +257,7 @@ def notes(cfg: DraftConfig, engine: str, target_layers: int | None = None) -> li
                 f"aux_layer_ids {ids}: needs SGLang with PR #25454 (older releases add 1 to every "
                 "eagle_config id)"
             )
-        if cfg.norm_before_fc or last:
+        if layer_option(cfg, "norm_before_fc") or last:
             out.append("norm_before_fc / the last layer's output: needs SGLang with PR #32334")
         if cfg.num_layers > 1 or n_aux != 3:
             out.append("num_layers > 1 or a number of aux states other than 3: needs SGLang with PR #24663")

@@ -429,7 +429,7 @@ def read_published(
     layout = detect_layout(raw, str(config_path))
     notes: list[str] = []
     if layout == "eyas":
-        cfg = DraftConfig(**raw["eyas"]["draft_config"])
+        cfg = DraftConfig.from_dict(raw["eyas"]["draft_config"])
         if target:
             cfg.target_model = target
     else:

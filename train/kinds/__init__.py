@@ -20,7 +20,7 @@ from pathlib import Path
 from eyas.infra.errors import InputError
 
 from .base import DraftKind
-from .config import DEFAULT_KIND
+from .config import DEFAULT_KIND, DraftConfig
 from .dflash import DFLASH
 from .eagle3 import EAGLE3
 from .peagle import PEAGLE
@@ -28,6 +28,10 @@ from .peagle import PEAGLE
 KINDS: dict[str, DraftKind] = {k.name: k for k in (EAGLE3, PEAGLE, DFLASH)}
 if DEFAULT_KIND not in KINDS:  # DraftConfig's default kind (config.py) is a registered one
     raise ImportError(f"train/kinds/config.py DEFAULT_KIND {DEFAULT_KIND!r} is no registered kind")
+if any(DraftConfig.classes.get(n) is not k.config_class for n, k in KINDS.items()):  # each its own class
+    raise ImportError(
+        "a kind's config_class is not the DraftConfig class of its kind (train/kinds/*/config.py)"
+    )
 
 
 def kind_named(name: str) -> DraftKind:

@@ -33,6 +33,9 @@ class DraftKind:
     ]  # the dotted module of its torch half: MODEL (a class built from a DraftConfig), UNROLL
     # "module:Class" of its recipe `draft` section (recipes/draft.py), a module in the recipes' layer
     draft_section: ClassVar[str]
+    # its checkpoint config: DraftConfig's fields and its own (train/kinds/<name>/config.py), which
+    # DraftConfig(kind=name, ...) builds
+    config_class: ClassVar[type]
     chains_only: ClassVar[bool] = False  # proposes chains only (no trees)
     # train.sequence_parallel splits the attention's heads over a row's ranks (Ulysses: P divides them);
     # otherwise the row's context is gathered (train/sequence_parallel.py)
@@ -139,6 +142,11 @@ class DraftKind:
     # its decoder layers keep their published names `layers.i.` (the importer renames EAGLE-3's
     # `layers.0.` / `midlayer.0.` to `midlayer.`)
     own_layer_names: ClassVar[bool] = False
+
+    def checkpoint_config(self, cfg, dtype) -> dict:
+        """The config.json a training checkpoint of `cfg`'s draft carries (train/checkpoint.py): its own
+        layout's, `formats[0]`, beside eyas's record."""
+        return eagle3_config(cfg, dtype, self)
 
     def published_config(self, cfg, fmt: str, dtype, k: int, verifier: tuple[str, list[str]] | None) -> dict:
         """The config.json of its layout `fmt` (one of `formats`) for `cfg`'s draft in `dtype`, serving `k`

@@ -1,18 +1,22 @@
-"""A draft's sizes and switches (`DraftConfig`): what a checkpoint's config.json records under "eyas" and
-every kind's model is built from. Torch-free (the schema, the plan and the checkpoint format read it).
+"""A draft's sizes and switches: what a checkpoint's config.json records under "eyas" and every kind's
+model is built from. Torch-free (the schema, the plan and the checkpoint format read it).
 
-One flat class for every kind: a field only some kinds read says which (`kind`, mask_token_id, block_size,
-attention_bias); the recipe refuses the others (DraftKind.own_options)."""
+`DraftConfig` holds the fields every kind reads; each kind's own class adds its own, in its home
+(train/kinds/<name>/config.py: Eagle3Config's layer options, PEagleConfig's mask token, DFlashConfig's block),
+and `DraftConfig(kind=..., ...)` is that class: the kind picks it, as `draft.kind` picks the recipe's
+section (recipes/draft.py). A record written before the kinds had their own classes lists every kind's
+fields, another kind's at null or false: `from_dict` drops those and refuses one that is set."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, ClassVar
 
 # the kind of a recipe, and of a record, that names none (written before kinds): EAGLE-3 (train/kinds/eagle3/)
 DEFAULT_KIND = "eagle3"
 
 
-# recipe `draft` switches
+# recipe `draft` switches (each kind's class has those it reads)
 OPTIONS = (
     "norm_before_fc",
     "norm_before_residual",
@@ -43,22 +47,10 @@ class DraftConfig:
     rope_parameters: dict = field(default_factory=lambda: {"rope_type": "default", "rope_theta": 10000.0})
     hidden_act: str = "silu"
     target_model: str | None = None  # name or path of the target the head was trained for
-    norm_before_fc: bool = False  # RMSNorm `input_norm` over the concatenated aux states before fc
-    norm_before_residual: bool = False  # first layer: residual = hidden_norm(h) instead of h
-    num_layers: int = 1  # decoder layers (the first takes [embed ‖ h], the rest are plain Llama layers)
-    norm_output: bool = False  # the next step's h is norm(h_out) instead of h_out
-    # attention over the last `sliding_window` positions only (a query at position p sees keys at p - W + 1
-    # .. p, as transformers' and vLLM's windows); None: all of them
-    sliding_window: int | None = None
+    num_layers: int = 1  # decoder layers
     # the draft kind (train/kinds/): eagle3 (a chain of draft forwards), peagle (one forward, K drafts) or
-    # dflash (one non-causal forward over a block)
+    # dflash (one non-causal forward over a block); each kind's class sets its own
     kind: str = DEFAULT_KIND
-    # peagle, dflash: the input token of the mask slots (vLLM's pard_token / dflash_config.mask_token_id)
-    mask_token_id: int | None = None
-    # dflash: the slots of a block (the anchor and block_size - 1 mask slots; train/kinds/dflash/core.py)
-    block_size: int | None = None
-    # dflash: q/k/v/o projections with a bias (z-lab's gpt-oss drafts; vLLM qwen3_dflash attention_bias)
-    attention_bias: bool = False
     # the draft's embed_tokens is its own (trained: speculators' P-EAGLE trains it), not the target's: read
     # from its file wherever it runs and exported with it (vLLM keeps a draft's distinct embedding)
     own_embedding: bool = False
@@ -67,7 +59,23 @@ class DraftConfig:
     # not train (untrained_k). None: not recorded (a draft imported from another trainer's layout)
     trained_k: list[int] | None = None
 
+    # kind -> its class, filled as each kind's class is defined (its `kind` default names it)
+    classes: ClassVar[dict[str, type[DraftConfig]]] = {}
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "kind" in cls.__dict__:
+            DraftConfig.classes[cls.__dict__["kind"]] = cls
+
+    def __new__(cls, *args, **kwargs):
+        """DraftConfig(kind=K, ...) is K's own class (Eagle3Config when no kind is named)."""
+        if cls is DraftConfig:
+            cls = own_class(kwargs.get("kind", DEFAULT_KIND))
+        return super().__new__(cls)
+
     def __post_init__(self):
+        if own_class(self.kind) is not type(self):
+            raise ValueError(f"{type(self).__name__} with kind {self.kind!r}: that kind's class is another")
         if self.target_hidden_size is None:
             self.target_hidden_size = self.hidden_size
 
@@ -77,6 +85,18 @@ class DraftConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, record: dict[str, Any]) -> DraftConfig:
+        """A record (config.json's "eyas" draft_config, or keyword fields) -> its kind's class; a field its
+        kind lacks is dropped at null or false (another kind's, in a record written before each kind had
+        its own class) and refused otherwise."""
+        own = own_class(record.get("kind", DEFAULT_KIND))
+        mine = {f.name for f in fields(own)}
+        stray = sorted(k for k, v in record.items() if k not in mine and v not in (None, False))
+        if stray:
+            raise ValueError(f"draft config of kind {own.kind!r}: {', '.join(stray)} not fields of that kind")
+        return own(**{k: v for k, v in record.items() if k in mine})
 
     @classmethod
     def from_target_config(cls, tcfg, aux_layer_ids, draft_vocab_size, target_model=None, **overrides):
@@ -111,4 +131,20 @@ class DraftConfig:
         unknown = {k: v for k, v in overrides.items() if v is not None}
         if unknown:
             raise ValueError(f"unknown draft overrides: {sorted(unknown)}")
-        return cls(**kw)
+        return cls.from_dict(kw)
+
+
+def own_class(kind: str) -> type[DraftConfig]:
+    """The DraftConfig class of `kind` (train/kinds/<kind>/config.py)."""
+    try:
+        return DraftConfig.classes[kind]
+    except KeyError:
+        known = ", ".join(DraftConfig.classes)
+        raise ValueError(f"unknown draft kind {kind!r} (expected one of {known})") from None
+
+
+def layer_option(cfg: DraftConfig, name: str) -> Any:
+    """An EAGLE-3 layer option of `cfg` (norm_before_fc, norm_before_residual, norm_output, sliding_window;
+    Eagle3Config's, which P-EAGLE's extends), None for a kind whose layer has none (DFlash's Qwen3 layers):
+    for the engines' checks, which ask every kind's draft."""
+    return getattr(cfg, name, None)

@@ -9,6 +9,7 @@ interface: train/kinds/base.py).
 from __future__ import annotations
 
 from ..base import DraftKind
+from .config import DFlashConfig
 from .layout import ARCHITECTURE, dflash_config, dflash_speculators_config, read_dflash_config
 
 
@@ -22,6 +23,7 @@ class DFlash(DraftKind):
     summary = "DFlash: a block of drafts from one non-causal forward (random anchors)"
     core = "eyas.train.kinds.dflash.core"
     draft_section = "eyas.train.kinds.dflash.recipe:DFlashSection"  # its recipe `draft` keys
+    config_class = DFlashConfig
     chains_only = True
     sp_splits_heads = False  # it gathers the row's context instead
     anchor_row = True
@@ -148,6 +150,9 @@ class DFlash(DraftKind):
         return "draft kind dflash: eyas exports it for vLLM (method dflash, qwen3_dflash.py) only"
 
     own_layer_names = True  # Qwen3's `layers.i.`
+
+    def checkpoint_config(self, cfg, dtype) -> dict:
+        return dflash_config(cfg, dtype)  # z-lab's layout, not EAGLE-3's
 
     def published_config(self, cfg, fmt: str, dtype, k: int, verifier: tuple[str, list[str]] | None) -> dict:
         """layout.py: z-lab's, or speculators' (whose k is its block's, block_size - 1)."""

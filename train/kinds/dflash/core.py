@@ -132,8 +132,12 @@ class DFlashDraft(nn.Module):
         add_output_head(self, cfg)
         self.reset_parameters()
 
-    # the vocab map, the fused aux states and the logits are EAGLE-3's (train/model.py, their one home)
-    fuse = Eagle3Draft.fuse  # fc(aux) (no norm_before_fc here): vLLM's combine_hidden_states
+    def fuse(self, aux: torch.Tensor) -> torch.Tensor:
+        """Target aux states (B, T, n_aux*H_t) -> fc(aux) (B, T, H): vLLM's combine_hidden_states (DFlash has
+        no norm_before_fc, EAGLE-3's option)."""
+        return self.fc(aux.to(self.fc.weight.dtype))
+
+    # the vocab map and the logits are EAGLE-3's (train/model.py, their one home)
     logits = Eagle3Draft.logits
     to_target_ids = Eagle3Draft.to_target_ids
     set_vocab_map = Eagle3Draft.set_vocab_map

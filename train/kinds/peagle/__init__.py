@@ -7,6 +7,7 @@ is `PEagle` below (the interface: train/kinds/base.py).
 from __future__ import annotations
 
 from ..base import DraftKind
+from .config import PEagleConfig
 
 # a published draft's mask token, in the order vLLM 0.32's llm_base_proposer reads it
 MASK_KEYS = ("mask_token_id", "pard_token", "ptd_token_id")
@@ -27,6 +28,7 @@ class PEagle(DraftKind):
     summary = "P-EAGLE: all K drafts from one forward (COD-sampled depths)"
     core = "eyas.train.kinds.peagle.core"
     draft_section = "eyas.train.kinds.peagle.recipe:PEagleSection"  # its recipe `draft` keys
+    config_class = PEagleConfig
     chains_only = True
     feeds_output_back = False  # one forward a round: norm_output has no effect (vLLM's loader drops it)
     mask_slots = True
