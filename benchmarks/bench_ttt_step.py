@@ -118,6 +118,7 @@ def make_draft(
     (V, H). DFlash: DFLASH's layers and aux states, a block of `steps` + 1."""
     H, nh, nkv, hd, inter, V, Vd = SIZES[size]
     dflash = {**DFLASH, "block_size": steps + 1} if kind == "dflash" else {"aux_layer_ids": [2, 18, 33]}
+    mask = {"mask_token_id": V - 1} if kind != "eagle3" else {}  # P-EAGLE's and DFlash's mask slots
     cfg = DraftConfig(
         hidden_size=H,
         num_attention_heads=nh,
@@ -127,7 +128,7 @@ def make_draft(
         vocab_size=V,
         draft_vocab_size=Vd,
         kind=kind,
-        mask_token_id=V - 1 if kind != "eagle3" else None,
+        **mask,
         **dflash,
     )
     torch.manual_seed(0)

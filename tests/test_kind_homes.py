@@ -18,6 +18,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pytest
+
 from eyas.train.kinds import KINDS
 from tests.test_import_cycles import ROOT, eyas_modules
 
@@ -172,3 +174,53 @@ def test_each_kinds_unroll_has_the_shared_signature():
         got = [(p.name, p.default) for p in params[7 : 7 + len(settings)]]
         assert got == [(p.name, p.default) for p in settings], name
         assert [p.name for p in params[7 + len(settings) :]] == list(kind.options(TrainSection())), name
+
+
+def test_each_kind_has_its_own_checkpoint_config():
+    """DraftConfig(kind=K) is K's own class (train/kinds/<K>/config.py): a field another kind owns is not
+    there (an EAGLE-3 draft has no block, a DFlash draft no EAGLE-3 layer option), and given, it is refused; a
+    record written before (every kind's fields, the others at null or false) reads back through from_dict,
+    which refuses another kind's field that is set and a field no kind has; a DFlash training checkpoint's
+    config.json is z-lab's layout, not EAGLE-3's."""
+    import dataclasses
+
+    import torch
+
+    from eyas.train.kinds import KINDS
+    from eyas.train.kinds.config import DraftConfig
+
+    base = dict(
+        hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8, intermediate_size=48
+    )
+    base.update(vocab_size=97, draft_vocab_size=40, aux_layer_ids=[1, 2])
+    own = {"eagle3": {}, "peagle": {"mask_token_id": 96}, "dflash": {"mask_token_id": 96, "block_size": 4}}
+    assert set(own) == set(KINDS)
+    flat = {
+        "norm_before_fc": False,
+        "norm_before_residual": False,
+        "norm_output": False,
+        "sliding_window": None,
+    }
+    flat.update(mask_token_id=None, block_size=None, attention_bias=False)
+    for name, kind in KINDS.items():
+        cfg = DraftConfig(**base, kind=name, **own[name])
+        assert type(cfg) is kind.config_class and cfg.kind == name
+        assert dataclasses.replace(cfg, num_layers=2).kind == name
+        assert DraftConfig.from_dict({**flat, **cfg.to_dict()}) == cfg  # an old record's unset fields dropped
+    assert not hasattr(DraftConfig(**base), "block_size")
+    assert not hasattr(DraftConfig(**base, kind="dflash", **own["dflash"]), "norm_before_fc")
+    with pytest.raises(TypeError, match="block_size"):
+        DraftConfig(**base, block_size=4)
+    with pytest.raises(
+        ValueError, match=r"^draft config of kind 'dflash': norm_output not fields of that kind"
+    ):
+        DraftConfig.from_dict({**base, **own["dflash"], "kind": "dflash", "norm_output": True})
+    with pytest.raises(ValueError, match=r"^draft config of kind 'eagle3': bogus not fields of that kind"):
+        DraftConfig.from_dict({**base, "bogus": None})
+    with pytest.raises(ValueError, match=r"^unknown draft kind 'dspark'"):
+        DraftConfig(**base, kind="dspark")
+    dflash = DraftConfig(**base, kind="dflash", **own["dflash"])
+    raw = KINDS["dflash"].checkpoint_config(dflash, torch.bfloat16)
+    z_lab = KINDS["dflash"].published_config(dflash, "dflash", torch.bfloat16, 3, None)
+    assert raw["architectures"] == z_lab["architectures"]
+    assert "norm_before_fc" not in raw and raw["block_size"] == 4

@@ -1,7 +1,9 @@
-"""eyas draft checkpoints: a directory vLLM, SGLang and TRT-LLM load as an EAGLE-3 draft.
+"""eyas draft checkpoints: a directory in its kind's own layout (an EAGLE-3 or P-EAGLE draft's vLLM, SGLang
+and TRT-LLM load as EAGLE-3; a DFlash draft's is z-lab's), plus eyas's own record.
 
-    DIR/config.json        LlamaForCausalLMEagle3 config (+ an "eyas" block with DraftConfig)
-    DIR/model.safetensors  fc.weight, midlayer.*, norm.weight, lm_head.weight,
+    DIR/config.json        the kind's config (DraftKind.checkpoint_config) + an "eyas" block with the
+                           DraftConfig (its kind's class: train/kinds/<name>/config.py)
+    DIR/model.safetensors  fc.weight, the layers, norm.weight, lm_head.weight,
                            d2t (int64 offsets), t2d (bool), embed_tokens.weight (the target's)
 
 The directory is written under a temporary name and renamed into place, so a crash never

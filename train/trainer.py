@@ -121,12 +121,14 @@ def build_draft(recipe: Recipe, run_dir: Path, heads: dict[str, torch.Tensor]) -
     if d.init_from:
         draft = load_draft(d.init_from)
         keys = ("aux_layer_ids", "draft_vocab_size", *OPTIONS)
-        differ = [k for k in keys if getattr(draft.config, k) != getattr(cfg, k)]
+        # a field of one kind only is None on another (kind is compared too: another kind's draft differs)
+        differ = [k for k in keys if getattr(draft.config, k, None) != getattr(cfg, k, None)]
         if differ:
             raise ValueError(
                 f"draft.init_from={d.init_from}: "
                 + ", ".join(
-                    f"its {k} {getattr(draft.config, k)!r} != this run's {getattr(cfg, k)!r}" for k in differ
+                    f"its {k} {getattr(draft.config, k, None)!r} != this run's {getattr(cfg, k, None)!r}"
+                    for k in differ
                 )
             )
         draft.config.trained_k = cfg.trained_k  # what this run trains (another block_lengths, more steps)

@@ -197,7 +197,7 @@ def verify_export(path: Path, draft: Eagle3Draft) -> None:
     if own and not torch.equal(imported.embed_tokens.weight, draft.embed_tokens.weight):
         raise ExportError("export check failed: re-read embed_tokens differs from the draft's own")
     mine, theirs = draft.config, imported.config
-    for f in dataclasses.fields(DraftConfig):
+    for f in dataclasses.fields(mine):  # its kind's fields (kind is one of them: theirs is the same class)
         # own_embedding says where eyas's table came from; no format writes it (the table is compared above);
         # nor trained_k (the model card gives train.ttt_steps; the refusal ran before the export)
         if f.name in ("target_model", "own_embedding", "trained_k"):

@@ -294,7 +294,8 @@ def _parallel(raw: dict, where: str) -> dict:
     mask, kind = mask_token_of(raw), published_kind(raw)
     if kind.mask_slots and mask is None:
         raise DraftFormatError(f"{where}: a {kind.name} draft without mask_token_id (vLLM requires it)")
-    return {} if mask is None else {"kind": kind.name, "mask_token_id": int(mask)}
+    # a mask token in the config of a kind without mask slots (an EAGLE-3 draft) is not read
+    return {} if mask is None or not kind.mask_slots else {"kind": kind.name, "mask_token_id": int(mask)}
 
 
 def _sliding_window(layer_raw: dict, where: str) -> int | None:

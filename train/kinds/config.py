@@ -88,12 +88,15 @@ class DraftConfig:
 
     @classmethod
     def from_dict(cls, record: dict[str, Any]) -> DraftConfig:
-        """A record (config.json's "eyas" draft_config, or keyword fields) -> its kind's class; a field its
-        kind lacks is dropped at null or false (another kind's, in a record written before each kind had
-        its own class) and refused otherwise."""
+        """A record (config.json's "eyas" draft_config, or keyword fields) -> its kind's class; another
+        kind's field is dropped at null or false (a record written before each kind had its own class) and
+        refused otherwise, as is a field no kind has."""
         own = own_class(record.get("kind", DEFAULT_KIND))
         mine = {f.name for f in fields(own)}
-        stray = sorted(k for k, v in record.items() if k not in mine and v not in (None, False))
+        others = {f.name for c in DraftConfig.classes.values() for f in fields(c)} - mine
+        stray = sorted(
+            k for k, v in record.items() if k not in mine and (k not in others or v not in (None, False))
+        )
         if stray:
             raise ValueError(f"draft config of kind {own.kind!r}: {', '.join(stray)} not fields of that kind")
         return own(**{k: v for k, v in record.items() if k in mine})
