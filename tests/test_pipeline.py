@@ -688,3 +688,25 @@ def test_eval_on_a_split_target_measures_what_one_device_does(setup, full_run, t
     )
     assert [[r[k] for k in keys] for r in split["results"]] == [[r[k] for k in keys] for r in one["results"]]
     assert split["lossless"] is True and len(split["results"]) == 8
+
+
+def test_init_from_warm_starts_the_same_draft_and_refuses_another(setup, full_run):
+    """draft.init_from: a checkpoint of the run's own shape and kind is the draft training starts from (its
+    weights as saved); one whose shape or kind differs is refused, naming each field, the fields only one of
+    the two kinds has as None on the other (P-EAGLE's mask token against an EAGLE-3 checkpoint)."""
+    from eyas.train.checkpoint import load_draft
+    from eyas.train.trainer import build_draft
+
+    root, target, prompts = setup
+    ckpt = str(full_run / "train" / "checkpoint-final")
+    draft = build_draft(recipe_for(target, prompts, draft={"init_from": ckpt}), full_run, {})
+    saved = load_draft(ckpt)
+    assert draft.config == saved.config
+    assert all(torch.equal(a, b) for a, b in zip(draft.state_dict().values(), saved.state_dict().values()))
+    with pytest.raises(ValueError, match=r"its num_layers 1 != this run's 2$"):
+        build_draft(recipe_for(target, prompts, draft={"init_from": ckpt, "num_layers": 2}), full_run, {})
+    peagle = recipe_for(target, prompts, draft={"init_from": ckpt, "kind": "peagle"})
+    with pytest.raises(ValueError) as e:
+        build_draft(peagle, full_run, {})
+    assert "its kind 'eagle3' != this run's 'peagle'" in str(e.value)
+    assert "its mask_token_id None != this run's " in str(e.value)
