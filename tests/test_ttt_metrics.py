@@ -195,9 +195,11 @@ def test_t1_estimate_on_sampled_text_is_the_expected_acceptance():
 @pytest.mark.parametrize("loss", ["kl", "lk"])
 @pytest.mark.parametrize("right", [False, True])
 @pytest.mark.parametrize("kind", ["eagle3", "peagle", "dflash"])
-def test_the_teacher_at_its_read_rows_trains_and_counts_as_everywhere(kind, right, loss, monkeypatch):
-    """TTTModule computes the teacher only at teacher_rows (a counted token among the next ttt_steps
-    positions: packed prompts are skipped, their rows left zero); every loss, gradient (finite: LK's alpha
+def test_the_teacher_at_its_read_rows_trains_and_counts_as_everywhere(kind, right, loss):
+    """TTTModule computes the teacher only at the rows its kind's training reads (DraftKind.rows:
+    teacher_rows, a counted token among the next ttt_steps positions, packed prompts skipped, their rows left
+    zero; for
+    DFlash's drawn blocks z_{i+1} .. z_{i+d} alone, fewer still); every loss, gradient (finite: LK's alpha
     is 0 on a zero row) and count equals the teacher computed at every position, for each kind's unroll (its
     training options included), in a packed batch whose prompts are unmasked. `right`: every draft guesses the
     target's argmax (a zero lm_head's first draft id, target id 1, is the target's argmax and the text
@@ -234,11 +236,17 @@ def test_the_teacher_at_its_read_rows_trains_and_counts_as_everywhere(kind, righ
         with torch.no_grad():
             d.lm_head.weight.zero_()  # the draft's: its id 0, target id 1, everywhere
     runs = []
-    for every in (False, True):
-        if every:
-            monkeypatch.setattr(ttt, "teacher_rows", lambda m, s: torch.ones_like(m, dtype=torch.bool))
+    everywhere = lambda ids, m, doc, s, **o: torch.ones_like(m, dtype=torch.bool)  # noqa: E731
+    read = KINDS[kind].rows(ids, mask, doc, steps, **options.get(kind, {}))
+    assert (
+        read.sum() < ttt.teacher_rows(mask, steps).sum()
+        if kind == "dflash"
+        else torch.equal(read, ttt.teacher_rows(mask, steps))
+    )
+    for rows in (KINDS[kind].rows, everywhere):
+        unroll, opts = KINDS[kind].forward, options.get(kind)
         module = ttt.TTTModule(
-            d, W, steps, 0.8, "dense", False, unroll=KINDS[kind].forward, options=options.get(kind), loss=loss
+            d, W, steps, 0.8, "dense", False, unroll=unroll, options=opts, rows=rows, loss=loss
         )
         module.train()
         d.zero_grad()

@@ -379,6 +379,7 @@ def _setup_training(recipe, run_dir, acc, heads, index, online, feed, out_dir) -
         sp,
         kind_of(draft.config).forward,
         kind_of(draft.config).options(tr),
+        kind_of(draft.config).rows,
     )
     if acc.is_fsdp2:
         configure_fsdp2(acc, draft)

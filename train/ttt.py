@@ -93,6 +93,13 @@ def teacher_rows(loss_mask: torch.Tensor, steps: int) -> torch.Tensor:
     return need
 
 
+def read_rows(input_ids, loss_mask, doc_ids, steps: int, **options) -> torch.Tensor:
+    """EAGLE-3's (and P-EAGLE's) face for the teacher's rows its training reads (DraftKind.rows, TTTModule):
+    teacher_rows; the kind's options (P-EAGLE's COD draws) narrow nothing here. input_ids, loss_mask, doc_ids
+    (B, T) -> (B, T) bool."""
+    return teacher_rows(loss_mask, steps)
+
+
 def teacher_dtype(final: torch.Tensor, lm_head_weight: torch.Tensor) -> torch.dtype:
     """The teacher's lm_head dtype: autocast's where it is on (bf16 training), else the weight's."""
     dev = final.device.type
@@ -490,6 +497,7 @@ class TTTModule(torch.nn.Module):
         sp: SequenceParallel | None = None,
         unroll=None,
         options: dict | None = None,
+        rows=None,
     ):
         super().__init__()
         self.draft = draft
@@ -500,6 +508,8 @@ class TTTModule(torch.nn.Module):
         # passed in training only (P-EAGLE's COD sampling: validation counts every anchor)
         self.unroll = unroll or ttt_forward
         self.options = options or {}
+        # the teacher's rows the unroll reads (DraftKind.rows: read_rows, DFlash's blocks), with its options
+        self.rows = rows or read_rows
         self.register_buffer("lm_head_weight", lm_head_weight.detach(), persistent=False)  # (V, H_t)
         self.ttt_steps, self.decay = ttt_steps, decay
         self.attention, self.checkpoint_layer, self.loss = attention, checkpoint_layer, loss
@@ -522,8 +532,9 @@ class TTTModule(torch.nn.Module):
         self, aux, input_ids, loss_mask, doc_ids, final=None, teacher_ids=None, teacher_logprobs=None
     ) -> TTTOutput:
         """A collated batch (`train/packing.collate_rows`): the teacher is the final state or the top-k."""
-        if final is not None:  # only where a counted prediction or its chain reads it (teacher_rows)
-            rows = teacher_rows(loss_mask, self.ttt_steps)  # (B, T): the whole row's, as loss_mask is
+        opts = self.options if self.training else {}  # validation (eval mode): the kind's exact defaults
+        if final is not None:  # only where a counted prediction or its chain reads it (the kind's rows)
+            rows = self.rows(input_ids, loss_mask, doc_ids, self.ttt_steps, **opts)  # (B, T): the whole row's
             if self.sp is not None:  # the teacher is this rank's shard and its halo (SequenceParallel.window)
                 lo, _, ext = self.sp.bounds(loss_mask.shape[1])
                 rows = rows[:, lo:ext]
@@ -545,7 +556,7 @@ class TTTModule(torch.nn.Module):
             loss=self.loss,
             sampled_text=self.sampled_text,
             sp=self.sp,
-            **(self.options if self.training else {}),  # validation (eval mode): the kind's exact defaults
+            **opts,
         )
         if self.sp is not None:  # averaged over P x D processes, P parts must add up (sequence_parallel.py)
             out.loss = out.loss * self.sp.size

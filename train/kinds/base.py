@@ -78,6 +78,12 @@ class DraftKind:
         """The training unroll: (draft, aux, input_ids, loss_mask, doc_ids, target, steps, ...)."""
         return importlib.import_module(self.core).UNROLL
 
+    @property
+    def rows(self):
+        """The teacher's rows its training reads: (input_ids, loss_mask, doc_ids, steps, **options) -> (B, T)
+        bool (train/ttt.py read_rows; DFlash's: its drawn blocks'), computed alone by TTTModule."""
+        return importlib.import_module(self.core).ROWS
+
     def options(self, tr) -> dict[str, Any]:
         """The unroll's own keyword options in training ({}: none)."""
         return {}

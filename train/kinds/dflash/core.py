@@ -42,7 +42,7 @@ from eyas.train.kinds.config import DraftConfig
 from ...grids import row_seeds, shift_right, to_grid
 from ...model import MLP, Eagle3Draft, KVCache, RMSNorm, add_output_head, apply_rope
 from ...packing import positions_in_doc
-from ...ttt import ChainState, TargetView, TTTOutput, fill_counts, score_step
+from ...ttt import ChainState, TargetView, TTTOutput, fill_counts, score_step, teacher_rows
 
 # query x key elements of one chunk of blocks (chunk_of): its scores a head on a CPU (fp32: 2**22 is 16 MiB a
 # head), its mask on CUDA (bool: 2**28 is 256 MiB; the gpt-oss recipe's 512 blocks of 10 over 8,192 tokens
@@ -277,15 +277,7 @@ def dflash_forward(
     lo, hi, _ = sp.bounds(T) if sp is not None else (0, T, T)
     S = depths + 1
     pos = positions_in_doc(doc_ids)  # (B, T) RoPE positions, restarting per packed sequence
-    counted = torch.zeros(depths, B, T, dtype=torch.bool, device=input_ids.device)  # draft d at index i
-    for d in range(min(depths, T - 2)):
-        j = 2 + d  # x_{i+2+d}, loss-masked and in i's own sequence
-        counted[d, :, : T - j] = loss_mask[:, j:].bool() & (doc_ids[:, j:] == doc_ids[:, :-j])
-    seeds = row_seeds(anchor_seed, input_ids, counted[0]) if anchor_seed is not None and anchors else None
-    # training: blocks whose first draft counts, drawn (the whole row's: every rank of an sp group draws
-    # the same); validation: every block with a draft that counts. This rank runs its shard's indices.
-    kept = anchor_picks(counted[0] if anchors else counted.any(0), anchors, seeds)  # (B, T) indices i
-    drafts = block_drafts(kept, depths, seeds) if truncate else None  # (B, T) each block's drafts
+    kept, drafts = pick_blocks(input_ids, loss_mask, doc_ids, depths, anchors, anchor_seed, truncate)
     mine = torch.zeros_like(kept)
     mine[:, lo:hi] = kept[:, lo:hi]
 
@@ -305,6 +297,40 @@ def dflash_forward(
     )
     batch = (input_ids, loss_mask, doc_ids)
     return score_blocks(draft, prenorm, kept, batch, target, depths, idle, drafts=drafts, **opts)
+
+
+def pick_blocks(input_ids, loss_mask, doc_ids, depths: int, anchors, anchor_seed, truncate: bool) -> tuple:
+    """The blocks a batch (B, T) trains -> (kept (B, T) bool: the indices i whose block, anchored at i + 1,
+    runs; drafts (B, T) long: each block's drafts, None for all `depths`). Training (`anchors`): `anchors` a
+    row drawn among the blocks whose first draft counts (the whole row's: every rank of an sp group draws
+    the same), each row seeded by its tokens (row_seeds) where `anchor_seed` is given; validation: every
+    block with a draft that counts. `truncate`: block_drafts."""
+    B, T = input_ids.shape
+    counted = torch.zeros(depths, B, T, dtype=torch.bool, device=input_ids.device)  # draft d at index i
+    for d in range(min(depths, T - 2)):
+        j = 2 + d  # x_{i+2+d}, loss-masked and in i's own sequence
+        counted[d, :, : T - j] = loss_mask[:, j:].bool() & (doc_ids[:, j:] == doc_ids[:, :-j])
+    seeds = row_seeds(anchor_seed, input_ids, counted[0]) if anchor_seed is not None and anchors else None
+    kept = anchor_picks(counted[0] if anchors else counted.any(0), anchors, seeds)  # (B, T) indices i
+    return kept, (block_drafts(kept, depths, seeds) if truncate else None)
+
+
+def read_rows(
+    input_ids, loss_mask, doc_ids, depths: int, anchors=None, anchor_seed=None, truncate=False, **_
+) -> torch.Tensor:
+    """The teacher's rows DFlash's training reads (TTTModule: target_view computes these alone) -> (B, T)
+    bool: z_{i+1} .. z_{i+d} of each kept block's d drafts (draft d of the block anchored at i + 1 is scored
+    against z_{i+1+d}; D-PACE reads the same), where the blocks are drawn reproducibly (anchor_seed). Every
+    block (validation) or unseeded draws: the rows any counted token reads (train/ttt.py teacher_rows). The
+    gpt-oss DFlash recipe's 512 blocks of 10 a row read about half of an answer's rows."""
+    if not anchors or anchor_seed is None:
+        return teacher_rows(loss_mask, depths)
+    kept, drafts = pick_blocks(input_ids, loss_mask, doc_ids, depths, anchors, anchor_seed, truncate)
+    rows, T = torch.zeros_like(kept), kept.shape[1]
+    for d in range(min(depths, T - 1)):
+        at = kept if drafts is None else kept & (drafts > d)
+        rows[:, 1 + d :] |= at[:, : T - 1 - d]  # z_{i+1+d}
+    return rows
 
 
 def block_drafts(kept: torch.Tensor, depths: int, seeds: list[int] | None) -> torch.Tensor:
@@ -493,4 +519,4 @@ def chunk_of(S: int, T: int, cuda: bool) -> int:
     return n
 
 
-MODEL, UNROLL = DFlashDraft, dflash_forward  # read by the kind (train/kinds/base.py core)
+MODEL, UNROLL, ROWS = DFlashDraft, dflash_forward, read_rows  # read by the kind (train/kinds/base.py core)

@@ -54,6 +54,7 @@ from ...ttt import (
     TTTOutput,
     draft_step,
     fill_counts,
+    read_rows,
     score_step,
     shift,
     step_attention,
@@ -262,4 +263,4 @@ def cod_layer_step(layer, run: StepInput, hidden: torch.Tensor, *kv, flat: torch
     return out, *seen[0]
 
 
-MODEL, UNROLL = PEagleDraft, cod_forward  # read by the kind (train/kinds/base.py core)
+MODEL, UNROLL, ROWS = PEagleDraft, cod_forward, read_rows  # read by the kind (train/kinds/base.py core)
