@@ -28,9 +28,8 @@ class DraftKind:
 
     name: ClassVar[str]
     summary: ClassVar[str]
-    core: ClassVar[
-        str
-    ]  # the dotted module of its torch half: MODEL (a class built from a DraftConfig), UNROLL
+    # the dotted module of its torch half: MODEL (a class built from a DraftConfig), UNROLL, ROWS
+    core: ClassVar[str]
     # "module:Class" of its recipe `draft` section (recipes/draft.py), a module in the recipes' layer
     draft_section: ClassVar[str]
     # its checkpoint config: DraftConfig's fields and its own (train/kinds/<name>/config.py), which
