@@ -85,7 +85,7 @@ def worker(args: argparse.Namespace) -> None:
     options = {"anchors": args.anchors, "anchor_seed": (0, 0), "dpace": 0.5} if args.kind == "dflash" else {}
     module = TTTModule(
         draft, lm_head, args.ttt_steps, 0.8, args.attention, args.checkpoint_layer, sp=sp,
-        unroll=kind.forward, options=options,
+        unroll=kind.forward, options=options, rows=kind.rows,
     ).to(dev)  # fmt: skip
     params = [q for q in module.parameters() if q.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-4)

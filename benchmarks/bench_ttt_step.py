@@ -218,6 +218,7 @@ def measure_length(
         args.checkpoint_layer,
         unroll=KINDS[args.kind].forward,
         options=options,
+        rows=KINDS[args.kind].rows,  # the teacher at the rows the trainer computes it at
     ).to(dev)
     opt = torch.optim.AdamW(
         [q for q in module.parameters() if q.requires_grad], lr=1e-4, fused=dev.type == "cuda"

@@ -159,6 +159,11 @@ def test_a_published_config_is_read_as_its_kind():
 def test_each_kinds_unroll_has_the_shared_signature():
     """train/grids.py Unroll: each kind's UNROLL takes the seven inputs by position, every shared setting by
     name with the same default, and then exactly the options its kind passes it (DraftKind.options)."""
+    import inspect as _inspect
+
+    for name, kind in KINDS.items():  # and each kind's teacher rows (ROWS): the inputs, then the steps
+        head = list(_inspect.signature(kind.rows).parameters)[:4]
+        assert head == ["input_ids", "loss_mask", "doc_ids", head[3]], (name, head)
     import inspect
 
     from eyas.recipes.schema import TrainSection

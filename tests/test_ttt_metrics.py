@@ -194,7 +194,7 @@ def test_t1_estimate_on_sampled_text_is_the_expected_acceptance():
 
 @pytest.mark.parametrize("loss", ["kl", "lk"])
 @pytest.mark.parametrize("right", [False, True])
-@pytest.mark.parametrize("kind", ["eagle3", "peagle", "dflash"])
+@pytest.mark.parametrize("kind", ["eagle3", "peagle", "dflash", "dflash-random"])
 def test_the_teacher_at_its_read_rows_trains_and_counts_as_everywhere(kind, right, loss):
     """TTTModule computes the teacher only at the rows its kind's training reads (DraftKind.rows:
     teacher_rows, a counted token among the next ttt_steps positions, packed prompts skipped, their rows left
@@ -216,13 +216,15 @@ def test_the_teacher_at_its_read_rows_trains_and_counts_as_everywhere(kind, righ
     mask = torch.tensor([[0, 0, 0, 1, 1, 0, 0, 0, 0, 1]])
     want = torch.tensor([[0, 1, 1, 1, 0, 0, 0, 1, 1, 0]], dtype=torch.bool)
     assert torch.equal(ttt.teacher_rows(mask, 2), want)
+    options = {
+        "peagle": {"cod": (0.7, 0.2), "cod_seed": (0, 0)},
+        "dflash": {"anchors": 6, "anchor_seed": (0, 0), "dpace": 0.5},  # the recipes' D-PACE
+        "dflash-random": {"anchors": 6, "anchor_seed": (0, 0), "dpace": 0.5, "truncate": True},
+    }.get(kind, {})
+    kind = kind.split("-")[0]  # dflash-random: DFlash with train.block_lengths random (each block's drafts)
     d = {"eagle3": lambda: make_draft(5), "peagle": lambda: peagle(5), "dflash": lambda: dflash(5)}[kind]()
     d = mapped(d)  # draft id i = target id 2i + 1
     steps = 4
-    options = {
-        "peagle": {"cod": (0.7, 0.2), "cod_seed": (0, 0)},
-        "dflash": {"anchors": 6, "anchor_seed": (0, 0)},
-    }
     g = torch.Generator().manual_seed(6)
     B, T, H = 2, 40, 32
     aux, ids = torch.randn(B, T, 3 * H, generator=g), torch.randint(0, 97, (B, T), generator=g)
@@ -237,14 +239,14 @@ def test_the_teacher_at_its_read_rows_trains_and_counts_as_everywhere(kind, righ
             d.lm_head.weight.zero_()  # the draft's: its id 0, target id 1, everywhere
     runs = []
     everywhere = lambda ids, m, doc, s, **o: torch.ones_like(m, dtype=torch.bool)  # noqa: E731
-    read = KINDS[kind].rows(ids, mask, doc, steps, **options.get(kind, {}))
+    read = KINDS[kind].rows(ids, mask, doc, steps, **options)
     assert (
         read.sum() < ttt.teacher_rows(mask, steps).sum()
         if kind == "dflash"
         else torch.equal(read, ttt.teacher_rows(mask, steps))
     )
     for rows in (KINDS[kind].rows, everywhere):
-        unroll, opts = KINDS[kind].forward, options.get(kind)
+        unroll, opts = KINDS[kind].forward, options
         module = ttt.TTTModule(
             d, W, steps, 0.8, "dense", False, unroll=unroll, options=opts, rows=rows, loss=loss
         )

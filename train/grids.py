@@ -28,7 +28,8 @@ class Unroll(Protocol):
         aux         (B, T, n_aux * H_t) the target's aux states (a shard of them under `sp`)
         input_ids   (B, T) long; loss_mask (B, T); doc_ids (B, T) each position's sequence (train/packing.py)
         target      the teacher (train/ttt.py TargetView), None: no loss (logits only); computed only at
-                    teacher_rows(loss_mask, steps): a counted x_q may read z_{q-steps} .. z_{q-1}, no other
+                    the kind's rows (DraftKind.rows, its core's ROWS; teacher_rows: a counted x_q may read
+                    z_{q-steps} .. z_{q-1}; DFlash's drawn blocks' own), no other
         steps       drafts a position trains: TTT steps, P-EAGLE depths, DFlash's block - 1
     """
 

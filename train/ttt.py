@@ -66,8 +66,9 @@ from .sequence_parallel import SequenceParallel
 @dataclass
 class TargetView:
     """What the target says at each position, computed once per batch (no grad); from the final states
-    (target_view) only at teacher_rows(loss_mask, ttt_steps), every field zero elsewhere: an unroll reads
-    it only where a counted prediction, or the chain that reaches one, does.
+    (target_view) only at the rows the kind's training reads (DraftKind.rows: teacher_rows(loss_mask,
+    ttt_steps), or DFlash's drawn blocks'), every field zero elsewhere: an unroll reads it only where a
+    counted prediction, or the chain that reaches one, does.
 
     probs (B, T, V_d): target softmax restricted to the draft vocab, renormalised;
     argmax (B, T): the target's greedy next token (target ids);
@@ -116,7 +117,7 @@ def target_view(
 ) -> TargetView:
     """final (B, T, H_t) post-norm states the target's lm_head consumes; lm_head_weight (V, H_t) (cast to
     `teacher_dtype` here unless it is already: TTTModule passes it cast once); rows (B, T) bool: the positions
-    to compute (teacher_rows; None: all), the others left zero (never read: their predictions are not
+    to compute (the kind's rows; None: all), the others left zero (never read: their predictions are not
     counted). The (B, T, V_d) fp32 probabilities are allocated once and filled chunk by chunk (appending
     chunks and concatenating would hold them twice at the end: 12 GiB instead of 6.1 at gpt-oss's 201,088
     ids and T = 8,192 with the whole vocabulary as the draft's). Chunks of 128 rows keep each (c, V) block
