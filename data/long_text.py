@@ -27,6 +27,8 @@ import sys
 import sysconfig
 from pathlib import Path
 
+from eyas.data.excerpts import cut, places, sizes, split_by_length
+
 CHARS_PER_TOKEN = 2.5  # the caps' rate: below what real tokenizers take for code (SmolLM2's: 3.7)
 SMALLEST = 2_500  # characters of the shortest excerpt (about 1K tokens at the cap's rate)
 SKIP = {"test", "idlelib", "site-packages", "__pycache__", "lib2to3", "tkinter", "turtledemo", "ensurepip"}
@@ -75,9 +77,8 @@ def documents() -> dict[str, str]:
 
 
 def splits(docs: dict[str, str]) -> dict[str, str]:
-    """Each document's split: ranked by length (longest first), every fifth from the third is test."""
-    ranked = sorted(docs, key=lambda n: (-len(docs[n]), n))
-    return {n: "test" if i % 5 == 2 else "train" for i, n in enumerate(ranked)}
+    """Each document's split (data/excerpts.py split_by_length)."""
+    return split_by_length(docs)
 
 
 def records(source: str, split: str) -> list[dict]:
@@ -101,23 +102,20 @@ def _excerpts(source: str, split: str) -> list[tuple[str, str, int, int, int]]:
     cap = cap_chars(source)
     docs = documents()
     split_by_doc = splits(docs)
-    out = []
-    for name, text in docs.items():
-        if split_by_doc[name] != split:
-            continue
-        size = SMALLEST
-        while size <= min(cap, len(text)):
-            out += [(name, text, size, j, len(text) // size) for j in range(min(4, len(text) // size))]
-            size *= 2
-    return out
+    return [
+        (name, text, size, j, fits)
+        for name, text in docs.items()
+        if split_by_doc[name] == split
+        for size in sizes(SMALLEST, cap, len(text))
+        for j, fits in places(len(text), size)
+    ]
 
 
 def prompt(name: str, text: str, size: int, j: int, fits: int) -> str:
     """Excerpt j of `size` characters of document `name` (whole lines; `fits` excerpts of it fit end to end,
     the 4 or fewer taken are spread over them) and a question about it."""
-    start = text.rfind("\n", 0, (j * fits // min(4, fits)) * size) + 1
-    end = text.rfind("\n", start, start + size)
-    excerpt = text[start : end if end > start else start + size]
+    start, end = cut(text, size, j, fits)
+    excerpt = text[start:end]
     rng = random.Random(f"{name}:{size}:{j}")
     names = DEF.findall(excerpt)
     question = rng.choice(QUESTIONS).format(name=rng.choice(names)) if names else GENERAL

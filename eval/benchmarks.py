@@ -9,9 +9,9 @@ Without a file, a few names resolve to their hub copies:
     mt-bench    HuggingFaceH4/mt_bench_prompts (train)      80 questions, 8 categories
     humaneval   openai/openai_humaneval (test)              164 function completions
     gsm8k       openai/gsm8k, config main (test)            1319 grade-school math problems
-and stdlib-long / stdlib-long-Nk to the built-in long prompts' test split (data/long_text.py: excerpts of the
-Python standard library, about 1K tokens up to N K, each with a question). Every row also reports τ by
-prompt length (`by_length`: buckets doubling from 1K tokens).
+and the long prompt sets (stdlib-long-Nk, essays-long-Nk, hotpotqa-long-Nk, ...: data/long_sets.py) to
+their test split (prompts of about 1K tokens up to N K built from documents no training prompt quotes). Every
+row also reports τ by prompt length (`by_length`: buckets doubling from 1K tokens).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from eyas.data.long_text import describe, is_long_text
-from eyas.data.long_text import records as long_text_records
+from eyas.data.long_sets import describe, is_long_set
+from eyas.data.long_sets import records as long_set_records
 from eyas.infra.io import read_jsonl
 
 HUB_SETS = {
@@ -41,8 +41,8 @@ class Benchmark:
 
 def _records(source: str) -> tuple[list, str]:
     path = Path(source)
-    if is_long_text(source):  # built in: long prompts from the stdlib's sources, the test split
-        return long_text_records(source, "test"), describe(source, "test")
+    if is_long_set(source):  # long prompts built from documents (data/long_sets.py), the test split
+        return long_set_records(source, "test"), describe(source, "test")
     if path.is_file():
         if path.suffix == ".jsonl":
             return read_jsonl(path, user_file=True), str(path)

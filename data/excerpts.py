@@ -1,0 +1,73 @@
+"""What every long prompt set shares (data/long_sets.py): documents split by document, excerpt sizes that
+double from about 1K tokens up to a cap, excerpts cut at a boundary, and short documents bundled.
+
+    sizes(smallest, cap, length)    [smallest, 2 x smallest, ...] up to min(cap, length) characters
+    places(length, size)            [(j, fits)]: up to 4 excerpts of `size` spread over a document
+    cut(text, size, j, fits, sep)   (start, end) of excerpt j: whole pieces ending at `sep` (a line...)
+    split_by_length(docs)           each document's split: by length, every fifth from the third is test
+    bundles(docs, names, cap, sep)  consecutive documents grouped until each group holds `cap`
+
+A set names its cap in tokens (`-8k`) and turns it into characters at its own rate (CHARS_PER_TOKEN: below
+what real tokenizers take on its text, so that an `-8k` prompt fits an 8K context).
+"""
+
+from __future__ import annotations
+
+import re
+
+EXCERPTS_PER_SIZE = 4
+
+
+def cap_tokens(source: str, prefix: str) -> int | None:
+    """`prefix` or `prefix-Nk` -> N x 1000 (None without a cap); anything else -> -1."""
+    if source == prefix:
+        return None
+    m = re.fullmatch(re.escape(prefix) + r"-(\d+)k", source)
+    return int(m.group(1)) * 1000 if m else -1
+
+
+def sizes(smallest: int, cap: int, length: int) -> list[int]:
+    """Excerpt sizes in characters: doubling from `smallest` while they fit both `cap` and the document."""
+    out, size = [], smallest
+    while size <= min(cap, length):
+        out.append(size)
+        size *= 2
+    return out
+
+
+def places(length: int, size: int) -> list[tuple[int, int]]:
+    """(j, fits) of each excerpt of `size` characters taken from a document of `length`: `fits` excerpts fit
+    end to end, up to EXCERPTS_PER_SIZE of them are taken, spread over the document."""
+    fits = length // size
+    return [(j, fits) for j in range(min(EXCERPTS_PER_SIZE, fits))]
+
+
+def cut(text: str, size: int, j: int, fits: int, sep: str = "\n") -> tuple[int, int]:
+    """(start, end) of excerpt j of `size` characters (of `fits` that fit end to end; the taken ones spread
+    over them): it starts after a `sep` and ends at one, so it holds whole pieces and at most `size`
+    characters; a first piece longer than `size` is cut at `size`."""
+    start = text.rfind(sep, 0, (j * fits // min(EXCERPTS_PER_SIZE, fits)) * size)
+    start = 0 if start < 0 else start + len(sep)
+    end = text.rfind(sep, start, start + size)
+    return start, end if end > start else min(len(text), start + size)
+
+
+def split_by_length(docs: dict[str, str]) -> dict[str, str]:
+    """Each document's split: ranked by length (longest first, then by name), every fifth from the third is
+    test, the rest train, so both splits reach the longest documents."""
+    ranked = sorted(docs, key=lambda n: (-len(docs[n]), n))
+    return {n: "test" if i % 5 == 2 else "train" for i, n in enumerate(ranked)}
+
+
+def bundles(docs: dict[str, str], names: list[str], cap: int, joiner: str) -> list[list[str]]:
+    """The documents `names` (in that order) grouped into consecutive bundles that hold at least `cap`
+    characters once joined with `joiner` (the last one: what is left), so that a set of short documents
+    still reaches its cap. A document is in one bundle."""
+    out, group, length = [], [], 0
+    for n in names:
+        group.append(n)
+        length += len(docs[n]) + len(joiner)
+        if length >= cap:
+            out.append(group)
+            group, length = [], 0
+    return out + [group] if group else out
