@@ -302,6 +302,11 @@ def _sources(d: DataSection) -> tuple[list[PromptSource], bool]:
     return list(d.prompts), False
 
 
+def prompt_sources(d: DataSection) -> list[PromptSource]:
+    """data.prompts as a list of sources (the single-string form as one)."""
+    return _sources(d)[0]
+
+
 def run_prompts(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> dict:
     """The `prompts` stage: load every source, reduce each conversation to its user turns, dedupe
     across sources, take each source's quota, shuffle, split train/eval (layouts: module docstring).

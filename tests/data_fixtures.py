@@ -272,3 +272,16 @@ def write_conversations(path: Path, n: int = 8) -> Path:
         rows.append({"conversations": [*system, *turns]})
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
+
+
+def prompt_lengths_by_characters(rows: list[dict], kept: float) -> list[float]:
+    """What `eyas plan` prices each turn's prompt at without a tokenizer, by hand: the messages so far at 4
+    characters a token and 8 tokens a message, and `kept` tokens of each earlier answer."""
+    lengths = []
+    for row in rows:
+        system = [m["content"] for m in row["messages"] if m["role"] == "system"]
+        users = [m["content"] for m in row["messages"] if m["role"] == "user"]
+        for t in range(len(users)):
+            chars = len("".join(system + users[: t + 1]))
+            lengths.append(chars / 4 + 8 * (len(system) + 2 * t + 1) + t * kept)
+    return lengths

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from data_fixtures import TURNS, write_conversations
+from data_fixtures import TURNS, prompt_lengths_by_characters, write_conversations
 
 from eyas.data.chat import answer_message, eos_token_ids, pad_token_id, render_prompt, split_turns
-from eyas.data.prompts import run_prompts
+from eyas.data.prompts import read_prompts, run_prompts
 from eyas.data.regenerate import generate_batch, read_sequences, run_regenerate
 from eyas.data.target import load_target
 from eyas.infra.io import read_jsonl
@@ -222,7 +222,8 @@ def test_plan_counts_turns_and_renders_prompts_as_regeneration_does(demo, tmp_pa
 def test_plan_counts_turns_without_the_targets_tokenizer(demo, tmp_path, files):
     """A target whose tokenizer cannot be had, or has no chat template (a directory with its config and
     weights, and no tokenizer or no template, offline): the turns are still counted from the prompts
-    stage, the prompt lengths assumed, and the plan says why and which files to put there."""
+    stage, the prompt lengths estimated from their characters, and the plan says why and which files to
+    put there."""
     import shutil
 
     from eyas.data.target import resolve_path
@@ -249,9 +250,8 @@ def test_plan_counts_turns_without_the_targets_tokenizer(demo, tmp_path, files):
     a = Assumptions()
     kept = a.kept_answer_fraction_harmony * a.new_token_fraction * 64  # its config says gpt_oss: harmony
     assert p.sequences == 600 * TURNS and p.turns.rendered == 0
-    assert p.mean_tokens == pytest.approx(
-        a.mean_prompt_tokens + kept + a.new_token_fraction * 64
-    )  # turns 0, 1, 2
+    lengths = prompt_lengths_by_characters(read_prompts(run, "train"), kept)
+    assert p.mean_tokens == pytest.approx(sum(lengths) / len(lengths) + a.new_token_fraction * 64)
     text = render(load_recipe("demo", over), p)
     assert f"the tokenizer of {target} could not be used" in text
     assert ("(it has no chat template)" in text) == bool(files)
@@ -259,7 +259,7 @@ def test_plan_counts_turns_without_the_targets_tokenizer(demo, tmp_path, files):
         "put the model's tokenizer files (tokenizer.json, tokenizer_config.json, its chat template) in "
         f"{target}" in text
     )
-    assert f"mean first-turn prompt {a.mean_prompt_tokens:.0f} tokens" in text
+    assert "prompts at 4 characters a token, + 8 a message" in text
 
 
 # room for most answers to end with the longer system messages (64 left one turn unanswered with

@@ -191,7 +191,9 @@ def test_gpt_oss_120b_plan_from_a_prompts_stage_run_offline(tmp_path):
     import subprocess
     import sys
 
-    from data_fixtures import TURNS, write_conversations
+    from data_fixtures import TURNS, prompt_lengths_by_characters, write_conversations
+
+    from eyas.infra.io import read_jsonl
 
     convs = write_conversations(tmp_path / "conversations.jsonl")
     over = [f"data.prompts={convs}", "data.num_prompts=null", "data.num_eval_prompts=2"]
@@ -214,9 +216,8 @@ def test_gpt_oss_120b_plan_from_a_prompts_stage_run_offline(tmp_path):
     assert out.returncode == 0, out.stderr
     a = Assumptions()
     kept = a.kept_answer_fraction_harmony * a.new_token_fraction * 2048
-    mean = (
-        a.mean_prompt_tokens + kept + a.new_token_fraction * 2048
-    )  # turns 0, 1, 2 hold 0, 1, 2 kept answers
+    lengths = prompt_lengths_by_characters(read_jsonl(tmp_path / "run" / "prompts" / "train.jsonl"), kept)
+    mean = sum(lengths) / len(lengths) + a.new_token_fraction * 2048
     assert (
         f"data: 6 conversations x 3.00 answered turns = {6 * TURNS} sequences x {mean:,.0f} tokens"
         in out.stdout
@@ -248,3 +249,38 @@ def test_the_teacher_scratch_is_one_chunk_of_the_positions_there_are():
     assert teacher_scratch_bytes(fp32, d, 8192) == 128 * 16 * V and teacher_cast_bytes(fp32, d) == 0
     topk = load_recipe("gpt-oss-120b", ["capture.teacher=topk"])
     assert teacher_scratch_bytes(topk, count_draft(topk, target_config(topk)[0]), 4096) == 4096 * 4 * VD
+
+
+def test_plan_prices_the_prompts_its_sources_hold(smollm2, tmp_path):
+    """Before any run, `eyas plan` renders a sample of the recipe's sources (the SmolLM2 long-context
+    recipe's: GSM8K, a ShareGPT sample, long stdlib excerpts) as the prompts stage would draw them: its
+    sequences and mean prompt within 10% of what it counts from that stage's own output (--run), and far
+    from the 400 tokens it assumes where it can read no source. A hub dataset is not fetched: its share is
+    priced at the assumption, and the plan names it."""
+    from eyas.data.prompts import run_prompts
+
+    recipe = load_recipe("smollm2-135m-long-context")
+    sampled = plan(recipe, "1xH100")
+    run_prompts(recipe, tmp_path / "run", progress=False)
+    counted = plan(recipe, "1xH100", run_dir=tmp_path / "run")
+    assert sampled.turns.origin == "a sample of the sources" and sampled.turns.rendered > 1900
+    assert sampled.turns.mean_prompt == pytest.approx(counted.turns.mean_prompt, rel=0.1)
+    assert sampled.sequences == pytest.approx(counted.sequences, rel=0.1)
+    long_only = plan(load_recipe("smollm2-135m-long-context", ["data.prompts=stdlib-long-8k"]), "1xH100")
+    assert long_only.turns.mean_prompt > 4 * Assumptions().mean_prompt_tokens  # 1,896 tokens
+    half_hub = load_recipe(
+        "smollm2-135m-long-context",
+        [
+            "data.prompts=[{source: data/sets/gsm8k_train.jsonl}, {source: HuggingFaceH4/ultrachat_200k}]",
+        ],
+    )
+    mixed = plan(half_hub, "1xH100")
+    gsm8k = plan(
+        load_recipe("smollm2-135m-long-context", ["data.prompts=data/sets/gsm8k_train.jsonl"]), "1xH100"
+    )
+    assert mixed.turns.mean_prompt == pytest.approx(
+        (gsm8k.turns.mean_prompt + 400) / 2, rel=0.02
+    )  # 1,000 of 2,000
+    assert "HuggingFaceH4/ultrachat_200k (50% of the prompts) at the assumed prompt, one turn each" in render(
+        half_hub, mixed
+    )

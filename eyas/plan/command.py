@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from eyas.data.target import count_target, stored_as_mxfp4
 from eyas.infra.errors import as_input
+from eyas.infra.io import read_jsonl
 from eyas.infra.layout import is_done, read_done
 from eyas.plan.cost import (
     CPU,
@@ -41,7 +42,7 @@ from eyas.plan.cost import (
 )
 from eyas.plan.eval_memory import eval_memory
 from eyas.plan.report import render
-from eyas.plan.tokens import TurnCount, conversation_tokens
+from eyas.plan.tokens import TurnCount, conversation_tokens, sampled_rows
 from eyas.recipes.load import recipe_and_run
 from eyas.train.kinds import kind_named
 from eyas.train.sequence_parallel import check_heads
@@ -89,7 +90,14 @@ def workload(recipe: Recipe, run_dir: str | Path | None, cfg: PretrainedConfig, 
         prompt=min(a.mean_prompt_tokens, d.max_prompt_tokens),
         new=a.new_token_fraction * d.max_new_tokens,
     )
+    gpt_oss = getattr(cfg, "model_type", "") == "gpt_oss"
     if run_dir is None:
+        if d.num_prompts is None:  # how many prompts there are is the prompts stage's to count
+            return w
+        rows, unread_share, unread = sampled_rows(recipe)
+        if rows:
+            _count_turns(recipe, w, rows, a, gpt_oss, "a sample of the sources")
+            _price_unread(w, unread_share, unread, min(a.mean_prompt_tokens, d.max_prompt_tokens))
         return w
     w.stages_measured = done = [s for s in RUN_STAGES if is_done(run_dir, s)]
     if not done:
@@ -111,13 +119,10 @@ def workload(recipe: Recipe, run_dir: str | Path | None, cfg: PretrainedConfig, 
             regen, regen.get("generated_tokens_this_run"), "generation_tokens_per_s"
         )
     elif "prompts" in done:  # turns counted, prompts rendered; answers still assumed
-        gpt_oss = getattr(cfg, "model_type", "") == "gpt_oss"
-        w.turns = conversation_tokens(
-            recipe, run_dir, w.new, a.mean_prompt_tokens, a.kept_answer_fraction_harmony, gpt_oss
-        )
-        w.conversations = w.conversations if w.conversations is not None else w.turns.conversations
-        w.sequences = w.conversations * w.turns.turns_per_conversation
-        w.prompt = w.turns.mean_prompt
+        rows = read_jsonl(Path(run_dir) / "prompts" / "train.jsonl")
+        if not rows:
+            raise ValueError(f"--run {run_dir}: its prompts stage holds no training conversations")
+        _count_turns(recipe, w, rows, a, gpt_oss, "--run's prompts stage")
     if "capture" in done:
         cap = read_done(run_dir, "capture")
         w.prompt = max(cap["num_tokens"] / cap["num_sequences"] - w.new, 0.0)
@@ -129,6 +134,28 @@ def workload(recipe: Recipe, run_dir: str | Path | None, cfg: PretrainedConfig, 
         w.measured["train_tok_s"] = trained["tokens_seen"] / loop_s / trained.get("num_processes", 1)
         w.setup_s["train"] = max(trained["wall_s"] - loop_s, 0.0)
     return w
+
+
+def _count_turns(recipe: Recipe, w: Workload, rows: list[dict], a: Assumptions, gpt_oss: bool, origin: str):
+    """w's sequences and mean prompt from the turns and lengths of `rows` (conversation_tokens)."""
+    harmony = a.kept_answer_fraction_harmony
+    w.turns = conversation_tokens(recipe, rows, w.new, a.chars_per_token, harmony, gpt_oss)
+    w.turns.origin = origin
+    w.conversations = w.conversations if w.conversations is not None else w.turns.conversations
+    w.sequences = w.conversations * w.turns.turns_per_conversation
+    w.prompt = w.turns.mean_prompt
+
+
+def _price_unread(w: Workload, share: float, sources: str, prompt: float) -> None:
+    """The prompts of sources a plan does not fetch (hub datasets: `share` of them) at one answered turn of
+    the assumed `prompt` length, beside the sampled ones."""
+    if not share:
+        return
+    t = w.turns
+    t.mean_prompt = (1 - share) * t.mean_prompt + share * prompt
+    t.turns_per_conversation = (1 - share) * t.turns_per_conversation + share
+    t.unread = f"{sources} ({share:.0%} of the prompts) at the assumed prompt, one turn each"
+    w.sequences, w.prompt = w.conversations * t.turns_per_conversation, t.mean_prompt
 
 
 def plan(recipe: Recipe, gpus: str, run_dir: str | Path | None = None, a: Assumptions | None = None) -> Plan:

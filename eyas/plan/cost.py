@@ -44,7 +44,10 @@ RATE_STAGES = {"regen_tok_s": "regenerate", "capture_tok_s": "capture", "train_t
 class Assumptions:
     """Every number the estimates rest on that is not counted from the recipe."""
 
-    mean_prompt_tokens: float = 400.0  # rendered prompt, chat template included
+    mean_prompt_tokens: float = 400.0  # rendered prompt, chat template included, where no source can be read
+    # characters a token of prompt text where no tokenizer renders it (English prose; code takes fewer):
+    # SmolLM2's 49K vocabulary takes 3.9-4.8 on the long prose sets, 3.7 on Python (data/long_documents.py)
+    chars_per_token: float = 4.0
     new_token_fraction: float = 0.75  # mean generated tokens / data.max_new_tokens (reasoning runs long)
     # multi-turn: the share of an earlier answer a later turn's prompt holds (gpt-oss's template keeps the
     # final channel and drops the analysis; other templates keep the whole answer: 1)

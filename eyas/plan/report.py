@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from eyas.plan.cost import CPU, Plan, shard_buffer_bytes, unrolled_steps
+from eyas.plan.tokens import TEMPLATE_TOKENS
 from eyas.train.kinds import kind_named
 
 if TYPE_CHECKING:
@@ -89,13 +90,14 @@ def data_line(recipe: Recipe, p: Plan) -> str:
         rendered = (
             f"prompts rendered for {t.rendered:,} of {t.conversations:,} conversations"
             if t.rendered
-            else "prompt lengths assumed: " + t.no_tokenizer
+            else "prompt lengths estimated from their characters: " + t.no_tokenizer
         )
+        unread = f"; {t.unread}" if t.unread else ""
         return (
             f"data: {p.conversations:,} conversations x {t.turns_per_conversation:.2f} answered turns "
-            f"= {p.sequences:,} sequences x {p.mean_tokens:,.0f} tokens = {total} (--run's prompts "
-            f"stage: {t.user_turns:,} user turns counted in {t.conversations:,} conversations, "
-            f"{rendered}; answers assumed)"
+            f"= {p.sequences:,} sequences x {p.mean_tokens:,.0f} tokens = {total} ({t.origin}: "
+            f"{t.user_turns:,} user turns counted in {t.conversations:,} conversations, "
+            f"{rendered}{unread}; answers assumed)"
         )
     how = "measured in --run" if "regenerate" in p.stages_measured else "assumed"
     return f"data: {p.sequences:,} sequences x {p.mean_tokens:,.0f} tokens ({how} mean) = {total}"
@@ -223,11 +225,12 @@ def assumption_lines(recipe: Recipe, p: Plan) -> list[str]:
     """The assumptions the figures rest on, each with its source."""
     a, turns = p.assumptions, p.turns
     rendered = (turns is not None and turns.rendered) or "capture" in p.stages_measured
-    prompt = (
-        ""
-        if rendered
-        else (f"mean {'first-turn ' if turns is not None else ''}prompt {a.mean_prompt_tokens:.0f} tokens; ")
-    )
+    if rendered:
+        prompt = ""
+    elif turns is not None:
+        prompt = f"prompts at {a.chars_per_token:g} characters a token, + {TEMPLATE_TOKENS} a message; "
+    else:
+        prompt = f"mean prompt {a.mean_prompt_tokens:.0f} tokens; "
     return [
         "assumptions (change them in eyas/plan/cost.py Assumptions, or pass --run DIR: a run's prompts stage "
         "counts the turns, its later stages give measured rates):",

@@ -4,12 +4,12 @@ template, and the answered turns and mean prompt of the run's conversations."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
-
-from eyas.infra.io import read_jsonl
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -23,6 +23,7 @@ TOKENIZER_FILES = (
     "chat_template.jinja",
 )
 SAMPLED_CONVERSATIONS = 2000  # conversations of the prompts stage rendered to measure prompt lengths
+TEMPLATE_TOKENS = 8  # a chat template's tokens around one message, without a tokenizer to render it
 
 
 @dataclass
@@ -36,6 +37,8 @@ class TurnCount:
     user_turns: int  # counted in all of them (at most data.max_turns each)
     kept_answer_tokens: float  # of each earlier answer, in a later turn's prompt
     no_tokenizer: str  # why the prompts were not rendered, how to get a tokenizer that can; "" if they were
+    origin: str = "--run's prompts stage"  # or "a sample of the sources" (sampled_rows)
+    unread: str = ""  # sources a plan does not fetch (hub datasets), priced at the assumed prompt instead
 
 
 def plan_tokenizer(recipe: Recipe) -> tuple[PreTrainedTokenizerBase | None, str]:
@@ -97,42 +100,76 @@ def turn_prompt_lengths(
     return lengths
 
 
-def assumed_prompt_lengths(first: float, turns: int, kept: float, limit: int) -> list[float]:
-    """turn_prompt_lengths without a tokenizer: the first turn's prompt assumed, each later one holding
-    the earlier answers' kept part; stops before the first turn longer than `limit`."""
-    lengths = []
-    for t in range(turns):
-        if first + t * kept > limit:
+def estimated_prompt_lengths(
+    system: list[dict], users: list[dict], kept: float, limit: int, chars_per_token: float
+) -> list[float]:
+    """turn_prompt_lengths without a tokenizer: each turn's messages so far at `chars_per_token`, plus
+    TEMPLATE_TOKENS a message for the chat template, plus the earlier answers' kept part; stops before the
+    first turn longer than `limit`."""
+    lengths, chars = [], sum(len(m["content"]) for m in system)
+    for t, user in enumerate(users):
+        chars += len(user["content"])
+        n = chars / chars_per_token + TEMPLATE_TOKENS * (len(system) + 2 * t + 1) + t * kept
+        if n > limit:
             break
-        lengths.append(first + t * kept)
+        lengths.append(n)
     return lengths
+
+
+def sampled_rows(recipe: Recipe) -> tuple[list[dict], float, str]:
+    """Before any run: a seeded sample of every source's conversations, reduced to the user turns the prompts
+    stage keeps (data/prompts.py), SAMPLED_CONVERSATIONS in all, each source's share its weight (its quota of
+    data.num_prompts). A hub dataset is not fetched for a plan.
+
+    -> (rows as in RUN/prompts/train.jsonl, the prompts' share in sources not read, those sources)"""
+    from eyas.data.long_sets import is_long_set  # lazy: torch
+    from eyas.data.packaged_sets import is_packaged_set
+    from eyas.data.prompts import load_conversations, prompt_sources, user_turns
+    from eyas.data.target import resolve_path
+
+    d = recipe.data
+    read, unread = [], []
+    for k, src in enumerate(prompt_sources(d)):
+        path = resolve_path(src.source)
+        if not (is_packaged_set(path) or is_long_set(path) or Path(path).is_file()):
+            unread.append((src, None))
+            continue
+        with contextlib.redirect_stdout(io.StringIO()):  # a set's notes (a cut file) are the prompts stage's
+            convs = load_conversations(path, src.split, src.hub_config, f"data.prompts[{k}].source")
+        read.append((src, convs))
+    total = sum(src.weight for src, _ in read + unread)
+    rows = []
+    for k, (src, convs) in enumerate(read):
+        n = max(1, round(SAMPLED_CONVERSATIONS * src.weight / total))
+        for i in random.Random(d.seed).sample(range(len(convs)), min(n, len(convs))):
+            rows.append({"id": f"{k}:{i}", "messages": user_turns(convs[i], d.system_prompt, d.max_turns)})
+    share = sum(src.weight for src, _ in unread) / total
+    return rows, share, ", ".join(src.source for src, _ in unread)
 
 
 def conversation_tokens(
     recipe: Recipe,
-    run_dir: Path,
+    rows: list[dict],
     new: float,
-    mean_prompt_tokens: float,
+    chars_per_token: float,
     kept_fraction_harmony: float,
     is_gpt_oss: bool,
 ) -> TurnCount:
-    """Answered turns and prompt lengths from a run whose prompts stage is done (CPU only, before any GPU).
+    """Answered turns and prompt lengths of `rows`, a prompts stage's training conversations (--run's
+    RUN/prompts/train.jsonl, or sampled_rows' sample of the sources; CPU only, before any GPU).
 
-    Every training conversation's user turns are counted (at most data.max_turns); a seeded sample of
+    Every conversation's user turns are counted (at most data.max_turns); a seeded sample of
     the conversations (all of them up to SAMPLED_CONVERSATIONS) is rendered with the target's chat
     template as regeneration renders it, turn by turn, with each prompt's reasoning effort, every earlier
     answer standing in as `new` generated tokens of which the template keeps a share (a harmony template:
     `kept_fraction_harmony`, the final channel; any other: all). A conversation stops where regeneration
     stops it at a prompt over data.max_prompt_tokens; the share of turns that fit in the sample scales the
     count. An answer cut at data.max_new_tokens also ends its conversation in regeneration: not modelled,
-    so the count is an upper bound. Without a tokenizer the turns are still counted and the first prompt
-    is `mean_prompt_tokens`."""
+    so the count is an upper bound. Without a tokenizer the turns are still counted and each prompt's length
+    is estimated from its characters (estimated_prompt_lengths)."""
     from eyas.data.chat import effort_kwargs, is_harmony, reasoning_effort, split_turns  # lazy: torch
 
     d = recipe.data
-    rows = read_jsonl(Path(run_dir) / "prompts" / "train.jsonl")
-    if not rows:
-        raise ValueError(f"--run {run_dir}: its prompts stage holds no training conversations")
     turns = [split_turns(r["messages"]) for r in rows]
     if d.max_turns is not None:  # a recipe that asks fewer turns than the run's prompts stage kept
         turns = [(system, users[: d.max_turns]) for system, users in turns]
@@ -145,8 +182,7 @@ def conversation_tokens(
     for i in picked:
         system, users = turns[i]
         if tok is None:
-            first = min(mean_prompt_tokens, d.max_prompt_tokens)
-            lengths = assumed_prompt_lengths(first, len(users), kept, d.max_prompt_tokens)
+            lengths = estimated_prompt_lengths(system, users, kept, d.max_prompt_tokens, chars_per_token)
         else:
             effort = effort_kwargs(reasoning_effort(d.reasoning_effort, d.seed, rows[i]["id"]))
             lengths = turn_prompt_lengths(
