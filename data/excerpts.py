@@ -5,6 +5,7 @@ double from about 1K tokens up to a cap, excerpts cut at a boundary, and short d
     places(length, size)            [(j, fits)]: up to 4 excerpts of `size` spread over a document
     cut(text, size, j, fits, sep)   (start, end) of excerpt j: whole pieces ending at `sep` (a line...)
     split_by_length(docs)           each document's split: by length, every fifth from the third is test
+    split_linked(docs)              the same, documents that quote each other kept on one side
     bundles(docs, names, cap, sep)  consecutive documents grouped until each group holds `cap`
 
 A set names its cap in tokens (`-8k`) and turns it into characters at its own rate (CHARS_PER_TOKEN: below
@@ -16,6 +17,8 @@ from __future__ import annotations
 import re
 
 EXCERPTS_PER_SIZE = 4
+SPAN_WORDS = 12  # a run of this many words found in two documents is quoted text, not a common phrase
+SHARED_SPANS = 10  # runs two documents share before they go to one split
 
 
 def cap_tokens(source: str, prefix: str) -> int | None:
@@ -61,13 +64,64 @@ def split_by_length(docs: dict[str, str]) -> dict[str, str]:
 
 def bundles(docs: dict[str, str], names: list[str], cap: int, joiner: str) -> list[list[str]]:
     """The documents `names` (in that order) grouped into consecutive bundles that hold at least `cap`
-    characters once joined with `joiner` (the last one: what is left), so that a set of short documents
-    still reaches its cap. A document is in one bundle."""
+    characters once joined with `joiner`, so that a set of short documents still reaches its cap; what is
+    left at the end joins the last bundle (a bundle of its own would be short of the smallest sizes). A
+    document is in one bundle."""
     out, group, length = [], [], 0
     for n in names:
+        length += len(docs[n]) + (len(joiner) if group else 0)
         group.append(n)
-        length += len(docs[n]) + len(joiner)
         if length >= cap:
             out.append(group)
             group, length = [], 0
-    return out + [group] if group else out
+    if group and out:
+        out[-1] += group
+    elif group:
+        out.append(group)
+    return out
+
+
+WORD = re.compile(r"[\u4e00-\u9fff]|[^\s\u4e00-\u9fff]+")  # a CJK character is a word of its own
+
+
+def spans(text: str, words: int = SPAN_WORDS) -> set[int]:
+    """Hashes of every run of `words` consecutive words of `text` (whitespace and line breaks ignored)."""
+    w = WORD.findall(text)
+    return {hash(" ".join(w[i : i + words])) for i in range(len(w) - words + 1)}
+
+
+def linked(docs: dict[str, str], least: int = SHARED_SPANS) -> dict[str, str]:
+    """Each document's group: documents that share at least `least` runs of SPAN_WORDS words (a draft
+    and its essay, a request and another built on the same material) are linked, transitively, so a split
+    by group never puts quoted text on both sides. -> {document: its group's first document, in order}."""
+    parent = {n: n for n in docs}
+
+    def root(n: str) -> str:
+        while parent[n] != n:
+            parent[n] = parent[parent[n]]
+            n = parent[n]
+        return n
+
+    seen: dict[int, list[str]] = {}
+    shared: dict[tuple[str, str], int] = {}
+    for n, text in docs.items():
+        for h in spans(text):
+            for other in seen.setdefault(h, []):
+                shared[other, n] = shared.get((other, n), 0) + 1
+            seen[h].append(n)
+    for (a, b), count in shared.items():
+        if count >= least:
+            ra, rb = sorted((root(a), root(b)), key=list(docs).index)
+            parent[rb] = ra
+    return {n: root(n) for n in docs}
+
+
+def split_linked(docs: dict[str, str]) -> dict[str, str]:
+    """Each document's split, whole groups at a time (`linked`): the groups ranked by their joined length
+    (split_by_length), every document taking its group's split."""
+    group = linked(docs)
+    joined: dict[str, str] = {}
+    for n, g in group.items():
+        joined[g] = joined.get(g, "") + docs[n]
+    by_group = split_by_length(joined)
+    return {n: by_group[g] for n, g in group.items()}

