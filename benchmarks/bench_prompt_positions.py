@@ -13,19 +13,22 @@ sequence is scored as training scores an answer (train/ttt.py, teacher-forced al
 drafts starts there, each draft counted right where it is the target's own greedy next token. Per bucket of
 the index (its absolute position): acc_0 (the first draft right: a greedy loop's first acceptance there) and
 τ_k = 1 + sum_j prod_{i<=j} cond_acc_i (train/ttt.py simulated_tau: a chain goes on where its drafts were
-right and the text it is fed is the target's greedy token, as in training's validation).
+right and the text it is fed is the target's greedy token, as in training's validation). A chain is
+counted at the index it starts from, ignoring the capture's loss mask (the prompt is what is scored).
 
-Each draft is also scored with draft.sliding_window = W for each --window (the same weights, the window set
-in its config): with a window the draft attends to the last W positions only, and since RoPE depends on the
-distance between positions, not on where they are, a windowed draft sees no distance beyond W at any
-position. Falling with position under full attention and flat under a window: the draft's attention over a
-long context. Falling under both: the text, or how predictable the target is further into a document, which
-drafts trained on long data (long against short) may learn. Prints one table (and OUT/positions.json).
+Each draft is scored as trained (its config's window, or none), then with draft.sliding_window = W for each
+--window (the same weights, the window set in its config): with a window the draft attends to the last W
+positions only, and since RoPE depends on the distance between positions, not on where they are, a windowed
+draft sees no distance beyond W at any position. Falling with position under full attention and flat under a
+window: the draft's attention over a long context. Falling under both: the text, or how predictable the
+target is further into a document, which drafts trained on long data (long against short) may learn. Prints
+one table (and OUT/positions.json).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 from pathlib import Path
@@ -42,13 +45,6 @@ from eyas.train.packing import collate_rows
 from eyas.train.ttt import simulated_tau, target_view, ttt_forward
 
 BUCKETS = (0, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
-
-
-def bucket(i: int) -> str:
-    """The position bucket of index i: [lo, hi) of BUCKETS."""
-    hi = next(b for b in BUCKETS[1:] if i < b)
-    lo = BUCKETS[BUCKETS.index(hi) - 1]
-    return f"{lo}-{hi}"
 
 
 def long_prompts(args, recipe) -> list[list[dict]]:
@@ -70,15 +66,17 @@ def long_prompts(args, recipe) -> list[list[dict]]:
 
 
 def score(recipe, seqs: ShardDataset, checkpoint: str, window: int | None, k: int) -> dict[str, list]:
-    """One draft at every index of every sequence -> {bucket: per step j: [counted, right, chains alive
-    before j, right among them]} (train/ttt.py score_step's counts, per index instead of summed)."""
+    """`window`: draft.sliding_window to serve it with (None: as trained, its config's)."""
+    # -> {bucket: per step j: [counted, right, chains alive before j, right among them]} (train/ttt.py
+    # score_step's counts, per index instead of summed)
     from eyas.train.checkpoint import load_draft  # lazy: safetensors
 
     heads = load_head_weights(recipe.target.model, recipe.target.trust_remote_code)
     draft = load_draft(checkpoint, embed=heads["embed"])
     if draft.config.kind != "eagle3":  # ttt_forward is EAGLE-3's unroll; the others draft other chains
         raise SystemExit(f"{checkpoint}: a {draft.config.kind} draft; this benchmark scores EAGLE-3 drafts")
-    draft.config.sliding_window = window
+    if window is not None:
+        draft.config.sliding_window = window
     draft.eval()
     dtype = torch.bfloat16 if recipe.train.mixed_precision in ("bf16", "auto") else torch.float32
     counts: dict[str, list] = {}
@@ -161,14 +159,15 @@ def main(argv=None) -> int:
     out = Path(args.out)
     messages = long_prompts(args, recipe)
     over = ["eval.max_new_tokens=16", *args.overrides]
-    capture = answers_run(args.recipe, messages, out / f"answers-{args.set}-{len(messages)}", over)
+    key = hashlib.sha256(json.dumps([args.recipe, over, messages]).encode()).hexdigest()[:12]
+    capture = answers_run(args.recipe, messages, out / f"answers-{args.set}-{len(messages)}-{key}", over)
     seqs = ShardDataset(capture)
     print(f"{len(seqs)} sequences of {args.set}: {sum(seqs.lengths):,} tokens", flush=True)
     rows = {}
     for spec in args.draft:
         name, ckpt = spec.split("=", 1)
         for window in [None, *args.window]:
-            label = name if window is None else f"{name}, window {window}"
+            label = name if window is None else f"{name}, window {window}"  # None: as trained
             rows[label] = score(recipe, seqs, ckpt, window, args.k)
             print(json.dumps({"draft": label, "counts": rows[label]}), flush=True)
     (out / "positions.json").write_text(json.dumps({"k": args.k, "set": args.set, "rows": rows}, indent=1))

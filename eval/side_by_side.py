@@ -139,10 +139,12 @@ def vllm_runs(
     max_model_len: int | None = None,
     log_path: str | Path | None = None,
     per_request: bool = False,
+    timeout_s: float = 1800,
 ) -> dict[str, dict]:
     """vLLM (offline, one process) serving `target_dir` with each draft of `drafts` (name -> export
     dir, None: no speculation). -> {name: {"outputs", "counters"} or {"error": vLLM's message}};
-    `per_request`: the prompts one at a time, each result with "per_request": each prompt's counters."""
+    `per_request`: the prompts one at a time, each result with "per_request": each prompt's counters;
+    `timeout_s`: for the whole process, every draft."""
     runs = [{"name": n, "speculative_config": speculative_config(d, k)} for n, d in drafts.items()]
     return run_offline(
         target_dir,
@@ -152,4 +154,5 @@ def vllm_runs(
         max_model_len=max_model_len,
         log_path=log_path,
         per_request=per_request,
+        timeout_s=timeout_s,
     )
