@@ -139,6 +139,12 @@ def conversation_of(seq: dict) -> str:
     return seq.get("group") or seq.get("conversation", seq["id"])
 
 
+def prompt_of(seq: dict) -> str:
+    """The prompt (conversation) a stored sequence answers a turn of, whatever its group: what a part
+    holds and a turn is counted by (conversation_of is what it is held out with)."""
+    return seq.get("conversation", seq["id"])
+
+
 def capture_order(seqs: list[dict]) -> list[int]:
     """The order training reads the sequences in, an offline capture's: shortest first, stable (the same
     on every run), so capture's sequence i is seqs[capture_order(seqs)[i]]."""
@@ -328,7 +334,7 @@ def _todo(slices: Slices, parts: list, mine: list[int]) -> list[int]:
         if not path.is_file():
             todo.append(p)
             continue
-        stored = [conversation_of(row) for row in read_jsonl(path) if row.get("turn", 0) == 0]
+        stored = [prompt_of(row) for row in read_jsonl(path) if row.get("turn", 0) == 0]
         if stored != [pid for batch in parts[p] for pid, _ in batch]:
             raise RuntimeError(
                 f"{path}: holds other prompts than this run would put there (the prompts, "
@@ -354,7 +360,7 @@ def _stage_record(
     kept = counts["num_prompts"] - counts["num_skipped_long"]
     if len(firsts) != kept:
         raise RuntimeError(f"{slices.out_dir}: {len(firsts)} conversations stored for {kept} prompts")
-    answered = Counter(s.get("conversation", s["id"]) for s in seqs)  # per conversation, not its group
+    answered = Counter(prompt_of(s) for s in seqs)
     gen_lens = [len(s["input_ids"]) - s["prompt_len"] for s in seqs]
     shard = slices.shard
     shards = slices.records() if shard.count > 1 else []

@@ -13,6 +13,7 @@ from eyas.data.chat import answer_message, eos_token_ids, pad_token_id, render_p
 from eyas.data.prompts import read_prompts, run_prompts
 from eyas.data.regenerate import generate_batch, read_sequences, run_regenerate
 from eyas.data.target import load_target
+from eyas.infra import layout
 from eyas.infra.io import read_jsonl
 from eyas.recipes.load import load_recipe
 
@@ -350,7 +351,8 @@ def test_plan_renders_each_prompt_with_its_reasoning_effort(demo, tmp_path):
 def test_regeneration_counts_turns_per_conversation_where_prompts_have_a_group(demo, tmp_path):
     """Long prompts carry their document as a group (data/prompts.py): several excerpts of one document
     are several conversations, and the stage record counts each one's turns (it once looked them up by
-    group: KeyError 'stdlib:<module>' at the end of regeneration)."""
+    group: KeyError 'stdlib:<module>' at the end of regeneration), and a resumed run keeps the parts it
+    wrote (checked by group, they were refused as holding other prompts)."""
     r = load_recipe(
         "demo",
         BASE
@@ -368,3 +370,6 @@ def test_regeneration_counts_turns_per_conversation_where_prompts_have_a_group(d
     stats = run_regenerate(r, tmp_path, progress=False)
     assert stats["num_conversations"] == len(prompts) - stats["num_skipped_long"]
     assert stats["num_turns_not_answered"] == 0 and stats["num_sequences"] == stats["num_conversations"]
+    layout.marker(tmp_path, "regenerate").unlink()  # a run killed before its record: it resumes, the parts
+    again = run_regenerate(r, tmp_path, progress=False)  # kept (they were once checked against groups)
+    assert again["num_sequences"] == stats["num_sequences"] and again["generated_tokens_this_run"] == 0
