@@ -45,8 +45,9 @@ class Assumptions:
     """Every number the estimates rest on that is not counted from the recipe."""
 
     mean_prompt_tokens: float = 400.0  # rendered prompt, chat template included, where no source can be read
-    # characters a token of prompt text where no tokenizer renders it (English prose; code takes fewer):
-    # SmolLM2's 49K vocabulary takes 3.9-4.8 on the long prose sets, 3.7 on Python (data/long_documents.py)
+    # characters a token of prompt text where no tokenizer renders it (English prose; code and Chinese take
+    # fewer): SmolLM2's 49K vocabulary takes 3.9 (HotpotQA) to 4.8 (SQuAD) on the long prose sets, 5.2 on
+    # WritingBench's English requests, 3.7 on Python, 1.45 on Chinese (data/long_documents.py)
     chars_per_token: float = 4.0
     new_token_fraction: float = 0.75  # mean generated tokens / data.max_new_tokens (reasoning runs long)
     # multi-turn: the share of an earlier answer a later turn's prompt holds (gpt-oss's template keeps the
