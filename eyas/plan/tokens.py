@@ -41,7 +41,7 @@ class TurnCount:
     user_turns: int  # counted in all of them (at most data.max_turns each)
     kept_answer_tokens: float  # of each earlier answer, in a later turn's prompt
     no_tokenizer: str  # why the prompts were not rendered, how to get a tokenizer that can; "" if they were
-    origin: str = "--run's prompts stage"  # or "a sample of the sources" (sampled_rows)
+    origin: str = "--run's prompts stage"  # or "a sample of each source, mixed by weight" (source_samples)
     unread: str = ""  # sources a plan does not fetch (hub datasets), priced at the assumed prompt instead
 
 
@@ -156,7 +156,7 @@ def source_samples(recipe: Recipe) -> list[SourceSample]:
         picked = random.Random(d.seed).sample(range(len(convs)), min(len(convs), SAMPLED_CONVERSATIONS))
         turns = [user_turns(convs[i], d.system_prompt, d.max_turns) for i in picked]
         rows = [{"id": f"{k}:{i}", "messages": m} for i, m in zip(picked, turns)]
-        out.append(SourceSample(src.source, src.weight, rows))
+        out.append(SourceSample(src.source, src.weight, rows, "" if rows else "no conversations"))
     return out
 
 
