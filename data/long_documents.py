@@ -104,11 +104,18 @@ def record_documents(source: str, split: str) -> list[str]:
 
 
 def _items(source: str, split: str) -> tuple[tuple[str, str], ...]:
+    """(group, prompt) of each record; the package checked on every call, the records built once per file
+    (records and record_documents both read them)."""
     if split not in ("train", "test"):
         raise ValueError(f"{source}: split {split!r} (expected train or test)")
     name, cap = set_of(source)
+    return _built(_read(name, source), name, cap, split)
+
+
+@cache
+def _built(path: Path, name: str, cap: int, split: str) -> tuple[tuple[str, str], ...]:
     build = {"essays": _essays, "hotpotqa": _hotpotqa, "squad": _squad}.get(name, _writingbench)
-    return tuple(build(source, name, cap, split))
+    return tuple(build(path, name, cap, split))
 
 
 def _read(name: str, source: str) -> Path:
@@ -138,10 +145,10 @@ def essay_splits(path: Path) -> tuple[dict[str, str], dict[str, str]]:
     return split_linked(essays(path))
 
 
-def _essays(source: str, name: str, cap: int, split: str) -> list[tuple[str, str]]:
+def _essays(path: Path, name: str, cap: int, split: str) -> list[tuple[str, str]]:
     """Excerpts of bundles of essays (whole lines), each with a summary, critique or rewrite task."""
-    docs = essays(_read(name, source))
-    by_doc, linked_to = essay_splits(_read(name, source))
+    docs = essays(path)
+    by_doc, linked_to = essay_splits(path)
     out = []
     for members in bundles(docs, [n for n in docs if by_doc[n] == split], cap, ESSAY_JOINER, linked_to):
         group, text = members[0], ESSAY_JOINER.join(docs[n] for n in members)
@@ -167,10 +174,10 @@ def squad_articles(path: Path) -> tuple[dict[str, str], dict[str, list[tuple[str
     return articles, questions
 
 
-def _squad(source: str, name: str, cap: int, split: str) -> list[tuple[str, str]]:
+def _squad(path: Path, name: str, cap: int, split: str) -> list[tuple[str, str]]:
     """Excerpts of bundles of articles (whole paragraphs), each with up to 3 questions about paragraphs
     inside it (a summary where none is whole)."""
-    docs, questions = squad_articles(_read(name, source))
+    docs, questions = squad_articles(path)
     by_doc, linked_to = split_linked(docs)
     out = []
     for members in bundles(docs, [n for n in docs if by_doc[n] == split], cap, "\n\n", linked_to):
@@ -197,11 +204,11 @@ def hotpot_records(path: Path) -> tuple[dict, ...]:
     return tuple(json.loads(path.read_text()))
 
 
-def _hotpotqa(source: str, name: str, cap: int, split: str) -> list[tuple[str, str]]:
+def _hotpotqa(path: Path, name: str, cap: int, split: str) -> list[tuple[str, str]]:
     """Each question of the split once, over its own passages and its bundle's others up to a size that
     cycles through the doubling sizes, the passages shuffled. Every fifth question is test; a train
     question that shares a passage title with any test question is dropped."""
-    recs = hotpot_records(_read(name, source))
+    recs = hotpot_records(path)
     test = [r for i, r in enumerate(recs) if i % 5 == 2]
     test_titles = {t for r in test for t, _ in r["context"]}
     mine = (
@@ -238,10 +245,10 @@ def _passages(passages: dict[str, list[str]], ids: list[str], size: int) -> list
     return picked
 
 
-def _writingbench(source: str, name: str, cap: int, split: str) -> list[tuple[str, str]]:
+def _writingbench(path: Path, name: str, cap: int, split: str) -> list[tuple[str, str]]:
     """The requests of about 1K tokens up to the cap (estimated_tokens), as given; split by document, a
     request sharing its material with another kept on its side (data/excerpts.py split_linked)."""
-    docs, by_doc, linked_to = requests(_read(name, source))
+    docs, by_doc, linked_to = requests(path)
     tokens = cap / CHARS_PER_TOKEN
     return [
         (linked_to[n], q)
