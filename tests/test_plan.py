@@ -37,6 +37,9 @@ def test_gpt_oss_120b_plan_on_8xh100_matches_hand_computation():
     a = Assumptions()
     tokens = 100_000 * (400 + 0.75 * 2048)  # num_prompts x (assumed prompt + generated)
     assert p.tokens == tokens
+    # the suite runs offline (tests/conftest.py): the hub dataset could not be streamed, and the plan says so
+    unread = "data: 100,000 sequences x 1,936 tokens (assumed mean; HuggingFaceH4/ultrachat_200k not read: "
+    assert unread in render(r, p)
     assert p.capture_bytes_per_token == 4 * H * 2 + 5  # 3 aux + final, bf16, + token id and loss mask
     assert p.capture_bytes == tokens * 23_045
     # fp32 weights + grads, Muon's momentum on the matrices and AdamW's two moments on the norms; the fp32
@@ -256,7 +259,7 @@ def test_plan_prices_the_prompts_its_sources_hold(smollm2, tmp_path):
     long-context recipe's: GSM8K, a ShareGPT sample, long stdlib excerpts) and mixes them by weight: its
     sequences and mean prompt within 10% of what it counts from that stage's own output (--run), and far
     from the 400 tokens it assumes where it can read no source. Each source counts at its weight whatever
-    its size; a hub dataset is not fetched: its share is priced at the assumption, and the plan names it."""
+    its size; a hub dataset it cannot stream (offline) is priced at the assumption, and the plan names it."""
     from eyas.data.prompts import run_prompts
 
     recipe = load_recipe("smollm2-135m-long-context")
@@ -279,11 +282,52 @@ def test_plan_prices_the_prompts_its_sources_hold(smollm2, tmp_path):
     assert mixed.turns_per_conversation == pytest.approx((t_g + t_s) / 2)
     mean = (t_g * gsm8k.mean_prompt + t_s * stdlib.mean_prompt) / (t_g + t_s)  # per answered turn
     assert mixed.mean_prompt == pytest.approx(mean)
-    hub = "data.prompts=[{source: data/sets/gsm8k_train.jsonl}, {source: HuggingFaceH4/ultrachat_200k}]"
+    hub = (
+        "data.prompts=[{source: data/sets/gsm8k_train.jsonl}, "
+        "{source: HuggingFaceH4/ultrachat_200k, split: train_sft}]"
+    )
     half_hub = load_recipe("smollm2-135m-long-context", [hub])
-    p = plan(half_hub, "1xH100")
+    p = plan(half_hub, "1xH100")  # the suite runs offline (HF_HUB_OFFLINE, tests/conftest.py)
     assert p.turns.mean_prompt == pytest.approx((t_g * gsm8k.mean_prompt + 400) / (t_g + 1))
     assert (
         "priced at the assumed 400-token prompt, one turn each: HuggingFaceH4/ultrachat_200k (50% of the "
-        "prompts: a hub dataset: not fetched for a plan)" in render(half_hub, p)
+        "prompts: data.prompts[1].source=HuggingFaceH4/ultrachat_200k: the dataset is not in the Hugging "
+        "Face cache and HF_HUB_OFFLINE is set" in render(half_hub, p)
     )
+
+
+def test_plan_streams_a_sample_of_a_hub_dataset(smollm2, tmp_path, monkeypatch):
+    """A hub source is priced from HUB_SAMPLED records streamed by `datasets` (not from the assumed 400
+    tokens): the same records read whole from a local file price the same. No network here: the hub's
+    lookup of acme/long-prompts is replaced by the same records in a local JSON-lines file, streamed and
+    shuffled by `datasets` as the hub's files would be."""
+    import json
+
+    import datasets
+
+    from eyas.plan.tokens import HUB_SAMPLED
+
+    words = [" ".join(["the essay goes on"] * (100 + 4 * (i % 100))) for i in range(2 * HUB_SAMPLED)]
+    records = [
+        json.dumps({"messages": [{"role": "user", "content": f"{i}: {w}"}]}) for i, w in enumerate(words)
+    ]
+    (tmp_path / "all.jsonl").write_text("\n".join(records) + "\n")
+    load, asked = datasets.load_dataset, []
+
+    def hub(name, config=None, split=None, streaming=False):
+        asked.append((name, config, split, streaming))
+        return load("json", data_files=str(tmp_path / "all.jsonl"), split="train", streaming=True)
+
+    monkeypatch.setattr(datasets, "load_dataset", hub)
+    recipe = load_recipe("smollm2-135m-long-context", ["data.prompts=acme/long-prompts"])
+    streamed = plan(recipe, "1xH100").turns
+    assert asked == [("acme/long-prompts", None, "train", True)]
+    assert streamed.origin == (
+        f"a sample of each source, mixed by weight (acme/long-prompts: {HUB_SAMPLED} records streamed from "
+        "the hub)"
+    )
+    assert streamed.unread == "" and streamed.rendered == HUB_SAMPLED
+    assert streamed.mean_prompt > 1000  # 400-1,996 words, not the 400 tokens assumed
+    monkeypatch.chdir(tmp_path)
+    whole = plan(load_recipe("smollm2-135m-long-context", ["data.prompts=all.jsonl"]), "1xH100").turns
+    assert streamed.mean_prompt == pytest.approx(whole.mean_prompt, rel=0.05)  # 500 of the 1,000, random

@@ -68,6 +68,7 @@ class Workload:
     stages_measured: list[str] = field(default_factory=list)  # --run's finished stages
     # seconds of a stage outside its measured rate (vLLM's start, loading the target), as --run took them
     setup_s: dict[str, float] = field(default_factory=dict)
+    unread: str = ""  # without --run, where no source could be read: each, and why
 
 
 def time_outside_rate(done: dict, tokens: float | None, rate_key: str) -> float:
@@ -97,6 +98,8 @@ def workload(recipe: Recipe, run_dir: str | Path | None, cfg: PretrainedConfig, 
         samples = source_samples(recipe)
         if any(x.rows for x in samples):
             _count_sources(recipe, w, samples, a, gpt_oss)
+        else:
+            w.unread = "; ".join(f"{x.label} not read: {x.why}" for x in samples)
         return w
     w.stages_measured = done = [s for s in RUN_STAGES if is_done(run_dir, s)]
     if not done:
@@ -164,6 +167,7 @@ def _count_sources(recipe: Recipe, w: Workload, samples: list, a: Assumptions, g
     per_conversation, prompt = combined(parts, assumed)
     total = sum(x.weight for x in samples)
     unread = [f"{x.label} ({x.weight / total:.0%} of the prompts: {x.why})" for x in samples if not x.rows]
+    streamed = [f"{x.label}: {x.streamed:,} records streamed from the hub" for x in samples if x.streamed]
     w.turns = TurnCount(
         turns_per_conversation=per_conversation,
         mean_prompt=prompt,
@@ -172,7 +176,7 @@ def _count_sources(recipe: Recipe, w: Workload, samples: list, a: Assumptions, g
         user_turns=sum(t.user_turns for t in counts),
         kept_answer_tokens=counts[0].kept_answer_tokens,
         no_tokenizer=counts[0].no_tokenizer,
-        origin="a sample of each source, mixed by weight",
+        origin="a sample of each source, mixed by weight" + (f" ({'; '.join(streamed)})" if streamed else ""),
         unread=(f"priced at the assumed {assumed:.0f}-token prompt, one turn each: " + "; ".join(unread))
         if unread
         else "",
@@ -262,6 +266,7 @@ def plan(recipe: Recipe, gpus: str, run_dir: str | Path | None = None, a: Assump
         turns=w.turns,
         stages_measured=w.stages_measured,
         setup_s=w.setup_s,
+        unread=w.unread,
     )
 
 

@@ -143,6 +143,7 @@ class Plan:
     setup_s: dict[
         str, float
     ]  # each stage's time outside its rate as --run took it (in regen_s, capture_s, train_s)
+    unread: str = ""  # the sources a plan without --run could not read (none could), and why
 
 
 def parse_gpus(text: str) -> tuple[int, str]:

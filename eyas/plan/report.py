@@ -100,7 +100,8 @@ def data_line(recipe: Recipe, p: Plan) -> str:
             f"{rendered}{unread}; answers assumed)"
         )
     how = "measured in --run" if "regenerate" in p.stages_measured else "assumed"
-    return f"data: {p.sequences:,} sequences x {p.mean_tokens:,.0f} tokens ({how} mean) = {total}"
+    unread = f"; {p.unread}" if p.unread else ""
+    return f"data: {p.sequences:,} sequences x {p.mean_tokens:,.0f} tokens ({how} mean{unread}) = {total}"
 
 
 OPTIMIZER_STATE = {"adamw": "AdamW", "muon": "Muon (AdamW on the rest)"}

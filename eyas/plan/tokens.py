@@ -7,13 +7,12 @@ from __future__ import annotations
 import contextlib
 import io
 import random
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from eyas.data.long_sets import is_long_set
-from eyas.data.packaged_sets import is_packaged_set
-from eyas.infra.errors import InputError
+from eyas.infra.errors import EyasError
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -27,6 +26,8 @@ TOKENIZER_FILES = (
     "chat_template.jinja",
 )
 SAMPLED_CONVERSATIONS = 2000  # conversations of the prompts stage rendered to measure prompt lengths
+# records of a hub dataset a plan streams, each read over the network (LongAlign-10k's run 8K-64K tokens)
+HUB_SAMPLED = 500
 TEMPLATE_TOKENS = 8  # a chat template's tokens around one message, without a tokenizer to render it
 
 
@@ -42,7 +43,7 @@ class TurnCount:
     kept_answer_tokens: float  # of each earlier answer, in a later turn's prompt
     no_tokenizer: str  # why the prompts were not rendered, how to get a tokenizer that can; "" if they were
     origin: str = "--run's prompts stage"  # or "a sample of each source, mixed by weight" (source_samples)
-    unread: str = ""  # sources a plan does not fetch (hub datasets), priced at the assumed prompt instead
+    unread: str = ""  # sources a plan could not read (no network, a package missing), priced as assumed
 
 
 def plan_tokenizer(recipe: Recipe) -> tuple[PreTrainedTokenizerBase | None, str]:
@@ -127,36 +128,53 @@ class SourceSample:
     label: str  # data.prompts[k]'s source
     weight: float  # its share of data.num_prompts (data.prompts[k].weight)
     rows: list[dict] | None  # a seeded sample of its conversations as the prompts stage reduces them
-    why: str = ""  # why rows is None: not read (a hub dataset, a package not installed)
+    why: str = ""  # why rows is None: not read (a hub dataset out of reach, a package not installed)
+    streamed: int = 0  # records streamed from the hub (a hub dataset's sample), else 0
 
 
 def source_samples(recipe: Recipe) -> list[SourceSample]:
     """Before any run: up to SAMPLED_CONVERSATIONS of each source's conversations (seeded), reduced to the
     user turns the prompts stage keeps (data/prompts.py); each source is priced apart and weighed by its
-    weight (combined), so a source smaller than its share counts in full. A hub dataset is not fetched for
-    a plan, nor a set whose package is missing: rows None, and why."""
-    from eyas.data.prompts import load_conversations, prompt_sources, user_turns  # lazy: torch
+    weight (combined), so a source smaller than its share counts in full. A hub dataset is streamed, only
+    HUB_SAMPLED of its records (data/prompts.py hub_sample); one that cannot be read (no network, a set
+    whose package is missing): rows None, and why."""
+    from eyas.data.prompts import (  # lazy: torch
+        hub_sample,
+        is_hub_dataset,
+        load_conversations,
+        prompt_sources,
+        user_turns,
+    )
     from eyas.data.target import resolve_path  # lazy: torch
 
     d = recipe.data
-    sources = prompt_sources(d)
     out = []
-    for k, src in enumerate(sources):
+    for k, src in enumerate(prompt_sources(d)):
         path = resolve_path(src.source)
         key = "data.prompts" if isinstance(d.prompts, str) else f"data.prompts[{k}].source"
-        if not (is_packaged_set(path) or is_long_set(path) or Path(path).is_file()):
-            out.append(SourceSample(src.source, src.weight, None, "a hub dataset: not fetched for a plan"))
-            continue
+        hub = is_hub_dataset(path)
         try:
-            with contextlib.redirect_stdout(io.StringIO()):  # a set's notes (a cut file): the prompts stage's
-                convs = load_conversations(path, src.split, src.hub_config, key)
-        except InputError as e:  # a package not installed: priced as assumed, and said
+            if hub:
+                print(f"eyas plan: streaming {HUB_SAMPLED} records of {src.source}", file=sys.stderr)
+                convs = hub_sample(src.source, src.hub_config, src.split, HUB_SAMPLED, d.seed, key)
+            else:
+                with contextlib.redirect_stdout(io.StringIO()):  # a set's notes (a cut file): the stage's
+                    convs = load_conversations(path, src.split, src.hub_config, key)
+        except EyasError as e:  # no network, a package not installed, no such file: priced as assumed
             out.append(SourceSample(src.source, src.weight, None, str(e)))
+            continue
+        except Exception as e:  # noqa: BLE001  a plan prices what it can: `datasets`' other failures to stream
+            # a hub source (a split or config it lacks, an HTTP error) are priced as assumed and named too
+            if not hub:
+                raise
+            first = str(e).splitlines()[0] if str(e) else ""
+            out.append(SourceSample(src.source, src.weight, None, f"{type(e).__name__}: {first}"))
             continue
         picked = random.Random(d.seed).sample(range(len(convs)), min(len(convs), SAMPLED_CONVERSATIONS))
         turns = [user_turns(convs[i], d.system_prompt, d.max_turns) for i in picked]
         rows = [{"id": f"{k}:{i}", "messages": m} for i, m in zip(picked, turns)]
-        out.append(SourceSample(src.source, src.weight, rows, "" if rows else "no conversations"))
+        why = "" if rows else "no conversations"
+        out.append(SourceSample(src.source, src.weight, rows, why, len(convs) if hub else 0))
     return out
 
 
