@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 from eyas.data.compact import check_block_width, encode_aux, topk_teacher
 from eyas.data.regenerate import capture_order, loss_mask, read_sequences
 from eyas.data.sharding import Shard, Slices, current_shard, target_for_rank
-from eyas.data.shards import INDEX, shard_name, write_shard
+from eyas.data.shards import INDEX, ShardBuffer, shard_name, write_shard
 from eyas.data.target import (
     LAYER_ID_CONVENTION,
     StopForward,
@@ -226,7 +226,10 @@ def run_capture(
     batches = [[seqs[i] for i in order[j : j + c.batch_size]] for j in range(0, len(order), c.batch_size)]
     first, end = shard.contiguous([sum(len(s["input_ids"]) for s in b) for b in batches])
     mine = batches[first:end]
-    out = _Output(slices, header, [first, end], sum(len(b) for b in mine))
+    lengths = [len(s["input_ids"]) for b in mine for s in b]
+    # a shard is written once it holds capture.shard_tokens: at most that, less one, + the longest sequence
+    capacity = min(c.shard_tokens - 1 + max(lengths, default=1), sum(lengths))
+    out = _Output(slices, header, [first, end], sum(len(b) for b in mine), ShardBuffer(max(capacity, 1)))
     bar = tqdm(
         total=sum(len(s["input_ids"]) for b in mine for s in b),
         initial=out.num_tokens,
@@ -302,14 +305,13 @@ class _Output:
     """What this process captures: its shards as they are written, and its index, rewritten after each shard
     (index.json; a slice's index-rIofN.json also keeps its batches, its lm_head check and its speed)."""
 
-    def __init__(self, slices: Slices, header: dict, batches: list[int], expected: int):
+    def __init__(self, slices: Slices, header: dict, batches: list[int], expected: int, buffer: ShardBuffer):
         self.out_dir = stage_dir(slices.run_dir, STAGE)
         self.label = slices.shard.label if slices.shard.count > 1 else None
         self.path = slices.record() if self.label else self.out_dir / INDEX
         self.header = header
         self.extra = {"batches": batches, "expected_sequences": expected} if self.label else {}
-        self.buffer: list[dict[str, torch.Tensor]] = []
-        self.buffered = 0
+        self.buffer = buffer  # the rows of the next shard
         self._resume(slices)
 
     def _resume(self, slices: Slices) -> None:
@@ -352,10 +354,10 @@ class _Output:
         return index
 
     def add(self, row: dict[str, torch.Tensor], shard_tokens: int) -> None:
-        """One sequence's tensors; once `shard_tokens` are buffered they are written as the next shard."""
-        self.buffer.append(row)
-        self.buffered += len(row["input_ids"])
-        if self.buffered >= shard_tokens:
+        """One sequence's tensors (copied); once `shard_tokens` are buffered they are written as the next
+        shard."""
+        self.buffer.add(row)
+        if self.buffer.tokens >= shard_tokens:
             self.commit()
 
     def commit(self) -> dict:
@@ -366,10 +368,10 @@ class _Output:
             return self.save()
 
     def _write_buffer(self) -> None:
-        if self.buffer:
+        if self.buffer.tokens:
             path = self.out_dir / shard_name(len(self.shards), self.label)
-            self.shards.append(write_shard(path, self.buffer))
-            self.buffer, self.buffered = [], 0
+            self.shards.append(write_shard(path, self.buffer.packed(), self.buffer.lengths))
+            self.buffer.clear()
 
 
 def _capture_batches(
@@ -434,9 +436,7 @@ def _add_batch(
         if first + b < done:  # already in a shard (resumed mid-batch)
             continue
         L = len(s["input_ids"])
-        # a copy of the row's L tokens: a view would hold the whole padded (B, T, ...) batch until the shard
-        # is written (a shard of 262,144 tokens held about twice its bytes so)
-        row = {n: x[0 if per_row else b, :L].clone() for n, x in stored[b].items()}
+        row = {n: x[0 if per_row else b, :L] for n, x in stored[b].items()}  # views: out.add copies them
         row.update(input_ids=torch.tensor(s["input_ids"]), loss_mask=torch.tensor(loss_mask(s)))
         out.add(row, c.shard_tokens)
         added += L

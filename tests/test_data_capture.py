@@ -182,9 +182,9 @@ def test_resume_after_crash_is_identical(regen_run, tmp_path, monkeypatch):
     real = capture.write_shard
     calls = []
 
-    def crash_on_second_shard(path, seqs):
+    def crash_on_second_shard(path, packed, lengths):
         calls.append(path.name)
-        entry = real(path, seqs)
+        entry = real(path, packed, lengths)
         if len(calls) == 2:  # the shard is on disk, the index not yet updated: a crash in between
             (path.parent / f".{path.name}.junk.tmp").write_text("half written")
             raise KeyboardInterrupt("simulated crash")
@@ -427,22 +427,31 @@ def test_online_mode_stores_nothing_and_trains_as_the_offline_capture(regen_run,
         assert a["acc"] == b["acc"] and a["cond_acc"] == b["cond_acc"]
 
 
-def test_a_buffered_row_holds_its_own_tokens_not_its_padded_batch():
-    """The rows a shard buffers until it is written are copies of each sequence's own L tokens, not views of
-    the forward's padded (B, T, ...) batch, which would stay alive with them (a 262,144-token shard then
-    held the padding of every batch beside its rows); the values are the batch's."""
+def test_a_shard_buffer_copies_each_rows_own_tokens_into_tensors_it_reuses():
+    """A shard's rows are copied as they come into the buffer's own tensors (allocated once, at the first
+    row, `capacity` tokens), neither kept as views of the forward's padded (B, T, ...) batch (which would
+    keep every batch's padding alive until the shard is written) nor as a tensor per sequence to concatenate
+    (a shard's bytes twice, and a heap that grew shard after shard); the next shard reuses the tensors; the
+    values are the batch's own tokens."""
     from types import SimpleNamespace
+
+    from eyas.data.shards import ShardBuffer
 
     stored = {"aux": torch.randn(2, 10, 6), "final": torch.randn(2, 10, 3)}
     batch = [{"input_ids": [5, 6, 7], "prompt_len": 1}, {"input_ids": list(range(10)), "prompt_len": 4}]
-    rows = []
-    out = SimpleNamespace(add=lambda row, n: rows.append(row))
+    buf = ShardBuffer(16)
+    out = SimpleNamespace(add=lambda row, n: buf.add(row))
     bar = SimpleNamespace(update=lambda n: None)
     added = capture._add_batch(out, batch, 0, 0, [stored, stored], SimpleNamespace(shard_tokens=64), bar)
-    assert added == 13 and len(rows) == 2
-    for b, (row, s) in enumerate(zip(rows, batch)):
-        L = len(s["input_ids"])
-        for name, x in stored.items():
-            assert torch.equal(row[name], x[b, :L])
-            assert row[name].untyped_storage().nbytes() == L * x.shape[-1] * 4, name  # its own L tokens only
-        assert row["input_ids"].tolist() == s["input_ids"] and row["loss_mask"].tolist() == loss_mask(s)
+    assert added == 13 and buf.lengths == [3, 10]
+    packed = buf.packed()
+    for name, x in stored.items():
+        assert torch.equal(packed[name], torch.cat([x[0, :3], x[1, :10]]))
+        assert packed[name].untyped_storage().nbytes() == 16 * x.shape[-1] * 4, name  # the buffer's own
+    assert packed["input_ids"].tolist() == [5, 6, 7, *range(10)] and packed["input_ids"].dtype == torch.int32
+    assert packed["loss_mask"].tolist() == loss_mask(batch[0]) + loss_mask(batch[1])
+    where = {k: t.data_ptr() for k, t in buf.tensors.items()}
+    buf.clear()
+    capture._add_batch(out, batch[1:], 0, 0, [stored], SimpleNamespace(shard_tokens=64), bar)
+    assert {k: t.data_ptr() for k, t in buf.tensors.items()} == where and buf.lengths == [10]
+    assert torch.equal(buf.packed()["aux"], stored["aux"][0, :10])  # the first stored row of this batch

@@ -623,11 +623,11 @@ def test_plan_on_a_cpu_takes_every_rate_from_the_run_and_the_run_records_each_st
     assert text.startswith(f"plan for {r.name} on 1xCPU ({host_gb:,.0f} GB each; the host's memory")
     assert "all-reduce" not in text  # one process: nothing to all-reduce, nothing assumed of it
     assert re.search(r"= [1-9][\d,.]*[KM]? tokens", text)  # a small run's tokens, not "0.000B tokens"
-    # a CPU's capture holds the shard it writes beside the target: its rows and their concatenation
+    # a CPU's capture holds the shard it fills beside the target: its rows, packed as they come
     bpt, gpu = p.capture_bytes_per_token, plan(r, "1xH100", run_dir=full_run)
-    shard = 2 * min(r.capture.shard_tokens, p.capture_bytes / bpt) * bpt
+    shard = min(r.capture.shard_tokens, p.capture_bytes / bpt) * bpt
     assert p.process_bytes["capture"] == pytest.approx(gpu.process_bytes["capture"] + shard)
-    assert f"up to {shard / 1e6:,.1f} MB of host memory while a shard is written" in text
+    assert f"; {shard / 1e6:,.1f} MB of host memory for the shard it fills" in text
     with pytest.raises(
         ValueError,
         match=r"--gpus cpu: eyas assumes no CPU's speed; pass --run DIR, a smaller "

@@ -225,10 +225,10 @@ def optimizer_bytes(optimizer: str, draft: torch.nn.Module) -> int:
 
 
 def shard_buffer_bytes(recipe: Recipe, token_bytes: int, tokens: float) -> float:
-    """Host memory an offline capture holds while it writes a shard: the shard's rows and their
-    concatenation (data/shards.py write_shard), capture.shard_tokens (or every token, when fewer) each. On a
-    CPU it is the capture process's memory beside the target's."""
-    return 2 * min(recipe.capture.shard_tokens, tokens) * token_bytes
+    """Host memory an offline capture holds for its shards: one shard's rows, packed as they come into
+    tensors reused for every shard (data/shards.py ShardBuffer), capture.shard_tokens (or every token, when
+    fewer). On a CPU it is the capture process's memory beside the target's."""
+    return min(recipe.capture.shard_tokens, tokens) * token_bytes
 
 
 def capture_bytes_per_token(recipe: Recipe, cfg: PretrainedConfig, n_aux: int, offline: bool = False) -> int:

@@ -135,12 +135,12 @@ def resource_lines(recipe: Recipe, p: Plan) -> list[str]:
 
 
 def buffer_note(recipe: Recipe, p: Plan) -> str:
-    """'; up to N GB of host memory while a shard is written' for an offline capture."""
+    """'; N GB of host memory for the shard it fills' for an offline capture."""
     if not p.capture_bytes:
         return ""
     tokens = p.capture_bytes / p.capture_bytes_per_token
     held = shard_buffer_bytes(recipe, p.capture_bytes_per_token, tokens)
-    return f"; up to {size(held)} of host memory while a shard is written (capture.shard_tokens x 2)"
+    return f"; {size(held)} of host memory for the shard it fills (capture.shard_tokens)"
 
 
 def setup_note(p: Plan, stage: str) -> str:
