@@ -77,8 +77,13 @@ class ShardBuffer:
                 k: torch.empty((self.capacity, *x.shape[1:]), dtype=STORED_DTYPES.get(k, x.dtype))
                 for k, x in row.items()
             }
-        for k, x in row.items():
-            self.tensors[k][self.tokens : self.tokens + T] = x
+        for k, x in row.items():  # a copy would broadcast a (1, ...) row or cast another dtype: refused
+            buf = self.tensors[k]
+            if x.shape != (T, *buf.shape[1:]) or (k not in STORED_DTYPES and x.dtype != buf.dtype):
+                raise ValueError(
+                    f"{k}: a row of {tuple(x.shape)} {x.dtype}; the shard's are (T={T}, ...) {buf.dtype}"
+                )
+            buf[self.tokens : self.tokens + T] = x
         self.lengths.append(T)
         self.tokens += T
 

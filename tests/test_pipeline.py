@@ -625,7 +625,8 @@ def test_plan_on_a_cpu_takes_every_rate_from_the_run_and_the_run_records_each_st
     assert re.search(r"= [1-9][\d,.]*[KM]? tokens", text)  # a small run's tokens, not "0.000B tokens"
     # a CPU's capture holds the shard it fills beside the target: its rows, packed as they come
     bpt, gpu = p.capture_bytes_per_token, plan(r, "1xH100", run_dir=full_run)
-    shard = min(r.capture.shard_tokens, p.capture_bytes / bpt) * bpt
+    longest = r.data.max_prompt_tokens + r.data.max_new_tokens  # the buffer's room past shard_tokens - 1
+    shard = min(r.capture.shard_tokens - 1 + longest, p.capture_bytes / bpt) * bpt
     assert p.process_bytes["capture"] == pytest.approx(gpu.process_bytes["capture"] + shard)
     assert f"; {shard / 1e6:,.1f} MB of host memory for the shard it fills" in text
     with pytest.raises(

@@ -226,9 +226,11 @@ def optimizer_bytes(optimizer: str, draft: torch.nn.Module) -> int:
 
 def shard_buffer_bytes(recipe: Recipe, token_bytes: int, tokens: float) -> float:
     """Host memory an offline capture holds for its shards: one shard's rows, packed as they come into
-    tensors reused for every shard (data/shards.py ShardBuffer), capture.shard_tokens (or every token, when
-    fewer). On a CPU it is the capture process's memory beside the target's."""
-    return min(recipe.capture.shard_tokens, tokens) * token_bytes
+    tensors reused for every shard (data/shards.py ShardBuffer): capture.shard_tokens less one, plus the
+    longest sequence (data.max_prompt_tokens + data.max_new_tokens), or every token, when fewer. On a CPU it
+    is the capture process's memory beside the target's."""
+    d = recipe.data
+    return min(recipe.capture.shard_tokens - 1 + d.max_prompt_tokens + d.max_new_tokens, tokens) * token_bytes
 
 
 def capture_bytes_per_token(recipe: Recipe, cfg: PretrainedConfig, n_aux: int, offline: bool = False) -> int:
