@@ -272,9 +272,10 @@ def _hub_errors(source: str, key: str):
             "token cannot read it), and no such local file; check the id or the path"
         ) from e
     except ConnectionError as e:
-        from huggingface_hub import constants
+        import datasets
 
-        why = "HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE else "the hub cannot be reached"
+        offline = datasets.config.HF_HUB_OFFLINE  # HF_DATASETS_OFFLINE, else HF_HUB_OFFLINE
+        why = "HF_HUB_OFFLINE is set" if offline else "the hub cannot be reached"
         raise RunError(
             f"{key}={source}: the dataset is not in the Hugging Face cache and {why} ({e}); download it "
             f"where there is network (`hf download --repo-type dataset {source}`), or save it as a local "

@@ -53,8 +53,8 @@ class ShardBuffer:
     """A shard's sequences packed row after row as they come, into tensors allocated once and reused for
     every shard: no tensor per sequence and no concatenation, so a capture holds one shard's bytes (plus the
     batch in flight) whichever shard it writes. (A tensor per sequence, concatenated at the end, held two
-    shards' bytes, and the capture's peak grew with its data: 17.3 GB at 331K tokens, 20.9 GB at 824K for a
-    1.5B target's 3.2 GB shards, likeliest glibc's heap keeping the freed rows of ever longer sequences.)
+    shards' bytes; a 1.5B target's capture of 824K tokens in 3.2 GB shards peaked at 20.9 GB, about 10 GB
+    more than the target and two shards, likeliest glibc's heap keeping freed rows of ever longer sequences.)
 
         buf = ShardBuffer(capacity)   # tokens: at least the shard's, less its last sequence, + the longest
         buf.add({"aux": (T, ...), "final": (T, H), "input_ids": (T,), "loss_mask": (T,), ...})
@@ -77,6 +77,8 @@ class ShardBuffer:
                 k: torch.empty((self.capacity, *x.shape[1:]), dtype=STORED_DTYPES.get(k, x.dtype))
                 for k, x in row.items()
             }
+        if set(row) != set(self.tensors):
+            raise ValueError(f"a row of {sorted(row)}; this shard's rows hold {sorted(self.tensors)}")
         for k, x in row.items():  # a copy would broadcast a (1, ...) row or cast another dtype: refused
             buf = self.tensors[k]
             if x.shape != (T, *buf.shape[1:]) or (k not in STORED_DTYPES and x.dtype != buf.dtype):

@@ -455,3 +455,35 @@ def test_a_shard_buffer_copies_each_rows_own_tokens_into_tensors_it_reuses():
     capture._add_batch(out, batch[1:], 0, 0, [stored], SimpleNamespace(shard_tokens=64), bar)
     assert {k: t.data_ptr() for k, t in buf.tensors.items()} == where and buf.lengths == [10]
     assert torch.equal(buf.packed()["aux"], stored["aux"][0, :10])  # the first stored row of this batch
+
+
+def test_a_shard_buffer_refuses_a_row_it_would_store_wrongly(tmp_path):
+    """A slice copy would broadcast a row of one token over T, cast another dtype, or leave a missing key's
+    bytes from the shard before: each is refused with the key and shapes; a buffer that is full refuses
+    the row that does not fit, and a shard's lengths must sum to its tokens."""
+    from eyas.data.shards import ShardBuffer, write_shard
+
+    def row(T, aux=None, **drop):
+        r = {
+            "aux": torch.zeros(T, 4) if aux is None else aux,
+            "input_ids": torch.arange(T),
+            "loss_mask": torch.ones(T),
+        }
+        return {k: v for k, v in r.items() if k not in drop}
+
+    buf = ShardBuffer(8)
+    buf.add(row(3))
+    bad = [
+        (row(3, aux=torch.zeros(1, 4)), "aux: a row of \\(1, 4\\)"),
+        (row(3, aux=torch.zeros(3, 4, dtype=torch.float64)), "torch.float64"),
+        (row(3, loss_mask=True), "this shard's rows hold"),
+    ]
+    for r, match in bad:
+        with pytest.raises(ValueError, match=match):
+            buf.add(r)
+    with pytest.raises(RuntimeError, match="a shard buffer of 8 tokens cannot take 3 \\+ 6"):
+        buf.add(row(6))
+    assert buf.lengths == [3] and buf.tokens == 3
+    with pytest.raises(ValueError, match="lengths sum to 4, the tensors hold 3"):
+        write_shard(tmp_path / "shard-00000.safetensors", buf.packed(), [4])
+    assert not list(tmp_path.iterdir())

@@ -167,7 +167,11 @@ def _count_sources(recipe: Recipe, w: Workload, samples: list, a: Assumptions, g
     per_conversation, prompt = combined(parts, assumed)
     total = sum(x.weight for x in samples)
     unread = [f"{x.label} ({x.weight / total:.0%} of the prompts: {x.why})" for x in samples if not x.rows]
-    streamed = [f"{x.label}: {x.streamed:,} records streamed from the hub" for x in samples if x.streamed]
+    streamed = [
+        f"{x.label}: {x.streamed:,} records sampled from the hub (about {2 * x.streamed:,} streamed)"
+        for x in samples
+        if x.streamed
+    ]
     w.turns = TurnCount(
         turns_per_conversation=per_conversation,
         mean_prompt=prompt,
