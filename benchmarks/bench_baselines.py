@@ -7,6 +7,7 @@ from data/sets: none trained on).
     python benchmarks/bench_baselines.py                                   # the 1.5B target, k = 3, C = 1, 8
     python benchmarks/bench_baselines.py --draft eagle3=EXPORT_DIR ...     # eyas's exports in the same table
     python benchmarks/bench_baselines.py --baselines --draft peagle=DIR    # plain and the export only
+    python benchmarks/bench_baselines.py --table REPORT.json               # a report's table again
 
 Per concurrency and row: tau (vLLM's: 1 + accepted drafts / verifications with drafts; per benchmark from each
 prompt's own counters at C = 1; n-gram lookup drafts only where the text repeats, so its tau counts the
@@ -14,7 +15,9 @@ verifications it drafted for, which the row gives), output tokens/s (generated t
 time, the engine's start not counted), the speedup over plain decoding at the same concurrency, and how many
 outputs equal plain greedy's, token for token (in bf16 a batched verification may round differently from a
 one-token step, and the output parts from there; eval/verdict.py tells such partings from failures, not run
-here). C = 1 runs the
+here), and at C = 1 the time of a step of the target (generate's wall time over its forward passes, `steps`;
+n-gram lookup's are drafted or plain ones): the speedup is tokens a step x plain's ms a step / the row's.
+Accepted per position: the share of verifications with drafts whose i-th draft was accepted. C = 1 runs the
 prompts one at a time; C = 8 submits them all with vLLM's max_num_seqs 8 (continuous batching, at most 8 in
 flight; vLLM's prefix cache on, as served, where C = 1 turns it off to count each prompt alone: the prompts
 share only the chat template's first tokens). One vLLM process a run (eyas/infra/vllm/vllm_offline.py):
@@ -69,14 +72,22 @@ def speculative_runs(args) -> list[dict]:
     return runs
 
 
-def prompts_of(args, tokenizer) -> tuple[list[list[int]], list[str]]:
-    """The benchmarks' prompts (args.prompts of each, spread over the set), rendered -> (ids, benchmark)."""
+def prompts_of(prompts: int, tokenizer=None) -> tuple[list[list[int]], list[str]]:
+    """The benchmarks' prompts (`prompts` of each, spread over the set), rendered where a tokenizer is given
+    -> (ids, each prompt's benchmark)."""
     ids, names = [], []
     for name, source in BENCHMARKS.items():
-        for messages in load_benchmark(name, source, limit=args.prompts).messages:
-            ids.append(render_prompt(tokenizer, messages))
+        for messages in load_benchmark(name, source, limit=prompts).messages:
+            ids.append(render_prompt(tokenizer, messages) if tokenizer else [])
             names.append(name)
     return ids, names
+
+
+def retable(path: Path) -> None:
+    """Print the table of a report this benchmark wrote, its rows counted again from its raw results."""
+    report = json.loads(path.read_text())
+    names = prompts_of(report["args"]["prompts"])[1]
+    print(table([row for c, res in report["results"].items() for row in rows(res, names, int(c))]))
 
 
 def summed(counters: list[dict]) -> dict:
@@ -93,6 +104,14 @@ def tau(counters: dict) -> float | str:
     return round(t, 3) if t is not None else "—"
 
 
+def steps(run: dict) -> int:
+    """The target's steps in a run (forward passes, a request's prefill included): each emits one token and
+    the drafts it accepted, so at least tokens - accepted (vLLM also counts drafts accepted past max_tokens,
+    which emit none), and at least one prefill a request + each verification with drafts; the larger."""
+    c = run["counters"]
+    return max(sum(map(len, run["outputs"])) - c["accepted"], len(run["outputs"]) + c["drafts"])
+
+
 def rows(results: dict, names: list[str], concurrency: int) -> list[dict]:
     """One row a run: tau (all prompts, and per benchmark where each prompt's counters are known), tok/s,
     the speedup over plain, how many outputs equal plain's (plain failed: neither)."""
@@ -105,12 +124,16 @@ def rows(results: dict, names: list[str], concurrency: int) -> list[dict]:
             out.append(row | {"error": " ".join(r["error"].replace("|", "/").split())})
             continue
         tok_s = sum(map(len, r["outputs"])) / r["generate_s"]
-        row |= {"tok_s": round(tok_s, 2), "verifications with drafts": r["counters"]["drafts"]}
+        drafts = r["counters"]["drafts"]
+        row |= {"tok_s": round(tok_s, 2), "verifications with drafts": drafts}
+        if concurrency == 1:  # a step's own time: one request at a time
+            row["ms a step"] = round(1000 * r["generate_s"] / steps(r), 1)
         if base:
             same = sum(a == b for a, b in zip(r["outputs"], plain["outputs"], strict=True))
             row |= {"speedup": round(tok_s / base, 3), "same as plain": f"{same}/{len(plain['outputs'])}"}
-        if r["counters"]["drafts"]:
+        if drafts:
             row["tau"] = tau(r["counters"])
+            row["accepted per position"] = " / ".join(f"{n / drafts:.2f}" for n in r["counters"]["per_pos"])
         for bench in BENCHMARKS if r.get("per_request") and r["counters"]["drafts"] else ():
             row[f"tau {bench}"] = tau(
                 summed([c for c, n in zip(r["per_request"], names, strict=True) if n == bench])
@@ -120,8 +143,8 @@ def rows(results: dict, names: list[str], concurrency: int) -> list[dict]:
 
 
 def table(all_rows: list[dict]) -> str:
-    cols = ["run", "concurrency", "tau", *(f"tau {b}" for b in BENCHMARKS), "verifications with drafts"]
-    cols += ["tok_s", "speedup", "same as plain"]
+    cols = ["run", "concurrency", "tau", *(f"tau {b}" for b in BENCHMARKS), "accepted per position"]
+    cols += ["verifications with drafts", "tok_s", "speedup", "same as plain", "ms a step"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in all_rows:
         cells = [str(r.get(c, r.get("error", "—") if c == "tau" else "—")) for c in cols]
@@ -150,9 +173,12 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--max-model-len", type=int, default=4096)
     ap.add_argument("--out", type=Path, default=Path("bench-baselines.json"))
+    ap.add_argument("--table", type=Path, help="print the table of a report written before (runs nothing)")
     args = ap.parse_args()
+    if args.table:
+        return retable(args.table)
     target = resolve_path(args.target)
-    ids, names = prompts_of(args, AutoTokenizer.from_pretrained(target))
+    ids, names = prompts_of(args.prompts, AutoTokenizer.from_pretrained(target))
     sampling = {"temperature": 0.0, "max_tokens": args.max_tokens}
     all_rows, raw = [], {}
     for c in args.concurrency:
