@@ -113,8 +113,9 @@ def steps(run: dict) -> int:
 
 
 def rows(results: dict, names: list[str], concurrency: int) -> list[dict]:
-    """One row a run: tau (all prompts, and per benchmark where each prompt's counters are known), tok/s,
-    the speedup over plain, how many outputs equal plain's (plain failed: neither)."""
+    """One row a run: tau (all prompts, and per benchmark where each prompt's counters are known), accepted
+    per position, tok/s, the speedup over plain, how many outputs equal plain's (plain failed: neither), and
+    at C = 1 the time of a target step (`steps`)."""
     plain = results.get("plain", {})
     base = sum(map(len, plain["outputs"])) / plain["generate_s"] if "outputs" in plain else None
     out = []
