@@ -60,3 +60,19 @@ def test_steps_where_accepted_drafts_fall_past_the_end():
     accepted (3) is below one prefill + 4 verifications (5), which counts."""
     r = {"outputs": [list(range(12))], "counters": {"accepted": 9, "drafts": 4}}
     assert bench_baselines.steps(r) == 5
+
+
+def test_table_reprints_a_written_report(tmp_path, capsys):
+    """--table REPORT: the rows counted again from the report's raw results (one prompt of each benchmark,
+    in BENCHMARKS' order), printed as the run printed them."""
+    zero = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "per_pos": []}
+    one = {"drafts": 1, "draft_tokens": 3, "accepted": 3, "per_pos": [1, 1, 1]}
+    outs = [list(range(4))] * 3
+    results = {"plain": run(outs, 1.2, [zero] * 3), "eyas": run(outs, 0.3, [one] * 3)}
+    path = tmp_path / "report.json"
+    path.write_text(bench_baselines.json.dumps({"args": {"prompts": 1}, "results": {"1": results}}))
+    bench_baselines.retable(path)
+    expected = bench_baselines.table(bench_baselines.rows(results, list(bench_baselines.BENCHMARKS), 1))
+    assert capsys.readouterr().out == expected + "\n"
+    row = "| eyas | 1 | 4.0 | 4.0 | 4.0 | 4.0 | 1.00 / 1.00 / 1.00 | 3 | 40.0 | 4.0 | 3/3 | 50.0 |"
+    assert row in expected  # 12 tokens in 0.3 s over 6 steps (3 prefills + 3 verifications)
