@@ -28,11 +28,12 @@ import argparse
 import sys
 from pathlib import Path
 
+from eyas.data.sharding import current_shard
 from eyas.infra.errors import debugging, report_failures
 from eyas.infra.interrupts import signals_raise
-from eyas.infra.layout import REPORT_JSON, REPORT_MD
-from eyas.infra.stages import COMMANDS, SHARDED, STAGE_ORDER, resolve, stage_fn
-from eyas.pipeline import check_target, prepare_run, run_all
+from eyas.infra.layout import REPORT_JSON, REPORT_MD, is_done
+from eyas.infra.stages import COMMANDS, SHARDED, STAGE_ORDER, resolve
+from eyas.pipeline import check_target, prepare_run, run_all, run_stage
 from eyas.recipes.load import recipe_and_run
 from eyas.recipes.schema import RecipeError
 from eyas.recipes.types import TreeShape
@@ -217,8 +218,11 @@ def _stage(args, recipe, run_dir: Path, progress: bool) -> None:
     ):  # the prompts stage reads the data sources only: no target needed (eyas plan --run)
         check_target(recipe)
     prepare_run(recipe, run_dir)
-    shard = {"shard": args.shard} if args.cmd in SHARDED else {}
-    stage_fn(args.cmd)(recipe, run_dir, progress=progress, **shard)
+    shard = current_shard(args.shard if args.cmd in SHARDED else None)
+    if is_done(run_dir, args.cmd):  # as `eyas run` says it: nothing run, nothing measured
+        print(f"[eyas] {args.cmd}: done already, skipped")
+        return
+    run_stage(recipe, run_dir, args.cmd, shard, progress)  # timed and recorded as `eyas run` records it
 
 
 RUNNERS = {"run": _run, "eval": _eval}  # any other command is one stage (_stage)

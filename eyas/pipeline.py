@@ -65,25 +65,33 @@ def run_all(recipe: Recipe, run_dir: str | Path, stages=STAGE_ORDER, progress: b
             print(f"[eyas] {stage}: done already, skipped")
             continue
         print(f"[eyas] {stage} ...", flush=True)
-        t0 = time.perf_counter()
-        with stage_peak() as peak:
-            if shard.launched and shard.index > 0 and stage not in SHARDED + ("train",):
-                wait_until(lambda: layout.is_done(run_dir, stage), f"rank 0 to finish the {stage} stage")
-            else:
-                stage_fn(stage)(
-                    recipe, run_dir, progress=progress, **({"shard": shard} if stage in SHARDED else {})
-                )
-        wall_s = time.perf_counter() - t0
+        wall_s, peak = run_stage(recipe, run_dir, stage, shard, progress)
         times[stage] = round(wall_s, 1)
         print(f"[eyas] {stage}: {times[stage]} s{describe(peak)}", flush=True)
-        record_stage_cost(run_dir, stage, round(wall_s, 3), peak, shard.index)
     return times
 
 
+def run_stage(recipe: Recipe, run_dir: Path, stage: str, shard, progress: bool) -> tuple[float, StagePeak]:
+    """One stage not yet done, for `eyas run` and a stage's own command alike: run (a launched rank > 0 waits
+    for rank 0 on a stage that is not shared out), timed, its peak memory measured and recorded in
+    RUN/stage_costs.json -> (wall seconds, peak)."""
+    t0 = time.perf_counter()
+    with stage_peak() as peak:
+        if shard.launched and shard.index > 0 and stage not in SHARDED + ("train",):
+            wait_until(lambda: layout.is_done(run_dir, stage), f"rank 0 to finish the {stage} stage")
+        else:
+            stage_fn(stage)(
+                recipe, run_dir, progress=progress, **({"shard": shard} if stage in SHARDED else {})
+            )
+    wall_s = time.perf_counter() - t0
+    record_stage_cost(run_dir, stage, round(wall_s, 3), peak, shard.index)
+    return wall_s, peak
+
+
 def record_stage_cost(run_dir: Path, stage: str, wall_s: float, peak: StagePeak, rank: int) -> None:
-    """RUN/stage_costs.json: {stage: {wall_s, peak_bytes, anon_bytes, children_bytes}} as `eyas run` measured
-    them (rank 0's; a stage run again replaces its entry; eyas/infra/peak_memory.py says what each counts), to
-    set beside `eyas plan`."""
+    """RUN/stage_costs.json: {stage: {wall_s, peak_bytes, anon_bytes, children_bytes}} as `eyas run` or the
+    stage's own command measured them (rank 0's; a stage run again replaces its entry, a resumed one with its
+    last part's; eyas/infra/peak_memory.py says what each counts), to set beside `eyas plan`."""
     if rank > 0:
         return
     path = Path(run_dir) / layout.STAGE_COSTS

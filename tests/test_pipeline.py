@@ -711,3 +711,25 @@ def test_init_from_warm_starts_the_same_draft_and_refuses_another(setup, full_ru
         build_draft(peagle, full_run, {})
     assert "its kind 'eagle3' != this run's 'peagle'" in str(e.value)
     assert "its mask_token_id None != this run's " in str(e.value)
+
+
+def test_a_stages_own_command_records_its_cost_as_eyas_run_does(setup, tmp_path, capsys):
+    """`eyas prompts` and `eyas regenerate` run alone (as a run resumed stage by stage is) write their wall
+    time and peak memory to RUN/stage_costs.json as `eyas run` does; a stage already done is skipped, says
+    so, and keeps its entry."""
+    from eyas.cli import main
+
+    _, target, prompts = setup
+    recipe_file, run = tmp_path / "tiny.yaml", tmp_path / "run"
+    recipe_file.write_text(yaml.safe_dump(tiny_recipe(target, prompts)))
+    for stage in ("prompts", "regenerate"):
+        assert main([stage, str(recipe_file), "--out", str(run), "--no-progress"]) == 0
+    costs = json.loads((run / layout.STAGE_COSTS).read_text())
+    assert list(costs) == ["prompts", "regenerate"]
+    for stage, cost in costs.items():
+        assert cost["wall_s"] > 0, stage
+        assert 50e6 < cost["anon_bytes"] <= cost["peak_bytes"], stage
+    capsys.readouterr()
+    assert main(["regenerate", str(recipe_file), "--out", str(run), "--no-progress"]) == 0
+    assert "[eyas] regenerate: done already, skipped" in capsys.readouterr().out
+    assert json.loads((run / layout.STAGE_COSTS).read_text()) == costs

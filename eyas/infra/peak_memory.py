@@ -1,4 +1,5 @@
-"""Each stage's peak memory, for `eyas run`'s stage lines and `RUN/stage_costs.json` (set beside `eyas plan`).
+"""Each stage's peak memory, for `eyas run`'s stage lines and `RUN/stage_costs.json` (set beside `eyas plan`),
+written by `eyas run` and by a stage's own command alike.
 
 Three numbers a stage, because on a CPU host they differ by gigabytes:
 
