@@ -32,6 +32,7 @@ from eyas.data.sharding import current_shard
 from eyas.infra.errors import debugging, report_failures
 from eyas.infra.interrupts import signals_raise
 from eyas.infra.layout import REPORT_JSON, REPORT_MD, is_done
+from eyas.infra.peak_memory import describe
 from eyas.infra.stages import COMMANDS, SHARDED, STAGE_ORDER, resolve
 from eyas.pipeline import check_target, prepare_run, run_all, run_stage
 from eyas.recipes.load import recipe_and_run
@@ -222,7 +223,8 @@ def _stage(args, recipe, run_dir: Path, progress: bool) -> None:
     if is_done(run_dir, args.cmd):  # as `eyas run` says it: nothing run, nothing measured
         print(f"[eyas] {args.cmd}: done already, skipped")
         return
-    run_stage(recipe, run_dir, args.cmd, shard, progress)  # timed and recorded as `eyas run` records it
+    wall_s, peak = run_stage(recipe, run_dir, args.cmd, shard, progress)  # recorded as `eyas run` records it
+    print(f"[eyas] {args.cmd}: {wall_s:.1f} s{describe(peak)}", flush=True)
 
 
 RUNNERS = {"run": _run, "eval": _eval}  # any other command is one stage (_stage)

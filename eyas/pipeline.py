@@ -74,7 +74,8 @@ def run_all(recipe: Recipe, run_dir: str | Path, stages=STAGE_ORDER, progress: b
 def run_stage(recipe: Recipe, run_dir: Path, stage: str, shard, progress: bool) -> tuple[float, StagePeak]:
     """One stage not yet done, for `eyas run` and a stage's own command alike: run (a launched rank > 0 waits
     for rank 0 on a stage that is not shared out), timed, its peak memory measured and recorded in
-    RUN/stage_costs.json -> (wall seconds, peak)."""
+    RUN/stage_costs.json (not by one `--shard I/N` slice of several: its time is not the stage's)
+    -> (wall seconds, peak)."""
     t0 = time.perf_counter()
     with stage_peak() as peak:
         if shard.launched and shard.index > 0 and stage not in SHARDED + ("train",):
@@ -84,7 +85,8 @@ def run_stage(recipe: Recipe, run_dir: Path, stage: str, shard, progress: bool) 
                 recipe, run_dir, progress=progress, **({"shard": shard} if stage in SHARDED else {})
             )
     wall_s = time.perf_counter() - t0
-    record_stage_cost(run_dir, stage, round(wall_s, 3), peak, shard.index)
+    if shard.launched or shard.count == 1:
+        record_stage_cost(run_dir, stage, round(wall_s, 3), peak, shard.index)
     return wall_s, peak
 
 

@@ -322,9 +322,12 @@ def assert_sp_run_is_one_process(run, one, rel=2e-6, nproc=2):
 
 def test_accelerate_launch_with_the_shipped_ddp_config(base, two_procs):
     """`accelerate launch --config_file recipes/accelerate/ddp.yaml` (CPU: ACCELERATE_USE_CPU=true) runs the
-    same 2-process DDP training as torchrun: bit-identical weights."""
+    same 2-process DDP training as torchrun: bit-identical weights; rank 0 records the stage's time and memory
+    (RUN/stage_costs.json) as `eyas run` does."""
     run = train(base, "accelerate-ddp", 2, "train.grad_accum=1", config="ddp")
     assert layout.read_done(run, "train")["num_processes"] == 2
+    cost = json.loads((run / layout.STAGE_COSTS).read_text())["train"]
+    assert cost["wall_s"] > 0 and 50e6 < cost["anon_bytes"] <= cost["peak_bytes"]
     a, b = weights(run), weights(two_procs)
     for k in a:
         assert torch.equal(a[k], b[k]), k

@@ -5,11 +5,12 @@ config); each process trains on its share of every global batch (train/schedule.
 import argparse
 import sys
 
+from eyas.data.sharding import current_shard
+from eyas.infra import layout
 from eyas.infra.errors import debugging, report_failures
-from eyas.pipeline import check_target, prepare_run
+from eyas.pipeline import check_target, prepare_run, run_stage
 from eyas.recipes.load import recipe_and_run
 from eyas.train.distributed import process_state
-from eyas.train.trainer import run_train
 
 
 def main(argv=None) -> int:
@@ -29,7 +30,10 @@ def main(argv=None) -> int:
         if state.is_main_process:
             prepare_run(recipe, run_dir)
         state.wait_for_everyone()
-        run_train(recipe, run_dir, progress=not args.no_progress)
+        if layout.is_done(run_dir, "train"):
+            print("[eyas] train: done already, skipped")
+        else:  # every rank trains; rank 0 records the stage's time and memory (RUN/stage_costs.json)
+            run_stage(recipe, run_dir, "train", current_shard(), not args.no_progress)
         return 0
 
     return report_failures(train, debug)
