@@ -97,14 +97,17 @@ def record_stage_cost(run_dir: Path, stage: str, wall_s: float, peak: StagePeak,
     if rank > 0:
         return
     path = Path(run_dir) / layout.STAGE_COSTS
-    costs = io.read_json(path) if path.is_file() else {}
-    costs[stage] = {
-        "wall_s": wall_s,
-        "peak_bytes": peak.own_bytes,
-        "anon_bytes": peak.anon_bytes,
-        "children_bytes": peak.children_bytes,
-    }
-    io.write_json(path, costs)
+    try:  # a record beside the run: the stage is done either way, so a bad file only warns
+        costs = io.read_json(path) if path.is_file() else {}
+        costs[stage] = {
+            "wall_s": wall_s,
+            "peak_bytes": peak.own_bytes,
+            "anon_bytes": peak.anon_bytes,
+            "children_bytes": peak.children_bytes,
+        }
+        io.write_json(path, costs)
+    except (OSError, ValueError) as e:
+        print(f"[eyas] warning: {stage}'s cost not recorded in {path}: {type(e).__name__}: {e}", flush=True)
 
 
 def answers_run(source, messages: list[list[dict]], out: Path, overrides: list[str] = ()) -> Path:

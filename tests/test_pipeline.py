@@ -716,7 +716,8 @@ def test_init_from_warm_starts_the_same_draft_and_refuses_another(setup, full_ru
 def test_a_stages_own_command_records_its_cost_as_eyas_run_does(setup, tmp_path, capsys):
     """`eyas prompts` and `eyas regenerate` run alone (as a run resumed stage by stage is) write their wall
     time and peak memory to RUN/stage_costs.json as `eyas run` does; a stage already done is skipped, says
-    so, and keeps its entry."""
+    so, and keeps its entry; a damaged stage_costs.json is warned of, and the stage (capture) still ends
+    done."""
     from eyas.cli import main
 
     _, target, prompts = setup
@@ -733,3 +734,7 @@ def test_a_stages_own_command_records_its_cost_as_eyas_run_does(setup, tmp_path,
     assert main(["regenerate", str(recipe_file), "--out", str(run), "--no-progress"]) == 0
     assert "[eyas] regenerate: done already, skipped" in capsys.readouterr().out
     assert json.loads((run / layout.STAGE_COSTS).read_text()) == costs
+    (run / layout.STAGE_COSTS).write_text("{cut off")  # a damaged record warns; the stage still succeeds
+    assert main(["capture", str(recipe_file), "--out", str(run), "--no-progress"]) == 0
+    assert layout.is_done(run, "capture")
+    assert "[eyas] warning: capture's cost not recorded in " in capsys.readouterr().out
