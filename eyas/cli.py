@@ -31,10 +31,10 @@ from pathlib import Path
 from eyas.data.sharding import current_shard
 from eyas.infra.errors import debugging, report_failures
 from eyas.infra.interrupts import signals_raise
-from eyas.infra.layout import REPORT_JSON, REPORT_MD, is_done
+from eyas.infra.layout import REPORT_JSON, REPORT_MD
 from eyas.infra.peak_memory import describe
 from eyas.infra.stages import COMMANDS, SHARDED, STAGE_ORDER, resolve
-from eyas.pipeline import check_target, prepare_run, run_all, run_stage
+from eyas.pipeline import check_target, done_already, prepare_run, run_all, run_stage
 from eyas.recipes.load import recipe_and_run
 from eyas.recipes.schema import RecipeError
 from eyas.recipes.types import TreeShape
@@ -220,8 +220,7 @@ def _stage(args, recipe, run_dir: Path, progress: bool) -> None:
         check_target(recipe)
     prepare_run(recipe, run_dir)
     shard = current_shard(args.shard if args.cmd in SHARDED else None)
-    if is_done(run_dir, args.cmd):  # as `eyas run` says it: nothing run, nothing measured
-        print(f"[eyas] {args.cmd}: done already, skipped")
+    if done_already(run_dir, args.cmd):
         return
     wall_s, peak = run_stage(recipe, run_dir, args.cmd, shard, progress)  # recorded as `eyas run` records it
     print(f"[eyas] {args.cmd}: {wall_s:.1f} s{describe(peak)}", flush=True)

@@ -61,14 +61,21 @@ def run_all(recipe: Recipe, run_dir: str | Path, stages=STAGE_ORDER, progress: b
     shard = current_shard()
     times = {}
     for stage in stages:
-        if layout.is_done(run_dir, stage):
-            print(f"[eyas] {stage}: done already, skipped")
+        if done_already(run_dir, stage):
             continue
         print(f"[eyas] {stage} ...", flush=True)
         wall_s, peak = run_stage(recipe, run_dir, stage, shard, progress)
         times[stage] = round(wall_s, 1)
         print(f"[eyas] {stage}: {times[stage]} s{describe(peak)}", flush=True)
     return times
+
+
+def done_already(run_dir: Path, stage: str) -> bool:
+    """Whether `stage` is finished in `run_dir`; if so, say it is skipped (nothing run, nothing measured)."""
+    if layout.is_done(run_dir, stage):
+        print(f"[eyas] {stage}: done already, skipped")
+        return True
+    return False
 
 
 def run_stage(recipe: Recipe, run_dir: Path, stage: str, shard, progress: bool) -> tuple[float, StagePeak]:

@@ -6,9 +6,8 @@ import argparse
 import sys
 
 from eyas.data.sharding import current_shard
-from eyas.infra import layout
 from eyas.infra.errors import debugging, report_failures
-from eyas.pipeline import check_target, prepare_run, run_stage
+from eyas.pipeline import check_target, done_already, prepare_run, run_stage
 from eyas.recipes.load import recipe_and_run
 from eyas.train.distributed import process_state
 
@@ -30,9 +29,7 @@ def main(argv=None) -> int:
         if state.is_main_process:
             prepare_run(recipe, run_dir)
         state.wait_for_everyone()
-        if layout.is_done(run_dir, "train"):
-            print("[eyas] train: done already, skipped")
-        else:  # every rank trains; rank 0 records the stage's time and memory (RUN/stage_costs.json)
+        if not done_already(run_dir, "train"):  # every rank trains; rank 0 records its cost
             run_stage(recipe, run_dir, "train", current_shard(), not args.no_progress)
         return 0
 
