@@ -161,7 +161,7 @@ def score(run: Path) -> dict:
         "sim_tau": {k: sim[k - 1] for k in KS if k <= len(sim)},
         "sim_tau_t1": {k: t1[k - 1] for k in KS if k <= len(t1)},
         "replayed_tau": {k: rep[k - 1] for k in KS if k <= len(rep)},
-        "train_s": done["wall_s"],
+        "train_s": done.get("run_wall_s", done["wall_s"]),  # a resumed run: all its processes
         "tokens_seen": done["tokens_seen"],
         "params": done["trainable_parameters"],
     }

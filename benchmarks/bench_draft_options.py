@@ -101,7 +101,7 @@ def main(argv=None) -> int:
                 "option": name,
                 "overrides": over,
                 "params": train["trainable_parameters"],
-                "train_s": train["wall_s"],
+                "train_s": train.get("run_wall_s", train["wall_s"]),
                 "tau": tau,
                 "lossless": lossless,
                 "wall_s": round(time.perf_counter() - t0, 1),

@@ -71,7 +71,7 @@ def train(args, base: Path, epochs: int, seed: int) -> dict:
         "seed": seed,
         "steps": done["steps"],
         "val_every": every,
-        "train_s": done["wall_s"],
+        "train_s": done.get("run_wall_s", done["wall_s"]),  # a resumed run: all its processes
         f"replayed_tau_k{k}_by_step": {e["step"]: round(e["val"][best["metric"]][k - 1], 4) for e in vals},
         "kept_step": best["step"],
     }

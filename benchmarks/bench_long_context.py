@@ -144,7 +144,7 @@ def draft_row(name: str, seed: int, trained: Path, checkpoint: Path) -> dict:
         "draft": name,
         "variant": name.rsplit("-s", 1)[0],
         "seed": seed,
-        "train_s": done["wall_s"],
+        "train_s": done.get("run_wall_s", done["wall_s"]),  # a resumed run: all its processes
         "tokens_seen": done["tokens_seen"],
         "checkpoint": str(checkpoint),
     }

@@ -131,7 +131,7 @@ def train_variant(args, name: str, seed: int, base: Path, mixed: Path) -> dict:
         "seed": seed,
         "params": done["trainable_parameters"],
         "ttt_steps": recipe.train.ttt_steps,
-        "train_s": done["wall_s"],
+        "train_s": done.get("run_wall_s", done["wall_s"]),  # a resumed run: all its processes
         "tokens_seen": done["tokens_seen"],
         "checkpoint": str(run / layout.FINAL_CHECKPOINT),
     }

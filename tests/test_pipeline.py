@@ -460,7 +460,8 @@ def test_training_resumes_to_identical_weights(setup, monkeypatch, optimizer):
     monkeypatch.setattr(ttt_mod.TTTModule, "forward", crash_at_step_3)
     with pytest.raises(RuntimeError, match="simulated crash"):
         run_train(recipe, crashed, progress=False)
-    assert json.loads((crashed / "train" / "state" / "step.json").read_text())["step"] == 2
+    saved = json.loads((crashed / "train" / "state" / "step.json").read_text())
+    assert saved["step"] == 2 and saved["tokens"] > 0 and saved["elapsed_s"] > 0
     assert not layout.is_done(crashed, "train")
     resumed = {"n": 0}
 
@@ -471,6 +472,17 @@ def test_training_resumes_to_identical_weights(setup, monkeypatch, optimizer):
     monkeypatch.setattr(ttt_mod.TTTModule, "forward", counting)
     run_train(recipe, crashed, progress=False)
     assert resumed["n"] == 2  # steps 3 and 4 only: the first two came from the saved state
+    # what each run's DONE.json says of its time and tokens: a resumed run's loop_s is its own part, over
+    # its own tokens; run_wall_s adds the earlier process's seconds up to its save
+    whole, part = layout.read_done(base, "train"), layout.read_done(crashed, "train")
+    assert whole["tokens_this_run"] == whole["tokens_seen"] == part["tokens_seen"]
+    assert part["tokens_this_run"] == part["tokens_seen"] - saved["tokens"]
+    assert whole["run_wall_s"] == pytest.approx(whole["wall_s"], abs=0.05)
+    assert part["run_wall_s"] == pytest.approx(saved["elapsed_s"] + part["wall_s"], abs=0.05)
+    from eyas.plan.command import plan  # prices from the resumed part's own rate, not all tokens in its time
+
+    rate = plan(recipe, "cpu", run_dir=crashed).train_tok_s
+    assert rate == pytest.approx(part["tokens_this_run"] / part["loop_s"])
 
     a = load_file(str(base / "train" / "checkpoint-final" / "model.safetensors"))
     b = load_file(str(crashed / "train" / "checkpoint-final" / "model.safetensors"))

@@ -1,7 +1,9 @@
 """Training's saved state, for resuming: RUN/train/state/ holds what accelerate saves (the draft, the
 optimizer and the scheduler, sharded under FSDP2 / DeepSpeed, each process's RNG) and step.json
-({"step": optimizer steps done, "tokens": tokens trained on over all processes, "layout": what dealt the rows
-and set the schedule: the process count, the launcher and the recipe's draft and train sections}).
+({"step": optimizer steps done, "tokens": tokens trained on over all processes, "elapsed_s": the run's wall
+seconds up to this save, over every process that has worked on it (a process's time after its last save is
+redone, and counted, by the next), "layout": what dealt the rows and set the schedule: the process count, the
+launcher and the recipe's draft and train sections}).
 
 A resume is exact or refused: with another process count or launcher, or another value of a key that deals
 rows or shapes the schedule and the model (train.grad_accum, train.sequence_parallel, train.batch_size,
@@ -21,7 +23,7 @@ import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
@@ -93,9 +95,18 @@ def latest_state(state_dir: Path) -> Path | None:
     return None
 
 
-def load_latest(acc: Accelerator, state_dir: Path, layout: dict) -> tuple[int, int] | None:
-    """Load the last saved state into `acc` (and the objects registered with it) -> (step, this process's
-    share of the tokens: all of them on the main process, which carries the count); None: nothing saved.
+class Saved(NamedTuple):
+    """What a resumed run starts from (step.json)."""
+
+    step: int  # optimizer steps done
+    tokens: int  # this process's share of the tokens trained on: all of them on the main process, else 0
+    tokens_all: int  # the tokens trained on over all processes (every process knows it)
+    elapsed_s: float  # the run's wall seconds up to the save (0.0 in a state saved before it was recorded)
+
+
+def load_latest(acc: Accelerator, state_dir: Path, layout: dict) -> Saved | None:
+    """Load the last saved state into `acc` (and the objects registered with it) -> where it stood; None:
+    nothing saved.
     A state saved with another `layout` (resume_layout) raises InputError naming the changes, loading nothing
     (a state saved before layouts were recorded is taken as it is)."""
 
@@ -110,18 +121,23 @@ def load_latest(acc: Accelerator, state_dir: Path, layout: dict) -> tuple[int, i
             f"{state_dir} to train from the start"
         )
     acc.load_state(str(found))
-    return saved["step"], saved.get("tokens", 0) if acc.is_main_process else 0
+    tokens = saved.get("tokens", 0)
+    return Saved(saved["step"], tokens if acc.is_main_process else 0, tokens, saved.get("elapsed_s", 0.0))
 
 
-def save_state(acc: Accelerator, state_dir: Path, step: int, tokens: int, layout: dict) -> None:
+def save_state(
+    acc: Accelerator, state_dir: Path, step: int, tokens: int, layout: dict, elapsed_s: float
+) -> None:
     """Save the training state at optimizer step `step` atomically (every process must call: each writes
     its part); `tokens`: this process's count, summed over the processes into step.json; `layout`:
-    resume_layout's, which a resume must match."""
+    resume_layout's, which a resume must match; `elapsed_s`: the run's wall seconds so far (the main
+    process's count is written)."""
     with _shared_temporary(acc, state_dir) as tmp:
         acc.save_state(str(tmp))
         seen = sum_over_processes(acc, tokens)  # also: every process has written its part
         if acc.is_main_process:
-            (tmp / STEP).write_text(json.dumps({"step": step, "tokens": seen, "layout": layout}))
+            step_json = {"step": step, "tokens": seen, "elapsed_s": round(elapsed_s, 2), "layout": layout}
+            (tmp / STEP).write_text(json.dumps(step_json))
     if acc.is_main_process:
         shutil.rmtree(
             io.previous_dir(state_dir), ignore_errors=True

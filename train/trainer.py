@@ -56,7 +56,7 @@ from .optim import make_optimizer
 from .packing import PackedRows, collate_rows, cut_note, plan_rows
 from .schedule import MicroBatches, epoch_micro_batches, evaluation_micro_batches, updates_per_epoch
 from .sequence_parallel import SequenceParallel, check_heads
-from .state import load_latest, resume_layout, save_state, sum_over_processes
+from .state import Saved, load_latest, resume_layout, save_state, sum_over_processes
 from .ttt import TTTModule, TTTOutput, model_inputs, simulated_tau
 from .validation import sampled_at_t1, validate
 
@@ -269,6 +269,8 @@ class Training:
     tokens: int = 0  # trained on by this process (the main process also carries a resumed state's count);
     # under sequence parallelism by the first process of each group
     loop_s: float = 0.0  # this process's seconds in the step loop (setup and the end not counted)
+    started: float = 0.0  # time.perf_counter() when this process began the stage (run_train)
+    resumed: Saved | None = None  # the saved state this process went on from
     last: dict = field(default_factory=dict)  # the last step's log entry
     best: dict | None = None  # train.keep_best: the kept checkpoint's step, metric, score and validation
 
@@ -287,6 +289,14 @@ class Training:
     def state_dir(self) -> Path:
         return self.out_dir / "state"
 
+    def elapsed_s(self) -> float:
+        """The run's wall seconds so far: the saved state's, and this process's since it began."""
+        return (self.resumed.elapsed_s if self.resumed else 0.0) + time.perf_counter() - self.started
+
+    def save(self) -> None:
+        """The training state at this step (every process must call: train/state.py save_state)."""
+        save_state(self.acc, self.state_dir, self.step, self.tokens, self.layout, self.elapsed_s())
+
     @property
     def layout(self) -> dict:
         """What the saved state records and a resume must match (train/state.py resume_layout)."""
@@ -301,6 +311,7 @@ def run_train(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> dic
         return layout.read_done(run_dir, "train")
     t_start = time.perf_counter()
     t = setup(recipe, run_dir)
+    t.started = t_start
     try:
         resume(t)
         wandb = {"wandb": {"dir": str(t.out_dir)}} if recipe.train.report_to == "wandb" else {}
@@ -310,7 +321,7 @@ def run_train(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> dic
         t_loop = time.perf_counter()
         train_steps(t, progress)
         t.loop_s = time.perf_counter() - t_loop
-        return finish(t, run_dir, t_start)
+        return finish(t, run_dir)
     finally:
         if t.feed is not None:  # online from vLLM: the clients closed, the producers stopped
             t.feed.close()
@@ -521,7 +532,7 @@ def resume(t: Training) -> None:
     saved = load_latest(t.acc, t.state_dir, t.layout)
     if saved is None:
         return
-    t.step, t.tokens = saved
+    t.resumed, t.step, t.tokens = saved, saved.step, saved.tokens
     t.acc.print(f"[train] resuming at step {t.step}/{t.total}")
     if t.acc.is_main_process and t.log_path.is_file():
         lines = t.log_path.read_text().splitlines()
@@ -591,7 +602,7 @@ def producer_stopped(t: Training, e: Exception) -> Exception:
     step (the step it was on is redone on resume); several processes cannot all reach a save (the others
     wait in a collective), so they resume from the last saved state (train.save_every)."""
     if t.acc.num_processes == 1:
-        save_state(t.acc, t.state_dir, t.step, t.tokens, t.layout)
+        t.save()
         return ProducerStopped(
             f"{e}; the training state at step {t.step}/{t.total} is saved: re-run to resume"
         )
@@ -642,7 +653,7 @@ def end_step(t: Training, epoch: int, outs: list[TTTOutput], bar: tqdm, stop: St
     if tr.val_every and t.step % tr.val_every == 0 and t.step < t.total and not stopping:
         run_validation(t)
     if stopping or (tr.save_every and t.step % tr.save_every == 0 and t.step < t.total):
-        save_state(acc, t.state_dir, t.step, t.tokens, t.layout)
+        t.save()
     if stopping:
         bar.close()
         acc.end_training()
@@ -726,19 +737,22 @@ def append_log(log_path: Path, entry: dict) -> None:
 # ---------------------------------------------------------------- the end
 
 
-def finish(t: Training, run_dir: Path, t_start: float) -> dict:
+def finish(t: Training, run_dir: Path) -> dict:
     """The last validation, the full weights gathered and the state saved (every process); checkpoint-final
     and curves.png (the main process); the trackers ended; DONE.json last -> the stage's info."""
     acc, tr = t.acc, t.recipe.train
     val = run_validation(t)
     # the full weights, gathered from every process (FSDP / ZeRO-3 keep them sharded): collective
     weights = full_state_dict(acc, t.module)
+    tokens = sum_over_processes(acc, t.tokens)
     info = {
-        "wall_s": round(time.perf_counter() - t_start, 2),
-        "loop_s": round(t.loop_s, 2),  # the step loop alone (a resumed run: its own part)
+        "wall_s": round(time.perf_counter() - t.started, 2),  # this process's (a resumed run: its own part)
+        "loop_s": round(t.loop_s, 2),  # this process's step loop alone, over tokens_this_run
+        "run_wall_s": round(t.elapsed_s(), 2),  # the whole run's: every process's up to its last save
         "steps": t.total,
         "epochs_seen": round(t.step / t.data.per_epoch, 3),
-        "tokens_seen": sum_over_processes(acc, t.tokens),
+        "tokens_seen": tokens,
+        "tokens_this_run": tokens - (t.resumed.tokens_all if t.resumed else 0),
         "trainable_parameters": t.trainable,
         "last": t.last,
         "mixed_precision": acc.mixed_precision,
@@ -752,7 +766,7 @@ def finish(t: Training, run_dir: Path, t_start: float) -> dict:
     }
     if t.feed is not None:  # what every process asked the producers for (each row once, also under SP)
         info["online"]["asked_all_processes"] = sum_over_processes(acc, t.feed.stats.asked)
-    save_state(acc, t.state_dir, t.step, t.tokens, t.layout)
+    t.save()
     write_draft(t, weights, run_dir / layout.FINAL_CHECKPOINT, {"recipe": t.recipe.name, "train": info})
     if acc.is_main_process:
         from .curves import plot_curves  # lazy: matplotlib
