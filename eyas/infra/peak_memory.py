@@ -15,9 +15,10 @@ Three numbers a stage, because on a CPU host they differ by gigabytes:
   with 70 processes).
 
 Before a stage, what earlier stages in the same process freed goes back to the system (`release_freed`: a
-garbage collection, then glibc's `malloc_trim(0)`): glibc keeps freed heap pages resident, so `eyas run`'s
-prompts stage after a training measured 5.9 GB where `eyas prompts` alone takes 0.9 GB (the SmolLM2 long
-recipe's prose mix), and every later stage carried the training's heap.
+garbage collection, then glibc's `malloc_trim(0)`): glibc keeps freed heap pages resident, so a prompts stage
+run in the process after another run's training (bench_long_context.py's run_all) measured 5.9 GB where `eyas
+prompts` alone takes 0.9 GB (the SmolLM2 long recipe with a prose mix), and every later stage carried the heap
+of the ones before.
 
 `eyas plan` prices the memory a stage needs, the anonymous kind. Elsewhere (macOS, no /proc) every number is
 None and the stage lines leave memory out. psutil would read the same files; eyas reads them itself rather
