@@ -57,10 +57,10 @@ def test_heap_an_earlier_stage_freed_is_not_the_next_stages():
     """glibc keeps freed heap chunks resident (here: 300 MB of 100 KB chunks, under its mmap threshold,
     below one that stays); stage_peak hands them back first (malloc_trim), so the next stage's peak is its
     own. A fresh interpreter: the suite's own heap would blur the numbers."""
-    import ctypes.util
+    import ctypes
     import subprocess
 
-    if not hasattr(ctypes.CDLL(ctypes.util.find_library("c")), "malloc_trim"):
+    if not hasattr(ctypes.CDLL(None), "malloc_trim"):
         pytest.skip("no glibc malloc_trim")
     code = """
 from eyas.infra.peak_memory import STATUS, stage_peak, status_field

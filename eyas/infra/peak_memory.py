@@ -28,7 +28,6 @@ than add a dependency for three fields.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import gc
 import os
 import threading
@@ -79,8 +78,7 @@ def release_freed() -> None:
     pages (malloc_trim(0): the top of the heap and, since glibc 2.8, free pages inside every arena). Where the
     C library has no malloc_trim (musl, macOS) only the collection runs."""
     gc.collect()
-    libc = ctypes.util.find_library("c")
-    trim = getattr(ctypes.CDLL(libc), "malloc_trim", None) if libc else None
+    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)  # the process's own symbols: its C library's
     if trim is not None:
         trim(0)
 
