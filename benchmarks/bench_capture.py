@@ -40,7 +40,7 @@ def trained_tok_s(run: Path) -> tuple[float, dict]:
     """Training's tokens/s in its step loop (setup, the producers' start and the end not counted), and its
     DONE record."""
     info = layout.read_done(run, "train")
-    return info.get("tokens_this_run", info["tokens_seen"]) / info["loop_s"], info  # a resumed run: its part
+    return info["tokens_seen"] / (info.get("run_loop_s") or info["loop_s"]), info  # a resumed run: all parts
 
 
 def main(argv=None) -> int:

@@ -465,9 +465,9 @@ def build_report(
     context = sum(sweep.contexts) / max(len(sweep.contexts), 1)
     main = next((r for r in results if r["engine"] == "eyas"), None) or results[0]
     greedy_rows = [r["lossless"] for r in results if r["lossless"] is not None]
-    stage_times = {
-        s: layout.read_done(run_dir, s).get("wall_s") for s in STAGE_ORDER[:-1] if layout.is_done(run_dir, s)
-    }
+    done = {s: layout.read_done(run_dir, s) for s in STAGE_ORDER[:-1] if layout.is_done(run_dir, s)}
+    # training resumed: all its processes' time (run_wall_s), not its last one's
+    stage_times = {s: d.get("run_wall_s", d.get("wall_s")) for s, d in done.items()}
     stage_times["eval"] = wall_s
     device = input_device(model)
     ev = recipe.eval

@@ -371,11 +371,15 @@ def kill_and_resume(base, name: str, over: tuple, config=None, total=None, refus
         time.sleep(0.01)
     kill_launch(proc)  # torchrun and both workers, mid-run
     assert not layout.is_done(run, "train"), "the run finished before it could be killed"
-    saved = json.loads(step_file.read_text())["step"]
+    state = json.loads(step_file.read_text())
+    saved = state["step"]
     assert 2 <= saved < total
     for nproc, changed, changes in refusals:
         assert_resume_refused(base, run, saved, nproc, [*over, *changed], changes)
     train(base, name, 2, *over, config=config)  # resumes from the saved step
+    done = layout.read_done(run, "train")  # tokens (under SP, each group's first rank's) and seconds add up
+    assert done["tokens_this_run"] == done["tokens_seen"] - state["tokens"] > 0
+    assert done["run_wall_s"] > done["wall_s"] and done["run_loop_s"] > done["loop_s"]
     log = [json.loads(x) for x in (run / "train" / "log.jsonl").read_text().splitlines()]
     assert [e["step"] for e in log if "loss" in e] == list(range(1, total + 1))  # steps redone: logged once
     return run

@@ -461,7 +461,7 @@ def test_training_resumes_to_identical_weights(setup, monkeypatch, optimizer):
     with pytest.raises(RuntimeError, match="simulated crash"):
         run_train(recipe, crashed, progress=False)
     saved = json.loads((crashed / "train" / "state" / "step.json").read_text())
-    assert saved["step"] == 2 and saved["tokens"] > 0 and saved["elapsed_s"] > 0
+    assert saved["step"] == 2 and saved["tokens"] > 0 and saved["elapsed_s"] > saved["loop_s"] > 0
     assert not layout.is_done(crashed, "train")
     resumed = {"n": 0}
 
@@ -479,10 +479,12 @@ def test_training_resumes_to_identical_weights(setup, monkeypatch, optimizer):
     assert part["tokens_this_run"] == part["tokens_seen"] - saved["tokens"]
     assert whole["run_wall_s"] == pytest.approx(whole["wall_s"], abs=0.05)
     assert part["run_wall_s"] == pytest.approx(saved["elapsed_s"] + part["wall_s"], abs=0.05)
-    from eyas.plan.command import plan  # prices from the resumed part's own rate, not all tokens in its time
+    assert part["run_loop_s"] == pytest.approx(saved["loop_s"] + part["loop_s"], abs=0.05)
+    assert whole["run_loop_s"] == pytest.approx(whole["loop_s"], abs=0.05)
+    from eyas.plan.command import plan  # every token over every part's loop, not over the last part's
 
     rate = plan(recipe, "cpu", run_dir=crashed).train_tok_s
-    assert rate == pytest.approx(part["tokens_this_run"] / part["loop_s"])
+    assert rate == pytest.approx(part["tokens_seen"] / part["run_loop_s"])
 
     a = load_file(str(base / "train" / "checkpoint-final" / "model.safetensors"))
     b = load_file(str(crashed / "train" / "checkpoint-final" / "model.safetensors"))

@@ -1,8 +1,9 @@
 """Training's saved state, for resuming: RUN/train/state/ holds what accelerate saves (the draft, the
 optimizer and the scheduler, sharded under FSDP2 / DeepSpeed, each process's RNG) and step.json
-({"step": optimizer steps done, "tokens": tokens trained on over all processes, "elapsed_s": the run's wall
-seconds up to this save, over every process that has worked on it (a process's time after its last save is
-redone, and counted, by the next), "layout": what dealt the rows and set the schedule: the process count, the
+({"step": optimizer steps done, "tokens": tokens trained on over all processes, "elapsed_s" and "loop_s": the
+run's wall seconds up to this save and those of its step loops, over every process that has worked on it (a
+process's time after its last save is redone, and counted, by the next: the seconds match the tokens),
+"layout": what dealt the rows and set the schedule: the process count, the
 launcher and the recipe's draft and train sections}).
 
 A resume is exact or refused: with another process count or launcher, or another value of a key that deals
@@ -102,6 +103,7 @@ class Saved(NamedTuple):
     tokens: int  # this process's share of the tokens trained on: all of them on the main process, else 0
     tokens_all: int  # the tokens trained on over all processes (every process knows it)
     elapsed_s: float  # the run's wall seconds up to the save (0.0 in a state saved before it was recorded)
+    loop_s: float  # the seconds of its step loops up to the save (likewise)
 
 
 def load_latest(acc: Accelerator, state_dir: Path, layout: dict) -> Saved | None:
@@ -122,21 +124,29 @@ def load_latest(acc: Accelerator, state_dir: Path, layout: dict) -> Saved | None
         )
     acc.load_state(str(found))
     tokens = saved.get("tokens", 0)
-    return Saved(saved["step"], tokens if acc.is_main_process else 0, tokens, saved.get("elapsed_s", 0.0))
+    main = tokens if acc.is_main_process else 0
+    return Saved(saved["step"], main, tokens, saved.get("elapsed_s", 0.0), saved.get("loop_s", 0.0))
 
 
 def save_state(
-    acc: Accelerator, state_dir: Path, step: int, tokens: int, layout: dict, elapsed_s: float
+    acc: Accelerator, state_dir: Path, step: int, tokens: int, layout: dict, seconds: tuple[float, float]
 ) -> None:
     """Save the training state at optimizer step `step` atomically (every process must call: each writes
     its part); `tokens`: this process's count, summed over the processes into step.json; `layout`:
-    resume_layout's, which a resume must match; `elapsed_s`: the run's wall seconds so far (the main
-    process's count is written)."""
+    resume_layout's, which a resume must match; `seconds`: the run's wall seconds so far and its step loops'
+    (the main process's are written)."""
     with _shared_temporary(acc, state_dir) as tmp:
         acc.save_state(str(tmp))
         seen = sum_over_processes(acc, tokens)  # also: every process has written its part
         if acc.is_main_process:
-            step_json = {"step": step, "tokens": seen, "elapsed_s": round(elapsed_s, 2), "layout": layout}
+            elapsed_s, loop_s = (round(x, 2) for x in seconds)
+            step_json = {
+                "step": step,
+                "tokens": seen,
+                "elapsed_s": elapsed_s,
+                "loop_s": loop_s,
+                "layout": layout,
+            }
             (tmp / STEP).write_text(json.dumps(step_json))
     if acc.is_main_process:
         shutil.rmtree(

@@ -269,6 +269,7 @@ class Training:
     tokens: int = 0  # trained on by this process (the main process also carries a resumed state's count);
     # under sequence parallelism by the first process of each group
     loop_s: float = 0.0  # this process's seconds in the step loop (setup and the end not counted)
+    loop_started: float | None = None  # time.perf_counter() when this process's step loop began
     started: float = 0.0  # time.perf_counter() when this process began the stage (run_train)
     resumed: Saved | None = None  # the saved state this process went on from
     last: dict = field(default_factory=dict)  # the last step's log entry
@@ -293,9 +294,15 @@ class Training:
         """The run's wall seconds so far: the saved state's, and this process's since it began."""
         return (self.resumed.elapsed_s if self.resumed else 0.0) + time.perf_counter() - self.started
 
+    def run_loop_s(self) -> float:
+        """The seconds of the run's step loops so far: the saved state's, and this process's loop."""
+        mine = self.loop_s or (time.perf_counter() - self.loop_started if self.loop_started else 0.0)
+        return (self.resumed.loop_s if self.resumed else 0.0) + mine
+
     def save(self) -> None:
         """The training state at this step (every process must call: train/state.py save_state)."""
-        save_state(self.acc, self.state_dir, self.step, self.tokens, self.layout, self.elapsed_s())
+        seconds = (self.elapsed_s(), self.run_loop_s())
+        save_state(self.acc, self.state_dir, self.step, self.tokens, self.layout, seconds)
 
     @property
     def layout(self) -> dict:
@@ -318,9 +325,9 @@ def run_train(recipe: Recipe, run_dir: str | Path, progress: bool = True) -> dic
         t.acc.init_trackers(recipe.name, config=flat_config(recipe.to_dict()), init_kwargs=wandb)
         if validation_missed(t):  # the run stopped during the validation of the step it saved
             run_validation(t)
-        t_loop = time.perf_counter()
+        t.loop_started = time.perf_counter()
         train_steps(t, progress)
-        t.loop_s = time.perf_counter() - t_loop
+        t.loop_s = time.perf_counter() - t.loop_started
         return finish(t, run_dir)
     finally:
         if t.feed is not None:  # online from vLLM: the clients closed, the producers stopped
@@ -748,7 +755,9 @@ def finish(t: Training, run_dir: Path) -> dict:
     info = {
         "wall_s": round(time.perf_counter() - t.started, 2),  # this process's (a resumed run: its own part)
         "loop_s": round(t.loop_s, 2),  # this process's step loop alone, over tokens_this_run
-        "run_wall_s": round(t.elapsed_s(), 2),  # the whole run's: every process's up to its last save
+        # the whole run's: every process's up to its last save (then redone), and its loops', over tokens_seen
+        "run_wall_s": round(t.elapsed_s(), 2),
+        "run_loop_s": round(t.run_loop_s(), 2),
         "steps": t.total,
         "epochs_seen": round(t.step / t.data.per_epoch, 3),
         "tokens_seen": tokens,

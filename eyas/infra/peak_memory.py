@@ -15,10 +15,11 @@ Three numbers a stage, because on a CPU host they differ by gigabytes:
   with 70 processes).
 
 Before a stage, what earlier stages in the same process freed goes back to the system (`release_freed`: a
-garbage collection, then glibc's `malloc_trim(0)`): glibc keeps freed heap pages resident, so a prompts stage
-run in the process after another run's training (bench_long_context.py's run_all) measured 5.9 GB where `eyas
-prompts` alone takes 0.9 GB (the SmolLM2 long recipe with a prose mix), and every later stage carried the heap
-of the ones before.
+garbage collection, then glibc's `malloc_trim(0)`): glibc keeps freed heap pages resident, so a stage would
+count the heap of the ones before. After the demo's training the process held 0.55 GB anonymous, 0.32 GB once
+trimmed (libraries and live objects stay). The change was made after a prompts stage run in the process after
+another run's training (bench_long_context.py's run_all) measured 5.9 GB where `eyas prompts` alone takes
+0.9 GB (not re-measured since). Under another allocator (jemalloc preloaded) it releases nothing.
 
 `eyas plan` prices the memory a stage needs, the anonymous kind. Elsewhere (macOS, no /proc) every number is
 None and the stage lines leave memory out. psutil would read the same files; eyas reads them itself rather

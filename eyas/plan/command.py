@@ -133,10 +133,9 @@ def workload(recipe: Recipe, run_dir: str | Path | None, cfg: PretrainedConfig, 
     if "train" in done:
         trained = read_done(run_dir, "train")
         loop_s = trained.get("loop_s") or trained["wall_s"]  # the step loop; setup (loading, compiling) apart
-        # this process's tokens over its loop: a resumed run's DONE.json counts the earlier processes' tokens
-        # in tokens_seen, not their seconds in loop_s
-        tokens = trained.get("tokens_this_run", trained["tokens_seen"])
-        w.measured["train_tok_s"] = tokens / loop_s / trained.get("num_processes", 1)
+        # every process's loops over every token: a resumed run's loop_s is its last process's alone
+        run_loop_s = trained.get("run_loop_s") or loop_s
+        w.measured["train_tok_s"] = trained["tokens_seen"] / run_loop_s / trained.get("num_processes", 1)
         w.setup_s["train"] = max(trained["wall_s"] - loop_s, 0.0)
     return w
 
