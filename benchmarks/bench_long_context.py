@@ -64,6 +64,7 @@ from bench_defaults import BASE_STAGES, link_stages  # noqa: E402
 
 RECIPES = {"short": "recipes/smollm2-135m.yaml", "long": "recipes/smollm2-135m-long-context.yaml"}
 SHORT = "short sets"  # the short benchmarks pooled (every prompt < 1K tokens)
+LONG = "long set"  # the long set's prompts pooled, every bucket
 
 
 def variants(args) -> dict[str, tuple[str, list[str]]]:
@@ -223,13 +224,16 @@ def loop(args, rows: list[dict], sets: list[tuple[str, str]]) -> dict:
 
 
 def cells(report: dict, draft: str, long_set: str, short_sets: list[str]) -> dict[str, dict]:
-    """One draft's cells: each bucket of the long set and the short sets pooled -> {"tau", "ms"}."""
+    """One draft's cells: each bucket of the long set, the long set pooled (with its per-prompt counts, for
+    paired differences) and the short sets pooled -> {"tau", "ms"[, "per_prompt"]}."""
     mine = [r for r in report["results"] if r["draft"] == draft and r.get("k") is not None]
     out = {}
     for r in mine:
         if r["benchmark"] == long_set:
             for b, v in r["by_length"].items():
                 out[b] = {"tau": v["acceptance_length"], "ms": v.get("draft_ms_per_round")}
+            counts = (r["per_prompt_accepted"], r["per_prompt_verifications"])
+            out[LONG] = {"tau": r["acceptance_length"], "ms": None, "per_prompt": counts}
     short = [r for r in mine if r["benchmark"] in short_sets]
     if short:  # none with --tuning
         out[SHORT] = {"tau": pooled(short), "ms": None}
@@ -297,8 +301,8 @@ def vllm_cells(args, rows: list[dict], sets: list[tuple[str, str]]) -> dict[str,
 def table(rows: list[dict], per: dict[str, dict], where: str) -> list[str]:
     """Per variant: τ per column, mean over seeds (each seed); then draft ms per round per bucket where the
     loop measured it."""
-    buckets = bucket_order({c for cs in per.values() for c in cs if c != SHORT})
-    cols = buckets + ([SHORT] if any(SHORT in cs for cs in per.values()) else [])
+    buckets = bucket_order({c for cs in per.values() for c in cs if c not in (SHORT, LONG)})
+    cols = buckets + [c for c in (LONG, SHORT) if any(c in cs for cs in per.values())]
     head = f"| draft | train s | {' | '.join(cols)} |"
     lines = ["", f"τ (k = 3, greedy, {where}), mean over seeds (each seed)", "", head]
     lines.append("|" + "---|" * (len(cols) + 2))
@@ -316,7 +320,24 @@ def table(rows: list[dict], per: dict[str, dict], where: str) -> list[str]:
         ms_lines.append(
             f"| {variant} | {' | '.join('—' if None in m else f'{sum(m) / len(m):.1f}' for m in ms)} |"
         )
-    return lines + (ms_lines if where == "eyas's loop" else [])
+    return lines + (ms_lines + paired(rows, per) if where == "eyas's loop" else [])
+
+
+def paired(rows: list[dict], per: dict[str, dict]) -> list[str]:
+    """Each draft's τ on the long set less the first variant's of the same seed, with its paired 95% bootstrap
+    interval over the prompts (eval/load.py tau_difference_interval)."""
+    from eyas.eval.load import tau_difference_interval
+
+    first = {r["seed"]: r["draft"] for r in rows if r["variant"] == rows[0]["variant"]}
+    lines = ["", f"τ on the long set less {rows[0]['variant']}'s, same seed (paired 95% interval)", ""]
+    for r in rows:
+        base = first.get(r["seed"])
+        a, b = per[r["draft"]].get(LONG), per.get(base, {}).get(LONG)
+        if base is None or base == r["draft"] or a is None or b is None:
+            continue
+        lo, hi = tau_difference_interval(a["per_prompt"], b["per_prompt"]) or (float("nan"),) * 2
+        lines.append(f"- {r['draft']}: {a['tau'] - b['tau']:+.3f} [{lo:+.3f}, {hi:+.3f}]")
+    return lines
 
 
 def parse(argv) -> argparse.Namespace:

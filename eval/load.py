@@ -105,6 +105,19 @@ def tau_draws(acc: np.ndarray, rounds: np.ndarray, idx: np.ndarray) -> np.ndarra
     return 1 + acc[idx].sum(1) / np.maximum(rounds[idx].sum(1), 1)
 
 
+def tau_difference_interval(
+    a: tuple[list[int], list[int]], b: tuple[list[int], list[int]], seed: int = 0
+) -> list[float] | None:
+    """tau(a) - tau(b) for two rows over the same prompts, a and b each (per_prompt_accepted,
+    per_prompt_verifications): its 95% interval over the same bootstrap draws of the prompts for both (paired:
+    what the prompts share cancels) -> [lo, hi]; None under 2 prompts."""
+    (acc_a, rounds_a), (acc_b, rounds_b) = (tuple(np.asarray(x, dtype=np.float64) for x in r) for r in (a, b))
+    if len(acc_a) != len(acc_b):
+        raise ValueError(f"paired rows over {len(acc_a)} and {len(acc_b)} prompts: not the same prompts")
+    diff = lambda idx: tau_draws(acc_a, rounds_a, idx) - tau_draws(acc_b, rounds_b, idx)  # noqa: E731
+    return bootstrap_interval(diff, len(acc_a), seed)
+
+
 def bootstrap_interval(stat, n: int, seed: int = 0) -> list[float] | None:
     """The 95% percentile interval of `stat(idx)` over RESAMPLES draws of n prompts with replacement (idx:
     (RESAMPLES, n) indices; the same draws for every row a statistic compares: paired) -> [lo, hi]."""
