@@ -9,8 +9,8 @@ draft's time per round in eyas's serving loop, greedy, each draft with and witho
 
 Drafts (each in OUT/<draft>-s<S>, train.seed=S, train.val_seed=0):
     short       recipes/smollm2-135m.yaml: 500 short conversations, packed 1024-token rows
-    long        recipes/smollm2-135m-long-context.yaml: about the same conversations plus ~62 long prompts
-                (stdlib-long-8k's train split), 8,192-token rows
+    long        recipes/smollm2-135m-long-context.yaml: about the same conversations plus ~112 long prompts
+                (stdlib-long-8k, hotpotqa, squad and writingbench-en's train splits), 8,192-token rows
     short-wW    short served with draft.sliding_window=W: its weights, the window set in its config
                 (OUT/short-wW-s<S>/checkpoint). With W >= the rows' 1,024 tokens a window never binds in
                 training, so training with it gives these weights (up to the attention kernel's rounding)
@@ -106,14 +106,19 @@ def cut_to(tok, messages: list[dict], tokens: int) -> list[dict]:
         raise SystemExit(f"--ladder: a prompt not in the form HEADER, TEXT, INSTRUCTION: {content[:80]!r}")
 
     def with_text(start: int) -> list[dict]:
-        start = text.find("\n", start) + 1 if start else 0  # at a line
-        cut = f"{head}\n\n{text[start:]}\n\n{instruction}"
+        line = text.find("\n", start) if start else -1  # at a line; past the last one, no text
+        start = 0 if not start else len(text) if line < 0 else line + 1
+        cut = f"{head}\n\n{text[start:].lstrip()}\n\n{instruction}"
         return [*messages[:-1], {**messages[-1], "content": cut}]
 
     lo, hi = 0, len(text)  # the fewest characters dropped from the front that fit
     while lo < hi:
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if len(render_prompt(tok, with_text(mid))) <= tokens else (mid + 1, hi)
+    if len(render_prompt(tok, with_text(lo))) > tokens:
+        raise SystemExit(
+            f"--ladder: {tokens} tokens do not hold the header and instruction of {content[:80]!r}"
+        )
     return with_text(lo)
 
 
@@ -220,6 +225,10 @@ def eval_sets(args) -> list[tuple[str, str]]:
             by_bucket.setdefault(length_bucket(n), []).append(m)
     if args.ladder:  # the same tasks and texts at every length
         whole = spread(by_bucket.get("4-8K", []), args.ladder)
+        if len(whole) < args.ladder:
+            raise SystemExit(
+                f"--ladder {args.ladder}: {args.long_set} has {len(whole)} prompts of 4-8K tokens"
+            )
         chosen = [cut_to(tok, m, n) for n in LADDER for m in whole] + whole
     else:
         chosen = [m for b in sorted(by_bucket) for m in spread(by_bucket[b], args.per_bucket)]

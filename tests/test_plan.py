@@ -256,11 +256,11 @@ def test_the_teacher_scratch_is_one_chunk_of_the_positions_there_are():
 
 def test_plan_prices_the_prompts_its_sources_hold(smollm2, tmp_path):
     """Before any run, `eyas plan` renders a sample of each of the recipe's sources (the SmolLM2
-    long-context recipe's: GSM8K, a ShareGPT sample, long prose from HotpotQA, SQuAD and WritingBench) and
-    mixes them by weight: its sequences and mean prompt within 10% of what it counts from that stage's own
-    output (--run), and far from the 400 tokens it assumes where it can read no source. Each source counts
-    at its weight whatever its size; a hub dataset it cannot stream (offline) is priced at the assumption,
-    and the plan names it."""
+    long-context recipe's: GSM8K, a ShareGPT sample, long stdlib excerpts and prose from HotpotQA, SQuAD and
+    WritingBench) and mixes them by weight: its sequences and mean prompt within 10% of what it counts from
+    that stage's own output (--run), and far from the 400 tokens it assumes where it can read no source. Each
+    source counts at its weight whatever its size; a hub dataset it cannot stream (offline) is priced at the
+    assumption, and the plan names it."""
     from eyas.data.prompts import run_prompts
 
     recipe = load_recipe("smollm2-135m-long-context")
