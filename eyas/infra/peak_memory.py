@@ -11,8 +11,9 @@ Three numbers a stage, because on a CPU host they differ by gigabytes:
   back; sampled every `SAMPLE_S` (the kernel keeps no peak of it), so a spike shorter than that can be missed.
 - `children_bytes`: the peak sum of the anonymous memory of eyas's child processes and theirs, sampled the
   same way: a vLLM server eyas started (its API server, its engine core), DataLoader or compile workers (a
-  forked child's copy-on-write pages count again there). Each sample reads every /proc/PID/stat (about 1 ms
-  with 70 processes).
+  forked child's copy-on-write pages count again there). Each sample lists /proc and reads the stat file of
+  only the processes new since the last sample (their parents do not change): reading all of them at every
+  sample took 5 ms with 70 processes on a 2-core AVX2 EPYC, 5% of a core.
 
 Before a stage, what earlier stages in the same process freed goes back to the system (`release_freed`: a
 garbage collection, then glibc's `malloc_trim(0)`): glibc keeps freed heap pages resident, so a stage would
@@ -84,17 +85,20 @@ def release_freed() -> None:
         trim(0)
 
 
-def descendants(pid: int) -> list[int]:
-    """Every live process below `pid` (children, theirs, ...), read from /proc/*/stat's parent field."""
-    parent_of: dict[int, int] = {}
-    for entry in PROC.iterdir():
-        if not entry.name.isdigit():
-            continue
+def descendants(pid: int, parent_of: dict[int, int] | None = None) -> list[int]:
+    """Every live process below `pid` (children, theirs, ...), from /proc/*/stat's parent field. `parent_of`,
+    a cache kept between calls (pid -> parent), is brought up to date: only a process new since the last
+    call has its stat file read, and one gone is dropped."""
+    parent_of = {} if parent_of is None else parent_of
+    live = {int(name) for name in os.listdir(PROC) if name.isdigit()}
+    for gone in parent_of.keys() - live:
+        del parent_of[gone]
+    for new in live - parent_of.keys():
         try:
-            stat = (entry / "stat").read_text()
+            stat = (PROC / str(new) / "stat").read_text()
         except OSError:  # gone since the listing
             continue
-        parent_of[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])  # the name may hold spaces
+        parent_of[new] = int(stat.rsplit(")", 1)[1].split()[1])  # the name may hold spaces
     found, frontier = [], [pid]
     while frontier:
         below = [p for p, pp in parent_of.items() if pp in frontier]
@@ -103,9 +107,10 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
-def children_anon_bytes() -> int:
-    """The anonymous memory of this process's descendants, summed, bytes."""
-    return sum(status_field(PROC / str(p) / "status", "RssAnon") or 0 for p in descendants(os.getpid()))
+def children_anon_bytes(parent_of: dict[int, int] | None = None) -> int:
+    """The anonymous memory of this process's descendants, summed, bytes (`parent_of`: descendants' cache)."""
+    pids = descendants(os.getpid(), parent_of)
+    return sum(status_field(PROC / str(p) / "status", "RssAnon") or 0 for p in pids)
 
 
 class Sampler(threading.Thread):
@@ -115,10 +120,11 @@ class Sampler(threading.Thread):
         super().__init__(daemon=True, name="eyas-peak-memory")
         self.stopped = threading.Event()
         self.anon = self.children = 0
+        self.parent_of: dict[int, int] = {}  # every process's parent, read once (descendants)
 
     def sample(self) -> None:
         self.anon = max(self.anon, status_field(STATUS, "RssAnon") or 0)
-        self.children = max(self.children, children_anon_bytes())
+        self.children = max(self.children, children_anon_bytes(self.parent_of))
 
     def run(self) -> None:
         while not self.stopped.wait(SAMPLE_S):
