@@ -4,13 +4,15 @@ arithmetic, sorting, counting, facts; written by the test, so that no data set i
 answers in its own words; 16 of them are held out and never trained on.
 
 The floor: tau >= 1.6 at k = 3 on the held-out prompts, greedy, losslessly, which every weakened draft fails.
-Measured in the same loop on the same 16 prompts (2-core AMD EPYC, AVX512-BF16, bf16 training): the trained
-draft (80 answers of ~38 tokens, 6 epochs of packed 256-token rows, TTT 3 for the k = 3 it is evaluated at,
-the recipe's Muon lr 3e-3 with norm_output) 1.908 (train 87 s); the same draft fed its aux states in reverse
-order (a capture or serving that swaps the layers) 1.218; trained 1 epoch instead of 6, 1.294; untrained
-(train.max_steps=1, lr 1e-12) 1.002 (an earlier session). On a 2-core AVX2 CPU in float32 the trained draft
-measured 1.902 (train 184 s, the test 344 s on both cores, 534 s on one in the suite's `-n 2`); at 8 epochs
-and TTT 5 in bf16 on an AMX CPU, 1.815."""
+Measured in the same loop on the same 16 prompts (2-core AMD EPYC, AVX512-BF16, bf16 training, one packed
+row a step): the trained draft (80 answers of ~38 tokens, 6 epochs of packed 256-token rows, TTT 3 for the
+k = 3 it is evaluated at, the recipe's Muon lr 3e-3 with norm_output) 1.908 (train 87 s); the same draft fed
+its aux states in reverse order (a capture or serving that swaps the layers) 1.218; trained 1 epoch instead
+of 6, 1.294; untrained (train.max_steps=1, lr 1e-12) 1.002 (an earlier session). The test trains 2 rows a step
+(78 optimizer steps, not 150): Muon orthogonalizes every 2-D weight at each step, which in float32 (a CPU
+without bf16) was 58% of this training at one row a step. On a 2-core AVX2-only EPYC in float32: 2 rows a
+step 1.850 (train 239 s on both cores, the test 492 s), one row a step 1.833 (train 590 s on one core, the
+test 907 s alone, 1,064 s in the suite's `-n 2`); at 8 epochs and TTT 5 in bf16 on an AMX CPU, 1.815."""
 
 import json
 
@@ -35,6 +37,7 @@ def ci_recipe(prompts, **more):
         "data.backend=hf",
         "data.batch_size=32",
         "train.epochs=6",
+        "train.batch_size=2",  # 2 rows a step: half the optimizer steps (Muon orthogonalizes at each)
         "train.ttt_steps=3",  # the test evaluates k = 3
         "train.max_length=256",  # shorter rows than the recipe's 1024: more steps over these short answers
         "train.val_fraction=0.1",
