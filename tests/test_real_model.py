@@ -10,9 +10,10 @@ k = 3 it is evaluated at, the recipe's Muon lr 3e-3 with norm_output) 1.908 (tra
 its aux states in reverse order (a capture or serving that swaps the layers) 1.218; trained 1 epoch instead
 of 6, 1.294; untrained (train.max_steps=1, lr 1e-12) 1.002 (an earlier session). The test trains 2 rows a step
 (78 optimizer steps, not 150): Muon orthogonalizes every 2-D weight at each step, which in float32 (a CPU
-without bf16) was 58% of this training at one row a step. On a 2-core AVX2-only EPYC in float32: 2 rows a
-step 1.850 (train 239 s on both cores, the test 492 s), one row a step 1.833 (train 590 s on one core, the
-test 907 s alone, 1,064 s in the suite's `-n 2`); at 8 epochs and TTT 5 in bf16 on an AMX CPU, 1.815."""
+without bf16) was 58% of this training at one row a step (py-spy). On a 2-core AVX2-only EPYC (Zen 1) in
+float32, in the suite's `-n 2` (one torch thread each): 2 rows a step 1.850, train 484 s; one row a step
+1.833, train 666 s (the test 1,064 s). The weakened drafts above were measured at one row a step, not at two.
+At 8 epochs and TTT 5 in bf16 on an AMX CPU, 1.815."""
 
 import json
 
@@ -39,7 +40,7 @@ def ci_recipe(prompts, **more):
         "train.epochs=6",
         "train.batch_size=2",  # 2 rows a step: half the optimizer steps (Muon orthogonalizes at each)
         "train.ttt_steps=3",  # the test evaluates k = 3
-        "train.max_length=256",  # shorter rows than the recipe's 1024: more steps over these short answers
+        "train.max_length=256",  # shorter rows than the recipe's 1024: more rows over these short answers
         "train.val_fraction=0.1",
         "eval.benchmarks={}",
         "eval.num_prompts=16",
