@@ -12,8 +12,8 @@ of 6, 1.294; untrained (train.max_steps=1, lr 1e-12) 1.002 (an earlier session).
 (78 optimizer steps, not 150): Muon orthogonalizes every 2-D weight at each step, which in float32 (a CPU
 without bf16) was 58% of this training at one row a step (py-spy). On a 2-core AVX2-only EPYC (Zen 1) in
 float32, in the suite's `-n 2` (one torch thread each): 2 rows a step 1.850, train 484 s; one row a step
-1.833, train 666 s (the test 1,064 s). The weakened drafts above were measured at one row a step, not at two.
-At 8 epochs and TTT 5 in bf16 on an AMX CPU, 1.815."""
+1.833, train 666 s (the test 1,064 s); at 2 rows a step trained 1 epoch (13 steps), 1.197 (the other weakened
+drafts were measured at one row a step). At 8 epochs and TTT 5 in bf16 on an AMX CPU, 1.815."""
 
 import json
 
