@@ -122,6 +122,14 @@ def cut_to(tok, messages: list[dict], tokens: int) -> list[dict]:
     return with_text(lo)
 
 
+def short_benchmarks(args) -> dict[str, str]:
+    """The short test sets measured beside the long set, name -> source: the short recipe's eval benchmarks
+    (none with --tuning or --ladder)."""
+    if args.tuning or args.ladder:
+        return {}
+    return load_recipe(RECIPES["short"], args.overrides).eval.benchmarks
+
+
 def variant_recipe(args, variant: str, more: tuple[str, ...] = ()):
     """The variant's recipe with the benchmark's overrides, then its own, then `more`."""
     path, own = variants(args)[variant]
@@ -233,9 +241,7 @@ def eval_sets(args) -> list[tuple[str, str]]:
     else:
         chosen = [m for b in sorted(by_bucket) for m in spread(by_bucket[b], args.per_bucket)]
     files = [(args.long_set, chosen)]
-    short = (
-        {} if args.tuning or args.ladder else load_recipe(RECIPES["short"], args.overrides).eval.benchmarks
-    )
+    short = short_benchmarks(args)
     files += [(n, load_benchmark(n, src, limit=args.short_prompts).messages) for n, src in short.items()]
     out = []
     for name, messages in files:
@@ -429,11 +435,7 @@ def main(argv=None) -> int:
     if args.train_only:
         return 0
     sets = eval_sets(args)  # OUT/eval-<set>.jsonl: the same prompts for the loop and vLLM
-    short_sets = (
-        []
-        if args.tuning or args.ladder
-        else list(load_recipe(RECIPES["short"], args.overrides).eval.benchmarks)
-    )
+    short_sets = list(short_benchmarks(args))
     report = loop(args, rows, sets)
     per = {r["draft"]: cells(report, r["draft"], args.long_set, short_sets) for r in rows}
     print("\n".join(table(rows, per, "eyas's loop")))
