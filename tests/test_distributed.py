@@ -116,8 +116,16 @@ def command(recipe, run, nproc, *overrides, config=None):
     return [*launch, "-m", "eyas.train", str(recipe), "--out", str(run), "--no-progress", *overrides]
 
 
+# the runs this module has trained, by their launch: a test that needs a run another test made (the 1-process
+# references, the uninterrupted sharded runs) reads it rather than launching processes that find it done
+TRAINED: dict[tuple, Path] = {}
+
+
 def train(base, name, nproc, *overrides, config=None, source="base"):
     root, recipe = base
+    key = (str(root), name, nproc, overrides, config, source)
+    if key in TRAINED:
+        return TRAINED[key]
     run = root / name
     if not run.exists():
         shutil.copytree(root / source, run)
@@ -129,6 +137,7 @@ def train(base, name, nproc, *overrides, config=None, source="base"):
         timeout=600,
     )
     assert r.returncode == 0, r.stderr[-3000:]
+    TRAINED[key] = run
     return run
 
 
