@@ -10,15 +10,23 @@ and `eyas serve` take the same):
     response  {"choices": [{"token_ids": [generated ids], "finish_reason": "stop" | "length", ...}]}
 
 Several URLs form a data-parallel fleet: each URL runs `data.server_concurrency` requests at
-a time, workers take the next prompt from one queue. A request that fails with a connection error,
-a timeout or a 5xx is retried with exponential backoff (a server restarting loses nothing);
-a 4xx fails the stage with the server's message.
+a time, workers take the next prompt from one queue. A request that fails with a connection error
+or a 5xx is retried with exponential backoff (a server restarting loses nothing); a 4xx fails the
+stage with the server's message.
+
+No request has a time limit of its own: behind the others in a server's queue, a long prompt may wait
+tens of minutes for its answer on a CPU, and a client that gives up on it (closing the connection
+aborts it in vLLM) and sends it again loses the work done on it and goes to the back of the queue: with
+64 prompts of 4-8K tokens in flight on a 2-core CPU no request ever finished. Instead each server must
+keep answering: its /health is asked every HEALTH_EVERY_S (any HTTP answer counts), and one that answers
+nothing for `data.server_timeout_s` stops the stage, naming it (the finished parts are kept).
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
+import time
 from collections.abc import Callable
 
 import httpx
@@ -27,6 +35,7 @@ from eyas.infra.errors import RunError
 
 BACKOFF_S, BACKOFF_MAX_S = 0.5, 30.0
 HEALTH_EVERY_S = 2.0
+PROBE_TIMEOUT_S = 10.0  # one /health probe (a busy vLLM answers it from its API process in milliseconds)
 
 
 class ServerError(RunError, RuntimeError):
@@ -40,8 +49,18 @@ async def served_model(client: httpx.AsyncClient, url: str) -> str:
     return r.json()["data"][0]["id"]
 
 
+async def answers(probe: httpx.AsyncClient, url: str) -> bool:
+    """Whether `url` answers GET /health at all (any status: a server without /health still answers)."""
+    try:
+        await probe.get(f"{url}/health")
+        return True
+    except httpx.TransportError:  # refused, reset, timed out
+        return False
+
+
 async def complete(client: httpx.AsyncClient, url: str, body: dict, retries: int) -> dict:
-    """One completion with retries on connection errors, timeouts and 5xx. -> the first choice."""
+    """One completion with retries on connection errors (a connect timeout included) and 5xx. -> the first
+    choice."""
     for attempt in range(retries + 1):
         try:
             r = await client.post(f"{url}/v1/completions", json=body)
@@ -83,7 +102,8 @@ def regenerate_through_servers(
     later conversation's first turn, so parts finish in order and a stopped stage keeps all but the parts in
     flight (first in, first out, no part would finish before every first turn had been answered).
     `health()`, called every HEALTH_EVERY_S while they run, raises when a server eyas started has died (it
-    ends the stage at once, instead of after every retry)."""
+    ends the stage at once, instead of after every retry); a server that answers neither a request nor its
+    /health for `timeout_s` ends it too."""
 
     urls = [u.rstrip("/") for u in urls]
 
@@ -92,7 +112,12 @@ def regenerate_through_servers(
         for job in jobs:
             queue.put_nowait(job)
         limits = httpx.Limits(max_connections=concurrency * len(urls), max_keepalive_connections=concurrency)
-        async with httpx.AsyncClient(timeout=timeout_s, limits=limits) as client:
+        # no read limit: an answer takes as long as the server's queue makes it (the module's docstring)
+        timeout = httpx.Timeout(timeout_s, read=None)
+        async with (
+            httpx.AsyncClient(timeout=timeout, limits=limits) as client,
+            httpx.AsyncClient(timeout=min(PROBE_TIMEOUT_S, timeout_s)) as probe,  # its own connections
+        ):
             names = {u: model or await served_model(client, u) for u in urls}
 
             async def worker(url: str):
@@ -113,14 +138,24 @@ def regenerate_through_servers(
                     queue.task_done()
 
             async def watch():  # ends only by raising
+                answered = dict.fromkeys(urls, time.monotonic())
                 while True:
-                    health()
+                    if health is not None:
+                        health()
+                    now = time.monotonic()
+                    for url, ok in zip(urls, await asyncio.gather(*(answers(probe, u) for u in urls))):
+                        answered[url] = now if ok else answered[url]
+                        if now - answered[url] > timeout_s:
+                            raise ServerError(
+                                f"{url} has answered nothing for {now - answered[url]:.0f} s "
+                                "(data.server_timeout_s): the finished parts are kept; run the stage again"
+                            )
                     await asyncio.sleep(HEALTH_EVERY_S)
 
             # created in turn (url 0, 1, ..., 0, 1, ...): the queue serves waiting workers first come, first
             # served, so fewer prompts than workers still spread over every server
             tasks = [asyncio.create_task(worker(u)) for _ in range(concurrency) for u in urls]
-            tasks += [asyncio.create_task(watch())] if health is not None else []
+            tasks.append(asyncio.create_task(watch()))
             joined = asyncio.create_task(queue.join())
             try:  # workers only end by failing: the first failure ends the stage
                 await asyncio.wait([joined, *tasks], return_when=asyncio.FIRST_COMPLETED)

@@ -110,7 +110,12 @@ class DataSection(Section):
     server_urls: list[str] = Field([], description="OpenAI-compatible servers (vLLM, SGLang, eyas serve)")
     server_model: str | None = Field(None, description="the name the servers serve (null: each one's first)")
     server_concurrency: int = Field(64, ge=1, description="requests in flight per URL")
-    server_timeout_s: Num = Field(600.0, description="per request, in seconds")
+    server_timeout_s: Num = Field(
+        600.0,
+        description="seconds a server may answer nothing (no completion, no /health, asked every 2 s) "
+        "before the stage stops naming it; a request has no limit of its own (a long prompt may queue for "
+        "minutes)",
+    )
     server_retries: int = Field(8, ge=0, description="per request, on connection errors, timeouts and 5xx")
 
     @model_validator(mode="after")

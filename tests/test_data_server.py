@@ -4,16 +4,18 @@ greedy decoding, and loses nothing when the server dies mid-run and comes back."
 
 import shutil
 import signal
+import socket
 import threading
 import time
 
+import httpx
 import pytest
 from data_fixtures import DEMO_SMALL, write_conversations
 from serve_process import eyas_serve, free_port
 
 from eyas.data.prompts import run_prompts
 from eyas.data.regenerate import read_sequences, run_regenerate
-from eyas.data.server import regenerate_through_servers
+from eyas.data.server import ServerError, regenerate_through_servers
 from eyas.infra.layout import read_done
 from eyas.recipes.load import load_recipe
 
@@ -150,3 +152,44 @@ def turn_order(url: str) -> list[tuple]:
     params = {"max_tokens": 4, "temperature": 0.0, "top_p": 1.0}
     regenerate_through_servers([url], None, jobs, params, [0], 1, 60.0, 1, on_done)
     return done
+
+
+def test_an_answer_slower_than_the_timeout_is_waited_for(tmp_path):
+    """data.server_timeout_s bounds how long a server may answer nothing, not a request: one request at a
+    time on the server and four in flight, the later ones queue for several times the 0.5 s limit, and each
+    is answered once (no retry: a retried request is sent again and counted again by the server), every
+    answer whole. Before, the limit was each request's: the first answer over it failed the stage (on a
+    2-core CPU, 64 long prompts in flight were given up on and sent again until none finished)."""
+    port, url = free_port(), None
+    done, t0 = {}, time.monotonic()
+
+    def on_done(key, ids, generated, finish_reason):
+        done[key] = (time.monotonic() - t0, len(generated), finish_reason)
+
+    jobs = [((i,), 0, [1, 10 + i, 20 + i]) for i in range(8)]
+    params = {"max_tokens": 48, "temperature": 0.0, "top_p": 1.0, "ignore_eos": True}
+    with eyas_serve(["demo", "--no-speculation", "--max-num-seqs", "1", *BASE], port, tmp_path / "s.log"):
+        url = f"http://127.0.0.1:{port}"
+        t0 = time.monotonic()
+        regenerate_through_servers([url], None, jobs, params, [], 4, 0.5, 0, on_done)
+        served = httpx.get(f"{url}/metrics", timeout=10).text
+    assert sorted(done) == [(i,) for i in range(8)]
+    assert all(n == 48 for _, n, _ in done.values()), done
+    assert max(t for t, _, _ in done.values()) > 2 * 0.5, done  # answers did queue past the limit
+    answered = [line for line in served.splitlines() if line.startswith("vllm:request_success_total")]
+    assert sum(float(line.rsplit(" ", 1)[1]) for line in answered) == 8, answered
+
+
+def test_a_server_that_answers_nothing_stops_the_stage_naming_it():
+    """A server that takes the connection and never answers (neither the completion nor /health) ends the
+    stage after data.server_timeout_s, naming it, instead of waiting forever."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)  # connections are accepted by the kernel and never read
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        t0 = time.monotonic()
+        with pytest.raises(ServerError, match=rf"{url} has answered nothing for \d+ s"):
+            regenerate_through_servers(
+                [url], "m", [((0,), 0, [1, 2])], {"max_tokens": 4}, [0], 1, 2.0, 0, lambda *a: None
+            )
+    assert 2.0 < time.monotonic() - t0 < 30.0
