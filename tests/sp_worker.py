@@ -1,4 +1,4 @@
-"""Run under torchrun (gloo): one TTT forward and backward over a packed row, once whole on every process
+"""Run under torchrun (gloo): one TTT forward and backward over a packed row, once whole on rank 0
 (the reference, as one process trains it) and once spread over the P processes (train/sequence_parallel.py);
 rank 0 writes what the two gave to OUT (json): the losses, the counts, run_length, and per parameter the
 largest difference of the row's gradient (each process's loss scaled by P and the gradients averaged, as
@@ -122,7 +122,9 @@ def main() -> None:
     # the text: where the "target" argmax is, so that chains go on (run_length, conditional counts)
     batch["input_ids"][0, 1:] = target_view(batch["final"], lm_head, draft(opts)).argmax[0, :-1]
 
-    ref_out, ref = run(draft(opts), batch, lm_head, opts)
+    # the reference on rank 0 alone, which reads it (it runs no collective); the others wait for rank 0 at
+    # the spread run's first collective
+    ref_out, ref = run(draft(opts), batch, lm_head, opts) if dist.get_rank() == 0 else (None, None)
     mine_out, mine = run(draft(opts), sp.window(batch), lm_head, opts, sp)
     for gr in mine.values():  # averaged over the processes as DDP does: each loss was scaled by P
         dist.all_reduce(gr, group=sp.group)

@@ -22,7 +22,9 @@ def full_width_run(tmp_path_factory):
     """`eyas run gpt-oss-120b` on the full-width target, every stage; regeneration and capture in vLLM where
     it runs MXFP4 here (AMX), else in transformers (full_width.run_overrides says which)."""
     run = tmp_path_factory.mktemp("full-width") / "run"
-    over = run_overrides()
+    # 2 prompts to train on (one batch to regenerate and capture) and 2 to evaluate: the stages' sizes, not
+    # their data, are what the test reads
+    over = [*run_overrides(), "data.num_prompts=4"]
     eyas(["run", "gpt-oss-120b", "--out", str(run), "--no-progress", *over])
     return run, over
 
@@ -69,8 +71,8 @@ def test_the_target_is_gpt_oss_120b_but_for_its_depth_and_experts():
 def test_every_stage_at_full_width(full_width_run, tmp_path):
     """Capture stores 23,045 bytes a token (3 aux states and the final one, bf16, the id and the mask: what
     `eyas plan` prices gpt-oss-120b's capture at); the draft trains with exactly the parameters `eyas plan`
-    counts for recipes/gpt-oss-120b.yaml; eval reports, the eagle3 export holds the draft at those sizes, and
-    `eyas publish --dry-run` checks it."""
+    counts for recipes/gpt-oss-120b.yaml; eval reports; the eagle3 export that `eyas publish --dry-run` writes
+    and checks holds the draft at those sizes."""
     from eyas.infra.layout import read_done
     from eyas.plan.command import plan
     from eyas.recipes.load import load_recipe
@@ -86,9 +88,7 @@ def test_every_stage_at_full_width(full_width_run, tmp_path):
     assert read_done(run, "train")["trainable_parameters"] == p.draft_trainable == 215_490_240
     report = json.loads((run / "report.json").read_text())
     assert report["lossless"] is True and report["results"][0]["k"] == 2  # bf16 partings only numerical
-    out = tmp_path / "export"
-    eyas(["export", str(run), "--format", "eagle3", "--out", str(out)])
-    cfg = json.loads((out / "config.json").read_text())
-    assert (cfg["hidden_size"], cfg["draft_vocab_size"], cfg["intermediate_size"]) == (2880, 32000, 17280)
-    folder = tmp_path / "publish"
+    folder = tmp_path / "publish"  # the dry run writes the eagle3 export as `eyas export` does, and checks it
     eyas(["publish", str(run), "--repo", "someone/full-width-draft", "--dry-run", "--out", str(folder)])
+    cfg = json.loads((folder / "config.json").read_text())
+    assert (cfg["hidden_size"], cfg["draft_vocab_size"], cfg["intermediate_size"]) == (2880, 32000, 17280)
