@@ -519,6 +519,7 @@ def _through_servers(
             d.server_retries,
             done,
             health,
+            d.server_stall_s,
         )
     bar.close()
     return state["new"], time.time() - state["t0"]

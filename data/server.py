@@ -18,8 +18,10 @@ No request has a time limit of its own: behind the others in a server's queue, a
 tens of minutes for its answer on a CPU, and a client that gives up on it (closing the connection
 aborts it in vLLM) and sends it again loses the work done on it and goes to the back of the queue: with
 64 prompts of 4-8K tokens in flight on a 2-core CPU no request ever finished. Instead each server must
-keep answering: its /health is asked every HEALTH_EVERY_S (any HTTP answer counts), and one that answers
-nothing for `data.server_timeout_s` stops the stage, naming it (the finished parts are kept).
+keep answering: its /health is asked every HEALTH_EVERY_S (an answer below 500 counts, as does a finished
+request), and one that answers nothing for `data.server_timeout_s`, or holds requests and finishes none for
+`data.server_stall_s` (a hung engine whose /health still answers), stops the stage, naming it (the finished
+parts are kept).
 """
 
 from __future__ import annotations
@@ -44,18 +46,59 @@ class ServerError(RunError, RuntimeError):
 
 async def served_model(client: httpx.AsyncClient, url: str) -> str:
     """The first model a server lists at /v1/models (what `vllm serve MODEL` serves)."""
-    r = await client.get(f"{url}/v1/models")
-    r.raise_for_status()
+    try:
+        r = await client.get(f"{url}/v1/models")
+        r.raise_for_status()
+    except httpx.HTTPError as e:
+        raise ServerError(f"{url}/v1/models: {type(e).__name__}: {e}") from e
     return r.json()["data"][0]["id"]
 
 
 async def answers(probe: httpx.AsyncClient, url: str) -> bool:
-    """Whether `url` answers GET /health at all (any status: a server without /health still answers)."""
+    """Whether `url` answers GET /health below 500 (a server without /health answers 404; vLLM answers 503
+    once its engine has died)."""
     try:
-        await probe.get(f"{url}/health")
-        return True
+        return (await probe.get(f"{url}/health")).status_code < 500
     except httpx.TransportError:  # refused, reset, timed out
         return False
+
+
+class Liveness:
+    """When each server last answered (a /health probe, a completion) and last finished a request while it
+    held some: a server silent for `timeout_s`, or holding requests without finishing any for `stall_s`
+    (its /health answering while its engine hangs), stops the stage."""
+
+    def __init__(self, urls: list[str], timeout_s: float, stall_s: float):
+        now = time.monotonic()
+        self.timeout_s, self.stall_s = timeout_s, stall_s
+        self.answered = dict.fromkeys(urls, now)
+        self.finished = dict.fromkeys(urls, now)
+        self.in_flight = dict.fromkeys(urls, 0)
+
+    def sent(self, url: str) -> None:
+        self.in_flight[url] += 1
+        if self.in_flight[url] == 1:  # the wait for a finished request starts now
+            self.finished[url] = time.monotonic()
+
+    def done(self, url: str) -> None:
+        self.in_flight[url] -= 1
+        self.answered[url] = self.finished[url] = time.monotonic()
+
+    def probed(self, url: str, answered: bool) -> None:
+        """After a probe of `url`: ServerError when it has been silent or stalled too long."""
+        now = time.monotonic()
+        if answered:
+            self.answered[url] = now
+        if now - self.answered[url] > self.timeout_s:
+            raise ServerError(
+                f"{url} has answered nothing for {now - self.answered[url]:.0f} s (data.server_timeout_s): "
+                "the finished parts are kept; run the stage again"
+            )
+        if self.in_flight[url] and now - self.finished[url] > self.stall_s:
+            raise ServerError(
+                f"{url} holds {self.in_flight[url]} requests and has finished none for "
+                f"{now - self.finished[url]:.0f} s (data.server_stall_s): the finished parts are kept"
+            )
 
 
 async def complete(client: httpx.AsyncClient, url: str, body: dict, retries: int) -> dict:
@@ -94,6 +137,7 @@ def regenerate_through_servers(
     retries: int,
     on_done: Callable,
     health: Callable[[], None] | None = None,
+    stall_s: float = 4 * 3600.0,
 ) -> None:
     """Send every job (key, seed, prompt ids) to the fleet. `on_done(key, prompt ids, generated ids,
     finish_reason)` is called in the caller's thread as each one completes (in any order); it may return
@@ -102,8 +146,8 @@ def regenerate_through_servers(
     later conversation's first turn, so parts finish in order and a stopped stage keeps all but the parts in
     flight (first in, first out, no part would finish before every first turn had been answered).
     `health()`, called every HEALTH_EVERY_S while they run, raises when a server eyas started has died (it
-    ends the stage at once, instead of after every retry); a server that answers neither a request nor its
-    /health for `timeout_s` ends it too."""
+    ends the stage at once, instead of after every retry); so does a server that answers nothing for
+    `timeout_s` or holds requests without finishing any for `stall_s` (Liveness)."""
 
     urls = [u.rstrip("/") for u in urls]
 
@@ -113,12 +157,13 @@ def regenerate_through_servers(
             queue.put_nowait(job)
         limits = httpx.Limits(max_connections=concurrency * len(urls), max_keepalive_connections=concurrency)
         # no read limit: an answer takes as long as the server's queue makes it (the module's docstring)
-        timeout = httpx.Timeout(timeout_s, read=None)
+        timeout, short = httpx.Timeout(timeout_s, read=None), min(PROBE_TIMEOUT_S, timeout_s)
+        live = Liveness(urls, timeout_s, stall_s)
         async with (
             httpx.AsyncClient(timeout=timeout, limits=limits) as client,
-            httpx.AsyncClient(timeout=min(PROBE_TIMEOUT_S, timeout_s)) as probe,  # its own connections
+            httpx.AsyncClient(timeout=short) as probe,  # its own connections: never queued behind completions
         ):
-            names = {u: model or await served_model(client, u) for u in urls}
+            names = {u: model or await served_model(probe, u) for u in urls}
 
             async def worker(url: str):
                 while True:
@@ -131,25 +176,20 @@ def regenerate_through_servers(
                         "return_token_ids": True,
                         **params,
                     }
+                    live.sent(url)
                     choice = await complete(client, url, body, retries)
+                    live.done(url)
                     follow = on_done(key, ids, list(choice["token_ids"]), choice.get("finish_reason"))
                     if follow is not None:
                         queue.put_nowait(follow)
                     queue.task_done()
 
             async def watch():  # ends only by raising
-                answered = dict.fromkeys(urls, time.monotonic())
                 while True:
                     if health is not None:
                         health()
-                    now = time.monotonic()
                     for url, ok in zip(urls, await asyncio.gather(*(answers(probe, u) for u in urls))):
-                        answered[url] = now if ok else answered[url]
-                        if now - answered[url] > timeout_s:
-                            raise ServerError(
-                                f"{url} has answered nothing for {now - answered[url]:.0f} s "
-                                "(data.server_timeout_s): the finished parts are kept; run the stage again"
-                            )
+                        live.probed(url, ok)
                     await asyncio.sleep(HEALTH_EVERY_S)
 
             # created in turn (url 0, 1, ..., 0, 1, ...): the queue serves waiting workers first come, first

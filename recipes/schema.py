@@ -112,11 +112,20 @@ class DataSection(Section):
     server_concurrency: int = Field(64, ge=1, description="requests in flight per URL")
     server_timeout_s: Num = Field(
         600.0,
-        description="seconds a server may answer nothing (no completion, no /health, asked every 2 s) "
-        "before the stage stops naming it; a request has no limit of its own (a long prompt may queue for "
-        "minutes)",
+        gt=0,
+        description="seconds a server may answer nothing (no request back, its /health, asked every 2 s, "
+        "failing or 5xx) before the stage stops naming it; a request has no limit of its own (a long prompt "
+        "may queue for minutes)",
     )
-    server_retries: int = Field(8, ge=0, description="per request, on connection errors, timeouts and 5xx")
+    server_stall_s: Num = Field(
+        14400.0,
+        gt=0,
+        description="seconds a server may hold requests without finishing any (a hung engine whose /health "
+        "still answers) before the stage stops naming it",
+    )
+    server_retries: int = Field(
+        8, ge=0, description="per request, on connection errors (a connect timeout included) and 5xx"
+    )
 
     @model_validator(mode="after")
     def _sources(self) -> "DataSection":
