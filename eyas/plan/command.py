@@ -15,12 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import yaml
-
 from eyas.data.target import count_target, stored_as_mxfp4
 from eyas.infra.errors import as_input
 from eyas.infra.io import read_jsonl
-from eyas.infra.layout import RECIPE, is_done, read_done
+from eyas.infra.layout import is_done, read_done
 from eyas.plan.cost import (
     CPU,
     Assumptions,
@@ -44,14 +42,7 @@ from eyas.plan.cost import (
 )
 from eyas.plan.eval_memory import eval_memory
 from eyas.plan.report import render
-from eyas.plan.tokens import (
-    SAMPLED_CONVERSATIONS,
-    TurnCount,
-    combined,
-    conversation_tokens,
-    plan_tokenizer,
-    source_samples,
-)
+from eyas.plan.tokens import TurnCount, combined, conversation_tokens, plan_tokenizer, source_samples
 from eyas.recipes.load import recipe_and_run
 from eyas.train.kinds import kind_named
 from eyas.train.sequence_parallel import check_heads
@@ -91,8 +82,7 @@ def time_outside_rate(done: dict, tokens: float | None, rate_key: str) -> float:
 def workload(recipe: Recipe, run_dir: str | Path | None, cfg: PretrainedConfig, a: Assumptions) -> Workload:
     """The recipe's data with assumed lengths; with `run_dir`, what its finished stages counted (the
     prompts stage: turns and prompt lengths) and measured (regeneration, capture: lengths and rates;
-    training: its rate) in their place, but prompt lengths and turns from a sample of the sources where the
-    run counted fewer conversations (_prompts_from_a_bigger_count)."""
+    training: its rate) in their place."""
 
     d = recipe.data
     w = Workload(
@@ -117,13 +107,11 @@ def workload(recipe: Recipe, run_dir: str | Path | None, cfg: PretrainedConfig, 
             f"--run {run_dir}: no finished stage there to count or measure from; run "
             f"`eyas prompts RECIPE --out {run_dir}` first (CPU only), or give a finished run"
         )
-    counted = None  # conversations --run counted
     if "regenerate" in done:
         regen = read_done(run_dir, "regenerate")
         w.new = regen["mean_generated_tokens"]
         # answered turns per prompt, over every prompt asked (one whose first turn was too long answers none)
         conversations = regen.get("num_prompts", regen.get("num_conversations", regen["num_sequences"]))
-        counted = conversations
         w.conversations = w.conversations if w.conversations is not None else conversations
         w.sequences = w.conversations * regen["num_sequences"] / max(conversations, 1)
         # measured rates are per shard or per server (= per target replica)
@@ -137,7 +125,6 @@ def workload(recipe: Recipe, run_dir: str | Path | None, cfg: PretrainedConfig, 
         if not rows:
             raise ValueError(f"--run {run_dir}: its prompts stage holds no training conversations")
         _count_turns(recipe, w, rows, a, gpt_oss)
-        counted = len(rows)
     if "capture" in done:
         cap = read_done(run_dir, "capture")
         w.prompt = max(cap["num_tokens"] / cap["num_sequences"] - w.new, 0.0)
@@ -150,39 +137,7 @@ def workload(recipe: Recipe, run_dir: str | Path | None, cfg: PretrainedConfig, 
         run_loop_s = trained.get("run_loop_s") or loop_s
         w.measured["train_tok_s"] = trained["tokens_seen"] / run_loop_s / trained.get("num_processes", 1)
         w.setup_s["train"] = max(trained["wall_s"] - loop_s, 0.0)
-    _prompts_from_a_bigger_count(recipe, run_dir, w, counted, a, gpt_oss)
     return w
-
-
-def _prompts_from_a_bigger_count(
-    recipe: Recipe, run_dir: str | Path, w: Workload, counted: int | None, a: Assumptions, gpt_oss: bool
-) -> None:
-    """Prompt lengths and turns from a sample of the sources in place of --run's where the run asked for
-    fewer conversations (its data.num_prompts) than the recipe does, every source can be read and the
-    sample holds at least twice the conversations the run counted: a small run of a mix of short and long
-    sources is a poor count (32 conversations of the SmolLM2 long-context recipe hold about 6 of its long
-    prompts, give or take 2, and its mean prompt moves with each). The answers' lengths and every rate stay
-    the run's."""
-    d, saved = recipe.data, Path(run_dir) / RECIPE
-    # what the run asked for (its saved recipe: `eyas run` writes one), else what it counted
-    asked = (
-        (yaml.safe_load(saved.read_text()) or {}).get("data", {}).get("num_prompts")
-        if saved.is_file()
-        else counted
-    )
-    if (
-        counted is None
-        or not asked
-        or not d.num_prompts
-        or asked >= min(d.num_prompts, SAMPLED_CONVERSATIONS)
-    ):
-        return
-    samples = source_samples(recipe)
-    # only a sample that counts far more (a source smaller than the sample is the run's own conversations)
-    if not samples or not all(x.rows for x in samples) or sum(len(x.rows) for x in samples) < 2 * counted:
-        return
-    _count_sources(recipe, w, samples, a, gpt_oss)
-    w.turns.origin += f" (--run counted {counted:,} conversations)"
 
 
 def _count_turns(recipe: Recipe, w: Workload, rows: list[dict], a: Assumptions, gpt_oss: bool):

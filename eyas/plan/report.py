@@ -97,8 +97,7 @@ def data_line(recipe: Recipe, p: Plan) -> str:
             f"data: {p.conversations:,} conversations x {t.turns_per_conversation:.2f} answered turns "
             f"= {p.sequences:,} sequences x {p.mean_tokens:,.0f} tokens = {total} ({t.origin}: "
             f"{t.user_turns:,} user turns counted in {t.conversations:,} conversations, "
-            f"{rendered}{unread}; answers "
-            + ("measured in --run)" if "regenerate" in p.stages_measured else "assumed)")
+            f"{rendered}{unread}; answers assumed)"
         )
     how = "measured in --run" if "regenerate" in p.stages_measured else "assumed"
     unread = f"; {p.unread}" if p.unread else ""
