@@ -312,6 +312,29 @@ def long_set_missing(base, tmp_path, capsys, monkeypatch):
     return prompts_without_package(base, tmp_path, capsys, monkeypatch, *args)
 
 
+def server_silent(base, tmp_path, capsys, monkeypatch):
+    """data.backend: server with a server that takes the connection and never answers (neither the completion
+    nor /health): the stage stops after data.server_timeout_s, naming it (its port the table's PORT)."""
+    import socket
+
+    root, recipe, _ = base
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)  # connections are accepted by the kernel and never read
+        port = listener.getsockname()[1]
+        over = [
+            "data.backend=server",
+            f"data.server_urls=[http://127.0.0.1:{port}]",
+            "data.server_model=m",
+            "data.server_timeout_s=2",
+        ]
+        out = ["--out", str(tmp_path / "r"), *over]
+        assert main(["prompts", str(recipe), *out]) == 0
+        status = main(["regenerate", str(recipe), *out])
+    line = error_line(capsys).replace(f":{port} ", ":PORT ")
+    return status, re.sub(r"answered nothing for \d+ s", "answered nothing for N s", line)
+
+
 def gguf_architecture(base, tmp_path, capsys, monkeypatch):
     """A GGUF of an architecture transformers does not dequantize (RWKV-7); the transformers version and
     the list it reads are the table's VERSION and ARCHITECTURES."""
@@ -376,6 +399,7 @@ SCENARIOS = [
     gguf_part_corrupted,
     packaged_set_missing,
     long_set_missing,
+    server_silent,
     resume_layout_changed,
 ]
 

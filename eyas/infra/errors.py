@@ -108,8 +108,18 @@ def debugging(argv: list[str]) -> tuple[bool, list[str]]:
 
 
 def _say(message: str) -> None:
+    _end_progress_bars()
     line = " ".join(redact(message).split())  # one line, whatever the message held
     print(f"eyas: error: {line}", file=sys.stderr, flush=True)
+
+
+def _end_progress_bars() -> None:
+    """Close the progress bars a failure left open: each ends its line, so the error line is one of its own
+    (it was printed after the bar, on the bar's line)."""
+    from tqdm import tqdm  # lazy: only on a failure
+
+    for bar in list(getattr(tqdm, "_instances", ())):
+        bar.close()
 
 
 def report_failures(fn: Callable[[], int], debug: bool = False) -> int:
