@@ -15,13 +15,13 @@ or a 5xx is retried with exponential backoff (a server restarting loses nothing)
 stage with the server's message.
 
 No request has a time limit of its own: behind the others in a server's queue, a long prompt may wait
-tens of minutes for its answer on a CPU, and a client that gives up on it (closing the connection
-aborts it in vLLM) and sends it again loses the work done on it and goes to the back of the queue: with
-64 prompts of 4-8K tokens in flight on a 2-core CPU no request ever finished. Instead each server must
-keep answering: its /health is asked every HEALTH_EVERY_S (an answer below 500 counts, as does a finished
-request), and one that answers nothing for `data.server_timeout_s`, or holds requests and finishes none for
-`data.server_stall_s` (a hung engine whose /health still answers), stops the stage, naming it (the finished
-parts are kept).
+tens of minutes for its answer on a CPU, and a client that gives up on it and sends it again sends it to
+the back of the queue: with httpx's 600 s read limit per request, the SmolLM2 long-context recipe's last
+64 prompts (up to 8K tokens, all in flight) got no answer for 49 minutes on a 2-core CPU. Instead each
+server must keep answering: its /health is asked every HEALTH_EVERY_S (an answer below 500 counts, as does
+a finished request), and one that answers nothing for `data.server_timeout_s`, or holds requests and
+finishes none for `data.server_stall_s` (a hung engine whose /health still answers), stops the stage,
+naming it (the finished parts are kept).
 """
 
 from __future__ import annotations

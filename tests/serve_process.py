@@ -50,3 +50,13 @@ def eyas_serve(args: list[str], port: int, log_path):
             except subprocess.TimeoutExpired:
                 proc.kill()
         log.close()
+
+
+@contextmanager
+def silent_server():
+    """A server that takes connections and never answers (the kernel accepts them; nothing reads them):
+    yields its port."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)
+        yield listener.getsockname()[1]

@@ -5,14 +5,13 @@ greedy decoding, and loses nothing when the server dies mid-run and comes back."
 import http.server
 import shutil
 import signal
-import socket
 import threading
 import time
 
 import httpx
 import pytest
 from data_fixtures import DEMO_SMALL, write_conversations
-from serve_process import eyas_serve, free_port
+from serve_process import eyas_serve, free_port, silent_server
 
 from eyas.data.prompts import run_prompts
 from eyas.data.regenerate import read_sequences, run_regenerate
@@ -203,10 +202,8 @@ def stopped_within(seconds: float, *args) -> BaseException | None:
 def test_a_server_that_answers_nothing_stops_the_stage_naming_it(model):
     """A server that takes the connection and never answers (neither /v1/models, the completion nor /health)
     ends the stage after data.server_timeout_s, naming it, instead of waiting forever."""
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(16)  # connections are accepted by the kernel and never read
-        url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    with silent_server() as port:
+        url = f"http://127.0.0.1:{port}"
         t0 = time.monotonic()
         error = stopped_within(
             60, [url], model, [((0,), 0, [1, 2])], {"max_tokens": 4}, [0], 1, 2.0, 0, print

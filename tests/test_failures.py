@@ -315,13 +315,10 @@ def long_set_missing(base, tmp_path, capsys, monkeypatch):
 def server_silent(base, tmp_path, capsys, monkeypatch):
     """data.backend: server with a server that takes the connection and never answers (neither the completion
     nor /health): the stage stops after data.server_timeout_s, naming it (its port the table's PORT)."""
-    import socket
+    from serve_process import silent_server
 
     root, recipe, _ = base
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(16)  # connections are accepted by the kernel and never read
-        port = listener.getsockname()[1]
+    with silent_server() as port:
         over = [
             "data.backend=server",
             f"data.server_urls=[http://127.0.0.1:{port}]",
