@@ -22,6 +22,8 @@ import sys
 import traceback
 from collections.abc import Callable, Iterator
 
+from tqdm import tqdm
+
 from eyas.infra.interrupts import Interrupted
 
 
@@ -116,8 +118,6 @@ def _say(message: str) -> None:
 def _end_progress_bars() -> None:
     """Close the progress bars a failure left open: each ends its line, so the error line is one of its own
     (it was printed after the bar, on the bar's line)."""
-    from tqdm import tqdm  # lazy: only on a failure
-
     for bar in list(getattr(tqdm, "_instances", ())):
         bar.close()
 
