@@ -581,14 +581,17 @@ def test_wandb_offline_tracking(setup, tmp_path, monkeypatch):
 
 def test_plan_from_a_finished_run_uses_its_measured_rates(setup, full_run):
     """`eyas plan --run DIR`: a bigger run of the same recipe, timed with the rates this run measured."""
+    from eyas.data.regenerate import read_sequences
     from eyas.plan.command import plan
+    from eyas.plan.cost import target_config
+    from eyas.plan.flops import forward_cost, forward_flops
 
     root, target, prompts = setup
     r = recipe_for(target, prompts)
     r.data.num_prompts = 10_000
     p = plan(r, "2xH100", run_dir=full_run)
     regen, cap, tr = (layout.read_done(full_run, s) for s in ("regenerate", "capture", "train"))
-    assert p.measured == ["capture_tok_s", "regen_tok_s", "train_tok_s"]
+    assert p.measured == ["capture_flop_s", "regen_tok_s", "train_tok_s"]
     assert p.mean_tokens == pytest.approx(cap["num_tokens"] / cap["num_sequences"])
     assert p.tokens == pytest.approx(10_000 * cap["num_tokens"] / cap["num_sequences"])
     assert p.sequences == round(
@@ -608,7 +611,15 @@ def test_plan_from_a_finished_run_uses_its_measured_rates(setup, full_run):
     assert p.regen_s == pytest.approx(
         10_000 * regen["mean_generated_tokens"] / (2 * regen["generation_tokens_per_s"]) + regen_setup
     )
-    assert p.capture_s == pytest.approx(p.tokens / (2 * cap["tokens_per_s"]) + cap_setup)
+    # capture in FLOPs (eyas/plan/flops.py): the run's forwards over its own sequences in its batches of
+    # capture.batch_size, padded, at its forward time; the bigger run's at that rate on each replica
+    lengths = [len(s["input_ids"]) for s in read_sequences(full_run)]
+    cost = forward_cost(target_config(r)[0], p.target)
+    rate = sum(forward_flops(cost, lengths, r.capture.batch_size, True)) / (
+        cap["num_tokens"] / cap["tokens_per_s"]
+    )
+    assert p.capture_flop_s == pytest.approx(2 * rate)
+    assert p.capture_s == pytest.approx(p.capture_work.flops / (2 * rate) + cap_setup)
     train_rate = tr["tokens_seen"] / tr["loop_s"] / tr["num_processes"]  # the step loop's rate
     assert p.train_s == pytest.approx(r.train.epochs * p.tokens / (2 * train_rate) + train_setup)
 
@@ -630,8 +641,10 @@ def test_plan_on_a_cpu_takes_every_rate_from_the_run_and_the_run_records_each_st
     regen, cap, tr = (layout.read_done(full_run, s) for s in ("regenerate", "capture", "train"))
     host_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
     assert (p.gpus, p.gpu_memory_gb, p.replicas) == ("1xCPU", host_gb, 1)
-    assert p.measured == ["capture_tok_s", "regen_tok_s", "train_tok_s"]
-    assert p.regen_tok_s == regen["generation_tokens_per_s"] and p.capture_tok_s == cap["tokens_per_s"]
+    assert p.measured == ["capture_flop_s", "regen_tok_s", "train_tok_s"]
+    # the run's own size: its lengths spread again, batched as the run batched them, give its rate back
+    assert p.regen_tok_s == regen["generation_tokens_per_s"]
+    assert p.capture_tok_s == pytest.approx(cap["tokens_per_s"], rel=0.05)
     assert p.train_tok_s == pytest.approx(tr["tokens_seen"] / tr["loop_s"] / tr["num_processes"])
     text = render(r, p)
     assert text.startswith(f"plan for {r.name} on 1xCPU ({host_gb:,.0f} GB each; the host's memory")

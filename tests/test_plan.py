@@ -59,8 +59,14 @@ def test_gpt_oss_120b_plan_on_8xh100_matches_hand_computation():
     assert p.regen_s == pytest.approx(100_000 * 0.75 * 2048 / (8 * a.regen_tok_s_server_h100))
     hf = plan(load_recipe("gpt-oss-120b", ["data.backend=hf"]), "8xH100")
     assert hf.regen_s == pytest.approx(100_000 * 0.75 * 2048 / (8 * a.regen_tok_s_hf_h100))
-    active = (total - experts) + experts * 4 / 128  # 4 of 128 experts per token
-    assert p.capture_tok_s == pytest.approx(8 * 0.30 * 989e12 / (2 * active))
+    # capture's forward (eyas/plan/flops.py): 2 FLOPs a weight a token, 4 of 128 experts, embedding and
+    # lm_head apart (capture stops at the lm_head's input); attention over each sequence alone (vLLM,
+    # causal) in 18 full layers and 18 of a 128-token window, 64 heads x 64 wide: 4 x 4,096 FLOPs a pair
+    linear = 2 * ((total - experts - 2 * V * H) + experts * 4 / 128)
+    n = 1936  # every sequence the assumed mean long (the hub source is not read)
+    pairs = 18 * n * (n + 1) / 2 + 18 * (128 * 129 / 2 + (n - 128) * 128)
+    assert p.capture_work.attention == pytest.approx(100_000 * 4 * 4096 * pairs)
+    assert p.capture_tok_s == pytest.approx(8 * 0.30 * 989e12 * n / (linear * n + 4 * 4096 * pairs))
     bf16 = plan(
         load_recipe(
             "gpt-oss-120b",
@@ -83,16 +89,18 @@ def test_gpt_oss_120b_plan_on_8xh100_matches_hand_computation():
         5.76, abs=0.005
     )
     assert p.allreduce_bytes == 4 * draft and p.allreduce_s == pytest.approx(2 * 7 / 8 * 4 * draft / 450e9)
-    # online: a producer GPU makes 206,380 / 8 = 25,798 tok/s, a trainer takes 31,220: 4 : 4 trains fastest
+    # online: a producer GPU makes 249,676 / 8 = 31,210 tok/s, a trainer takes 31,220: 4 : 4 trains fastest
     o = p.online
-    assert (o.producer_gpus, o.trainer_gpus) == (4, 4) and o.tok_s == pytest.approx(4 * 206_380 / 8, rel=1e-4)
+    assert (o.producer_gpus, o.trainer_gpus) == (4, 4) and o.tok_s == pytest.approx(4 * 249_676 / 8, rel=1e-4)
     assert o.train_s == pytest.approx(2 * tokens / o.tok_s) and o.train_s > p.capture_s + p.train_s
     text = render(r, p)
     assert "time: regeneration 2.7 h at 16,000 tok/s (assumed, data.backend vllm, with CUDA graphs)" in text
     assert "target replicas: 8 vLLM engine(s) of 1 GPU(s) each" in text
     assert "storage: an offline capture 4.46 TB; offline training reads it at 5.76 GB/s" in text
     assert "online from vLLM (capture.mode: online, capture.backend: vllm): 4 producer GPU(s)" in text
-    assert "offline 41.5 min (capture 15.6 min + training 25.8 min), online 1.0 h: offline is faster" in text
+    assert (
+        "offline 38.8 min (capture 12.9 min + training 25.8 min), online 51.7 min: offline is faster" in text
+    )
     assert "116.83B parameters, 114.66B of them MoE expert weights" in text
     assert "MXFP4 65.2 GB, bf16 233.7 GB" in text and "8.2 GB / 29.2 GB per GPU (fits / fits" in text
     assert "capture: 23,045 bytes/token (same, teacher final) = 4.46 TB" in text
@@ -333,3 +341,24 @@ def test_plan_streams_a_sample_of_a_hub_dataset(smollm2, tmp_path, monkeypatch):
     whole = plan(load_recipe("smollm2-135m-long-context", ["data.prompts=all.jsonl"]), "1xH100").turns
     # 200 of the 400 (lengths repeat every 100 records: the streamed window prices as the whole would)
     assert streamed.mean_prompt == pytest.approx(whole.mean_prompt, rel=0.05)
+
+
+def test_capture_flops_count_the_padded_batches_and_the_causal_window():
+    """eyas/plan/flops.py: through transformers, batches sorted by length and padded to their longest, every
+    pair of the padded T x T; through vLLM each sequence alone, its causal pairs within the window."""
+    from eyas.plan.flops import ForwardCost, causal_pairs, forward_flops
+    from eyas.plan.tokens import spread
+
+    cost = ForwardCost(linear=10.0, widths=[8, 8], windows=[None, 4])
+    # sorted 1, 2 | 3, 10 | 11: rows run 2 + 2 + 10 + 10 + 11 = 35 tokens over 4 + 4 + 100 + 100 + 121 pairs
+    linear, attention = forward_flops(cost, [11, 3, 1, 10, 2], 2, padded=True)
+    assert (linear, attention) == (10.0 * 35, 4 * (8 + 8) * 329)
+    # alone, causal: 10 tokens see 55 pairs; in a window of 4: 1 + 2 + 3 + 4 + 6 x 4 = 34
+    assert causal_pairs(10.0, None) == 55 and causal_pairs(10.0, 4) == 34
+    linear, attention = forward_flops(cost, [10], 2, padded=False)
+    assert (linear, attention) == (100.0, 4 * 8 * 55 + 4 * 8 * 34)
+    # a small run's lengths spread over a bigger run's count keep their mean and their spread's ends
+    sample = [100, 200, 400, 800, 6000]
+    spread_out = spread(sample, 1000, 1500.0)
+    assert len(spread_out) == 1000 and spread_out.mean() == pytest.approx(1500.0)
+    assert 100 <= spread_out.min() < 101 and 5999 < spread_out.max() <= 6000

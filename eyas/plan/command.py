@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from eyas.data.regenerate import read_sequences
 from eyas.data.target import count_target, stored_as_mxfp4
 from eyas.infra.errors import as_input
 from eyas.infra.io import read_jsonl
@@ -41,9 +42,18 @@ from eyas.plan.cost import (
     vllm_replicas,
 )
 from eyas.plan.eval_memory import eval_memory
+from eyas.plan.flops import CaptureWork, ForwardCost, forward_cost, forward_flops
 from eyas.plan.report import render
-from eyas.plan.tokens import TurnCount, combined, conversation_tokens, plan_tokenizer, source_samples
-from eyas.recipes.load import recipe_and_run
+from eyas.plan.tokens import (
+    TurnCount,
+    combined,
+    conversation_tokens,
+    mixed_lengths,
+    plan_tokenizer,
+    source_samples,
+    spread,
+)
+from eyas.recipes.load import load_recipe, recipe_and_run
 from eyas.train.kinds import kind_named
 from eyas.train.sequence_parallel import check_heads
 
@@ -63,7 +73,11 @@ class Workload:
     sequences: float  # answered turns, one training sequence each
     prompt: float  # mean prompt tokens
     new: float  # mean generated tokens
-    measured: dict[str, float] = field(default_factory=dict)  # regen/capture_tok_s per replica, train per GPU
+    # regen_tok_s, capture_flop_s per replica, train_tok_s per GPU
+    measured: dict[str, float] = field(default_factory=dict)
+    # sequence lengths (tokens) distributed as the run's will be: --run's regenerated sequences, or its or
+    # the sources' prompts + `new`; empty: every sequence `prompt + new` long
+    lengths: list[float] = field(default_factory=list)
     turns: TurnCount | None = None  # counted from --run's prompts stage
     stages_measured: list[str] = field(default_factory=list)  # --run's finished stages
     # seconds of a stage outside its measured rate (vLLM's start, loading the target), as --run took them
@@ -79,10 +93,12 @@ def time_outside_rate(done: dict, tokens: float | None, rate_key: str) -> float:
     return max(done["wall_s"] - tokens / rate, 0.0)
 
 
-def workload(recipe: Recipe, run_dir: str | Path | None, cfg: PretrainedConfig, a: Assumptions) -> Workload:
+def workload(
+    recipe: Recipe, run_dir: str | Path | None, cfg: PretrainedConfig, a: Assumptions, cost: ForwardCost
+) -> Workload:
     """The recipe's data with assumed lengths; with `run_dir`, what its finished stages counted (the
     prompts stage: turns and prompt lengths) and measured (regeneration, capture: lengths and rates;
-    training: its rate) in their place."""
+    training: its rate) in their place. `cost`: the target's forward (capture's rate in FLOP/s)."""
 
     d = recipe.data
     w = Workload(
@@ -120,6 +136,7 @@ def workload(recipe: Recipe, run_dir: str | Path | None, cfg: PretrainedConfig, 
         w.setup_s["regenerate"] = time_outside_rate(
             regen, regen.get("generated_tokens_this_run"), "generation_tokens_per_s"
         )
+        w.lengths = [len(s["input_ids"]) for s in read_sequences(run_dir)]
     elif "prompts" in done:  # turns counted, prompts rendered; answers still assumed
         rows = read_jsonl(Path(run_dir) / "prompts" / "train.jsonl")
         if not rows:
@@ -128,7 +145,7 @@ def workload(recipe: Recipe, run_dir: str | Path | None, cfg: PretrainedConfig, 
     if "capture" in done:
         cap = read_done(run_dir, "capture")
         w.prompt = max(cap["num_tokens"] / cap["num_sequences"] - w.new, 0.0)
-        w.measured["capture_tok_s"] = (cap.get("tokens_per_s") or 0) / cap.get("capture_shards", 1)
+        w.measured["capture_flop_s"] = capture_flop_s(recipe, run_dir, cap, w.lengths, cost)
         w.setup_s["capture"] = time_outside_rate(cap, cap["num_tokens"], "tokens_per_s")
     if "train" in done:
         trained = read_done(run_dir, "train")
@@ -140,6 +157,18 @@ def workload(recipe: Recipe, run_dir: str | Path | None, cfg: PretrainedConfig, 
     return w
 
 
+def capture_flop_s(recipe: Recipe, run_dir: str | Path, cap: dict, lengths: list, cost: ForwardCost) -> float:
+    """The FLOP/s of --run's capture per shard (target replica): its forwards' FLOPs (eyas/plan/flops.py)
+    over its sequences' `lengths` in its own batches (the run's recipe.yaml: capture.batch_size, backend),
+    over its forward time (`cap`, the stage record: its tokens at its tokens/s)."""
+    if not cap.get("tokens_per_s"):
+        return 0.0
+    saved = Path(run_dir) / "recipe.yaml"
+    c = load_recipe(saved).capture if saved.is_file() else recipe.capture
+    flops = sum(forward_flops(cost, lengths, c.batch_size, c.backend == "hf"))
+    return flops / (cap["num_tokens"] / cap["tokens_per_s"]) / cap.get("capture_shards", 1)
+
+
 def _count_turns(recipe: Recipe, w: Workload, rows: list[dict], a: Assumptions, gpt_oss: bool):
     """w's sequences and mean prompt from the turns and lengths of --run's prompts stage (`rows`)."""
     harmony = a.kept_answer_fraction_harmony
@@ -147,6 +176,7 @@ def _count_turns(recipe: Recipe, w: Workload, rows: list[dict], a: Assumptions, 
     w.conversations = w.conversations if w.conversations is not None else w.turns.conversations
     w.sequences = w.conversations * w.turns.turns_per_conversation
     w.prompt = w.turns.mean_prompt
+    w.lengths = [n + w.new for n in w.turns.prompt_lengths]
 
 
 def _count_sources(recipe: Recipe, w: Workload, samples: list, a: Assumptions, gpt_oss: bool) -> None:
@@ -188,6 +218,7 @@ def _count_sources(recipe: Recipe, w: Workload, samples: list, a: Assumptions, g
         else "",
     )
     w.sequences, w.prompt = w.conversations * per_conversation, prompt
+    w.lengths = [n + w.new for n in mixed_lengths(parts, assumed)]
 
 
 def plan(recipe: Recipe, gpus: str, run_dir: str | Path | None = None, a: Assumptions | None = None) -> Plan:
@@ -201,7 +232,8 @@ def plan(recipe: Recipe, gpus: str, run_dir: str | Path | None = None, a: Assump
     dc = draft.config
     if kind_named(recipe.draft.kind).sp_splits_heads:
         check_heads(recipe.train.sequence_parallel, dc.num_attention_heads, dc.num_key_value_heads)
-    w = workload(recipe, run_dir, cfg, a)
+    cost = forward_cost(cfg, target)
+    w = workload(recipe, run_dir, cfg, a, cost)
     tokens = w.sequences * (w.prompt + w.new)
     bpt = capture_bytes_per_token(recipe, cfg, len(draft.config.aux_layer_ids))
     static, act = training_memory(recipe, cfg, draft, a)
@@ -211,9 +243,9 @@ def plan(recipe: Recipe, gpus: str, run_dir: str | Path | None = None, a: Assump
     replicas, per_replica, replica_fits = vllm_replicas(recipe, vllm_held, n_gpu, mem_gb)
     if "vllm" not in (recipe.data.backend, recipe.capture.backend):
         replicas, per_replica = target_replicas(recipe, target, n_gpu, mem_gb)
-    regen_tok_s, capture_tok_s, train_tok_s = throughputs(
-        recipe, cfg, target, w.measured, a, kind, n_gpu, replicas
-    )
+    regen_tok_s, capture_flop_s, train_tok_s = throughputs(recipe, w.measured, a, kind, n_gpu, replicas)
+    capture = capture_work(recipe, w, cost)
+    capture_tok_s = capture_flop_s * capture.tokens / capture.flops
     tr = recipe.train
     row = (tr.pack_length or tr.max_length) if tr.pack else min(tr.max_length, w.prompt + w.new)
     grads, allreduce_s = allreduce(draft.trainable, n_gpu, kind)
@@ -255,6 +287,8 @@ def plan(recipe: Recipe, gpus: str, run_dir: str | Path | None = None, a: Assump
         regen_tok_s=regen_tok_s,
         capture_s=tokens / capture_tok_s + w.setup_s.get("capture", 0.0),
         capture_tok_s=capture_tok_s,
+        capture_flop_s=capture_flop_s,
+        capture_work=capture,
         replicas=replicas,
         gpus_per_replica=per_replica,
         train_s=recipe.train.epochs * tokens / train_tok_s + w.setup_s.get("train", 0.0),
@@ -274,6 +308,17 @@ def plan(recipe: Recipe, gpus: str, run_dir: str | Path | None = None, a: Assump
         setup_s=w.setup_s,
         unread=w.unread,
     )
+
+
+def capture_work(recipe: Recipe, w: Workload, cost: ForwardCost) -> CaptureWork:
+    """The planned run's capture in FLOPs: its sequences' lengths spread as `w.lengths` (each `prompt + new`
+    where there are none; one such sequence where the count is not known), in the recipe's batches."""
+    mean = w.prompt + w.new
+    n = round(w.sequences)
+    lengths = spread(w.lengths or [mean], n, mean) if n else [mean]
+    c = recipe.capture
+    linear, attention = forward_flops(cost, lengths, c.batch_size, c.backend == "hf")
+    return CaptureWork(float(sum(lengths)), linear / cost.linear, linear + attention, attention)
 
 
 def main_plan(argv: list[str] | None = None) -> int:

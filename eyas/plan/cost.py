@@ -19,6 +19,7 @@ from eyas.data.compact import bytes_per_token
 from eyas.data.gpt_oss import GPT_OSS_SHARED, KNOWN_TARGETS
 from eyas.data.target import TargetCount, host_memory_bytes, load_target_config, text_config
 from eyas.plan.eval_memory import EvalMemory
+from eyas.plan.flops import CaptureWork
 from eyas.plan.tokens import TurnCount
 from eyas.recipes.load import check_against_target
 from eyas.train.kinds import kind_named, make_draft
@@ -37,7 +38,7 @@ NVLINK_GB_S = {"H100": 450, "H200": 450, "B200": 900, "A100": 300}
 # `--gpus cpu`: this machine's CPU, its memory the host's. eyas assumes no CPU's speed (they differ by 10x and
 # more: AMX, AVX512-BF16, AVX2 only), so every rate comes from a smaller run of the recipe (--run)
 CPU = "CPU"
-RATE_STAGES = {"regen_tok_s": "regenerate", "capture_tok_s": "capture", "train_tok_s": "train"}
+RATE_STAGES = {"regen_tok_s": "regenerate", "capture_flop_s": "capture", "train_tok_s": "train"}
 
 
 @dataclass
@@ -64,7 +65,9 @@ class Assumptions:
     # draft training tokens/s on one H100 at TTT 7, gpt-oss-120b draft dims, AdamW (docs/benchmarks.md, the
     # same section; Muon's orthogonalization per step is not in it): 22.3K at T=4K, 15.8K at 32K
     train_tok_s_h100: tuple = ((4096, 22.3e3), (32768, 15.8e3))
-    capture_mfu: float = 0.30  # target forward (prefill) at 30% of peak bf16 FLOP/s on the GPU that runs it
+    # the target's forward (capture, prefill) at 30% of peak bf16 FLOP/s on the GPU that runs it, its FLOPs
+    # counted with attention and padding (eyas/plan/flops.py)
+    capture_mfu: float = 0.30
     # regeneration, generated tokens/s per target replica on H100s -- assumed, not measured by eyas at this
     # size: HF generate (data.backend hf), and a vLLM/SGLang server with ~128 requests in flight (data.backend
     # server or vllm)
@@ -120,12 +123,14 @@ class Plan:
     regen_s: float | None
     regen_tok_s: float  # generated tokens/s
     capture_s: float
-    capture_tok_s: float
+    capture_tok_s: float  # the planned sequences' tokens (padding apart) a second, at capture_flop_s
+    capture_flop_s: float  # the target's forward, FLOPs a second (flops.py's count)
+    capture_work: CaptureWork  # the planned capture's FLOPs
     replicas: int  # of the target, for regeneration and capture
     gpus_per_replica: int
     train_s: float
     train_tok_s: float
-    measured: list[str]  # the rates --run measured: capture_tok_s, regen_tok_s, train_tok_s
+    measured: list[str]  # the rates --run measured: capture_flop_s, regen_tok_s, train_tok_s
     read_bytes_s: float  # offline training reads the capture this fast at train_tok_s
     allreduce_bytes: float  # DDP: the fp32 gradients all-reduced each optimizer step
     allreduce_s: float  # ring all-reduce over NVLink (the datasheet bandwidth, each way)
@@ -167,7 +172,8 @@ def device_memory_gb(kind: str) -> float:
 
 
 def cpu_rates(measured: dict[str, float], n_gpu: int, replicas: int) -> tuple[float, float, float]:
-    """`--gpus cpu`: the rates --run measured, or an error naming the stages it has not run."""
+    """`--gpus cpu`: the rates --run measured (regeneration's and training's tokens/s, capture's FLOP/s), or
+    an error naming the stages it has not run."""
     missing = [stage for rate, stage in RATE_STAGES.items() if not measured.get(rate)]
     if missing:
         raise ValueError(
@@ -177,7 +183,7 @@ def cpu_rates(measured: dict[str, float], n_gpu: int, replicas: int) -> tuple[fl
         )
     return (
         measured["regen_tok_s"] * replicas,
-        measured["capture_tok_s"] * replicas,
+        measured["capture_flop_s"] * replicas,
         measured["train_tok_s"] * n_gpu,
     )
 
@@ -417,31 +423,15 @@ def train_tok_s_h100(T: int, a: Assumptions) -> float:
 
 
 def throughputs(
-    recipe: Recipe,
-    cfg: PretrainedConfig,
-    target: TargetCount,
-    measured: dict[str, float],
-    a: Assumptions,
-    kind: str,
-    n_gpu: int,
-    replicas: int,
+    recipe: Recipe, measured: dict[str, float], a: Assumptions, kind: str, n_gpu: int, replicas: int
 ) -> tuple[float, float, float]:
-    """Tokens/s over every GPU -> (regeneration's generated, capture's, training's): the rates `measured`
-    in a run (per target replica; training per GPU) where there are some, else the assumptions, scaled
-    from an H100 by bf16 FLOP/s (`--gpus cpu`: measured ones only)."""
+    """Rates over every GPU -> (regeneration's generated tokens/s, capture's FLOP/s, training's tokens/s):
+    the rates `measured` in a run (per target replica; training per GPU) where there are some, else the
+    assumptions, scaled from an H100 by bf16 FLOP/s (`--gpus cpu`: measured ones only)."""
     if kind == CPU:
         return cpu_rates(measured, n_gpu, replicas)
     tr, tflops = recipe.train, GPUS[kind][1]
-    flops_per_token = 2 * (
-        target.params
-        - target.expert_params
-        + target.expert_params
-        * getattr(cfg, "num_experts_per_tok", 1)
-        / max(getattr(cfg, "num_local_experts", 1), 1)
-    )
-    capture_tok_s = (
-        measured.get("capture_tok_s") or a.capture_mfu * tflops * 1e12 / flops_per_token
-    ) * replicas
+    capture_flop_s = (measured.get("capture_flop_s") or a.capture_mfu * tflops * 1e12) * replicas
     gpu_scale = tflops / GPUS["H100"][1]
     regen_rate = a.regen_tok_s_hf_h100 if recipe.data.backend == "hf" else a.regen_tok_s_server_h100
     regen_tok_s = (measured.get("regen_tok_s") or gpu_scale * regen_rate) * replicas
@@ -449,4 +439,4 @@ def throughputs(
         measured.get("train_tok_s")
         or gpu_scale * train_tok_s_h100(tr.max_length, a) * 7 / work_per_token(recipe)
     ) * n_gpu
-    return regen_tok_s, capture_tok_s, train_tok_s
+    return regen_tok_s, capture_flop_s, train_tok_s

@@ -126,12 +126,31 @@ def resource_lines(recipe: Recipe, p: Plan) -> list[str]:
         eval_line(recipe, p),
         f"time: regeneration {hours(p.regen_s)} at {p.regen_tok_s:,.0f} tok/s ({source(p, 'regen_tok_s')}, "
         f"data.backend {backend}{engine_note(recipe, p)}){setup_note(p, 'regenerate')}, "
-        f"capture {hours(p.capture_s)} at {p.capture_tok_s:,.0f} tok/s ({source(p, 'capture_tok_s')})"
+        f"capture {hours(p.capture_s)} at {p.capture_tok_s:,.0f} tok/s ({capture_note(recipe, p)})"
         f"{setup_note(p, 'capture')}, "
         f"training {hours(p.train_s)} for {tr.epochs} epoch(s) at {p.train_tok_s:,.0f} tok/s "
         f"({'measured in --run' if 'train_tok_s' in p.measured else 'from the H100 step measurement'})"
         f"{setup_note(p, 'train')}",
     ]
+
+
+def capture_note(recipe: Recipe, p: Plan) -> str:
+    """Where capture's rate comes from: the target's forward in FLOPs (eyas/plan/flops.py), its padding and
+    its attention's share."""
+    c, work = recipe.capture, p.capture_work
+    per = p.capture_flop_s / p.replicas
+    rate = f"{per / 1e12:,.1f} TFLOP/s" if per >= 1e12 else f"{per / 1e9:,.1f} GFLOP/s"
+    rate += " a replica" if p.replicas > 1 else ""
+    how = (
+        f"batches of {c.batch_size} padded to their longest: "
+        f"{work.run_tokens / work.tokens:.3f} tokens run a token"
+        if c.backend == "hf"
+        else "each sequence alone, causal"
+    )
+    return (
+        f"the target's forward at {rate}, {source(p, 'capture_flop_s')}; {how}; attention "
+        f"{work.attention / work.flops:.0%} of the FLOPs"
+    )
 
 
 def buffer_note(recipe: Recipe, p: Plan) -> str:
@@ -241,7 +260,8 @@ def assumption_lines(recipe: Recipe, p: Plan) -> list[str]:
         f"({a.act_bytes_per_token_step_checkpointed / 1e3:.1f} KB with checkpoint_layer; H100-measured)",
         f"  training {a.train_tok_s_h100[0][1] / 1e3:.1f}K tok/s at T=4K, "
         f"{a.train_tok_s_h100[1][1] / 1e3:.1f}K at 32K per H100 (measured), scaled by bf16 FLOP/s for other "
-        f"GPUs; capture at {a.capture_mfu:.0%} MFU of the target's active parameters per replica; "
+        f"GPUs; capture at {a.capture_mfu:.0%} MFU of the target's forward (active parameters and attention) "
+        "per replica; "
         f"regeneration per H100 replica {a.regen_tok_s_hf_h100:.0f} generated tok/s with HF generate, "
         f"{a.regen_tok_s_server_h100:,.0f} through a vLLM/SGLang server ({server_settings(recipe)}; neither "
         "measured by eyas at this size)"

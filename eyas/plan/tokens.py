@@ -8,9 +8,11 @@ import contextlib
 import io
 import random
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from eyas.infra.errors import EyasError
 
@@ -46,6 +48,7 @@ class TurnCount:
     no_tokenizer: str  # why the prompts were not rendered, how to get a tokenizer that can; "" if they were
     origin: str = "--run's prompts stage"  # or "a sample of each source, mixed by weight" (source_samples)
     unread: str = ""  # sources a plan could not read (no network, a package missing), priced as assumed
+    prompt_lengths: list[float] = field(default_factory=list)  # tokens, each answered turn of the sample
 
 
 def plan_tokenizer(recipe: Recipe) -> tuple[PreTrainedTokenizerBase | None, str]:
@@ -193,6 +196,30 @@ def combined(parts: list[tuple[float, TurnCount | None]], assumed_prompt: float)
     return per_conversation, sum(w * n * m for w, n, m in turns) / per_conversation
 
 
+def spread(sample, n: int, mean: float) -> np.ndarray:
+    """`n` sequence lengths distributed as `sample`, scaled to `mean`: the lengths a run of n sequences will
+    have, from a smaller run's or a source sample's. Its quantiles at n evenly spaced points, interpolated
+    between the sample's sorted lengths at their midpoint ranks (Hazen's; the sample's mean, least and
+    greatest kept: the plain interpolation between ends would cut the long tail that attention and padding
+    cost most in)."""
+    if n < 1 or not len(sample):
+        return np.zeros(0)
+    q = np.quantile(np.asarray(sample, dtype=np.float64), (np.arange(n) + 0.5) / n, method="hazen")
+    return q * (mean / q.mean()) if q.mean() > 0 else q
+
+
+def mixed_lengths(parts: list[tuple[float, TurnCount | None]], assumed_prompt: float, n: int = 2000) -> list:
+    """Sources priced apart -> about `n` prompt lengths distributed as their mix (each source's sample
+    spread over its share of the sequences, as `combined` weighs them; a source not read at
+    `assumed_prompt`)."""
+    total = sum(w * (t.turns_per_conversation if t else 1.0) for w, t in parts)
+    out = []
+    for w, t in parts:
+        k = round(n * w * (t.turns_per_conversation if t else 1.0) / total)
+        out += [assumed_prompt] * k if t is None else list(spread(t.prompt_lengths, k, t.mean_prompt))
+    return out
+
+
 def conversation_tokens(
     recipe: Recipe,
     rows: list[dict],
@@ -226,7 +253,7 @@ def conversation_tokens(
     harmony = is_harmony(tok) if tok is not None else is_gpt_oss
     kept = new * (kept_fraction_harmony if harmony else 1.0)
     picked = random.Random(d.seed).sample(range(len(rows)), min(len(rows), SAMPLED_CONVERSATIONS))
-    asked, sampled_turns, prompt_tokens = 0, 0, 0.0
+    asked, sampled_turns, prompt_tokens, every = 0, 0, 0.0, []
     for i in picked:
         system, users = turns[i]
         if tok is None:
@@ -241,6 +268,7 @@ def conversation_tokens(
             sampled_turns + len(users),
             prompt_tokens + sum(lengths),
         )
+        every += lengths
     if not asked:
         raise ValueError(
             f"data.max_prompt_tokens={d.max_prompt_tokens}: no first prompt of the "
@@ -255,4 +283,5 @@ def conversation_tokens(
         user_turns=user_turns,
         kept_answer_tokens=kept,
         no_tokenizer=why,
+        prompt_lengths=every,
     )
