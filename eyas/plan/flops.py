@@ -13,8 +13,8 @@ measured over one run's sequence lengths holds for another's.
 Why: a run's tokens/s is no rate for another run. Capture batches `capture.batch_size` sequences sorted by
 length (data/regenerate.py capture_order) and pads each batch to its longest: a 64-conversation run of the
 SmolLM2 long-context recipe padded 1.343 tokens a token, the full run 1.031; and attention grows with the
-square of the length (gpt-oss-120b's 18 full-attention layers outweigh its 5.1B active parameters a token
-past ~35K tokens of context). In FLOPs the two runs' capture rates agreed within 3% (59.5 and 61.1 GFLOP/s,
+square of the length (gpt-oss-120b through vLLM: 3% of the FLOPs at 2K tokens, 35% at 32K, half at about
+64K: its 18 full-attention layers against the 4.6B weights a token multiplies, embedding and lm_head apart). In FLOPs the two runs' capture rates agreed within 3% (59.5 and 61.1 GFLOP/s,
 this module's count, on a 2-core AVX2 EPYC).
 """
 
