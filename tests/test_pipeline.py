@@ -584,7 +584,7 @@ def test_plan_from_a_finished_run_uses_its_measured_rates(setup, full_run):
     from eyas.data.regenerate import read_sequences
     from eyas.plan.command import plan
     from eyas.plan.cost import target_config
-    from eyas.plan.flops import forward_cost, forward_flops
+    from eyas.plan.flops import capture_work, forward_cost
 
     root, target, prompts = setup
     r = recipe_for(target, prompts)
@@ -614,12 +614,12 @@ def test_plan_from_a_finished_run_uses_its_measured_rates(setup, full_run):
     # capture in FLOPs (eyas/plan/flops.py): the run's forwards over its own sequences in its batches of
     # capture.batch_size, padded, at its forward time; the bigger run's at that rate on each replica
     lengths = [len(s["input_ids"]) for s in read_sequences(full_run)]
-    cost = forward_cost(target_config(r)[0], p.target)
-    rate = sum(forward_flops(cost, lengths, r.capture.batch_size, True)) / (
-        cap["num_tokens"] / cap["tokens_per_s"]
-    )
+    ran = capture_work(forward_cost(target_config(r)[0], p.target, r.capture), lengths)
+    rate = ran.flops / (cap["num_tokens"] / cap["tokens_per_s"])  # one shard: its FLOPs over its time
     assert p.capture_flop_s == pytest.approx(2 * rate)
-    assert p.capture_s == pytest.approx(p.capture_work.flops / (2 * rate) + cap_setup)
+    # two replicas, a shard each: the planned run takes as long as its shard of the longest sequences
+    assert len(p.capture_work.shard_flops) == 2
+    assert p.capture_s == pytest.approx(max(p.capture_work.shard_flops) / rate + cap_setup)
     train_rate = tr["tokens_seen"] / tr["loop_s"] / tr["num_processes"]  # the step loop's rate
     assert p.train_s == pytest.approx(r.train.epochs * p.tokens / (2 * train_rate) + train_setup)
 

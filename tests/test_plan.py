@@ -66,7 +66,10 @@ def test_gpt_oss_120b_plan_on_8xh100_matches_hand_computation():
     n = 1936  # every sequence the assumed mean long (the hub source is not read)
     pairs = 18 * n * (n + 1) / 2 + 18 * (128 * 129 / 2 + (n - 128) * 128)
     assert p.capture_work.attention == pytest.approx(100_000 * 4 * 4096 * pairs)
-    assert p.capture_tok_s == pytest.approx(8 * 0.30 * 989e12 * n / (linear * n + 4 * 4096 * pairs))
+    # 12,500 batches of 8 over 8 replicas: the first shard holds 1,563 of them (12,504 sequences), and the
+    # capture lasts as long as it does
+    per_replica = 0.30 * 989e12 * n / (linear * n + 4 * 4096 * pairs)
+    assert p.capture_tok_s == pytest.approx(8 * per_replica * 12_500 / 12_504)
     bf16 = plan(
         load_recipe(
             "gpt-oss-120b",
@@ -89,9 +92,9 @@ def test_gpt_oss_120b_plan_on_8xh100_matches_hand_computation():
         5.76, abs=0.005
     )
     assert p.allreduce_bytes == 4 * draft and p.allreduce_s == pytest.approx(2 * 7 / 8 * 4 * draft / 450e9)
-    # online: a producer GPU makes 249,676 / 8 = 31,210 tok/s, a trainer takes 31,220: 4 : 4 trains fastest
+    # online: a producer GPU makes 249,597 / 8 = 31,200 tok/s, a trainer takes 31,220: 4 : 4 trains fastest
     o = p.online
-    assert (o.producer_gpus, o.trainer_gpus) == (4, 4) and o.tok_s == pytest.approx(4 * 249_676 / 8, rel=1e-4)
+    assert (o.producer_gpus, o.trainer_gpus) == (4, 4) and o.tok_s == pytest.approx(4 * 249_597 / 8, rel=1e-4)
     assert o.train_s == pytest.approx(2 * tokens / o.tok_s) and o.train_s > p.capture_s + p.train_s
     text = render(r, p)
     assert "time: regeneration 2.7 h at 16,000 tok/s (assumed, data.backend vllm, with CUDA graphs)" in text
@@ -343,21 +346,33 @@ def test_plan_streams_a_sample_of_a_hub_dataset(smollm2, tmp_path, monkeypatch):
     assert streamed.mean_prompt == pytest.approx(whole.mean_prompt, rel=0.05)
 
 
-def test_capture_flops_count_the_padded_batches_and_the_causal_window():
+def test_capture_flops_count_the_padded_batches_the_causal_window_and_the_shards():
     """eyas/plan/flops.py: through transformers, batches sorted by length and padded to their longest, every
-    pair of the padded T x T; through vLLM each sequence alone, its causal pairs within the window."""
-    from eyas.plan.flops import ForwardCost, causal_pairs, forward_flops
+    pair of the padded T x T (an unpadded batch: causal); through vLLM each sequence alone, its causal pairs
+    within the window; shards of about equal tokens, and a run's rate recovered from its summed tokens/s."""
+    from eyas.plan.flops import ForwardCost, capture_work, causal_pairs, measured_flop_s
     from eyas.plan.tokens import spread
 
-    cost = ForwardCost(linear=10.0, widths=[8, 8], windows=[None, 4])
-    # sorted 1, 2 | 3, 10 | 11: rows run 2 + 2 + 10 + 10 + 11 = 35 tokens over 4 + 4 + 100 + 100 + 121 pairs
-    linear, attention = forward_flops(cost, [11, 3, 1, 10, 2], 2, padded=True)
-    assert (linear, attention) == (10.0 * 35, 4 * (8 + 8) * 329)
+    hf = ForwardCost(linear=10.0, widths=[8, 8], windows=[None, 4], batch_size=2, padded=True)
+    # sorted 1, 2 | 3, 10 | 11: rows run 2 + 2 + 10 + 10 + 11 = 35 tokens; padded pairs 4 + 4 + 100 + 100;
+    # 11 alone is unpadded: causal, 66 pairs full and 1 + 2 + 3 + 4 x 8 = 38 in the window of 4
+    w = capture_work(hf, [11, 3, 1, 10, 2])
+    assert (w.tokens, w.run_tokens) == (27, 35)
+    assert w.attention == 4 * 16 * 208 + 4 * 8 * (66 + 38)
+    assert w.flops == 10 * 35 + w.attention
     # alone, causal: 10 tokens see 55 pairs; in a window of 4: 1 + 2 + 3 + 4 + 6 x 4 = 34
     assert causal_pairs(10.0, None) == 55 and causal_pairs(10.0, 4) == 34
-    linear, attention = forward_flops(cost, [10], 2, padded=False)
-    assert (linear, attention) == (100.0, 4 * 8 * 55 + 4 * 8 * 34)
-    # a small run's lengths spread over a bigger run's count keep their mean and their spread's ends
+    vllm = ForwardCost(linear=10.0, widths=[8, 8], windows=[None, 4], batch_size=2, padded=False)
+    w = capture_work(vllm, [10])
+    assert (w.run_tokens, w.attention) == (10, 4 * 8 * 55 + 4 * 8 * 34)
+    # two shards of about equal tokens: the batches (1, 2), (3, 10) | (11): the second holds the 11 alone
+    w = capture_work(hf, [11, 3, 1, 10, 2], shards=2)
+    assert w.shard_tokens == [16, 11] and sum(w.shard_flops) == pytest.approx(w.flops)
+    # each shard at R FLOP/s: the stage's tokens/s is the shards' summed, from which R comes back
+    rate = 1e6
+    summed = sum(t / (f / rate) for t, f in zip(w.shard_tokens, w.shard_flops))
+    assert measured_flop_s(w, summed) == pytest.approx(rate)
+    # a small run's lengths spread over a bigger run's count keep their mean and their ends
     sample = [100, 200, 400, 800, 6000]
     spread_out = spread(sample, 1000, 1500.0)
     assert len(spread_out) == 1000 and spread_out.mean() == pytest.approx(1500.0)

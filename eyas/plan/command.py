@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from eyas.data.regenerate import read_sequences
-from eyas.data.target import count_target, stored_as_mxfp4
+from eyas.data.target import TargetCount, count_target, stored_as_mxfp4
 from eyas.infra.errors import as_input
 from eyas.infra.io import read_jsonl
-from eyas.infra.layout import is_done, read_done
+from eyas.infra.layout import RECIPE, is_done, read_done
 from eyas.plan.cost import (
     CPU,
     Assumptions,
@@ -42,7 +42,7 @@ from eyas.plan.cost import (
     vllm_replicas,
 )
 from eyas.plan.eval_memory import eval_memory
-from eyas.plan.flops import CaptureWork, ForwardCost, forward_cost, forward_flops
+from eyas.plan.flops import CaptureWork, ForwardCost, capture_work, forward_cost, measured_flop_s
 from eyas.plan.report import render
 from eyas.plan.tokens import (
     TurnCount,
@@ -94,11 +94,11 @@ def time_outside_rate(done: dict, tokens: float | None, rate_key: str) -> float:
 
 
 def workload(
-    recipe: Recipe, run_dir: str | Path | None, cfg: PretrainedConfig, a: Assumptions, cost: ForwardCost
+    recipe: Recipe, run_dir: str | Path | None, cfg: PretrainedConfig, a: Assumptions, target: TargetCount
 ) -> Workload:
     """The recipe's data with assumed lengths; with `run_dir`, what its finished stages counted (the
     prompts stage: turns and prompt lengths) and measured (regeneration, capture: lengths and rates;
-    training: its rate) in their place. `cost`: the target's forward (capture's rate in FLOP/s)."""
+    training: its rate) in their place. `target`: its parameters (capture's rate in FLOP/s: flops.py)."""
 
     d = recipe.data
     w = Workload(
@@ -137,6 +137,7 @@ def workload(
             regen, regen.get("generated_tokens_this_run"), "generation_tokens_per_s"
         )
         w.lengths = [len(s["input_ids"]) for s in read_sequences(run_dir)]
+        w.prompt = max(sum(w.lengths) / max(len(w.lengths), 1) - w.new, 0.0)  # as capture will count them
     elif "prompts" in done:  # turns counted, prompts rendered; answers still assumed
         rows = read_jsonl(Path(run_dir) / "prompts" / "train.jsonl")
         if not rows:
@@ -145,7 +146,7 @@ def workload(
     if "capture" in done:
         cap = read_done(run_dir, "capture")
         w.prompt = max(cap["num_tokens"] / cap["num_sequences"] - w.new, 0.0)
-        w.measured["capture_flop_s"] = capture_flop_s(recipe, run_dir, cap, w.lengths, cost)
+        w.measured["capture_flop_s"] = run_flop_s(recipe, run_dir, cap, w.lengths, cfg, target)
         w.setup_s["capture"] = time_outside_rate(cap, cap["num_tokens"], "tokens_per_s")
     if "train" in done:
         trained = read_done(run_dir, "train")
@@ -157,16 +158,18 @@ def workload(
     return w
 
 
-def capture_flop_s(recipe: Recipe, run_dir: str | Path, cap: dict, lengths: list, cost: ForwardCost) -> float:
-    """The FLOP/s of --run's capture per shard (target replica): its forwards' FLOPs (eyas/plan/flops.py)
-    over its sequences' `lengths` in its own batches (the run's recipe.yaml: capture.batch_size, backend),
-    over its forward time (`cap`, the stage record: its tokens at its tokens/s)."""
+def run_flop_s(
+    recipe: Recipe, run_dir: str | Path, cap: dict, lengths: list, cfg: PretrainedConfig, target: TargetCount
+) -> float:
+    """The FLOP/s of --run's capture per shard (target replica): its forwards (eyas/plan/flops.py) over its
+    sequences' `lengths` as it ran them (its recipe.yaml's capture section: batches, backend) in its
+    shards, against the stage's tokens/s (`cap`, the stage record)."""
     if not cap.get("tokens_per_s"):
         return 0.0
-    saved = Path(run_dir) / "recipe.yaml"
+    saved = Path(run_dir) / RECIPE
     c = load_recipe(saved).capture if saved.is_file() else recipe.capture
-    flops = sum(forward_flops(cost, lengths, c.batch_size, c.backend == "hf"))
-    return flops / (cap["num_tokens"] / cap["tokens_per_s"]) / cap.get("capture_shards", 1)
+    work = capture_work(forward_cost(cfg, target, c), lengths, cap.get("capture_shards", 1))
+    return measured_flop_s(work, cap["tokens_per_s"])
 
 
 def _count_turns(recipe: Recipe, w: Workload, rows: list[dict], a: Assumptions, gpt_oss: bool):
@@ -232,8 +235,7 @@ def plan(recipe: Recipe, gpus: str, run_dir: str | Path | None = None, a: Assump
     dc = draft.config
     if kind_named(recipe.draft.kind).sp_splits_heads:
         check_heads(recipe.train.sequence_parallel, dc.num_attention_heads, dc.num_key_value_heads)
-    cost = forward_cost(cfg, target)
-    w = workload(recipe, run_dir, cfg, a, cost)
+    w = workload(recipe, run_dir, cfg, a, target)
     tokens = w.sequences * (w.prompt + w.new)
     bpt = capture_bytes_per_token(recipe, cfg, len(draft.config.aux_layer_ids))
     static, act = training_memory(recipe, cfg, draft, a)
@@ -243,9 +245,9 @@ def plan(recipe: Recipe, gpus: str, run_dir: str | Path | None = None, a: Assump
     replicas, per_replica, replica_fits = vllm_replicas(recipe, vllm_held, n_gpu, mem_gb)
     if "vllm" not in (recipe.data.backend, recipe.capture.backend):
         replicas, per_replica = target_replicas(recipe, target, n_gpu, mem_gb)
-    regen_tok_s, capture_flop_s, train_tok_s = throughputs(recipe, w.measured, a, kind, n_gpu, replicas)
-    capture = capture_work(recipe, w, cost)
-    capture_tok_s = capture_flop_s * capture.tokens / capture.flops
+    regen_tok_s, flop_s, train_tok_s = throughputs(recipe, w.measured, a, kind, n_gpu, replicas)
+    capture = planned_capture(recipe, w, forward_cost(cfg, target, recipe.capture), replicas)
+    capture_tok_s = capture.tokens / (max(capture.shard_flops) / (flop_s / replicas))  # the slowest shard's
     tr = recipe.train
     row = (tr.pack_length or tr.max_length) if tr.pack else min(tr.max_length, w.prompt + w.new)
     grads, allreduce_s = allreduce(draft.trainable, n_gpu, kind)
@@ -287,7 +289,7 @@ def plan(recipe: Recipe, gpus: str, run_dir: str | Path | None = None, a: Assump
         regen_tok_s=regen_tok_s,
         capture_s=tokens / capture_tok_s + w.setup_s.get("capture", 0.0),
         capture_tok_s=capture_tok_s,
-        capture_flop_s=capture_flop_s,
+        capture_flop_s=flop_s,
         capture_work=capture,
         replicas=replicas,
         gpus_per_replica=per_replica,
@@ -310,15 +312,13 @@ def plan(recipe: Recipe, gpus: str, run_dir: str | Path | None = None, a: Assump
     )
 
 
-def capture_work(recipe: Recipe, w: Workload, cost: ForwardCost) -> CaptureWork:
+def planned_capture(recipe: Recipe, w: Workload, cost: ForwardCost, replicas: int) -> CaptureWork:
     """The planned run's capture in FLOPs: its sequences' lengths spread as `w.lengths` (each `prompt + new`
-    where there are none; one such sequence where the count is not known), in the recipe's batches."""
+    where there are none; one such sequence where the count is not known), in a shard per replica."""
     mean = w.prompt + w.new
     n = round(w.sequences)
     lengths = spread(w.lengths or [mean], n, mean) if n else [mean]
-    c = recipe.capture
-    linear, attention = forward_flops(cost, lengths, c.batch_size, c.backend == "hf")
-    return CaptureWork(float(sum(lengths)), linear / cost.linear, linear + attention, attention)
+    return capture_work(cost, lengths, replicas if n else 1)
 
 
 def main_plan(argv: list[str] | None = None) -> int:
