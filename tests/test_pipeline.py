@@ -621,7 +621,8 @@ def test_plan_from_a_finished_run_uses_its_measured_rates(setup, full_run):
     assert len(p.capture_work.shard_flops) == 2
     assert p.capture_s == pytest.approx(max(p.capture_work.shard_flops) / rate + cap_setup)
     train_rate = tr["tokens_seen"] / tr["loop_s"] / tr["num_processes"]  # the step loop's rate
-    assert p.train_s == pytest.approx(r.train.epochs * p.tokens / (2 * train_rate) + train_setup)
+    trained = r.train.epochs * p.tokens * (1 - r.train.val_fraction)  # the tuning split held out
+    assert p.train_s == pytest.approx(trained / (2 * train_rate) + train_setup)
 
 
 def test_plan_on_a_cpu_takes_every_rate_from_the_run_and_the_run_records_each_stages_cost(setup, full_run):

@@ -252,7 +252,8 @@ def plan(recipe: Recipe, gpus: str, run_dir: str | Path | None = None, a: Assump
     row = (tr.pack_length or tr.max_length) if tr.pack else min(tr.max_length, w.prompt + w.new)
     grads, allreduce_s = allreduce(draft.trainable, n_gpu, kind)
     tp = recipe.vllm.tensor_parallel_size
-    online = online_split(n_gpu, tp, capture_tok_s / replicas, train_tok_s / n_gpu, tr.epochs * tokens)
+    trained = tr.epochs * tokens * (1 - tr.val_fraction)  # the tuning split's conversations are held out
+    online = online_split(n_gpu, tp, capture_tok_s / replicas, train_tok_s / n_gpu, trained)
     # transformers holds the target dequantized (its MXFP4 kernels fetch from the hub: not on an offline
     # cluster) unless target.weights says mxfp4; eval's loop in eval.target_dtype
     per_param = dtype_bytes(recipe.target.dtype)
@@ -293,7 +294,7 @@ def plan(recipe: Recipe, gpus: str, run_dir: str | Path | None = None, a: Assump
         capture_work=capture,
         replicas=replicas,
         gpus_per_replica=per_replica,
-        train_s=recipe.train.epochs * tokens / train_tok_s + w.setup_s.get("train", 0.0),
+        train_s=trained / train_tok_s + w.setup_s.get("train", 0.0),
         train_tok_s=train_tok_s,
         measured=sorted(k for k, v in w.measured.items() if v),
         read_bytes_s=capture_bytes_per_token(recipe, cfg, len(draft.config.aux_layer_ids), True)
