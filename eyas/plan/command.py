@@ -239,12 +239,7 @@ def plan(recipe: Recipe, gpus: str, run_dir: str | Path | None = None, a: Assump
     tokens = w.sequences * (w.prompt + w.new)
     bpt = capture_bytes_per_token(recipe, cfg, len(draft.config.aux_layer_ids))
     static, act = training_memory(recipe, cfg, draft, a)
-    vllm_held = (
-        target.bytes_mxfp4 if stored_as_mxfp4(cfg) else target.bytes_bf16
-    )  # as vLLM runs the checkpoint
-    replicas, per_replica, replica_fits = vllm_replicas(recipe, vllm_held, n_gpu, mem_gb)
-    if "vllm" not in (recipe.data.backend, recipe.capture.backend):
-        replicas, per_replica = target_replicas(recipe, target, n_gpu, mem_gb)
+    replicas, per_replica, replica_fits = stage_replicas(recipe, cfg, target, n_gpu, mem_gb)
     regen_tok_s, flop_s, train_tok_s = throughputs(recipe, w.measured, a, kind, n_gpu, replicas)
     capture = planned_capture(recipe, w, forward_cost(cfg, target, recipe.capture), replicas)
     capture_tok_s = capture.tokens / (max(capture.shard_flops) / (flop_s / replicas))  # the slowest shard's
@@ -311,6 +306,19 @@ def plan(recipe: Recipe, gpus: str, run_dir: str | Path | None = None, a: Assump
         setup_s=w.setup_s,
         unread=w.unread,
     )
+
+
+def stage_replicas(
+    recipe: Recipe, cfg: PretrainedConfig, target: TargetCount, n_gpu: int, mem_gb: float
+) -> tuple[int, int, bool]:
+    """The target's replicas for regeneration and capture -> (replicas, GPUs each, whether a vLLM replica's
+    weights fit): vLLM's (the vllm section; the checkpoint as stored) where a stage runs vLLM, else
+    transformers' (target_replicas)."""
+    vllm_held = target.bytes_mxfp4 if stored_as_mxfp4(cfg) else target.bytes_bf16
+    replicas, per_replica, fits = vllm_replicas(recipe, vllm_held, n_gpu, mem_gb)
+    if "vllm" not in (recipe.data.backend, recipe.capture.backend):
+        replicas, per_replica = target_replicas(recipe, target, n_gpu, mem_gb)
+    return replicas, per_replica, fits
 
 
 def planned_capture(recipe: Recipe, w: Workload, cost: ForwardCost, replicas: int) -> CaptureWork:
