@@ -378,3 +378,23 @@ def test_capture_flops_count_the_padded_batches_the_causal_window_and_the_shards
     spread_out = spread(sample, 1000, 1500.0)
     assert len(spread_out) == 1000 and spread_out.mean() == pytest.approx(1500.0)
     assert 100 <= spread_out.min() < 101 and 5999 < spread_out.max() <= 6000
+
+
+def test_training_flops_count_the_draft_steps_the_teacher_and_the_pairs_within_a_sequence():
+    """eyas/plan/train_work.py at gpt-oss-120b's recipe: 6 FLOPs a weight a step (the embedding a lookup),
+    the teacher's lm_head forward, 12 x heads x head_dim a causal pair a step; sequences cut to max_length."""
+    from eyas.plan.command import plan
+    from eyas.plan.cost import count_draft, target_config, unrolled_steps
+    from eyas.plan.train_work import causal_pairs_per_token, train_cost
+
+    r = load_recipe("gpt-oss-120b")
+    cfg = target_config(r)[0]
+    draft = count_draft(r, cfg)
+    cost = train_cost(r, draft, cfg, unrolled_steps(r))
+    p = plan(r, "8xH100")
+    assert unrolled_steps(r) == 5
+    assert cost.per_token == 5 * 6 * (p.draft_trainable + p.draft_frozen - V * H) + 2 * V * H
+    dc = draft.config
+    assert cost.per_pair == 5 * 12 * dc.num_attention_heads * dc.head_dim * dc.num_layers
+    # 4 tokens: 10 pairs; 10 tokens cut to 8: 36 pairs; over 12 tokens
+    assert causal_pairs_per_token([4, 10], 8) == pytest.approx(46 / 12)

@@ -23,6 +23,7 @@ from eyas.infra.layout import RECIPE, is_done, read_done
 from eyas.plan.cost import (
     CPU,
     Assumptions,
+    DraftCount,
     Plan,
     allreduce,
     capture_bytes_per_token,
@@ -39,6 +40,7 @@ from eyas.plan.cost import (
     teacher_bytes,
     throughputs,
     training_memory,
+    unrolled_steps,
     vllm_replicas,
 )
 from eyas.plan.eval_memory import eval_memory
@@ -53,6 +55,7 @@ from eyas.plan.tokens import (
     source_samples,
     spread,
 )
+from eyas.plan.train_work import causal_pairs_per_token, train_cost, trained_pairs
 from eyas.recipes.load import load_recipe, recipe_and_run
 from eyas.train.kinds import kind_named
 from eyas.train.sequence_parallel import check_heads
@@ -83,6 +86,8 @@ class Workload:
     # seconds of a stage outside its measured rate (vLLM's start, loading the target), as --run took them
     setup_s: dict[str, float] = field(default_factory=dict)
     unread: str = ""  # without --run, where no source could be read: each, and why
+    # --run's training: (tokens, causal pairs) of the rows it trained (train_work.py), or None
+    trained_pairs: tuple[int, float] | None = None
 
 
 def time_outside_rate(done: dict, tokens: float | None, rate_key: str) -> float:
@@ -155,6 +160,8 @@ def workload(
         run_loop_s = trained.get("run_loop_s") or loop_s
         w.measured["train_tok_s"] = trained["tokens_seen"] / run_loop_s / trained.get("num_processes", 1)
         w.setup_s["train"] = max(trained["wall_s"] - loop_s, 0.0)
+        seen = trained_pairs(run_dir, trained["steps"], trained.get("num_processes", 1))
+        w.trained_pairs = seen if seen and seen[0] == trained["tokens_seen"] else None  # else: per token
     return w
 
 
@@ -241,7 +248,9 @@ def plan(recipe: Recipe, gpus: str, run_dir: str | Path | None = None, a: Assump
     static, act = training_memory(recipe, cfg, draft, a)
     replicas, per_replica, replica_fits = stage_replicas(recipe, cfg, target, n_gpu, mem_gb)
     regen_tok_s, flop_s, train_tok_s = throughputs(recipe, w.measured, a, kind, n_gpu, replicas)
-    capture = planned_capture(recipe, w, forward_cost(cfg, target, recipe.capture), replicas)
+    lengths = planned_lengths(w)
+    capture = planned_capture(recipe, lengths, forward_cost(cfg, target, recipe.capture), replicas)
+    train_tok_s = in_flops(recipe, w, draft, cfg, lengths, train_tok_s)
     capture_tok_s = capture.tokens / (max(capture.shard_flops) / (flop_s / replicas))  # the slowest shard's
     tr = recipe.train
     row = (tr.pack_length or tr.max_length) if tr.pack else min(tr.max_length, w.prompt + w.new)
@@ -305,6 +314,7 @@ def plan(recipe: Recipe, gpus: str, run_dir: str | Path | None = None, a: Assump
         stages_measured=w.stages_measured,
         setup_s=w.setup_s,
         unread=w.unread,
+        train_in_flops=w.trained_pairs is not None,
     )
 
 
@@ -321,13 +331,32 @@ def stage_replicas(
     return replicas, per_replica, fits
 
 
-def planned_capture(recipe: Recipe, w: Workload, cost: ForwardCost, replicas: int) -> CaptureWork:
-    """The planned run's capture in FLOPs: its sequences' lengths spread as `w.lengths` (each `prompt + new`
-    where there are none; one such sequence where the count is not known), in a shard per replica."""
+def planned_lengths(w: Workload) -> list:
+    """The planned run's sequence lengths: spread as `w.lengths` (each `prompt + new` where there are none;
+    one such sequence where the count is not known)."""
     mean = w.prompt + w.new
     n = round(w.sequences)
-    lengths = spread(w.lengths or [mean], n, mean) if n else [mean]
-    return capture_work(cost, lengths, replicas if n else 1)
+    return list(spread(w.lengths or [mean], n, mean)) if n else [mean]
+
+
+def planned_capture(recipe: Recipe, lengths: list, cost: ForwardCost, replicas: int) -> CaptureWork:
+    """The planned run's capture in FLOPs, a shard per replica."""
+    return capture_work(cost, lengths, replicas if len(lengths) > 1 else 1)
+
+
+def in_flops(
+    recipe: Recipe, w: Workload, draft: DraftCount, cfg: PretrainedConfig, lengths: list, tok_s: float
+) -> float:
+    """Training's tokens/s on the planned sequences from --run's rate in FLOPs (train_work.py), where its
+    trained rows could be counted; else `tok_s`, --run's per token (or the assumption)."""
+    if w.trained_pairs is None:
+        return tok_s
+    cost = train_cost(recipe, draft, cfg, unrolled_steps(recipe))
+    tokens, pairs = w.trained_pairs
+    flop_s = tok_s * (cost.per_token + pairs / tokens * cost.per_pair)  # --run's rate, over every GPU
+    return flop_s / (
+        cost.per_token + causal_pairs_per_token(lengths, recipe.train.max_length) * cost.per_pair
+    )
 
 
 def main_plan(argv: list[str] | None = None) -> int:

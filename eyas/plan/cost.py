@@ -149,6 +149,7 @@ class Plan:
         str, float
     ]  # each stage's time outside its rate as --run took it (in regen_s, capture_s, train_s)
     unread: str = ""  # the sources a plan without --run could not read (none could), and why
+    train_in_flops: bool = False  # --run's training rate carried in FLOPs of its rows (train_work.py)
 
 
 def parse_gpus(text: str) -> tuple[int, str]:

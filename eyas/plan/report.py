@@ -129,9 +129,16 @@ def resource_lines(recipe: Recipe, p: Plan) -> list[str]:
         f"capture {hours(p.capture_s)} at {p.capture_tok_s:,.0f} tok/s ({capture_note(recipe, p)})"
         f"{setup_note(p, 'capture')}, "
         f"training {hours(p.train_s)} for {tr.epochs} epoch(s) at {p.train_tok_s:,.0f} tok/s "
-        f"({'measured in --run' if 'train_tok_s' in p.measured else 'from the H100 step measurement'})"
+        f"({train_source(p)})"
         f"{setup_note(p, 'train')}",
     ]
+
+
+def train_source(p: Plan) -> str:
+    """Where training's rate comes from."""
+    if p.train_in_flops:
+        return "measured in --run, carried in FLOPs of its rows (draft steps, attention in a sequence)"
+    return "measured in --run" if "train_tok_s" in p.measured else "from the H100 step measurement"
 
 
 def capture_note(recipe: Recipe, p: Plan) -> str:
