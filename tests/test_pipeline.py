@@ -627,7 +627,7 @@ def test_plan_from_a_finished_run_uses_its_measured_rates(setup, full_run):
     assert p.capture_s == pytest.approx(max(p.capture_work.shard_flops) / rate + cap_setup)
     train_rate = tr["tokens_seen"] / tr["loop_s"] / tr["num_processes"]  # the step loop's rate
     # training in FLOPs (eyas/plan/train_work.py): the run's rows as it trained them, token for token
-    assert trained_pairs(full_run, tr["steps"], tr["num_processes"])[0] == tr["tokens_seen"]
+    assert trained_pairs(r, full_run, tr["steps"], tr["num_processes"])[0] == tr["tokens_seen"]
     assert p.train_tok_s == pytest.approx(2 * train_rate, rel=0.1)  # short sequences: attention is little
     trained = r.train.epochs * p.tokens * (1 - r.train.val_fraction)  # the tuning split held out
     assert p.train_s == pytest.approx(trained / p.train_tok_s + train_setup)

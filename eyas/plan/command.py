@@ -160,8 +160,11 @@ def workload(
         run_loop_s = trained.get("run_loop_s") or loop_s
         w.measured["train_tok_s"] = trained["tokens_seen"] / run_loop_s / trained.get("num_processes", 1)
         w.setup_s["train"] = max(trained["wall_s"] - loop_s, 0.0)
-        seen = trained_pairs(run_dir, trained["steps"], trained.get("num_processes", 1))
-        w.trained_pairs = seen if seen and seen[0] == trained["tokens_seen"] else None  # else: per token
+        try:
+            seen = trained_pairs(recipe, run_dir, trained["steps"], trained.get("num_processes", 1))
+        except Exception:  # noqa: BLE001  a capture since removed or redone: the rate stays per token
+            seen = None
+        w.trained_pairs = seen if seen and seen[0] == trained["tokens_seen"] > 0 else None  # else per token
     return w
 
 

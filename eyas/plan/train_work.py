@@ -60,14 +60,22 @@ def causal_pairs_per_token(lengths, max_length: int) -> float:
     return float((ls * (ls + 1) / 2).sum() / ls.sum()) if ls.sum() else 0.0
 
 
-def trained_pairs(run_dir: str | Path, steps: int, processes: int) -> tuple[int, float] | None:
+def trained_pairs(
+    recipe: Recipe, run_dir: str | Path, steps: int, processes: int
+) -> tuple[int, float] | None:
     """The (tokens, causal pairs) --run's training went through in its `steps` optimizer steps on
     `processes` processes: its rows (train/packing.py) in its epochs' order (train/schedule.py), as its own
-    recipe.yaml set them; None without an offline capture to read its lengths from."""
+    recipe.yaml set them. None where its rate cannot be carried in these FLOPs: no offline capture to read
+    its lengths from, a draft kind other than EAGLE-3 (P-EAGLE's depths and DFlash's blocks cost otherwise),
+    or another draft or TTT than `recipe`'s."""
     run = Path(run_dir)
     if not (run / "capture" / "index.json").is_file() or not (run / RECIPE).is_file():
         return None
-    tr = load_recipe(run / RECIPE).train
+    ran = load_recipe(run / RECIPE)
+    tr = ran.train
+    if ran.draft != recipe.draft or recipe.draft.kind != "eagle3" or tr.ttt_steps != recipe.train.ttt_steps:
+        return None
+    processes //= tr.sequence_parallel  # the data-parallel ranks: a row's shards share its micro-batch
     seqs = ShardDataset(run / "capture")
     ids, _ = held_out_split(tr, run_groups(run, len(seqs)))
     lengths = [min(seqs.lengths[i], tr.max_length) for i in ids]
