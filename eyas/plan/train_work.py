@@ -24,6 +24,7 @@ import numpy as np
 from eyas.data.shards import ShardDataset
 from eyas.data.splits import held_out_split, run_groups
 from eyas.infra.layout import RECIPE
+from eyas.plan.flops import causal_pairs
 from eyas.recipes.load import load_recipe
 from eyas.train.packing import plan_rows
 from eyas.train.schedule import epoch_micro_batches
@@ -57,7 +58,7 @@ def train_cost(recipe: Recipe, draft: DraftCount, cfg: PretrainedConfig, unrolle
 def causal_pairs_per_token(lengths, max_length: int) -> float:
     """(query, key) pairs a token of sequences of `lengths` tokens, each cut to `max_length`."""
     ls = np.minimum(np.asarray(lengths, dtype=np.float64), max_length)
-    return float((ls * (ls + 1) / 2).sum() / ls.sum()) if ls.sum() else 0.0
+    return float(causal_pairs(ls, None).sum() / ls.sum()) if ls.sum() else 0.0
 
 
 def trained_pairs(
@@ -84,7 +85,7 @@ def trained_pairs(
     while left > 0:  # the global micro-batches of each epoch, in order, until the steps run out
         order = epoch_micro_batches(len(rows), tr.batch_size, tr.grad_accum * processes, 1, 0, tr.seed, epoch)
         for batch in order[:left]:
-            seq = [lengths[i] for r in batch for i in rows[r]]
-            tokens, pairs = tokens + sum(seq), pairs + sum(n * (n + 1) / 2 for n in seq)
+            seq = np.array([lengths[i] for r in batch for i in rows[r]], dtype=np.float64)
+            tokens, pairs = tokens + int(seq.sum()), pairs + float(causal_pairs(seq, None).sum())
         left, epoch = left - len(order), epoch + 1
     return tokens, pairs
