@@ -26,6 +26,7 @@ from eyas.data.splits import held_out_split, run_groups
 from eyas.infra.layout import RECIPE
 from eyas.plan.flops import causal_pairs
 from eyas.recipes.load import load_recipe
+from eyas.train.kinds import kind_named
 from eyas.train.packing import plan_rows
 from eyas.train.schedule import epoch_micro_batches
 
@@ -67,14 +68,15 @@ def trained_pairs(
     """The (tokens, causal pairs) --run's training went through in its `steps` optimizer steps on
     `processes` processes: its rows (train/packing.py) in its epochs' order (train/schedule.py), as its own
     recipe.yaml set them. None where its rate cannot be carried in these FLOPs: no offline capture to read
-    its lengths from, a draft kind other than EAGLE-3 (P-EAGLE's depths and DFlash's blocks cost otherwise),
+    its lengths from, a draft kind whose training is not priced so (DraftKind.flops_priced_training),
     or another draft or TTT than `recipe`'s."""
     run = Path(run_dir)
     if not (run / "capture" / "index.json").is_file() or not (run / RECIPE).is_file():
         return None
     ran = load_recipe(run / RECIPE)
     tr = ran.train
-    if ran.draft != recipe.draft or recipe.draft.kind != "eagle3" or tr.ttt_steps != recipe.train.ttt_steps:
+    same = ran.draft == recipe.draft and tr.ttt_steps == recipe.train.ttt_steps
+    if not same or not kind_named(recipe.draft.kind).flops_priced_training:
         return None
     processes //= tr.sequence_parallel  # the data-parallel ranks: a row's shards share its micro-batch
     seqs = ShardDataset(run / "capture")

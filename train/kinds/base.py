@@ -127,6 +127,10 @@ class DraftKind:
         per_depth = c.num_layers * (2 * qkvo + 4 * c.num_attention_heads) + 2 * 2 * c.hidden_size
         return per_depth * self.on_grid(tr), 0.0
 
+    # `eyas plan --run` carries its training rate in FLOPs (plan/train_work.py): a token costs the TTT steps
+    # x the draft's weights, a row its causal pairs; P-EAGLE's depths and DFlash's blocks cost otherwise
+    flops_priced_training: ClassVar[bool] = True
+
     def unrolled_whole_row(self) -> bool:
         """Its unrolled steps run over the whole row on every rank under train.sequence_parallel."""
         return False

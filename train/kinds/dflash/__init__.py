@@ -92,6 +92,8 @@ class DFlash(DraftKind):
     def draft_forwards(self, shape) -> int:
         return 1  # one block a round (the context's keys: a projection per token)
 
+    flops_priced_training = False  # its training rate stays per token in eyas plan --run
+
     def unrolled(self, tr) -> float:
         # the blocks' tokens through every layer: max_anchors blocks of ttt_steps + 1 slots per row
         return anchor_share(tr) * (tr.ttt_steps + 1)

@@ -64,6 +64,8 @@ class PEagle(DraftKind):
     def draft_forwards(self, shape) -> int:
         return min(shape.steps, 2)  # the step over the accepted path, then the mask slots' forward
 
+    flops_priced_training = False  # its training rate stays per token in eyas plan --run
+
     def unrolled(self, tr) -> float:
         # depth 0 over every position, depth d over COD's share of them (core.py)
         return 1.0 + sum(cod_share(d, tr.cod_ratio, tr.cod_floor) for d in range(1, tr.ttt_steps))
