@@ -1,10 +1,11 @@
 """Run under torchrun (gloo): one TTT forward and backward over a packed row, once whole on rank 0
 (the reference, as one process trains it) and once spread over the P processes (train/sequence_parallel.py);
-rank 0 writes what the two gave to OUT (json): the losses, the counts, run_length, and per parameter the
-largest difference of the row's gradient (each process's loss scaled by P and the gradients averaged, as
-DDP does) from the reference's, next to the reference's largest entry.
+rank 0 writes what the two gave to OUT/NAME.json for each case: the losses, the counts, run_length, and per
+parameter the largest difference of the row's gradient (each process's loss scaled by P and the gradients
+averaged, as DDP does) from the reference's, next to the reference's largest entry. Several cases in one
+launch: each launch spends seconds importing torch, eyas and DeepSpeed on each rank.
 
-    python -m torch.distributed.run --nproc_per_node P tests/sp_worker.py OUT T [key=value ...]
+    python -m torch.distributed.run --nproc_per_node P tests/sp_worker.py OUT '{"NAME": [T, ["k=v", ...]]}'
 
 key=value: draft options (norm_before_fc, norm_before_residual, norm_output: 0/1; num_layers, sliding_window),
 attention, checkpoint_layer (0/1), loss (kl | lk | ce), docs (sequences packed in the row); kind=dflash: a
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -109,14 +111,12 @@ def run(model: Eagle3Draft, batch: dict, lm_head: torch.Tensor, opts: dict, sp=N
     return out, grads
 
 
-def main() -> None:
-    out_path, T, *rest = sys.argv[1:]
-    opts = dict(x.split("=", 1) for x in rest)
-    dist.init_process_group("gloo")
-    torch.set_num_threads(1)
+def case(T: int, opts: dict) -> dict | None:
+    """One row of T tokens with draft options `opts`, whole on rank 0 and spread -> what they gave (rank 0;
+    None on the others)."""
     ulysses = KINDS[opts.get("kind", "eagle3")].sp_splits_heads  # DFlash gathers its context (no DeepSpeed)
     sp = SequenceParallel.build(dist.get_world_size(), TTT, "cpu", ulysses)
-    batch = row(int(T), int(opts.get("docs", 5)))
+    batch = row(T, int(opts.get("docs", 5)))
     g = torch.Generator().manual_seed(2)
     lm_head = torch.randn(V, H, generator=g) * 0.3
     # the text: where the "target" argmax is, so that chains go on (run_length, conditional counts)
@@ -129,23 +129,30 @@ def main() -> None:
     for gr in mine.values():  # averaged over the processes as DDP does: each loss was scaled by P
         dist.all_reduce(gr, group=sp.group)
         gr /= sp.size
-    if dist.get_rank() == 0:
-        result = {
-            "loss": [ref_out.loss_value, mine_out.loss_value],
-            "step_loss": [ref_out.step_loss, mine_out.step_loss],
-            "counts": [
-                [ref_out.step_count, ref_out.step_right, ref_out.step_cond_base, ref_out.step_cond_right],
-                [mine_out.step_count, mine_out.step_right, mine_out.step_cond_base, mine_out.step_cond_right],
-            ],
-            "sampled": [ref_out.step_sampled_right, mine_out.step_sampled_right],
-            "run_length_equal": torch.equal(ref_out.run_length, mine_out.run_length[:, : int(T)]),
-            "grads": {
-                n: [float((mine[n] - ref[n]).abs().max()), float(ref[n].abs().max())] for n in sorted(ref)
-            },
-            "missing": sorted(set(ref) ^ set(mine)),
-        }
-        with open(out_path, "w") as f:
-            json.dump(result, f)
+    if dist.get_rank() != 0:
+        return None
+    return {
+        "loss": [ref_out.loss_value, mine_out.loss_value],
+        "step_loss": [ref_out.step_loss, mine_out.step_loss],
+        "counts": [
+            [ref_out.step_count, ref_out.step_right, ref_out.step_cond_base, ref_out.step_cond_right],
+            [mine_out.step_count, mine_out.step_right, mine_out.step_cond_base, mine_out.step_cond_right],
+        ],
+        "sampled": [ref_out.step_sampled_right, mine_out.step_sampled_right],
+        "run_length_equal": torch.equal(ref_out.run_length, mine_out.run_length[:, :T]),
+        "grads": {n: [float((mine[n] - ref[n]).abs().max()), float(ref[n].abs().max())] for n in sorted(ref)},
+        "missing": sorted(set(ref) ^ set(mine)),
+    }
+
+
+def main() -> None:
+    out_dir, cases = Path(sys.argv[1]), json.loads(sys.argv[2])
+    dist.init_process_group("gloo")
+    torch.set_num_threads(1)
+    for name, (T, opts) in cases.items():
+        result = case(int(T), dict(x.split("=", 1) for x in opts))
+        if result is not None:
+            (out_dir / f"{name}.json").write_text(json.dumps(result))
     dist.destroy_process_group()
 
 

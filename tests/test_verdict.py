@@ -81,14 +81,14 @@ def one_row_split_k(model):
 
 def test_real_bf16_partings_are_numerical_and_fp32_has_none():
     """A random 128-wide gpt-oss (transformers' GptOssForCausalLM, the demo target's class; random weights
-    make close top-two logits common) and a random draft, 16 prompts x 48 tokens at k = 3. In fp32 the loop
+    make close top-two logits common) and a random draft, 8 prompts x 48 tokens at k = 3. In fp32 the loop
     is exact. In bf16, with the one-token forwards rounding as a split-K kernel does (`one_row_split_k`),
-    outputs part from plain greedy decoding (15 of 16 on an AVX2-only AMD EPYC, gaps 0.03 to 2.2): every
+    outputs part from plain greedy decoding (7 of 8 on an AVX2-only AMD EPYC, gaps 0.03 to 2.2): every
     parting is numerical, plain decoding ranks its own token first (gap > 0, or a tie that argmax breaks to
     the lower id), and the loop's token is the loop's. A classifier that called every parting a failure, or
     that took the greedy token for the loop's, fails here."""
     g = torch.Generator().manual_seed(1)
-    prompts = [torch.randint(2, 128, (20 + i,), generator=g).tolist() for i in range(16)]
+    prompts = [torch.randint(2, 128, (20 + i,), generator=g).tolist() for i in range(8)]
     target = tiny_gpt_oss(seed=0, layers=4, hidden=128, window=8)
     draft = draft_for(target, 0)
     res = loop(target, draft, prompts)
@@ -99,8 +99,8 @@ def test_real_bf16_partings_are_numerical_and_fp32_has_none():
         refs = [greedy_generate(target, p, T)[0] for p in prompts]
         res = loop(target, draft, prompts)
         numerical, failures, partings = verdict(target, prompts, res.outputs, refs, res.emitted, K + 1)
-    print(f"bf16: {numerical} of 16 outputs part from greedy, all numerical: {partings}")
-    assert numerical >= 1 and failures == 0  # 15 of 16 seen on the AVX2-only EPYC
+    print(f"bf16: {numerical} of {len(prompts)} outputs part from greedy, all numerical: {partings}")
+    assert numerical >= 1 and failures == 0  # 7 of 8 seen on the AVX2-only EPYC
     assert len(partings) == sum(o != r for o, r in zip(res.outputs, refs))
     for p in partings:
         assert p["loop_token"] == res.outputs[p["prompt"]][p["at"]] != p["greedy_token"]

@@ -7,8 +7,9 @@ export refuses it first, with vLLM's own words.
 Targets: the demo target (gpt-oss: YaRN, sinks, sliding/full layers, MoE) with the demo run's
 trained draft and the shapes derived from it (tests/draft_variants.py); a tiny Llama (random, its residual
 branches scaled by 0.02 so its answers are learnable) with a draft trained on it by eyas's pipeline, and
-the shapes derived from that one. A trained draft, not a random one: a random draft accepts none of its
-drafts on this Llama (at every position, in every shape), so equal counters would say little.
+the shapes derived from that one, and its P-EAGLE and DFlash drafts: the three kinds' exports on the Llama
+served by one vLLM process (llama_served). A trained draft, not a random one: a random draft accepts none
+of its drafts on this Llama (at every position, in every shape), so equal counters would say little.
 
 Tolerance. Outputs: equal, token for token, on every prompt. Counters: compared prompt by prompt, each
 prompt alone in both engines (vllm_runs(per_request=True), eyas_per_request): equal on every prompt whose
@@ -101,15 +102,19 @@ def same_counters(name, theirs: list[dict], mine: list[dict]) -> None:
     assert 2 * len(compared) >= len(mine), f"{name}: near-ties on {len(mine) - len(compared)} prompts"
 
 
-def check_side_by_side(target, model, tok, prompts, exports, tmp_path, refused=None):
-    """`refused`: (export dir, the words vLLM must stop with) or None."""
-    runs = {"no draft": None, **exports, **({"refused": refused[0]} if refused else {})}
-    got = vllm_runs(target, runs, prompts, SAMPLING, K, log_path=tmp_path / "vllm.log", per_request=True)
+def serve(target, model, tok, prompts, runs: dict, log) -> tuple[dict, list]:
+    """`runs` (name -> export dir) and "no draft" served by one vLLM process, each prompt alone -> (vLLM's
+    results by name, the target's plain greedy outputs in eyas's loop, which vLLM's plain ones equal)."""
+    got = vllm_runs(target, {"no draft": None, **runs}, prompts, SAMPLING, K, log_path=log, per_request=True)
     plain = eyas_loop(model, tok, None, prompts, SAMPLING, K, concurrency=len(prompts))["outputs"]
     assert "error" not in got["no draft"], f"vLLM refused the target: {got['no draft']['error']}"
     assert got["no draft"]["outputs"] == plain, "vLLM's plain greedy outputs differ from the target's"
-    if refused:
-        assert refused[1] in got["refused"].get("error", ""), got["refused"]
+    return got, plain
+
+
+def side_by_side(got: dict, plain, model, tok, prompts, exports: dict) -> dict:
+    """Each export of `exports` (name -> dir) as vLLM served it (`got`, serve's) against eyas's loop on the
+    same prompts: both equal plain greedy, the counters agree (same_counters) -> {name: counters, rates}."""
     table = {}
     for name, path in exports.items():
         assert "error" not in got[name], f"vLLM refused the {name} export: {got[name].get('error')}"
@@ -135,7 +140,11 @@ def test_every_vllm_export_of_the_demo_draft_runs_in_vllm_as_in_eyas(
     floor 0.5); norm_before_fc 0.803 (0.866), aux_id_N 0.814 (0.844), n_aux_4 0.843 (0.849), norm_output
     0.856 (0.845), sliding_window 0.455 (0.411; floor 0.1). An untrained draft on the demo target accepts
     0.004 drafts per verification in the loop at k = 4 (test_demo_e2e: tau 1.004), so at most 0.004 at the
-    first position: it fails both floors, and the equal counters say something."""
+    first position: it fails both floors, and the equal counters say something. Drafts whose layers fall in
+    two KV-cache groups of this target (2 sliding + 2 full layers) are refused by eyas's export and, written
+    anyway, by vLLM 0.32 with its own words: a 2-layer EAGLE-3 draft and a 2-layer DFlash draft."""
+    from tiny_targets import draft_for
+
     draft = load_draft(resolve_checkpoint(demo_run), device="cpu", dtype=torch.float32).eval()
     target = resolve_path(draft.config.target_model)
     model, tok = load_target(target, dtype="float32", device="cpu")
@@ -143,17 +152,84 @@ def test_every_vllm_export_of_the_demo_draft_runs_in_vllm_as_in_eyas(
     prompts = [render_prompt(tok, r["messages"][:1]) for r in records]
     n = model.config.num_hidden_layers
     drafts = variants(draft, n, aux_sample(model, prompts, draft.config.aux_layer_ids))
-    # two decoder layers on a sliding + full attention target: vLLM 0.32 refuses, and so does eyas
-    refused = refused_export(drafts.pop("num_layers_2"), target, tmp_path, HYBRID_KV, monkeypatch)
+    refused = {
+        "refused": refused_export(
+            drafts.pop("num_layers_2"), target, tmp_path / "e3", HYBRID_KV, monkeypatch
+        ),
+        "refused-dflash": refused_export(
+            draft_for(model, 0, kind="dflash"), target, tmp_path / "df", HYBRID_KV, monkeypatch, fmt="dflash"
+        ),
+    }
     exports = export_all(drafts, target, tmp_path)
-    table = check_side_by_side(target, model, tok, prompts, exports, tmp_path, (refused, HYBRID_KV))
+    got, plain = serve(target, model, tok, prompts, {**exports, **refused}, tmp_path / "vllm.log")
+    for name in refused:
+        assert HYBRID_KV in got[name].get("error", ""), (name, got[name])
+    table = side_by_side(got, plain, model, tok, prompts, exports)
     # the trained draft, and each shape derived from it, keeps a real acceptance
     assert table["plain"]["per_position_acceptance"][0] > 0.5
     assert all(t["per_position_acceptance"][0] > 0.1 for t in table.values()), table
 
 
-@pytest.mark.parametrize("family", ["llama"])
-def test_every_vllm_export_of_a_trained_draft_runs_in_vllm_as_in_eyas(vllm_python, family, tmp_path):
+def trained_on(target, run, data_from=None, **over):
+    """A draft trained by `run_all` on the learnable Llama `target` (data_fixtures.LEARNABLE_TRAINING: 100
+    steps) into `run`; `data_from`: a run whose prompts, regeneration, capture and vocab it trains on."""
+    from data_fixtures import LEARNABLE_TRAINING, tiny_recipe, write_prompts
+
+    from eyas.pipeline import run_all
+    from eyas.recipes.load import load_recipe
+
+    data = ("prompts", "regenerate", "capture", "vocab")
+    run.mkdir(parents=True)
+    for stage in data if data_from else ():
+        (run / stage).symlink_to(data_from / stage, target_is_directory=True)
+    recipe = tiny_recipe(
+        target, write_prompts(run.parent / "train.jsonl", 112, seed=1), **LEARNABLE_TRAINING, **over
+    )
+    run_all(load_recipe(recipe), run, stages=(*data, "train"), progress=False)
+    return resolve_checkpoint(run)
+
+
+@pytest.fixture(scope="module")
+def llama_served(vllm_python, dflash_llama, tmp_path_factory):
+    """The learnable Llama (conftest dflash_llama's target and 12 prompts, none trained on) and a draft of
+    each kind trained on it by `run_all`: EAGLE-3 and P-EAGLE here (P-EAGLE on EAGLE-3's regeneration and
+    capture), DFlash dflash_llama's; every vLLM export of each, served by one vLLM process for the three tests
+    below (a vLLM process spends ~50 s importing vllm on a 2-core AVX2 CPU). -> dict of target, model, tok,
+    prompts, plain (greedy outputs), exports (name -> dir), got (vLLM's result by name)."""
+    target, dflash_run, prompts = dflash_llama
+    tmp = tmp_path_factory.mktemp("llama-served")
+    model, tok = load_target(str(target), dtype="float32", device="cpu")
+    eagle3 = load_draft(trained_on(target, tmp / "eagle3"), device="cpu", dtype=torch.float32).eval()
+    drafts = variants(eagle3, 4, aux_sample(model, prompts, eagle3.config.aux_layer_ids))
+    exports = export_all(drafts, target, tmp / "eagle3-exports")
+    peagle = trained_on(target, tmp / "peagle", data_from=tmp / "eagle3", draft={"kind": "peagle"})
+    for fmt in ("eagle3", "speculators"):  # both vLLM layouts of P-EAGLE: eagle3 + mask token, speculators
+        at = tmp / "peagle-export" / fmt
+        exports[f"peagle-{fmt}"] = export(
+            peagle, fmt, at, dtype="float32", target=str(target), engines=["vllm"]
+        ).path
+    one = one_k_norm(resolve_checkpoint(dflash_run), tmp / "one-k-norm")
+    for name, ckpt, fmt in [
+        ("dflash", one, "dflash"),
+        ("dflash-speculators", one, "speculators"),
+        ("dflash-yarn", with_yarn(one, tmp / "yarn-ckpt"), "dflash"),
+    ]:
+        exports[name] = export(
+            ckpt, fmt, tmp / name, dtype="float32", target=str(target), engines=["vllm"]
+        ).path
+    got, plain = serve(target, model, tok, prompts, exports, tmp / "vllm.log")
+    return dict(target=target, model=model, tok=tok, prompts=prompts, plain=plain, exports=exports, got=got)
+
+
+def llama_table(served: dict, names) -> dict:
+    """side_by_side for the exports `names` of llama_served."""
+    s = served
+    return side_by_side(
+        s["got"], s["plain"], s["model"], s["tok"], s["prompts"], {n: s["exports"][n] for n in names}
+    )
+
+
+def test_every_vllm_export_of_a_trained_draft_runs_in_vllm_as_in_eyas(llama_served):
     """The Llama rows with a draft trained by `run_all` (data_fixtures.LEARNABLE_TRAINING: 100 steps, 15 s) on
     a Llama whose residual branches are scaled by 0.02 (make_family_target). Measured on the test's 12 prompts
     (k = 3, 48 tokens; none of them trained on), vLLM's counters and eyas's equal at every position (both
@@ -165,38 +241,14 @@ def test_every_vllm_export_of_a_trained_draft_runs_in_vllm_as_in_eyas(vllm_pytho
     shape's is 0.3 here, below the demo's 0.5: this draft trains in seconds and lands elsewhere on another
     CPU). The unscaled random Llama is no use here: a draft trained 1,000 steps on 8,200 of its tokens
     reached tau 1.08 (0.07 at the first position)."""
-    from data_fixtures import (
-        LEARNABLE_SCALE,
-        LEARNABLE_TRAINING,
-        make_family_target,
-        tiny_recipe,
-        write_prompts,
-    )
-
-    from eyas.pipeline import run_all
-    from eyas.recipes.load import load_recipe
-
-    # residual branches scaled: answers a draft can learn (make_family_target), every layer still counting
-    scale = LEARNABLE_SCALE[family]
-    target = make_family_target(tmp_path / "target", family, num_layers=4, head_dim=32, branch_scale=scale)
-    model, tok = load_target(str(target), dtype="float32", device="cpu")
-    records = [json.loads(line) for line in write_prompts(tmp_path / "p.jsonl", 12).read_text().splitlines()]
-    prompts = [render_prompt(tok, r["messages"][:1]) for r in records]
-    recipe = tiny_recipe(target, write_prompts(tmp_path / "train.jsonl", 112, seed=1), **LEARNABLE_TRAINING)
-    run_all(
-        load_recipe(recipe),
-        tmp_path / "run",
-        stages=("prompts", "regenerate", "capture", "vocab", "train"),
-        progress=False,
-    )
-    draft = load_draft(resolve_checkpoint(tmp_path / "run"), device="cpu", dtype=torch.float32).eval()
-    drafts = variants(draft, 4, aux_sample(model, prompts, draft.config.aux_layer_ids))
-    table = check_side_by_side(target, model, tok, prompts, export_all(drafts, target, tmp_path), tmp_path)
+    names = [n for n in llama_served["exports"] if not n.startswith(("peagle-", "dflash"))]
+    assert len(names) == 7, names  # variants(): every EAGLE-3 shape
+    table = llama_table(llama_served, names)
     assert table["plain"]["per_position_acceptance"][0] > 0.3
     assert all(t["per_position_acceptance"][0] > 0.1 for t in table.values()), table
 
 
-def test_a_peagle_export_drafts_in_vllm_as_in_eyas(vllm_python, tmp_path):
+def test_a_peagle_export_drafts_in_vllm_as_in_eyas(llama_served):
     """A P-EAGLE draft (draft.kind peagle) trained by `run_all` on the learnable Llama, exported in both vLLM
     layouts (eagle3 + mask token; speculators `peagle`) and served by vLLM 0.32 with parallel_drafting: K = 3
     drafts from one forward a round. Every draft comes from the target's own aux states and the mask slots
@@ -206,35 +258,8 @@ def test_a_peagle_export_drafts_in_vllm_as_in_eyas(vllm_python, tmp_path):
     (10 of 12 prompts compared, 0.676, tau 2.30). Untrained P-EAGLE drafts
     (tiny_targets.draft_for, seeds 0 and 1) on the same prompts: 0.000 and 0.003 at the first position, so the
     0.3 floor fails without the training."""
-    from data_fixtures import (
-        LEARNABLE_SCALE,
-        LEARNABLE_TRAINING,
-        make_family_target,
-        tiny_recipe,
-        write_prompts,
-    )
-
-    from eyas.pipeline import run_all
-    from eyas.recipes.load import load_recipe
-
-    target = make_family_target(
-        tmp_path / "target", "llama", num_layers=4, head_dim=32, branch_scale=LEARNABLE_SCALE["llama"]
-    )
-    model, tok = load_target(str(target), dtype="float32", device="cpu")
-    records = [json.loads(line) for line in write_prompts(tmp_path / "p.jsonl", 12).read_text().splitlines()]
-    prompts = [render_prompt(tok, r["messages"][:1]) for r in records]
-    over = {**LEARNABLE_TRAINING, "draft": {"kind": "peagle"}}
-    recipe = tiny_recipe(target, write_prompts(tmp_path / "train.jsonl", 112, seed=1), **over)
-    run_all(
-        load_recipe(recipe), tmp_path / "run", stages=("prompts", "regenerate", "capture", "vocab", "train")
-    )
-    ckpt = resolve_checkpoint(tmp_path / "run")
-    exports = {
-        fmt: export(ckpt, fmt, tmp_path / fmt, dtype="float32", target=str(target), engines=["vllm"]).path
-        for fmt in ("eagle3", "speculators")
-    }
-    table = check_side_by_side(target, model, tok, prompts, exports, tmp_path)
-    assert table["eagle3"]["per_position_acceptance"][0] > 0.3, table
+    table = llama_table(llama_served, ["peagle-eagle3", "peagle-speculators"])
+    assert table["peagle-eagle3"]["per_position_acceptance"][0] > 0.3, table
 
 
 def one_k_norm(ckpt, out):
@@ -273,7 +298,7 @@ def with_yarn(ckpt, out):
     return save_draft(yarn, out, dtype=torch.float32)
 
 
-def test_a_dflash_export_drafts_in_vllm_as_in_eyas(vllm_python, dflash_llama, tmp_path, monkeypatch):
+def test_a_dflash_export_drafts_in_vllm_as_in_eyas(llama_served, dflash_llama, tmp_path):
     """A DFlash draft (draft.kind dflash, 3 layers, block 4; conftest dflash_llama) trained by `run_all` on
     the learnable Llama, exported in both vLLM layouts (z-lab's `DFlashDraftModel`; speculators `dflash`) and
     served by vLLM 0.32 with method "dflash": k = 3 drafts from one block forward a round, over the context
@@ -284,14 +309,10 @@ def test_a_dflash_export_drafts_in_vllm_as_in_eyas(vllm_python, dflash_llama, tm
     and 10 of 12, smallest leads 5.6e-2 and 7.2e-3; AVX2 EPYC: 2 of 9 compared), and with one k_norm it
     parts on none: totals on the AVX512 EPYC vLLM 95 / 73 / 58 accepted of 170 drafts, eyas's loop the same
     (as trained: vLLM 97 / 73 / 57 of 169, eyas 96 / 72 / 58). First position 0.56; the floor 0.3 against
-    the weakened drafts of tests/test_dflash.py. A 2-layer DFlash draft on the demo gpt-oss target (2 sliding
-    + 2 full layers: the draft's layers fall in 2 KV-cache groups) is refused by eyas's export and, written
-    anyway, by vLLM with its own words. The same draft with gpt-oss's kind of YaRN as its RoPE (with_yarn:
-    factor 4, truncate false) drafts the same in both engines too: the YaRN of the gpt-oss DFlash recipe."""
-    from tiny_targets import draft_for
-
-    target, run, prompts = dflash_llama
-    model, tok = load_target(str(target), dtype="float32", device="cpu")
+    the weakened drafts of tests/test_dflash.py. The same draft with gpt-oss's kind of YaRN as its RoPE
+    (with_yarn: factor 4, truncate false) drafts the same in both engines too: the YaRN of the gpt-oss DFlash
+    recipe. (The 2-layer DFlash draft vLLM refuses: the demo test above.)"""
+    target, run, _ = dflash_llama
     trained = resolve_checkpoint(run)
     as_trained = export(
         trained, "dflash", tmp_path / "trained", dtype="float32", target=str(target), engines=["vllm"]
@@ -300,26 +321,9 @@ def test_a_dflash_export_drafts_in_vllm_as_in_eyas(vllm_python, dflash_llama, tm
     for i, layer in enumerate(load_draft(trained).layers):  # each layer's own k_norm, as trained
         (key,) = [n for n in written if n.endswith(f"layers.{i}.self_attn.k_norm.weight")]
         assert torch.equal(written[key], layer.self_attn.k_norm.weight.detach()), key
-    ckpt = one_k_norm(trained, tmp_path / "one-k-norm")
-    exports = {
-        fmt: export(ckpt, fmt, tmp_path / fmt, dtype="float32", target=str(target), engines=["vllm"]).path
-        for fmt in ("dflash", "speculators")
-    }
-    yarn = with_yarn(ckpt, tmp_path / "yarn-ckpt")
-    exports["dflash-yarn"] = export(
-        yarn, "dflash", tmp_path / "yarn", dtype="float32", target=str(target), engines=["vllm"]
-    ).path
-    assert (
-        json.loads((exports["dflash-yarn"] / "config.json").read_text())["rope_parameters"]["truncate"]
-        is False
-    )
-    demo = resolve_path("eyas-demo")
-    demo_model = load_target(demo, dtype="float32", device="cpu")[0]
-    hybrid = draft_for(demo_model, 0, kind="dflash")  # 2 layers
-    refused = refused_export(hybrid, demo, tmp_path / "demo", HYBRID_KV, monkeypatch, fmt="dflash")
-    refusal = vllm_runs(demo, {"refused": refused}, prompts[:1], SAMPLING, K, log_path=tmp_path / "demo.log")
-    assert HYBRID_KV in refusal["refused"].get("error", ""), refusal
-    table = check_side_by_side(target, model, tok, prompts, exports, tmp_path)
+    yarn = json.loads((llama_served["exports"]["dflash-yarn"] / "config.json").read_text())
+    assert yarn["rope_parameters"]["truncate"] is False
+    table = llama_table(llama_served, ["dflash", "dflash-speculators", "dflash-yarn"])
     assert table["dflash"]["per_position_acceptance"][0] > 0.3, table
     assert table["dflash-yarn"]["per_position_acceptance"][0] > 0.1, table
 
