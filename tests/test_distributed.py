@@ -129,10 +129,16 @@ def train(base, name, nproc, *overrides, config=None, source="base"):
     run = root / name
     if not run.exists():
         shutil.copytree(root / source, run)
-    if nproc == 1 and not config:  # the same `eyas.train` in this worker (one torch thread): a process of its
-        from eyas.train.__main__ import main  # own spends ~8 s of its ~12 importing
+    if nproc == 1 and not config:  # the same `eyas.train` in this worker, on one torch thread as the launched
+        from eyas.train.__main__ import main  # ones: a process of its own spends ~8 s of its ~12 importing
 
-        assert main([*command(recipe, run, 1, *overrides)[3:]]) == 0
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            rc = main([*command(recipe, run, 1, *overrides)[3:]])
+        finally:
+            torch.set_num_threads(threads)
+        assert rc == 0, f"eyas.train {name} exited {rc}: its `eyas: error:` line is in the captured stderr"
     else:
         r = subprocess.run(
             command(recipe, run, nproc, *overrides, config=config),

@@ -32,10 +32,12 @@ COUNTED = {"P4-dflash-one-block": 1}  # the predictions counted at step 0 (defau
 @pytest.fixture(scope="module")
 def results(deepspeed, tmp_path_factory) -> dict[str, dict]:
     """Every case's result, the cases of each P in one torchrun launch (its ranks import torch, eyas and
-    DeepSpeed once) -> {case: result}; a launch that fails leaves its cases out (their tests say why)."""
+    DeepSpeed once) -> {case: result}; a launch that fails fails each of its cases with its stderr."""
     out, got = tmp_path_factory.mktemp("sp"), {}
     for P in sorted({p for p, _, _ in CASES.values()}):
-        mine = {name: [T, opts] for name, (p, T, opts) in CASES.items() if p == P}
+        # DFlash's cases first: their context is gathered without DeepSpeed, which EAGLE-3's then start
+        mine = {n: [T, o] for n, (p, T, o) in CASES.items() if p == P and "kind=dflash" in o}
+        mine |= {n: [T, o] for n, (p, T, o) in CASES.items() if p == P and "kind=dflash" not in o}
         cmd = [
             sys.executable,
             "-m",
@@ -48,9 +50,12 @@ def results(deepspeed, tmp_path_factory) -> dict[str, dict]:
             json.dumps(mine),
         ]
         r = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=900)
-        for name in mine:
+        for name in mine:  # a launch that did not exit 0 fails each of its cases, written or not
             f = out / f"{name}.json"
-            got[name] = json.loads(f.read_text()) if f.is_file() else {"failed": r.stderr[-3000:]}
+            ok = r.returncode == 0 and f.is_file()
+            got[name] = (
+                json.loads(f.read_text()) if ok else {"failed": f"exit {r.returncode}: {r.stderr[-3000:]}"}
+            )
     return got
 
 
