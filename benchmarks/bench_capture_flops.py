@@ -19,7 +19,7 @@ from eyas.plan.flops import capture_work, forward_cost
 from eyas.recipes.load import load_recipe
 
 
-def best_forward_s(decoder, ids: torch.Tensor, mask: torch.Tensor) -> float:
+def forward_s(decoder, ids: torch.Tensor, mask: torch.Tensor) -> float:
     """One forward's seconds (no grad, no cache)."""
     t0 = time.perf_counter()
     with torch.no_grad():
@@ -42,11 +42,11 @@ def main() -> None:
     whole = torch.ones(1, T, dtype=torch.long)
     padded = whole.clone()
     padded[0, -1] = 0  # one padding token: transformers passes SDPA a mask
-    best_forward_s(decoder, ids[:, :256], whole[:, :256])  # warm up
+    forward_s(decoder, ids[:, :256], whole[:, :256])  # warm up
     times = {"unpadded": [], "padded": []}
     for _ in range(args.repeat):
-        times["unpadded"].append(best_forward_s(decoder, ids, whole))
-        times["padded"].append(best_forward_s(decoder, ids, padded))
+        times["unpadded"].append(forward_s(decoder, ids, whole))
+        times["padded"].append(forward_s(decoder, ids, padded))
     cost = forward_cost(model.config, count_target(model.config), recipe.capture)
     # the same T-token sequence as capture counts it: alone (causal), or in a batch padded to T + 1
     flops = {

@@ -170,16 +170,14 @@ def dflash_llama(tmp_path_factory):
     from data_fixtures import (
         LEARNABLE_SCALE,
         LEARNABLE_TRAINING,
+        learnable_run,
         make_family_target,
-        tiny_recipe,
         write_prompts,
     )
     from filelock import FileLock
 
     from eyas.data.chat import render_prompt
     from eyas.data.target import load_target
-    from eyas.pipeline import run_all
-    from eyas.recipes.load import load_recipe
 
     shared = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):
@@ -191,15 +189,13 @@ def dflash_llama(tmp_path_factory):
             make_family_target(
                 target, "llama", num_layers=4, head_dim=32, branch_scale=LEARNABLE_SCALE["llama"]
             )
-        over = {
-            **LEARNABLE_TRAINING,
-            "draft": {"kind": "dflash", "block_size": 4, "num_layers": 3},
-            "capture": {**LEARNABLE_TRAINING["capture"], "aux_layer_ids": [1, 2, 3, 4]},
-            "train": {**LEARNABLE_TRAINING["train"], "ttt_steps": 3, "max_anchors": 32},
-        }
-        recipe = tiny_recipe(target, write_prompts(root / "train.jsonl", 112, seed=1), **over)
-        stages = ("prompts", "regenerate", "capture", "vocab", "train")
-        run_all(load_recipe(recipe), root / "run", stages=stages, progress=False)
+        learnable_run(
+            target,
+            root / "run",
+            draft={"kind": "dflash", "block_size": 4, "num_layers": 3},
+            capture={**LEARNABLE_TRAINING["capture"], "aux_layer_ids": [1, 2, 3, 4]},
+            train={**LEARNABLE_TRAINING["train"], "ttt_steps": 3, "max_anchors": 32},
+        )
         tok = load_target(str(target), dtype="float32", device="cpu")[1]
         records = [json.loads(line) for line in write_prompts(root / "p.jsonl", 12).read_text().splitlines()]
     return target, root / "run", [render_prompt(tok, r["messages"][:1]) for r in records]

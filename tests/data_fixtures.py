@@ -206,6 +206,23 @@ LEARNABLE_TRAINING = {
 }
 
 
+def learnable_run(target, run: Path, data_from: Path | None = None, **over) -> Path:
+    """A draft trained by `run_all` into `run` on a learnable target (make_family_target, LEARNABLE_SCALE):
+    LEARNABLE_TRAINING with its sections replaced by `over`'s, on 112 prompts written beside `run`;
+    `data_from`: a run whose prompts, regeneration, capture and vocab it trains on (linked) -> `run`."""
+    from eyas.pipeline import run_all
+    from eyas.recipes.load import load_recipe
+
+    data = ("prompts", "regenerate", "capture", "vocab")
+    run.mkdir(parents=True, exist_ok=True)
+    for stage in data if data_from else ():
+        (run / stage).symlink_to(data_from / stage, target_is_directory=True)
+    prompts = write_prompts(run.parent / "train.jsonl", 112, seed=1)
+    recipe = tiny_recipe(target, prompts, **{**LEARNABLE_TRAINING, **over})
+    run_all(load_recipe(recipe), run, stages=(*data, "train"), progress=False)
+    return run
+
+
 def tiny_recipe(target, prompts, **over) -> dict:
     """A raw recipe for the tiny target: every stage in seconds. `over`: section -> keys to change."""
     raw = {

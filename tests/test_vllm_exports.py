@@ -34,6 +34,7 @@ import json
 
 import pytest
 import torch
+from data_fixtures import learnable_run
 from draft_variants import variants
 from safetensors.torch import load_file
 
@@ -170,39 +171,22 @@ def test_every_vllm_export_of_the_demo_draft_runs_in_vllm_as_in_eyas(
     assert all(t["per_position_acceptance"][0] > 0.1 for t in table.values()), table
 
 
-def trained_on(target, run, data_from=None, **over):
-    """A draft trained by `run_all` on the learnable Llama `target` (data_fixtures.LEARNABLE_TRAINING: 100
-    steps) into `run`; `data_from`: a run whose prompts, regeneration, capture and vocab it trains on."""
-    from data_fixtures import LEARNABLE_TRAINING, tiny_recipe, write_prompts
-
-    from eyas.pipeline import run_all
-    from eyas.recipes.load import load_recipe
-
-    data = ("prompts", "regenerate", "capture", "vocab")
-    run.mkdir(parents=True)
-    for stage in data if data_from else ():
-        (run / stage).symlink_to(data_from / stage, target_is_directory=True)
-    recipe = tiny_recipe(
-        target, write_prompts(run.parent / "train.jsonl", 112, seed=1), **LEARNABLE_TRAINING, **over
-    )
-    run_all(load_recipe(recipe), run, stages=(*data, "train"), progress=False)
-    return resolve_checkpoint(run)
-
-
 @pytest.fixture(scope="module")
 def llama_served(vllm_python, dflash_llama, tmp_path_factory):
     """The learnable Llama (conftest dflash_llama's target and 12 prompts, none trained on) and a draft of
     each kind trained on it by `run_all`: EAGLE-3 and P-EAGLE here (P-EAGLE on EAGLE-3's regeneration and
     capture), DFlash dflash_llama's; every vLLM export of each, served by one vLLM process for the three tests
-    below (a vLLM process spends ~50 s importing vllm on a 2-core AVX2 CPU). -> dict of target, model, tok,
+    below (a vLLM start takes ~50 s on a 2-core AVX2 CPU). -> dict of target, model, tok,
     prompts, plain (greedy outputs), exports (name -> dir), got (vLLM's result by name)."""
     target, dflash_run, prompts = dflash_llama
     tmp = tmp_path_factory.mktemp("llama-served")
     model, tok = load_target(str(target), dtype="float32", device="cpu")
-    eagle3 = load_draft(trained_on(target, tmp / "eagle3"), device="cpu", dtype=torch.float32).eval()
+    eagle3_run = learnable_run(target, tmp / "eagle3")
+    eagle3 = load_draft(resolve_checkpoint(eagle3_run), device="cpu", dtype=torch.float32).eval()
     drafts = variants(eagle3, 4, aux_sample(model, prompts, eagle3.config.aux_layer_ids))
     exports = export_all(drafts, target, tmp / "eagle3-exports")
-    peagle = trained_on(target, tmp / "peagle", data_from=tmp / "eagle3", draft={"kind": "peagle"})
+    peagle_run = learnable_run(target, tmp / "peagle", data_from=eagle3_run, draft={"kind": "peagle"})
+    peagle = resolve_checkpoint(peagle_run)
     for fmt in ("eagle3", "speculators"):  # both vLLM layouts of P-EAGLE: eagle3 + mask token, speculators
         at = tmp / "peagle-export" / fmt
         exports[f"peagle-{fmt}"] = export(

@@ -44,7 +44,7 @@ from eyas.plan.cost import (
     vllm_replicas,
 )
 from eyas.plan.eval_memory import eval_memory
-from eyas.plan.flops import CaptureWork, ForwardCost, capture_work, forward_cost, measured_flop_s
+from eyas.plan.flops import capture_work, forward_cost, measured_flop_s
 from eyas.plan.report import render
 from eyas.plan.tokens import (
     TurnCount,
@@ -252,7 +252,10 @@ def plan(recipe: Recipe, gpus: str, run_dir: str | Path | None = None, a: Assump
     replicas, per_replica, replica_fits = stage_replicas(recipe, cfg, target, n_gpu, mem_gb)
     regen_tok_s, flop_s, train_tok_s = throughputs(recipe, w.measured, a, kind, n_gpu, replicas)
     lengths = planned_lengths(w)
-    capture = planned_capture(recipe, lengths, forward_cost(cfg, target, recipe.capture), replicas)
+    # a shard per replica (one sequence: one shard)
+    capture = capture_work(
+        forward_cost(cfg, target, recipe.capture), lengths, replicas if len(lengths) > 1 else 1
+    )
     train_tok_s = in_flops(recipe, w, draft, cfg, lengths, train_tok_s)
     capture_tok_s = capture.tokens / (max(capture.shard_flops) / (flop_s / replicas))  # the slowest shard's
     tr = recipe.train
@@ -340,11 +343,6 @@ def planned_lengths(w: Workload) -> list:
     mean = w.prompt + w.new
     n = round(w.sequences)
     return list(spread(w.lengths or [mean], n, mean)) if n else [mean]
-
-
-def planned_capture(recipe: Recipe, lengths: list, cost: ForwardCost, replicas: int) -> CaptureWork:
-    """The planned run's capture in FLOPs, a shard per replica."""
-    return capture_work(cost, lengths, replicas if len(lengths) > 1 else 1)
 
 
 def in_flops(
