@@ -637,11 +637,12 @@ def test_plan_on_a_cpu_takes_every_rate_from_the_run_and_the_run_records_each_st
     """`eyas plan --gpus cpu --run DIR`: this machine, its memory the host's, every rate the run's own (eyas
     assumes no CPU's speed: without --run it names the stages to run first), its capture's memory the
     target's and the shard it writes; `eyas run` wrote each stage's wall time and peak memory to
-    RUN/stage_costs.json to set beside it."""
+    RUN/stage_costs.json to set beside it, which the plan's memory matches."""
     import json
     import os
 
     from eyas.plan.command import plan
+    from eyas.plan.cost import Assumptions
     from eyas.plan.report import render
 
     _, target, prompts = setup
@@ -663,7 +664,10 @@ def test_plan_on_a_cpu_takes_every_rate_from_the_run_and_the_run_records_each_st
     bpt, gpu = p.capture_bytes_per_token, plan(r, "1xH100", run_dir=full_run)
     longest = r.data.max_prompt_tokens + r.data.max_new_tokens  # the buffer's room past shard_tokens - 1
     shard = min(r.capture.shard_tokens - 1 + longest, p.capture_bytes / bpt) * bpt
-    assert p.process_bytes["capture"] == pytest.approx(gpu.process_bytes["capture"] + shard)
+    m, floor = p.capture_memory, Assumptions().cpu_process_bytes
+    assert m.shard == pytest.approx(shard) and gpu.capture_memory.shard == 0
+    assert m.weights == p.target.params * 4  # target.dtype auto on a CPU: float32, as data/target.py loads it
+    assert p.process_bytes["capture"] == pytest.approx(m.total + floor)  # the interpreter's floor beside it
     assert f"; {shard / 1e6:,.1f} MB of host memory for the shard it fills" in text
     with pytest.raises(
         ValueError,
@@ -673,6 +677,12 @@ def test_plan_on_a_cpu_takes_every_rate_from_the_run_and_the_run_records_each_st
         plan(r, "cpu")
     costs = json.loads((full_run / layout.STAGE_COSTS).read_text())
     assert list(costs) == ["prompts", "regenerate", "capture", "vocab", "train", "eval"]
+    # the plan's memory against the run's: capture and training within 30% of their resident peaks (here
+    # 0.40 / 0.42 and 0.49 / 0.47 GB, mostly the interpreter's floor on this tiny target); eval's an upper
+    # bound (the recipe's longest requests, which these prompts do not reach)
+    for stage in ("capture", "train"):
+        assert p.process_bytes[stage] == pytest.approx(costs[stage]["peak_bytes"], rel=0.3), stage
+    assert p.process_bytes["eval"] >= costs["eval"]["peak_bytes"]
     for stage, cost in costs.items():
         assert cost["wall_s"] > 0, stage
         # this process's own peak in bytes (Linux reports kB): at least the interpreter's resident set

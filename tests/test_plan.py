@@ -266,6 +266,51 @@ def test_the_teacher_scratch_is_one_chunk_of_the_positions_there_are():
     assert teacher_scratch_bytes(topk, count_draft(topk, target_config(topk)[0]), 4096) == 4096 * 4 * VD
 
 
+@pytest.mark.parametrize("native_bf16", [False, True])
+def test_training_memory_on_a_cpu_prices_what_it_computes_in(native_bf16, monkeypatch):
+    """On a CPU (eyas/plan/cost.py training_memory, cpu): train.mixed_precision bf16 trains in float32 where
+    the CPU has no bf16 arithmetic (no bf16 copy of the teacher lm_head; activations at the CPU's measured
+    float32 bytes, 449.4 KB a token-step at these dims against the H100's 217.7 KB in bf16); with it, bf16
+    autocast's 0.70 of them and the copy (auto: float32 on any CPU)."""
+    from eyas.plan import cost
+
+    monkeypatch.setattr(cost, "cpu_bf16_runs", lambda device, what: native_bf16)
+    r = load_recipe("gpt-oss-120b", ["train.max_length=1024", "train.mixed_precision=bf16"])
+    cfg = cost.target_config(r)[0]
+    d, a = cost.count_draft(r, cfg), Assumptions()
+    gpu_static, gpu_act = cost.training_memory(r, cfg, d, a)
+    cpu_static, cpu_act = cost.training_memory(r, cfg, d, a, cpu=True)
+    teacher = cost.teacher_bytes(d, 1024)
+    gpu_unrolled, cpu_unrolled = gpu_act - teacher, cpu_act - teacher  # above the lm_head chunks' scratch
+    assert gpu_unrolled == pytest.approx(217.7e3 * 1024 * 5) and gpu_unrolled > cost.teacher_scratch_bytes(
+        r, d, 1024
+    )
+    assert cpu_unrolled == pytest.approx(449.4e3 * 1024 * 5 * (0.70 if native_bf16 else 1.0))
+    assert gpu_static - cpu_static == (0 if native_bf16 else 2 * V * H)
+
+
+def test_capture_memory_of_a_1_5b_target_on_a_cpu_matches_hand_computation():
+    """eyas/plan/capture_memory.py for Qwen2.5-Coder-1.5B computing in float32 (the shapes only: no weights),
+    8 sequences of up to 704 tokens, 3 aux layers: the first batch's lm_head check (four fp32 copies of 4 x
+    128 positions' logits; measured about 1.2 GB) against the longest batch's forward (the decoder layer's
+    tensors, the aux states and the previous batch's states: measured about 0.8 + 0.3 GB)."""
+    from transformers import Qwen2Config
+
+    from eyas.plan.capture_memory import capture_memory
+
+    cfg = Qwen2Config(
+        hidden_size=1536, intermediate_size=8960, num_attention_heads=12, num_key_value_heads=2,
+        vocab_size=151936, num_hidden_layers=28,
+    )  # fmt: skip
+    r = load_recipe("qwen2.5-coder-1.5b")
+    assert r.capture.batch_size == 8
+    m = capture_memory(r, cfg, 3, 7.1e9, 4, 704, 12_293, 0.12e9)
+    assert m.check == 4 * 4 * 128 * 151936 * 4 == 1_244_659_712
+    layer = (6 * 1536 + (2 * 12 + 2 * 2) * 128 + 3 * 8960 + 1536) * 4  # residual/norms, q k v o, gate/up/down
+    assert m.forward == 8 * 704 * (layer + 10 * 1536 * 4 + 12_293) == 1_343_778_304
+    assert m.total == 7.1e9 + 0.12e9 + m.forward
+
+
 def test_plan_prices_the_prompts_its_sources_hold(smollm2, tmp_path):
     """Before any run, `eyas plan` renders a sample of each of the recipe's sources (the SmolLM2
     long-context recipe's: GSM8K, a ShareGPT sample, long stdlib excerpts and prose from HotpotQA, SQuAD and

@@ -20,6 +20,7 @@ from eyas.data.target import TargetCount, count_target, stored_as_mxfp4
 from eyas.infra.errors import as_input
 from eyas.infra.io import read_jsonl
 from eyas.infra.layout import RECIPE, is_done, read_done
+from eyas.plan.capture_memory import capture_memory
 from eyas.plan.cost import (
     CPU,
     Assumptions,
@@ -29,7 +30,7 @@ from eyas.plan.cost import (
     capture_bytes_per_token,
     count_draft,
     device_memory_gb,
-    dtype_bytes,
+    element_bytes,
     online_split,
     parse_gpus,
     process_memory,
@@ -248,7 +249,7 @@ def plan(recipe: Recipe, gpus: str, run_dir: str | Path | None = None, a: Assump
     w = workload(recipe, run_dir, cfg, a, target)
     tokens = w.sequences * (w.prompt + w.new)
     bpt = capture_bytes_per_token(recipe, cfg, len(draft.config.aux_layer_ids))
-    static, act = training_memory(recipe, cfg, draft, a)
+    static, act = training_memory(recipe, cfg, draft, a, kind == CPU)
     replicas, per_replica, replica_fits = stage_replicas(recipe, cfg, target, n_gpu, mem_gb)
     regen_tok_s, flop_s, train_tok_s = throughputs(recipe, w.measured, a, kind, n_gpu, replicas)
     lengths = planned_lengths(w)
@@ -266,14 +267,19 @@ def plan(recipe: Recipe, gpus: str, run_dir: str | Path | None = None, a: Assump
     online = online_split(n_gpu, tp, capture_tok_s / replicas, train_tok_s / n_gpu, trained)
     # transformers holds the target dequantized (its MXFP4 kernels fetch from the hub: not on an offline
     # cluster) unless target.weights says mxfp4; eval's loop in eval.target_dtype
-    per_param = dtype_bytes(recipe.target.dtype)
+    per_param = element_bytes(recipe.target.dtype, kind == CPU)
     held = target.bytes_mxfp4 if recipe.target.weights == "mxfp4" else target.params * per_param
-    eval_bytes = dtype_bytes(recipe.eval.target_dtype or recipe.target.dtype)
-    memory = process_memory(recipe, cfg, draft, a, held, target.params * eval_bytes, eval_bytes)
-    if kind == CPU and memory["capture"]:  # the host's memory is the process's: the shard being written
-        memory["capture"] += shard_buffer_bytes(recipe, bpt, tokens)
+    eval_bytes = element_bytes(recipe.eval.target_dtype or recipe.target.dtype, kind == CPU)
+    memory = process_memory(recipe, cfg, draft, a, held, target.params * eval_bytes, eval_bytes, kind == CPU)
+    # the host's memory is the process's on a CPU: the shard being written too
+    shard = shard_buffer_bytes(recipe, bpt, tokens) if kind == CPU else 0.0
+    cap_memory = capture_memory(recipe, cfg, len(dc.aux_layer_ids), held, per_param, max(lengths), bpt, shard)
+    if memory["capture"]:
+        memory["capture"] = cap_memory.total
     ev_memory = eval_memory(recipe, cfg, draft.config, memory["eval"], eval_bytes)
     memory["eval"] = ev_memory.total
+    if kind == CPU:  # the process's own floor (Assumptions.cpu_process_bytes) where the stage runs in it
+        memory = {k: v + a.cpu_process_bytes if v else v for k, v in memory.items()}
     return Plan(
         gpus=f"{n_gpu}x{kind}",
         gpu_memory_gb=mem_gb,
@@ -314,6 +320,8 @@ def plan(recipe: Recipe, gpus: str, run_dir: str | Path | None = None, a: Assump
         step_s=n_gpu * tr.batch_size * tr.grad_accum * row / train_tok_s,
         online=online,
         process_bytes=memory,
+        host_element=per_param,
+        capture_memory=cap_memory if memory["capture"] else None,
         eval_memory=ev_memory,
         assumptions=a,
         turns=w.turns,

@@ -17,7 +17,15 @@ import torch
 
 from eyas.data.compact import bytes_per_token
 from eyas.data.gpt_oss import GPT_OSS_SHARED, KNOWN_TARGETS
-from eyas.data.target import TargetCount, host_memory_bytes, load_target_config, text_config
+from eyas.data.target import (
+    TargetCount,
+    cpu_bf16_runs,
+    host_memory_bytes,
+    load_target_config,
+    pick_dtype,
+    text_config,
+)
+from eyas.plan.capture_memory import CaptureMemory
 from eyas.plan.eval_memory import EvalMemory
 from eyas.plan.flops import CaptureWork
 from eyas.plan.tokens import TurnCount
@@ -62,6 +70,16 @@ class Assumptions:
     # 236 and 65.6 KB with it
     act_bytes_per_token_step: float = 217.7e3
     act_bytes_per_token_step_checkpointed: float = 47.3e3
+    # on a CPU (train.compile auto: off), float32: the bytes autocast's saved-tensor hooks see kept for
+    # backward, weights and inputs apart, at gpt-oss-120b draft dims (TTT 3, T = 256 and 512: 449.3 and 449.4
+    # KB); at the Qwen2.5-Coder recipe's draft dims 150.5 KB and at the demo's 15.8 KB, 8% and 6% above this
+    # scaled by width; under bf16 autocast 0.70 of it (the Qwen dims' slope, T = 128 to 256; the demo's
+    # 0.66). A 2-core AVX2 EPYC, torch 2.13 (docs/benchmarks.md "A 1.5B target from packages")
+    act_bytes_per_token_step_cpu: float = 449.4e3
+    cpu_bf16_act_ratio: float = 0.70
+    # on a CPU the process's own floor beside a stage's tensors: the interpreter with torch, transformers and
+    # eyas loaded (the Qwen2.5-Coder run's vocab stage after capture: 0.44 GB resident, 0.33 anonymous)
+    cpu_process_bytes: float = 0.4e9
     # draft training tokens/s on one H100 at TTT 7, gpt-oss-120b draft dims, AdamW (docs/benchmarks.md, the
     # same section; Muon's orthogonalization per step is not in it): 22.3K at T=4K, 15.8K at 32K
     train_tok_s_h100: tuple = ((4096, 22.3e3), (32768, 15.8e3))
@@ -138,7 +156,9 @@ class Plan:
     online: OnlineSplit | None  # online training from vLLM on these GPUs; None on one GPU
     process_bytes: dict[
         str, float
-    ]  # per stage, eyas's own process (process_memory; eval: eval_memory's total)
+    ]  # per stage, eyas's own process (process_memory; capture: capture_memory's, eval: eval_memory's total)
+    host_element: int  # bytes a target parameter in the dtype the target computes in (element_bytes)
+    capture_memory: CaptureMemory | None  # an hf capture's weights, shard and peak moment (capture_memory.py)
     eval_memory: (
         EvalMemory  # eval's loop: weights, KV caches, a prefill forward's peak (eyas/plan/eval_memory.py)
     )
@@ -205,7 +225,7 @@ def target_config(recipe: Recipe) -> tuple[PretrainedConfig, str]:
 
 def count_draft(recipe: Recipe, cfg: PretrainedConfig) -> DraftCount:
     """Parameters of the draft the recipe trains on this target, built on the meta device."""
-    from eyas.train.trainer import draft_config, lm_head_trains  # lazy: httpx, safetensors
+    from eyas.train.trainer import draft_config, lm_head_trains  # lazy: httpx
 
     tcfg = text_config(cfg)
     ids = check_against_target(recipe, tcfg.num_hidden_layers, tcfg.vocab_size)
@@ -254,24 +274,29 @@ def capture_bytes_per_token(recipe: Recipe, cfg: PretrainedConfig, n_aux: int, o
 
 
 def training_memory(
-    recipe: Recipe, cfg: PretrainedConfig, draft: DraftCount, a: Assumptions
+    recipe: Recipe, cfg: PretrainedConfig, draft: DraftCount, a: Assumptions, cpu: bool = False
 ) -> tuple[float, float]:
-    """Draft training bytes per GPU (DDP: everything replicated) -> (static, activations). Static: fp32
-    weights, gradients and optimizer state, the fp32 frozen weights (embedding; lm_head where frozen), the
-    teacher lm_head (teacher final) and its copy in the autocast dtype (`teacher_cast_bytes`).
-    Activations: the measured bytes per token per TTT step, scaled by the draft's layer width, for the
-    tokens of a row one GPU holds (train.sequence_parallel P: T / P of each; train/sequence_parallel.py),
-    DFlash's blocks and context for the whole row (its blocks sit where the answers are: one shard may
-    run them all)."""
+    """Draft training bytes per GPU (DDP: everything replicated; `cpu`: this host's process) -> (static,
+    activations). Static: fp32 weights, gradients and optimizer state, the fp32 frozen weights (embedding;
+    lm_head where frozen), the teacher lm_head (teacher final) and its copy in the autocast dtype
+    (`teacher_cast_bytes`). Activations: the measured bytes per token per TTT step (on a GPU, bf16 and
+    compiled; on a CPU, as train.compile auto leaves it, uncompiled), scaled by the draft's layer width, for
+    the tokens of a row one GPU holds (train.sequence_parallel P: T / P of each; train/sequence_parallel.py),
+    DFlash's blocks and context for the whole row (its blocks sit where the answers are: one shard may run
+    them all)."""
     tr = recipe.train
+    bf16 = trains_bf16(recipe, cpu)
     static = (
         8 * draft.trainable
         + draft.optimizer_bytes
         + 4 * draft.frozen
         + (4 * cfg.vocab_size * cfg.hidden_size if recipe.capture.teacher == "final" else 0)
-        + teacher_cast_bytes(recipe, draft)
+        + teacher_cast_bytes(recipe, draft, bf16)
     )
     per_ts = a.act_bytes_per_token_step_checkpointed if tr.checkpoint_layer else a.act_bytes_per_token_step
+    if cpu:  # checkpoint_layer: not measured on a CPU, priced at the H100's ratio
+        ratio = per_ts / a.act_bytes_per_token_step
+        per_ts = a.act_bytes_per_token_step_cpu * (a.cpu_bf16_act_ratio if bf16 else 1.0) * ratio
     # measured at gpt-oss-120b draft dims: hidden 2880, intermediate 17280
     scale = (2 * draft.config.hidden_size + draft.config.intermediate_size) / (2 * 2880 + 17280)
     layers = draft.config.num_layers  # measured with one layer; each holds its own per step
@@ -303,11 +328,21 @@ def teacher_bytes(draft: DraftCount, rows: int) -> float:
     return rows * (4 * draft.config.draft_vocab_size + 8 + 4 + 1)
 
 
-def teacher_cast_bytes(recipe: Recipe, draft: DraftCount) -> float:
+def trains_bf16(recipe: Recipe, cpu: bool) -> bool:
+    """Whether training runs under bf16 autocast on the planned devices (train/trainer.py mixed_precision):
+    GPUs, unless train.mixed_precision is no; this CPU, where it asks for bf16 and the CPU has bf16
+    arithmetic (data/target.py cpu_bf16_runs, which says when it has not; auto is no on a CPU)."""
+    mp = recipe.train.mixed_precision
+    if cpu:
+        return mp == "bf16" and cpu_bf16_runs(torch.device("cpu"), "train.mixed_precision bf16")
+    return mp != "no"
+
+
+def teacher_cast_bytes(recipe: Recipe, draft: DraftCount, bf16: bool = True) -> float:
     """The fp32 teacher lm_head's copy in the autocast dtype, cast once and kept (train/ttt.py
-    TTTModule.teacher_weight): 2 V H_t bytes (1.16 GB at gpt-oss-120b); none in fp32 or with a top-k
-    teacher."""
-    if recipe.capture.teacher == "topk" or recipe.train.mixed_precision == "no":
+    TTTModule.teacher_weight): 2 V H_t bytes (1.16 GB at gpt-oss-120b); none in fp32 (train.mixed_precision
+    no, or `bf16` False: trains_bf16) or with a top-k teacher."""
+    if recipe.capture.teacher == "topk" or recipe.train.mixed_precision == "no" or not bf16:
         return 0
     return 2 * draft.config.vocab_size * draft.config.target_hidden_size
 
@@ -377,8 +412,12 @@ def allreduce(trainable: int, n_gpu: int, kind: str) -> tuple[float, float]:
     return grads, 2 * (n_gpu - 1) / n_gpu * grads / (NVLINK_GB_S[kind] * 1e9) if n_gpu > 1 else 0.0
 
 
-def dtype_bytes(name: str | None) -> int:
-    """Bytes per parameter of a recipe dtype as the planned GPUs hold it (auto: bf16)."""
+def element_bytes(name: str | None, cpu: bool) -> int:
+    """Bytes per parameter of a recipe dtype as the planned devices compute in it: GPUs, bf16 unless float32
+    (auto: bf16); this CPU, the dtype data/target.py pick_dtype loads the target in (float32 for auto, and
+    for bfloat16 where the CPU has no bf16 arithmetic, which pick_dtype says)."""
+    if cpu:
+        return torch.finfo(pick_dtype(name or "auto", torch.device("cpu"))).bits // 8
     return 4 if name == "float32" else 2
 
 
@@ -390,14 +429,16 @@ def process_memory(
     held: float,
     held_eval: float,
     eval_bytes: int,
+    cpu: bool = False,
 ) -> dict[str, float]:
     """Peak bytes of eyas's own process in each stage, above the interpreter's: `held`, the target as
     transformers holds it, where the stage runs it in this process (the hf backends, online training's hf
     target); training's state and activations (training_memory); eval's loop: the target as it holds it
     (`held_eval`, eval.target_dtype) and the draft but its embedding (the target's), in `eval_bytes` per
     parameter.
-    vLLM's processes are not counted here (vllm.gpu_memory_utilization of each GPU)."""
-    static, act = training_memory(recipe, cfg, draft, a)
+    vLLM's processes are not counted here (vllm.gpu_memory_utilization of each GPU). `cpu`: this host's
+    process (training_memory)."""
+    static, act = training_memory(recipe, cfg, draft, a, cpu)
     online_hf = recipe.capture.mode == "online" and recipe.capture.backend == "hf"
     return {
         "regenerate": held if recipe.data.backend == "hf" else 0.0,

@@ -73,14 +73,18 @@ def per_token_bytes(cfg: PretrainedConfig, draft: DraftConfig, element: int) -> 
     the draft's layer. An MoE layer (transformers' grouped_mm experts, its default) holds, for each of the
     token's top-k experts, its gathered input (H), gate/up with its gathered bias (2 x 2I), the gate's
     temporaries (4I) and the down projection with its bias and weighting (3H); a dense MLP, gate/up/down."""
+    aux = len(draft.aux_layer_ids) * draft.target_hidden_size * element
+    draft_layer = (8 * draft.hidden_size + 3 * draft.intermediate_size) * element
+    return layer_token_bytes(cfg, element) + aux + draft_layer
+
+
+def layer_token_bytes(cfg: PretrainedConfig, element: int) -> int:
+    """The live tensors of one token in the target's decoder layer (per_token_bytes)."""
     H = cfg.hidden_size
     qkv = (cfg.num_attention_heads * 2 + 2 * cfg.num_key_value_heads) * head_dim(cfg)  # q, attn out, k, v
     topk = getattr(cfg, "num_experts_per_tok", 0)
     mlp = topk * (4 * H + 8 * cfg.intermediate_size) if topk else 3 * cfg.intermediate_size + H
-    layer = (6 * H + qkv + mlp) * element
-    aux = len(draft.aux_layer_ids) * draft.target_hidden_size * element
-    draft_layer = (8 * draft.hidden_size + 3 * draft.intermediate_size) * element
-    return layer + aux + draft_layer
+    return (6 * H + qkv + mlp) * element
 
 
 def eval_memory(

@@ -61,10 +61,12 @@ def target_lines(recipe: Recipe, p: Plan) -> list[str]:
     )
     if t.expert_params == 0:  # no MoE experts: nothing is MXFP4
         cpu = p.gpus.endswith(CPU)
+        fp32 = cpu and p.host_element == 4  # on a CPU, the dtype the target computes in
+        name, gb = ("float32", t.params * 4 / 1e9) if fp32 else ("bf16", per_gpu["bf16"])
         where = "in the host's memory" if cpu else "spread over the GPUs (target.device_map: auto)"
         weights = (
-            f"  weights: bf16 {t.bytes_bf16 / 1e9:,.1f} GB; {where}: {per_gpu['bf16']:,.1f} GB per "
-            f"{'host' if cpu else 'GPU'} ({fits(p, per_gpu['bf16'])} with 10% headroom)"
+            f"  weights: {name} {gb:,.1f} GB; {where}: {gb:,.1f} GB per "
+            f"{'host' if cpu else 'GPU'} ({fits(p, gb)} with 10% headroom)"
         )
     return [
         f"plan for {recipe.name} on {p.gpus} ({p.gpu_memory_gb:,.0f} GB each"
@@ -109,7 +111,7 @@ OPTIMIZER_STATE = {"adamw": "AdamW", "muon": "Muon (AdamW on the rest)"}
 
 def resource_lines(recipe: Recipe, p: Plan) -> list[str]:
     """Capture storage, training memory per GPU, the target's replicas, and each stage's time."""
-    tr, backend = recipe.train, recipe.data.backend
+    tr, backend, cpu = recipe.train, recipe.data.backend, p.gpus.endswith(CPU)
     return [
         f"capture: {p.capture_bytes_per_token:,} bytes/token ({recipe.capture.aux_format}, teacher "
         f"{recipe.capture.teacher}) = {size(p.capture_bytes)}" + buffer_note(recipe, p),
@@ -121,8 +123,11 @@ def resource_lines(recipe: Recipe, p: Plan) -> list[str]:
         + steps_note(recipe)
         + f"{' (checkpoint_layer)' if tr.checkpoint_layer else ''}: {fits(p, p.train_gb_per_gpu)}",
         replicas_line(recipe, p),
-        "memory of eyas's own process (a process's GPUs together; — where vLLM holds the target): "
+        "memory of eyas's own process (a process's GPUs together; — where vLLM holds the target"
+        + (f"; with the interpreter's {p.assumptions.cpu_process_bytes / 1e9:,.1f} GB" if cpu else "")
+        + "): "
         + ", ".join(f"{k} {v / 1e9:,.1f} GB" if v else f"{k} —" for k, v in p.process_bytes.items()),
+        *capture_line(p),
         eval_line(recipe, p),
         f"time: regeneration {hours(p.regen_s)} at {p.regen_tok_s:,.0f} tok/s ({source(p, 'regen_tok_s')}, "
         f"data.backend {backend}{engine_note(recipe, p)}){setup_note(p, 'regenerate')}, "
@@ -248,6 +253,21 @@ def turns_assumption(recipe: Recipe, p: Plan) -> str:
     )
 
 
+def activations_assumption(p: Plan) -> str:
+    """The training activations' bytes the plan rests on: the H100's, or on a CPU the CPU's."""
+    a = p.assumptions
+    if p.gpus.endswith(CPU):
+        return (
+            f"activations {a.act_bytes_per_token_step_cpu / 1e3:.0f} KB per token per TTT step at "
+            f"gpt-oss-120b's draft widths (float32, uncompiled; {a.cpu_bf16_act_ratio:.2f} of it under bf16 "
+            "autocast; measured on a CPU), scaled by the draft's, the teacher apart"
+        )
+    return (
+        f"activations {a.act_bytes_per_token_step / 1e3:.0f} KB per token per TTT step, the teacher apart "
+        f"({a.act_bytes_per_token_step_checkpointed / 1e3:.1f} KB with checkpoint_layer; H100-measured)"
+    )
+
+
 def assumption_lines(recipe: Recipe, p: Plan) -> list[str]:
     """The assumptions the figures rest on, each with its source."""
     a, turns = p.assumptions, p.turns
@@ -262,9 +282,7 @@ def assumption_lines(recipe: Recipe, p: Plan) -> list[str]:
         "assumptions (change them in eyas/plan/cost.py Assumptions, or pass --run DIR: a run's prompts stage "
         "counts the turns, its later stages give measured rates):",
         f"  {turns_assumption(recipe, p)}; {prompt}generated = {a.new_token_fraction:.2f} x "
-        f"data.max_new_tokens; activations {a.act_bytes_per_token_step / 1e3:.0f} KB per token per TTT step, "
-        "the teacher apart "
-        f"({a.act_bytes_per_token_step_checkpointed / 1e3:.1f} KB with checkpoint_layer; H100-measured)",
+        f"data.max_new_tokens; {activations_assumption(p)}",
         f"  training {a.train_tok_s_h100[0][1] / 1e3:.1f}K tok/s at T=4K, "
         f"{a.train_tok_s_h100[1][1] / 1e3:.1f}K at 32K per H100 (measured), scaled by bf16 FLOP/s for other "
         f"GPUs; capture at {a.capture_mfu:.0%} MFU of the target's forward (active parameters and attention) "
@@ -277,6 +295,18 @@ def assumption_lines(recipe: Recipe, p: Plan) -> list[str]:
             if p.allreduce_s > 0
             else ""
         ),
+    ]
+
+
+def capture_line(p: Plan) -> list[str]:
+    """An hf capture's memory in its parts (eyas/plan/capture_memory.py); none where vLLM captures."""
+    m = p.capture_memory
+    if m is None:
+        return []
+    shard = f" + the shard being filled {m.shard / 1e9:,.1f} GB" if m.shard else ""
+    return [
+        f"capture (transformers): weights {m.weights / 1e9:,.1f} GB{shard} + the larger of the first batch's "
+        f"lm_head check {m.check / 1e9:,.1f} GB and the longest batch's forward {m.forward / 1e9:,.1f} GB"
     ]
 
 
