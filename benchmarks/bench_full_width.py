@@ -49,24 +49,19 @@ def measured(cmd: list[str], check: bool = True) -> tuple[float, float] | None:
         return time.time() - t0, int(peak.read().split()[-1]) * 1024
 
 
-def predictions(recipe) -> dict[str, float]:
-    """eyas plan's process memory for the recipe, the target as this machine holds it."""
-    import torch
-
-    from eyas.data.target import held_bytes, pick_device, pick_dtype
-    from eyas.eval.evaluate import eval_target
-    from eyas.plan.cost import Assumptions, count_draft, process_memory, target_config
-    from eyas.plan.eval_memory import eval_memory
+def predictions(recipe, run: Path) -> dict[str, float]:
+    """eyas plan's memory of each stage on this machine (eyas/plan/stage_memory.py, as `--gpus cpu`), above
+    the interpreter's floor as the table's measured column is, for what `run` regenerated."""
+    from eyas.data.regenerate import read_sequences
+    from eyas.data.target import count_target
+    from eyas.plan.cost import Assumptions, count_draft, target_config
+    from eyas.plan.stage_memory import stage_memory
 
     cfg, _ = target_config(recipe)
-    held, _ = held_bytes(recipe.target)
-    held_eval, _ = held_bytes(eval_target(recipe))
-    eval_dtype = pick_dtype(eval_target(recipe).dtype, pick_device("cpu"))
-    per_param = 2 if eval_dtype == torch.bfloat16 else 4  # the loop holds an fp16 target's draft in fp32
-    draft = count_draft(recipe, cfg)
-    memory = process_memory(recipe, cfg, draft, Assumptions(), held, held_eval, per_param)
-    memory["eval"] = eval_memory(recipe, cfg, draft.config, memory["eval"], per_param).total  # as eyas plan
-    return memory
+    lengths = [len(s["input_ids"]) for s in read_sequences(run)]
+    a, draft = Assumptions(), count_draft(recipe, cfg)
+    mem = stage_memory(recipe, cfg, count_target(cfg), draft, a, True, sum(lengths), max(lengths))
+    return {k: v - a.cpu_process_bytes if v else v for k, v in mem.process.items()}
 
 
 def vllm_loads(run: Path, export: Path, out: Path) -> dict:
@@ -163,8 +158,8 @@ def main(argv=None) -> int:
         publish = [*EYAS, "publish", str(run), "--repo", "someone/draft", "--dry-run"]
         rows["publish --dry-run"] = measured([*publish, "--out", str(out / "publish")])
         vllm = vllm_loads(run, export, out)
-    predicted = predictions(recipe) | {
-        "online train": predictions(load_recipe(args.recipe, over + more))["train"]
+    predicted = predictions(recipe, run) | {
+        "online train": predictions(load_recipe(args.recipe, over + more), run)["train"]
     }
     print(f"\ninterpreter with eyas's stages imported: {base / 1e9:.2f} GB")
     print("| stage | wall s | peak GB | above the interpreter GB | eyas plan GB | ratio |")

@@ -113,7 +113,7 @@ def verify_final(
 
 
 # the lm_head check's forward: the first VERIFY_SEQUENCES sequences of a process's capture, VERIFY_TOKENS
-# tokens of each. Full logits are (B, T, V) and the check holds three of them in fp32: on the capture's first
+# tokens of each. Full logits are (B, T, V) and the check holds four of them in fp32: on the capture's first
 # batch they took 24 GB for 16 sequences of ~2,200 tokens of a 49K vocab (gpt-oss: 201K).
 VERIFY_SEQUENCES, VERIFY_TOKENS = 4, 128
 

@@ -677,12 +677,14 @@ def test_plan_on_a_cpu_takes_every_rate_from_the_run_and_the_run_records_each_st
         plan(r, "cpu")
     costs = json.loads((full_run / layout.STAGE_COSTS).read_text())
     assert list(costs) == ["prompts", "regenerate", "capture", "vocab", "train", "eval"]
-    # the plan's memory against the run's: capture and training within 30% of their resident peaks (here
-    # 0.40 / 0.42 and 0.49 / 0.47 GB, mostly the interpreter's floor on this tiny target); eval's an upper
-    # bound (the recipe's longest requests, which these prompts do not reach)
-    for stage in ("capture", "train"):
-        assert p.process_bytes[stage] == pytest.approx(costs[stage]["peak_bytes"], rel=0.3), stage
-    assert p.process_bytes["eval"] >= costs["eval"]["peak_bytes"]
+    # the plan's memory against the run's, where the run ran on this CPU: capture and training within 30% of
+    # their resident peaks (0.40 / 0.42 and 0.49 / 0.47 GB on the AVX2 EPYC: on this tiny target mostly the
+    # interpreter's floor, which the plan without it, a few MB, misses by far); eval's an upper bound (the
+    # recipe's longest requests, which these prompts do not reach)
+    if not torch.cuda.is_available():
+        for stage in ("capture", "train"):
+            assert p.process_bytes[stage] == pytest.approx(costs[stage]["peak_bytes"], rel=0.3), stage
+        assert p.process_bytes["eval"] >= costs["eval"]["peak_bytes"]
     for stage, cost in costs.items():
         assert cost["wall_s"] > 0, stage
         # this process's own peak in bytes (Linux reports kB): at least the interpreter's resident set

@@ -20,7 +20,6 @@ from eyas.data.target import TargetCount, count_target, stored_as_mxfp4
 from eyas.infra.errors import as_input
 from eyas.infra.io import read_jsonl
 from eyas.infra.layout import RECIPE, is_done, read_done
-from eyas.plan.capture_memory import capture_memory
 from eyas.plan.cost import (
     CPU,
     Assumptions,
@@ -30,11 +29,8 @@ from eyas.plan.cost import (
     capture_bytes_per_token,
     count_draft,
     device_memory_gb,
-    element_bytes,
     online_split,
     parse_gpus,
-    process_memory,
-    shard_buffer_bytes,
     shard_rows,
     target_config,
     target_replicas,
@@ -44,9 +40,9 @@ from eyas.plan.cost import (
     unrolled_steps,
     vllm_replicas,
 )
-from eyas.plan.eval_memory import eval_memory
 from eyas.plan.flops import capture_work, forward_cost, measured_flop_s
 from eyas.plan.report import render
+from eyas.plan.stage_memory import stage_memory
 from eyas.plan.tokens import (
     TurnCount,
     combined,
@@ -265,21 +261,11 @@ def plan(recipe: Recipe, gpus: str, run_dir: str | Path | None = None, a: Assump
     tp = recipe.vllm.tensor_parallel_size
     trained = tr.epochs * tokens * (1 - tr.val_fraction)  # the tuning split's conversations are held out
     online = online_split(n_gpu, tp, capture_tok_s / replicas, train_tok_s / n_gpu, trained)
-    # transformers holds the target dequantized (its MXFP4 kernels fetch from the hub: not on an offline
-    # cluster) unless target.weights says mxfp4; eval's loop in eval.target_dtype
-    per_param = element_bytes(recipe.target.dtype, kind == CPU)
-    held = target.bytes_mxfp4 if recipe.target.weights == "mxfp4" else target.params * per_param
-    eval_bytes = element_bytes(recipe.eval.target_dtype or recipe.target.dtype, kind == CPU)
-    memory = process_memory(recipe, cfg, draft, a, held, target.params * eval_bytes, eval_bytes, kind == CPU)
-    # the host's memory is the process's on a CPU: the shard being written too
-    shard = shard_buffer_bytes(recipe, bpt, tokens) if kind == CPU else 0.0
-    cap_memory = capture_memory(recipe, cfg, len(dc.aux_layer_ids), held, per_param, max(lengths), bpt, shard)
-    if memory["capture"]:
-        memory["capture"] = cap_memory.total
-    ev_memory = eval_memory(recipe, cfg, draft.config, memory["eval"], eval_bytes)
-    memory["eval"] = ev_memory.total
-    if kind == CPU:  # the process's own floor (Assumptions.cpu_process_bytes) where the stage runs in it
-        memory = {k: v + a.cpu_process_bytes if v else v for k, v in memory.items()}
+    # the longest sequence capture batches: --run's regenerated ones, or the bound prompts and answers reach
+    d = recipe.data
+    regenerated = "regenerate" in w.stages_measured
+    longest = max(lengths) if regenerated else d.max_prompt_tokens + d.max_new_tokens
+    mem = stage_memory(recipe, cfg, target, draft, a, kind == CPU, tokens, longest)
     return Plan(
         gpus=f"{n_gpu}x{kind}",
         gpu_memory_gb=mem_gb,
@@ -319,10 +305,10 @@ def plan(recipe: Recipe, gpus: str, run_dir: str | Path | None = None, a: Assump
         allreduce_s=allreduce_s,
         step_s=n_gpu * tr.batch_size * tr.grad_accum * row / train_tok_s,
         online=online,
-        process_bytes=memory,
-        host_element=per_param,
-        capture_memory=cap_memory if memory["capture"] else None,
-        eval_memory=ev_memory,
+        process_bytes=mem.process,
+        host_element=mem.element,
+        capture_memory=mem.capture,
+        eval_memory=mem.eval,
         assumptions=a,
         turns=w.turns,
         stages_measured=w.stages_measured,

@@ -124,7 +124,11 @@ def resource_lines(recipe: Recipe, p: Plan) -> list[str]:
         + f"{' (checkpoint_layer)' if tr.checkpoint_layer else ''}: {fits(p, p.train_gb_per_gpu)}",
         replicas_line(recipe, p),
         "memory of eyas's own process (a process's GPUs together; — where vLLM holds the target"
-        + (f"; with the interpreter's {p.assumptions.cpu_process_bytes / 1e9:,.1f} GB" if cpu else "")
+        + (
+            f"; each stage it runs with the interpreter's {p.assumptions.cpu_process_bytes / 1e9:.1f} GB"
+            if cpu
+            else ""
+        )
         + "): "
         + ", ".join(f"{k} {v / 1e9:,.1f} GB" if v else f"{k} —" for k, v in p.process_bytes.items()),
         *capture_line(p),
@@ -260,7 +264,8 @@ def activations_assumption(p: Plan) -> str:
         return (
             f"activations {a.act_bytes_per_token_step_cpu / 1e3:.0f} KB per token per TTT step at "
             f"gpt-oss-120b's draft widths (float32, uncompiled; {a.cpu_bf16_act_ratio:.2f} of it under bf16 "
-            "autocast; measured on a CPU), scaled by the draft's, the teacher apart"
+            "autocast; with checkpoint_layer at the H100's ratio; measured on a CPU), scaled by the draft's, "
+            "the teacher apart"
         )
     return (
         f"activations {a.act_bytes_per_token_step / 1e3:.0f} KB per token per TTT step, the teacher apart "
