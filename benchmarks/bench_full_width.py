@@ -16,9 +16,10 @@ online: vLLM's producers where vLLM runs MXFP4 here, else the target in the trai
 `eyas export` (the kind's layout), `eyas publish --dry-run`, and vLLM loading the target with the export and
 decoding with it (on a CPU without AMX, where vLLM's CPU build has no MXFP4 kernel, a bf16 copy of the
 target). Peak memory is each process's maximum resident set (GNU time's %M), less the interpreter's own (a
-process that imports eyas's stages); the prediction is eyas/plan/cost.py `process_memory` with the target
-as this machine holds it (data/target.py `held_bytes`). Prints the table, the capture's bytes per token
-and the draft's parameters, both exact against `eyas plan`'s gpt-oss-120b figures.
+process that imports eyas's stages); the prediction is `eyas plan --gpus cpu`'s (eyas/plan/stage_memory.py:
+the recipes here run every stage on the CPU, target.device cpu), less its interpreter's floor. Prints the
+table, the capture's bytes per token and the draft's parameters, both exact against `eyas plan`'s
+gpt-oss-120b figures.
 """
 
 from __future__ import annotations

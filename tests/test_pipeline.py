@@ -641,6 +641,7 @@ def test_plan_on_a_cpu_takes_every_rate_from_the_run_and_the_run_records_each_st
     import json
     import os
 
+    from eyas.data.regenerate import read_sequences
     from eyas.plan.command import plan
     from eyas.plan.cost import Assumptions
     from eyas.plan.report import render
@@ -666,6 +667,7 @@ def test_plan_on_a_cpu_takes_every_rate_from_the_run_and_the_run_records_each_st
     shard = min(r.capture.shard_tokens - 1 + longest, p.capture_bytes / bpt) * bpt
     m, floor = p.capture_memory, Assumptions().cpu_process_bytes
     assert m.shard == pytest.approx(shard) and gpu.capture_memory.shard == 0
+    assert m.longest == max(len(q["input_ids"]) for q in read_sequences(full_run))  # the run's longest
     assert m.weights == p.target.params * 4  # target.dtype auto on a CPU: float32, as data/target.py loads it
     assert p.process_bytes["capture"] == pytest.approx(m.total + floor)  # the interpreter's floor beside it
     assert f"; {shard / 1e6:,.1f} MB of host memory for the shard it fills" in text

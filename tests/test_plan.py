@@ -309,6 +309,11 @@ def test_capture_memory_of_a_1_5b_target_on_a_cpu_matches_hand_computation():
     layer = (6 * 1536 + (2 * 12 + 2 * 2) * 128 + 3 * 8960 + 1536) * 4  # residual/norms, q k v o, gate/up/down
     assert m.forward == 8 * 704 * (layer + 10 * 1536 * 4 + 12_293) == 1_343_778_304
     assert m.total == 7.1e9 + 0.12e9 + m.forward
+    # before a regeneration, `eyas plan` batches the longest sequence prompts and answers can reach
+    demo = load_recipe("demo")
+    m = plan(demo, "1xH100").capture_memory
+    bound = demo.data.max_prompt_tokens + demo.data.max_new_tokens
+    assert (m.rows, m.longest) == (demo.capture.batch_size, bound)
 
 
 def test_plan_prices_the_prompts_its_sources_hold(smollm2, tmp_path):

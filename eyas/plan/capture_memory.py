@@ -1,6 +1,6 @@
 """What an offline capture on the hf backend holds while it runs (data/capture.py), as `eyas plan` prices it:
 
-    weights    the target as transformers holds it (command.py's `held`: on a CPU in the dtype the host
+    weights    the target as transformers holds it (stage_memory.py's `held`: on a CPU in the dtype the host
                computes in, data/target.py pick_dtype). Read through mmap where the checkpoint's dtype is the
                one computed in, so counted as the file's pages, not the process's anonymous memory: they are
                read at every forward and must stay resident either way
@@ -43,6 +43,8 @@ class CaptureMemory:
     shard: float
     check: float
     forward: float
+    rows: int  # the longest batch: capture.batch_size sequences
+    longest: float  # of this many tokens
 
     @property
     def total(self) -> float:
@@ -66,4 +68,6 @@ def capture_memory(
     check = CHECK_COPIES * min(VERIFY_SEQUENCES, recipe.capture.batch_size) * min(VERIFY_TOKENS, longest)
     per_token = layer_token_bytes(cfg, element) + (3 * n_aux + 1) * H * element + stored_per_token
     forward = recipe.capture.batch_size * longest * per_token
-    return CaptureMemory(weights, shard, float(check * cfg.vocab_size * 4), float(forward))
+    return CaptureMemory(
+        weights, shard, float(check * cfg.vocab_size * 4), float(forward), recipe.capture.batch_size, longest
+    )

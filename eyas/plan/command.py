@@ -261,11 +261,7 @@ def plan(recipe: Recipe, gpus: str, run_dir: str | Path | None = None, a: Assump
     tp = recipe.vllm.tensor_parallel_size
     trained = tr.epochs * tokens * (1 - tr.val_fraction)  # the tuning split's conversations are held out
     online = online_split(n_gpu, tp, capture_tok_s / replicas, train_tok_s / n_gpu, trained)
-    # the longest sequence capture batches: --run's regenerated ones, or the bound prompts and answers reach
-    d = recipe.data
-    regenerated = "regenerate" in w.stages_measured
-    longest = max(lengths) if regenerated else d.max_prompt_tokens + d.max_new_tokens
-    mem = stage_memory(recipe, cfg, target, draft, a, kind == CPU, tokens, longest)
+    mem = stage_memory(recipe, cfg, target, draft, a, kind == CPU, tokens, longest_sequence(recipe, w, cfg))
     return Plan(
         gpus=f"{n_gpu}x{kind}",
         gpu_memory_gb=mem_gb,
@@ -337,6 +333,16 @@ def planned_lengths(w: Workload) -> list:
     mean = w.prompt + w.new
     n = round(w.sequences)
     return list(spread(w.lengths or [mean], n, mean)) if n else [mean]
+
+
+def longest_sequence(recipe: Recipe, w: Workload, cfg: PretrainedConfig) -> float:
+    """The longest sequence a capture batch holds: --run's regenerated ones, or (before a regeneration) the
+    bound prompts and answers reach, data.max_prompt_tokens + data.max_new_tokens, at most the target's
+    context."""
+    if "regenerate" in w.stages_measured and w.lengths:
+        return max(w.lengths)
+    bound = recipe.data.max_prompt_tokens + recipe.data.max_new_tokens
+    return min(bound, getattr(cfg, "max_position_embeddings", None) or bound)
 
 
 def in_flops(
