@@ -70,11 +70,13 @@ class Assumptions:
     # 236 and 65.6 KB with it
     act_bytes_per_token_step: float = 217.7e3
     act_bytes_per_token_step_checkpointed: float = 47.3e3
-    # on a CPU (train.compile auto: off), float32: the bytes autocast's saved-tensor hooks see kept for
+    # on a CPU (train.compile auto: off), float32: the bytes autograd's saved-tensor hooks see kept for
     # backward, weights and inputs apart, at gpt-oss-120b draft dims (TTT 3, T = 256 and 512: 449.3 and 449.4
-    # KB); at the Qwen2.5-Coder recipe's draft dims 150.5 KB and at the demo's 15.8 KB, 8% and 6% above this
+    # KB); at the Qwen2.5-Coder recipe's draft dims 150.5 KB and at the demo's 15.8 KB, 8% and 5% above this
     # scaled by width; under bf16 autocast 0.70 of it (the Qwen dims' slope, T = 128 to 256; the demo's
-    # 0.66). A 2-core AVX2 EPYC, torch 2.13 (docs/benchmarks.md "A 1.5B target from packages")
+    # 0.66). A 2-core AVX2 EPYC, torch 2.13 (docs/benchmarks.md "A 1.5B target from packages"). A whole step
+    # peaks above the kept bytes (backward's own tensors: 1.1-1.8x them, not in proportion to width; the
+    # SmolLM2 long recipe's table, footnote 4): not priced yet
     act_bytes_per_token_step_cpu: float = 449.4e3
     cpu_bf16_act_ratio: float = 0.70
     # on a CPU the process's own floor beside a stage's tensors: the interpreter with torch, transformers and
