@@ -261,7 +261,8 @@ def plan(recipe: Recipe, gpus: str, run_dir: str | Path | None = None, a: Assump
     tp = recipe.vllm.tensor_parallel_size
     trained = tr.epochs * tokens * (1 - tr.val_fraction)  # the tuning split's conversations are held out
     online = online_split(n_gpu, tp, capture_tok_s / replicas, train_tok_s / n_gpu, trained)
-    mem = stage_memory(recipe, cfg, target, draft, a, kind == CPU, tokens, longest_sequence(recipe, w, cfg))
+    longest, longest_from = longest_sequence(recipe, w, cfg)
+    mem = stage_memory(recipe, cfg, target, draft, a, kind == CPU, tokens, longest)
     return Plan(
         gpus=f"{n_gpu}x{kind}",
         gpu_memory_gb=mem_gb,
@@ -304,6 +305,7 @@ def plan(recipe: Recipe, gpus: str, run_dir: str | Path | None = None, a: Assump
         process_bytes=mem.process,
         host_element=mem.element,
         capture_memory=mem.capture,
+        capture_longest_from=longest_from,
         eval_memory=mem.eval,
         assumptions=a,
         turns=w.turns,
@@ -335,14 +337,16 @@ def planned_lengths(w: Workload) -> list:
     return list(spread(w.lengths or [mean], n, mean)) if n else [mean]
 
 
-def longest_sequence(recipe: Recipe, w: Workload, cfg: PretrainedConfig) -> float:
+def longest_sequence(recipe: Recipe, w: Workload, cfg: PretrainedConfig) -> tuple[float, str]:
     """The longest sequence a capture batch holds: --run's regenerated ones, or (before a regeneration) the
     bound prompts and answers reach, data.max_prompt_tokens + data.max_new_tokens, at most the target's
-    context."""
+    context -> (tokens, where they come from, as the report says it)."""
     if "regenerate" in w.stages_measured and w.lengths:
-        return max(w.lengths)
+        return max(w.lengths), "--run's longest"
     bound = recipe.data.max_prompt_tokens + recipe.data.max_new_tokens
-    return min(bound, getattr(cfg, "max_position_embeddings", None) or bound)
+    return min(bound, getattr(cfg, "max_position_embeddings", None) or bound), (
+        "data.max_prompt_tokens + data.max_new_tokens"
+    )
 
 
 def in_flops(

@@ -161,6 +161,7 @@ class Plan:
     ]  # per stage, eyas's own process (process_memory; capture: capture_memory's, eval: eval_memory's total)
     host_element: int  # bytes a target parameter in the dtype the target computes in (element_bytes)
     capture_memory: CaptureMemory | None  # an hf capture's weights, shard and peak moment (capture_memory.py)
+    capture_longest_from: str  # where capture_memory's longest sequence comes from (longest_sequence)
     eval_memory: (
         EvalMemory  # eval's loop: weights, KV caches, a prefill forward's peak (eyas/plan/eval_memory.py)
     )
@@ -293,7 +294,7 @@ def training_memory(
         + draft.optimizer_bytes
         + 4 * draft.frozen
         + (4 * cfg.vocab_size * cfg.hidden_size if recipe.capture.teacher == "final" else 0)
-        + teacher_cast_bytes(recipe, draft, bf16)
+        + teacher_cast_bytes(recipe, draft, cpu)
     )
     per_ts = a.act_bytes_per_token_step_checkpointed if tr.checkpoint_layer else a.act_bytes_per_token_step
     if cpu:  # checkpoint_layer: not measured on a CPU, priced at the H100's ratio
@@ -340,11 +341,11 @@ def trains_bf16(recipe: Recipe, cpu: bool) -> bool:
     return mp != "no"
 
 
-def teacher_cast_bytes(recipe: Recipe, draft: DraftCount, bf16: bool = True) -> float:
+def teacher_cast_bytes(recipe: Recipe, draft: DraftCount, cpu: bool = False) -> float:
     """The fp32 teacher lm_head's copy in the autocast dtype, cast once and kept (train/ttt.py
-    TTTModule.teacher_weight): 2 V H_t bytes (1.16 GB at gpt-oss-120b); none in fp32 (train.mixed_precision
-    no, or `bf16` False: trains_bf16) or with a top-k teacher."""
-    if recipe.capture.teacher == "topk" or recipe.train.mixed_precision == "no" or not bf16:
+    TTTModule.teacher_weight): 2 V H_t bytes (1.16 GB at gpt-oss-120b); none where training runs in fp32
+    on the planned devices (trains_bf16; `cpu`: this host) or with a top-k teacher."""
+    if recipe.capture.teacher == "topk" or not trains_bf16(recipe, cpu):
         return 0
     return 2 * draft.config.vocab_size * draft.config.target_hidden_size
 

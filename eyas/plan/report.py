@@ -312,15 +312,8 @@ def capture_line(p: Plan) -> list[str]:
     return [
         f"capture (transformers): weights {m.weights / 1e9:,.1f} GB{shard} + the larger of the first batch's "
         f"lm_head check {m.check / 1e9:,.1f} GB and the longest batch's forward ({m.rows} x {m.longest:,.0f} "
-        f"tokens: {longest_source(p)}) {m.forward / 1e9:,.1f} GB"
+        f"tokens: {p.capture_longest_from}) {m.forward / 1e9:,.1f} GB"
     ]
-
-
-def longest_source(p: Plan) -> str:
-    """Where capture's longest sequence comes from (command.py longest_sequence)."""
-    if "regenerate" in p.stages_measured:
-        return "--run's longest"
-    return "data.max_prompt_tokens + data.max_new_tokens"
 
 
 def eval_line(recipe: Recipe, p: Plan) -> str:
