@@ -266,6 +266,23 @@ def test_the_teacher_scratch_is_one_chunk_of_the_positions_there_are():
     assert teacher_scratch_bytes(topk, count_draft(topk, target_config(topk)[0]), 4096) == 4096 * 4 * VD
 
 
+def test_the_loss_scratch_is_one_chunk_of_the_fused_loss():
+    """loss_scratch_bytes (eyas/plan/cost.py): four fp32 copies of one chunk's logits over the draft
+    vocabulary, the chunk train/loss.py's BUDGET (2^26 logits: 2,097 positions at 32,000 ids, 8,192 at
+    8,192), or the step's positions where fewer; the batch's rows share it."""
+    from eyas.plan.cost import count_draft, loss_scratch_bytes, target_config
+
+    r = load_recipe("gpt-oss-120b", [])
+    d = count_draft(r, target_config(r)[0])
+    assert loss_scratch_bytes(r, d, 1000) == 16 * 1000 * VD
+    assert loss_scratch_bytes(r, d, 4096) == 16 * 2097 * VD  # one chunk of 2^26 // 32,000 positions
+    b4 = load_recipe("gpt-oss-120b", ["train.batch_size=4"])
+    assert loss_scratch_bytes(b4, d, 4 * 4096) == 16 * 4 * 524 * VD  # (4, 524) positions a chunk
+    # the SmolLM2 long recipe's draft vocabulary and rows: measured 4 x 268 MB live at a step's peak
+    v8k = load_recipe("gpt-oss-120b", ["vocab.draft_vocab_size=8192"])
+    assert loss_scratch_bytes(v8k, count_draft(v8k, target_config(v8k)[0]), 8192) == 16 * 8192 * 8192
+
+
 @pytest.mark.parametrize("native_bf16", [False, True])
 def test_training_memory_on_a_cpu_prices_what_it_computes_in(native_bf16, monkeypatch):
     """On a CPU (eyas/plan/cost.py training_memory, cpu): train.mixed_precision bf16 trains in float32 where
@@ -285,7 +302,9 @@ def test_training_memory_on_a_cpu_prices_what_it_computes_in(native_bf16, monkey
     assert gpu_unrolled == pytest.approx(217.7e3 * 1024 * 5) and gpu_unrolled > cost.teacher_scratch_bytes(
         r, d, 1024
     )
-    assert cpu_unrolled == pytest.approx(449.4e3 * 1024 * 5 * (0.70 if native_bf16 else 1.0))
+    # on a CPU the kept bytes and the fused loss's chunk beside them (1,024 positions x 32,000 ids x 16 bytes)
+    loss_chunk = 1024 * VD * 16
+    assert cpu_unrolled == pytest.approx(449.4e3 * 1024 * 5 * (0.70 if native_bf16 else 1.0) + loss_chunk)
     assert gpu_static - cpu_static == (0 if native_bf16 else 2 * V * H)
 
 

@@ -31,6 +31,7 @@ from eyas.plan.flops import CaptureWork
 from eyas.plan.tokens import TurnCount
 from eyas.recipes.load import check_against_target
 from eyas.train.kinds import kind_named, make_draft
+from eyas.train.loss import chunk_positions
 from eyas.train.optim import muon_params
 
 if TYPE_CHECKING:
@@ -75,8 +76,8 @@ class Assumptions:
     # KB); at the Qwen2.5-Coder recipe's draft dims 150.5 KB and at the demo's 15.8 KB, 8% and 5% above this
     # scaled by width; under bf16 autocast 0.70 of it (the Qwen dims' slope, T = 128 to 256; the demo's
     # 0.66). A 2-core AVX2 EPYC, torch 2.13 (docs/benchmarks.md "A 1.5B target from packages"). A whole step
-    # peaks above the kept bytes (backward's own tensors: 1.1-1.8x them, not in proportion to width; the
-    # SmolLM2 long recipe's table, footnote 4): not priced yet
+    # peaks with the fused loss's chunk beside these (loss_scratch_bytes, priced on a CPU apart): the H100's
+    # constants above were measured at a whole step's peak, which holds it
     act_bytes_per_token_step_cpu: float = 449.4e3
     cpu_bf16_act_ratio: float = 0.70
     # on a CPU the process's own floor beside a stage's tensors: the interpreter with torch, transformers and
@@ -309,6 +310,8 @@ def training_memory(
     whole_row = kind_named(recipe.draft.kind).unrolled_whole_row()  # DFlash's blocks: the whole row's
     unrolled_rows = tr.max_length * tr.batch_size if whole_row else rows
     unrolled = per_ts * scale * layers * unrolled_rows * unrolled_steps(recipe)
+    if cpu:  # the CPU's constant is what autograd keeps; a step peaks with the last loss's chunk beside it
+        unrolled += loss_scratch_bytes(recipe, draft, unrolled_rows)
     # the teacher is held through the step; its lm_head chunks come and go before the unroll runs
     return static, teacher_bytes(draft, rows) + max(
         teacher_scratch_bytes(recipe, draft, rows), unrolled + grids
@@ -360,6 +363,17 @@ def teacher_scratch_bytes(recipe: Recipe, draft: DraftCount, rows: int) -> float
     if recipe.capture.teacher == "topk":
         return rows * 4 * V_d
     return min(TEACHER_CHUNK, rows) * max(10 * V + 4 * V_d, 8 * V + 8 * V_d)
+
+
+def loss_scratch_bytes(recipe: Recipe, draft: DraftCount, rows: int) -> float:
+    """What the fused loss (train/loss.py _LinearLoss) holds for a moment while it runs one chunk of the
+    positions: the fp32 logits, their log-softmax, its exponent and the product with the teacher's mass (16
+    bytes a logit; kl and ce, lk's own temporaries not measured), over at most loss.py's BUDGET logits.
+    Measured (torch.profiler's memory profile, a 2-core AVX2 EPYC, float32): at the SmolLM2 long recipe's
+    draft, T = 8,192, TTT 5, a step's live bytes peak at 3.72 GB above its start, at the last step's loss:
+    2.34 kept for backward, the teacher 0.27, this chunk 4 x 268 MB."""
+    B, V_d = recipe.train.batch_size, draft.config.draft_vocab_size
+    return 16 * min(rows, B * chunk_positions(B, V_d)) * V_d
 
 
 def grid_bytes(recipe: Recipe, draft: DraftCount) -> tuple[float, float]:
