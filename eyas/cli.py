@@ -34,7 +34,15 @@ from eyas.infra.interrupts import signals_raise
 from eyas.infra.layout import REPORT_JSON, REPORT_MD
 from eyas.infra.peak_memory import describe
 from eyas.infra.stages import COMMANDS, SHARDED, STAGE_ORDER, resolve
-from eyas.pipeline import check_target, done_already, prepare_run, run_all, run_stage
+from eyas.pipeline import (
+    check_target,
+    done_already,
+    measured,
+    prepare_run,
+    record_stage_cost,
+    run_all,
+    run_stage,
+)
 from eyas.recipes.load import recipe_and_run
 from eyas.recipes.schema import RecipeError
 from eyas.recipes.types import TreeShape
@@ -187,20 +195,26 @@ def _eval(args, recipe, run_dir: Path, progress: bool) -> None:
         raise RecipeError("--k and --concurrency must be >= 1, --temperature >= 0")
     check_target(recipe)
     prepare_run(recipe, run_dir, redo=("eval",))
-    report = run_eval(
-        recipe,
-        run_dir,
-        drafts=_pairs(args.draft, "--draft") or None,
-        ks=args.k,
-        trees=args.tree,
-        concurrency=args.concurrency,
-        temperatures=args.temperature,
-        benchmarks=_benchmarks(args.prompts),
-        servers=_servers(args.server),
-        progress=progress,
-        force=True,
-        split=args.split,
+    report, wall_s, peak = measured(
+        lambda: run_eval(
+            recipe,
+            run_dir,
+            drafts=_pairs(args.draft, "--draft") or None,
+            ks=args.k,
+            trees=args.tree,
+            concurrency=args.concurrency,
+            temperatures=args.temperature,
+            benchmarks=_benchmarks(args.prompts),
+            servers=_servers(args.server),
+            progress=progress,
+            force=True,
+            split=args.split,
+        )
     )
+    # recorded as the eval stage's cost where it ran the recipe's eval, else beside it under its options
+    stage = " ".join(["eval", *_eval_options(args)])
+    record_stage_cost(run_dir, stage, round(wall_s, 3), peak, 0)
+    print(f"[eyas] {stage}: {wall_s:.1f} s{describe(peak)}")
     for r in report["results"]:
         print(f"[eyas] {_result_line(r)}")
     for x in report["recommendation"]:
@@ -209,6 +223,13 @@ def _eval(args, recipe, run_dir: Path, progress: bool) -> None:
             f"{x['choice']} (predicted {x['predicted_speedup']:.2f}x)"
         )
     print(f"[eyas] report: {run_dir / REPORT_JSON}")
+
+
+def _eval_options(args) -> list[str]:
+    """The options and overrides of `eyas eval` that change what it runs, as given ([]: the recipe's eval)."""
+    flags = ("draft", "k", "tree", "concurrency", "temperature", "prompts", "server")
+    given = [f"--{f} {v}" for f in flags for v in getattr(args, f) or []]
+    return given + ([f"--split {args.split}"] if args.split != "test" else []) + list(args.overrides)
 
 
 def _stage(args, recipe, run_dir: Path, progress: bool) -> None:

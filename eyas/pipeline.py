@@ -10,7 +10,9 @@ is refused, naming the keys, rather than silently mixing two runs.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import yaml
 
@@ -20,6 +22,8 @@ from eyas.infra.peak_memory import StagePeak, describe, stage_peak
 from eyas.infra.stages import SHARDED, STAGE_KEYS, STAGE_ORDER, stage_fn
 from eyas.recipes.load import changed_keys, check_against_target, dump_recipe, load_recipe
 from eyas.recipes.schema import Recipe, RecipeError
+
+T = TypeVar("T")
 
 
 def check_target(recipe: Recipe) -> list[int]:
@@ -83,24 +87,35 @@ def run_stage(recipe: Recipe, run_dir: Path, stage: str, shard, progress: bool) 
     for rank 0 on a stage that is not shared out), timed, its peak memory measured and recorded in
     RUN/stage_costs.json (not by one `--shard I/N` slice of several: its time is not the stage's)
     -> (wall seconds, peak)."""
-    t0 = time.perf_counter()
-    with stage_peak() as peak:
+
+    def run():
         if shard.launched and shard.index > 0 and stage not in SHARDED + ("train",):
             wait_until(lambda: layout.is_done(run_dir, stage), f"rank 0 to finish the {stage} stage")
         else:
             stage_fn(stage)(
                 recipe, run_dir, progress=progress, **({"shard": shard} if stage in SHARDED else {})
             )
-    wall_s = time.perf_counter() - t0
+
+    _, wall_s, peak = measured(run)
     if shard.launched or shard.count == 1:
         record_stage_cost(run_dir, stage, round(wall_s, 3), peak, shard.index)
     return wall_s, peak
 
 
+def measured(fn: Callable[[], T]) -> tuple[T, float, StagePeak]:
+    """fn() timed, its peak memory measured (eyas/infra/peak_memory.py) -> (its result, wall s, peak)."""
+    t0 = time.perf_counter()
+    with stage_peak() as peak:
+        out = fn()
+    return out, time.perf_counter() - t0, peak
+
+
 def record_stage_cost(run_dir: Path, stage: str, wall_s: float, peak: StagePeak, rank: int) -> None:
     """RUN/stage_costs.json: {stage: {wall_s, peak_bytes, anon_bytes, children_bytes}} as `eyas run` or the
     stage's own command measured them (rank 0's; a stage run again replaces its entry, a resumed one with its
-    last part's; eyas/infra/peak_memory.py says what each counts), to set beside `eyas plan`."""
+    last part's; eyas/infra/peak_memory.py says what each counts), to set beside `eyas plan`. `stage` may
+    carry the options of a command that ran other work than the recipe's stage ("eval --concurrency 8":
+    `eyas eval`'s), an entry of its own beside the stage's."""
     if rank > 0:
         return
     path = Path(run_dir) / layout.STAGE_COSTS

@@ -378,6 +378,14 @@ def test_eval_operating_points(setup, full_run, tmp_path, capsys):
     assert "## Recommendation" in md and "report-throughput.png" in md and "τ by category" in md
     out = capsys.readouterr().out
     assert "recommend" in out and "tree 2,2,4" in out
+    # its cost recorded beside the run's eval stage's, under the options it ran with
+    key = (
+        "eval --k 1 --k 3 --tree 2,2,4 --concurrency 1 --concurrency 4 --temperature 0.0 --temperature 1.0 "
+        f"--prompts mt={bench}"
+    )
+    cost = json.loads((full_run / layout.STAGE_COSTS).read_text())[key]
+    assert cost["wall_s"] > 0 and 50e6 < cost["anon_bytes"] <= cost["peak_bytes"]
+    assert f"[eyas] {key}: " in out
 
 
 def test_eval_prompts_carry_the_reasoning_effort_mix(setup, full_run, tmp_path, monkeypatch):
@@ -678,7 +686,8 @@ def test_plan_on_a_cpu_takes_every_rate_from_the_run_and_the_run_records_each_st
     ):
         plan(r, "cpu")
     costs = json.loads((full_run / layout.STAGE_COSTS).read_text())
-    assert list(costs) == ["prompts", "regenerate", "capture", "vocab", "train", "eval"]
+    stages = ["prompts", "regenerate", "capture", "vocab", "train", "eval"]
+    assert [k for k in costs if k in stages] == stages  # `eyas eval` with options: entries of their own
     # the plan's memory against the run's, where the run ran on this CPU: capture and training within 30% of
     # their resident peaks (0.40 / 0.42 and 0.49 / 0.47 GB on the AVX2 EPYC: on this tiny target mostly the
     # interpreter's floor, which the plan without it, a few MB, misses by far); eval's an upper bound (the

@@ -6,7 +6,8 @@
                                       xxh3-64 checksum of every file it wrote ({path from RUN: record})
     RUN/train/checkpoint-final/       the final eyas checkpoint (train/checkpoint.py)
     RUN/report.json, RUN/report.md    measured acceptance (the eval stage, with its plots beside them)
-    RUN/stage_costs.json              each stage's wall time and peak memory (`eyas run`, a stage's command)
+    RUN/stage_costs.json              each stage's wall time and peak memory (`eyas run`, a stage's command;
+                                      `eyas eval` with options under "eval OPTIONS")
 
 A re-run skips a stage whose marker exists. Everything under RUN/<stage>/ is listed in its marker
 (hidden temporary files and trackers' folders aside), plus what the stage wrote outside it (eval's
