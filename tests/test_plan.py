@@ -283,6 +283,56 @@ def test_the_loss_scratch_is_one_chunk_of_the_fused_loss():
     assert loss_scratch_bytes(v8k, count_draft(v8k, target_config(v8k)[0]), 8192) == 16 * 8192 * 8192
 
 
+@pytest.mark.parametrize("kind", ["kl", "ce", "lk"])
+def test_the_fused_loss_holds_what_the_plan_prices_a_chunk(kind):
+    """The fused loss (train/loss.py linear_loss) at its peak holds LOSS_CHUNK_BYTES a logit of one chunk
+    (eyas/plan/cost.py loss_scratch_bytes), however many chunks it runs (each freed before the next), and
+    at most 1.5 bytes a logit more (dW and the cast weight at these small widths): its tensors counted live
+    by a dispatch mode, the inputs apart."""
+    import weakref
+
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from eyas.plan.cost import LOSS_CHUNK_BYTES
+    from eyas.train.loss import chunk_positions, linear_loss
+
+    class Live(TorchDispatchMode):
+        def __init__(self, inputs):
+            super().__init__()
+            self.skip, self.refs, self.live, self.peak = inputs, {}, 0, 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else [out]:
+                if not isinstance(t, torch.Tensor) or t.untyped_storage().data_ptr() in self.skip:
+                    continue
+                key, n = t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()
+                if key not in self.refs:
+                    self.refs[key], self.live = 0, self.live + n
+                    self.peak = max(self.peak, self.live)
+                self.refs[key] += 1
+                weakref.finalize(t, self.drop, key, n)
+            return out
+
+        def drop(self, key, n):
+            self.refs[key] -= 1
+            if not self.refs[key]:
+                del self.refs[key]
+                self.live -= n
+
+    torch.manual_seed(0)
+    H, V, budget = 64, 4096, 1 << 20  # 256 positions a chunk
+    for B, L in ((1, 256), (1, 1024), (4, 128)):
+        x, W = torch.randn(B, L, H, requires_grad=True), torch.randn(V, H, requires_grad=True)
+        p, w = torch.softmax(torch.randn(B, L, V), -1), torch.ones(B, L)
+        xn = x * 1.0  # a non-leaf, as the draft's normed states are
+        with Live({t.untyped_storage().data_ptr() for t in (xn, W, p, w)}) as live:
+            linear_loss(xn, W, p, w, kind, budget=budget)
+        logits = B * chunk_positions(B, V, budget) * V
+        assert 0 <= live.peak / logits - LOSS_CHUNK_BYTES[kind] <= 1.5, (B, L, live.peak / logits)
+
+
 @pytest.mark.parametrize("native_bf16", [False, True])
 def test_training_memory_on_a_cpu_prices_what_it_computes_in(native_bf16, monkeypatch):
     """On a CPU (eyas/plan/cost.py training_memory, cpu): train.mixed_precision bf16 trains in float32 where

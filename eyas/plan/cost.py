@@ -76,8 +76,9 @@ class Assumptions:
     # KB); at the Qwen2.5-Coder recipe's draft dims 150.5 KB and at the demo's 15.8 KB, 8% and 5% above this
     # scaled by width; under bf16 autocast 0.70 of it (the Qwen dims' slope, T = 128 to 256; the demo's
     # 0.66). A 2-core AVX2 EPYC, torch 2.13 (docs/benchmarks.md "A 1.5B target from packages"). A whole step
-    # peaks with the fused loss's chunk beside these (loss_scratch_bytes, priced on a CPU apart): the H100's
-    # constants above were measured at a whole step's peak, which holds it
+    # peaks with the fused loss's chunk beside these (loss_scratch_bytes, priced on a CPU apart); the H100's
+    # constants above were measured at a whole step's peak, which held the chunk (~1.1 GB, ~5 KB a
+    # token-step at its T = 32K): spread over the tokens there, a little low at shorter rows, high at longer
     act_bytes_per_token_step_cpu: float = 449.4e3
     cpu_bf16_act_ratio: float = 0.70
     # on a CPU the process's own floor beside a stage's tensors: the interpreter with torch, transformers and
@@ -365,15 +366,22 @@ def teacher_scratch_bytes(recipe: Recipe, draft: DraftCount, rows: int) -> float
     return min(TEACHER_CHUNK, rows) * max(10 * V + 4 * V_d, 8 * V + 8 * V_d)
 
 
+# bytes a logit the fused loss holds at its peak within a chunk (train/loss.py loss_and_grad), by train.loss:
+# kl the fp32 logits, log-softmax, exponent and product; ce the one-hot besides; lk the softmax, its minimum
+# with the teacher and their products (live tensors counted by a dispatch mode: tests/test_plan.py)
+LOSS_CHUNK_BYTES = {"kl": 16, "ce": 20, "lk": 28}
+
+
 def loss_scratch_bytes(recipe: Recipe, draft: DraftCount, rows: int) -> float:
     """What the fused loss (train/loss.py _LinearLoss) holds for a moment while it runs one chunk of the
-    positions: the fp32 logits, their log-softmax, its exponent and the product with the teacher's mass (16
-    bytes a logit; kl and ce, lk's own temporaries not measured), over at most loss.py's BUDGET logits.
-    Measured (torch.profiler's memory profile, a 2-core AVX2 EPYC, float32): at the SmolLM2 long recipe's
-    draft, T = 8,192, TTT 5, a step's live bytes peak at 3.72 GB above its start, at the last step's loss:
-    2.34 kept for backward, the teacher 0.27, this chunk 4 x 268 MB."""
+    positions (LOSS_CHUNK_BYTES a logit), over at most loss.py's BUDGET logits: one chunk at a time, each
+    freed before the next. Measured (torch.profiler's memory profile, a 2-core AVX2 EPYC, float32): at the
+    SmolLM2 long recipe's draft, T = 8,192, TTT 5, a step's live bytes peak at 3.72 GB above its start, at the
+    last step's loss: 2.34 GB kept for backward, the teacher 0.27, this chunk 4 x 268 MB. Not priced: the
+    copy of the teacher's kept rows that P-EAGLE's and DFlash's loss gathers (train/ttt.py step_loss: 4 bytes
+    a logit of those rows, up to 0.4 GB at the DFlash recipe's whole vocabulary)."""
     B, V_d = recipe.train.batch_size, draft.config.draft_vocab_size
-    return 16 * min(rows, B * chunk_positions(B, V_d)) * V_d
+    return LOSS_CHUNK_BYTES[recipe.train.loss] * min(rows, B * chunk_positions(B, V_d)) * V_d
 
 
 def grid_bytes(recipe: Recipe, draft: DraftCount) -> tuple[float, float]:
