@@ -226,7 +226,8 @@ def _eval(args, recipe, run_dir: Path, progress: bool) -> None:
 
 
 def _eval_options(args) -> list[str]:
-    """The options and overrides of `eyas eval` that change what it runs, as given ([]: the recipe's eval)."""
+    """The options and overrides of `eyas eval` that change what it runs, flag by flag ([]: the eval of the
+    run's recipe, which prepare_run rewrites with the overrides of each command)."""
     flags = ("draft", "k", "tree", "concurrency", "temperature", "prompts", "server")
     given = [f"--{f} {v}" for f in flags for v in getattr(args, f) or []]
     return given + ([f"--split {args.split}"] if args.split != "test" else []) + list(args.overrides)
