@@ -267,9 +267,9 @@ def test_the_teacher_scratch_is_one_chunk_of_the_positions_there_are():
 
 
 def test_the_loss_scratch_is_one_chunk_of_the_fused_loss():
-    """loss_scratch_bytes (eyas/plan/cost.py): four fp32 copies of one chunk's logits over the draft
-    vocabulary, the chunk train/loss.py's BUDGET (2^26 logits: 2,097 positions at 32,000 ids, 8,192 at
-    8,192), or the step's positions where fewer; the batch's rows share it."""
+    """loss_scratch_bytes (eyas/plan/cost.py): LOSS_CHUNK_BYTES a logit (kl: four fp32 copies) of one chunk
+    over the draft vocabulary, the chunk train/loss.py's BUDGET (2^26 logits: 2,097 positions at 32,000 ids,
+    8,192 at 8,192), or the step's positions where fewer; the batch's rows share it."""
     from eyas.plan.cost import count_draft, loss_scratch_bytes, target_config
 
     r = load_recipe("gpt-oss-120b", [])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from eyas.plan.cost import CPU, Plan, shard_buffer_bytes, unrolled_steps
+from eyas.plan.cost import CPU, LOSS_CHUNK_BYTES, Plan, shard_buffer_bytes, unrolled_steps
 from eyas.plan.tokens import TEMPLATE_TOKENS
 from eyas.train.kinds import kind_named
 
@@ -265,8 +265,9 @@ def activations_assumption(p: Plan) -> str:
             f"activations {a.act_bytes_per_token_step_cpu / 1e3:.0f} KB per token per TTT step at "
             f"gpt-oss-120b's draft widths (float32, uncompiled; {a.cpu_bf16_act_ratio:.2f} of it under bf16 "
             "autocast; with checkpoint_layer at the H100's ratio; measured on a CPU: what autograd keeps), "
-            "scaled by the draft's, the teacher apart, and the fused loss's chunk at the last step (four "
-            "fp32 copies of its logits)"
+            "scaled by the draft's, the teacher apart, and the fused loss's chunk at the last step ("
+            + ", ".join(f"{n} {b} bytes a logit" for n, b in LOSS_CHUNK_BYTES.items())
+            + ")"
         )
     return (
         f"activations {a.act_bytes_per_token_step / 1e3:.0f} KB per token per TTT step, the teacher apart "
