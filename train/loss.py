@@ -100,8 +100,8 @@ class _LinearLoss(torch.autograd.Function):
                 dx[:, s : s + c] = dz @ W  # (B, c, H)
                 if grad_w:  # (V_d, H), in place: no fp32 copy of the product
                     dw += dz.flatten(0, 1).T @ xc.flatten(0, 1)
-            # freed before the next chunk's logits exist: a chunk at a time holds one chunk's (eyas/plan/cost.py
-            # loss_scratch_bytes), not the last one's gradient beside it
+            # freed before the next chunk's logits exist: a chunk at a time holds one chunk's
+            # (eyas/plan/cost.py loss_scratch_bytes), not the last one's gradient beside it
             del z, dz
         ctx.save_for_backward(dx, dw.to(mm) if grad_w else None)
         ctx.dtypes = x.dtype, weight.dtype
