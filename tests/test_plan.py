@@ -283,43 +283,66 @@ def test_the_loss_scratch_is_one_chunk_of_the_fused_loss():
     assert loss_scratch_bytes(v8k, count_draft(v8k, target_config(v8k)[0]), 8192) == 16 * 8192 * 8192
 
 
+class LiveBytes:
+    """Counts the bytes of the tensors a block of torch ops makes and holds (a dispatch mode: each output's
+    storage from its creation until its last reference dies), those in `skip` (the inputs) apart: `peak`."""
+
+    def __init__(self, skip):
+        import torch
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        counter = self
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                for t in out if isinstance(out, (tuple, list)) else [out]:
+                    if isinstance(t, torch.Tensor):
+                        counter.made(t)
+                return out
+
+        self.mode, self.skip, self.refs, self.live, self.peak = Mode(), skip, {}, 0, 0
+
+    def made(self, t):
+        import weakref
+
+        key, n = t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()
+        if key in self.skip:
+            return
+        if key not in self.refs:
+            self.refs[key], self.live = 0, self.live + n
+            self.peak = max(self.peak, self.live)
+        self.refs[key] += 1
+        weakref.finalize(t, self.drop, key, n)
+
+    def drop(self, key, n):
+        self.refs[key] -= 1
+        if not self.refs[key]:
+            del self.refs[key]
+            self.live -= n
+
+    def __enter__(self):
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self.mode.__exit__(*exc)
+
+
+def storages(*tensors) -> set[int]:
+    return {t.untyped_storage().data_ptr() for t in tensors}
+
+
 @pytest.mark.parametrize("kind", ["kl", "ce", "lk"])
 def test_the_fused_loss_holds_what_the_plan_prices_a_chunk(kind):
     """The fused loss (train/loss.py linear_loss) at its peak holds LOSS_CHUNK_BYTES a logit of one chunk
     (eyas/plan/cost.py loss_scratch_bytes), however many chunks it runs (each freed before the next), and
     at most 1.5 bytes a logit more (dW and the cast weight at these small widths): its tensors counted live
     by a dispatch mode, the inputs apart."""
-    import weakref
-
     import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
 
     from eyas.plan.cost import LOSS_CHUNK_BYTES
     from eyas.train.loss import chunk_positions, linear_loss
-
-    class Live(TorchDispatchMode):
-        def __init__(self, inputs):
-            super().__init__()
-            self.skip, self.refs, self.live, self.peak = inputs, {}, 0, 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            for t in out if isinstance(out, (tuple, list)) else [out]:
-                if not isinstance(t, torch.Tensor) or t.untyped_storage().data_ptr() in self.skip:
-                    continue
-                key, n = t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()
-                if key not in self.refs:
-                    self.refs[key], self.live = 0, self.live + n
-                    self.peak = max(self.peak, self.live)
-                self.refs[key] += 1
-                weakref.finalize(t, self.drop, key, n)
-            return out
-
-        def drop(self, key, n):
-            self.refs[key] -= 1
-            if not self.refs[key]:
-                del self.refs[key]
-                self.live -= n
 
     torch.manual_seed(0)
     H, V, budget = 64, 4096, 1 << 20  # 256 positions a chunk
@@ -327,10 +350,50 @@ def test_the_fused_loss_holds_what_the_plan_prices_a_chunk(kind):
         x, W = torch.randn(B, L, H, requires_grad=True), torch.randn(V, H, requires_grad=True)
         p, w = torch.softmax(torch.randn(B, L, V), -1), torch.ones(B, L)
         xn = x * 1.0  # a non-leaf, as the draft's normed states are
-        with Live({t.untyped_storage().data_ptr() for t in (xn, W, p, w)}) as live:
+        with LiveBytes(storages(xn, W, p, w)) as live:
             linear_loss(xn, W, p, w, kind, budget=budget)
         logits = B * chunk_positions(B, V, budget) * V
         assert 0 <= live.peak / logits - LOSS_CHUNK_BYTES[kind] <= 1.5, (B, L, live.peak / logits)
+
+
+@pytest.mark.parametrize("kind", ["peagle", "dflash"])
+def test_a_loss_over_kept_anchors_holds_what_the_plan_prices(kind):
+    """P-EAGLE's depths past 0 and DFlash's drafts run the loss over their kept anchors alone (train/ttt.py
+    step_loss with `rows`): the anchors' teacher probabilities and states gathered into one row, then the
+    fused loss over it. Counted live (the inputs apart) at a grid of 2 x 512 positions, 4,096 ids, 96 anchors
+    (the recipe's share of them: P-EAGLE's depth 1 under COD 0.09375, DFlash's 48 blocks a row): within 3%
+    of gathered_loss_bytes (eyas/plan/cost.py), which the plan's loss_scratch_bytes takes where it exceeds
+    an in-place chunk over every position (P-EAGLE's depth 0; DFlash has none). Without the gathered copy
+    the plan would price 16 of the measured 20.3 bytes an anchor's logit."""
+    import math
+    from types import SimpleNamespace
+
+    import torch
+
+    from eyas.plan import cost
+    from eyas.train.ttt import step_loss
+
+    torch.manual_seed(0)
+    B, T, H, V = 2, 512, 64, 4096
+    # the lm_head frozen (draft.lm_head target_frozen); a trained one's gradient is the static's
+    draft = SimpleNamespace(
+        norm=torch.nn.RMSNorm(H), lm_head=torch.nn.Linear(H, V, bias=False).requires_grad_(False)
+    )
+    over = {"peagle": ["train.cod_ratio=0.09375", "train.cod_floor=0.01"], "dflash": ["train.max_anchors=48"]}
+    r = load_recipe(f"gpt-oss-120b-{kind}", [f"train.max_length={T}", f"train.batch_size={B}"] + over[kind])
+    share = cost.kind_named(kind).loss_rows(r.train)[1]
+    kept = math.ceil(share * B * T)
+    rows = torch.zeros(B * T, dtype=torch.bool)
+    rows[torch.randperm(B * T)[:kept]] = True
+    hidden = torch.randn(B, T, H, requires_grad=True)
+    probs, w = torch.softmax(torch.randn(B, T, V), -1), torch.ones(B, T, dtype=torch.bool)
+    with LiveBytes(storages(hidden, probs, w, draft.lm_head.weight, draft.norm.weight)) as live:
+        step_loss(draft, hidden, probs, w, r.train.loss, rows.view(B, T))
+    dims = SimpleNamespace(config=SimpleNamespace(draft_vocab_size=V, hidden_size=H))
+    priced = cost.gathered_loss_bytes(r, dims, kept)
+    assert kept == 96 and abs(live.peak / priced - 1) < 0.03, (kept, live.peak / (kept * V), priced)
+    whole = 16 * B * T * V if kind == "peagle" else 0  # depth 0's chunk in place (kl)
+    assert cost.loss_scratch_bytes(r, dims, B * T) == max(whole, priced)
 
 
 @pytest.mark.parametrize("native_bf16", [False, True])

@@ -373,15 +373,28 @@ LOSS_CHUNK_BYTES = {"kl": 16, "ce": 20, "lk": 28}
 
 
 def loss_scratch_bytes(recipe: Recipe, draft: DraftCount, rows: int) -> float:
-    """What the fused loss (train/loss.py _LinearLoss) holds for a moment while it runs one chunk of the
-    positions (LOSS_CHUNK_BYTES a logit), over at most loss.py's BUDGET logits: one chunk at a time, each
-    freed before the next. Measured (torch.profiler's memory profile, a 2-core AVX2 EPYC, float32): at the
-    SmolLM2 long recipe's draft, T = 8,192, TTT 5, a step's live bytes peak at 3.72 GB above its start, at the
-    last step's loss: 2.34 GB kept for backward, the teacher 0.27, this chunk 4 x 268 MB. Not priced: the
-    copy of the teacher's kept rows that P-EAGLE's and DFlash's loss gathers (train/ttt.py step_loss: 4 bytes
-    a logit of those rows, up to 0.4 GB at the DFlash recipe's whole vocabulary)."""
+    """What the loss (train/ttt.py step_loss) holds for a moment beyond the kept activations, for `rows`
+    unrolled positions: the fused loss's (train/loss.py _LinearLoss) one chunk of positions, LOSS_CHUNK_BYTES
+    a logit over at most loss.py's BUDGET logits, each chunk freed before the next; where the kind's loss
+    runs over kept anchors alone (DraftKind.loss_rows: P-EAGLE's depths past 0, DFlash's drafts), beside the
+    copy gathered for them of their teacher's fp32 probabilities and their fp32 states (4 V_d + 4 H bytes
+    an anchor; up to 0.4 GB at the DFlash recipe's whole vocabulary). Measured (torch.profiler's memory
+    profile, a 2-core AVX2 EPYC, float32): at the SmolLM2 long recipe's draft, T = 8,192, TTT 5, a step's
+    live bytes peak at 3.72 GB above its start, at the last step's loss: 2.34 GB kept for backward, the
+    teacher 0.27, this chunk 4 x 268 MB."""
     B, V_d = recipe.train.batch_size, draft.config.draft_vocab_size
-    return LOSS_CHUNK_BYTES[recipe.train.loss] * min(rows, B * chunk_positions(B, V_d)) * V_d
+    per_logit = LOSS_CHUNK_BYTES[recipe.train.loss]
+    in_place, share = kind_named(recipe.draft.kind).loss_rows(recipe.train)
+    whole = per_logit * min(rows, B * chunk_positions(B, V_d)) * V_d if in_place else 0.0
+    return max(whole, gathered_loss_bytes(recipe, draft, math.ceil(share * rows)))
+
+
+def gathered_loss_bytes(recipe: Recipe, draft: DraftCount, kept: int) -> float:
+    """A loss over `kept` anchors gathered into one row (train/ttt.py step_loss with `rows`): their teacher's
+    fp32 probabilities and fp32 states copied, then the fused loss's one chunk over them."""
+    V_d, H = draft.config.draft_vocab_size, draft.config.hidden_size
+    chunk = LOSS_CHUNK_BYTES[recipe.train.loss] * min(kept, chunk_positions(1, V_d)) * V_d
+    return chunk + kept * (4 * V_d + 4 * H)
 
 
 def grid_bytes(recipe: Recipe, draft: DraftCount) -> tuple[float, float]:

@@ -118,6 +118,12 @@ class DraftKind:
         `unrolled`."""
         return 0.0
 
+    def loss_rows(self, tr) -> tuple[bool, float]:
+        """Which positions a training step's loss runs over (train/ttt.py step_loss) -> (whether some step's
+        runs over every unrolled position in place, the largest share of them a step's gathers first: a copy
+        of those rows' teacher and states; 0: none)."""
+        return True, 0.0
+
     def grid_bytes(self, tr, c) -> tuple[float, float]:
         """The per-token bytes on the (B, T) grid beyond the unrolled steps, for a DraftConfig `c` -> (a token
         of the rank's shard, a token of the whole row). P-EAGLE's form: each depth's attention on the grid

@@ -102,6 +102,10 @@ class DFlash(DraftKind):
         # each draft's loss on the (B, T) grid, zeros off the kept anchors (core.py)
         return float(tr.ttt_steps)
 
+    def loss_rows(self, tr) -> tuple[bool, float]:
+        # every draft's loss over its kept anchors alone, gathered (core.py)
+        return False, anchor_share(tr)
+
     def grid_bytes(self, tr, c) -> tuple[float, float]:
         """Each draft's loss reads its grid of states (two copies), and every layer projects the whole row's
         context to keys and values (k before and after its norm and RoPE, v; bf16) and its attention keeps

@@ -73,6 +73,10 @@ class PEagle(DraftKind):
     def on_grid(self, tr) -> float:
         return sum(1 - cod_share(d, tr.cod_ratio, tr.cod_floor) for d in range(1, tr.ttt_steps))
 
+    def loss_rows(self, tr) -> tuple[bool, float]:
+        # depth 0 over every position; depth d over its kept anchors, gathered (core.py): depth 1 keeps most
+        return True, (cod_share(1, tr.cod_ratio, tr.cod_floor) if tr.ttt_steps > 1 else 0.0)
+
     def plan_note(self, tr, unrolled: float) -> str:
         return (
             f"x {unrolled:.2f} steps' worth + {self.on_grid(tr):.2f} depths' attention and loss on the "
