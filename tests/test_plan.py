@@ -376,7 +376,7 @@ def test_a_loss_over_kept_anchors_holds_what_the_plan_prices(kind, H, V):
 
     torch.manual_seed(0)
     B, T = 2, 512
-    # the lm_head frozen (draft.lm_head target_frozen, every shipped recipe): a trained one adds its (V_d, H)
+    # the lm_head frozen (draft.lm_head target_frozen, the gpt-oss recipes'): a trained one adds its (V_d, H)
     # gradient at each loss call (train/loss.py), which the plan does not price
     draft = SimpleNamespace(
         norm=torch.nn.RMSNorm(H), lm_head=torch.nn.Linear(H, V, bias=False).requires_grad_(False)
@@ -397,6 +397,28 @@ def test_a_loss_over_kept_anchors_holds_what_the_plan_prices(kind, H, V):
     assert cost.loss_scratch_bytes(r, dims, B * T) == max(whole, priced)
     eagle3 = load_recipe("gpt-oss-120b", [f"train.max_length={T}"])
     assert cost.gathered_loss_bytes(eagle3, dims, B * T) == 0  # its loss runs in place
+
+
+@pytest.mark.parametrize("recipe", ["gpt-oss-120b", "gpt-oss-120b-peagle", "gpt-oss-120b-dflash"])
+def test_a_gpus_plan_prices_a_gathered_loss_beside_the_h100_constant(recipe, monkeypatch):
+    """On a GPU the activation constant (H100, EAGLE-3) holds an in-place chunk of the loss and its lm_head
+    cast; P-EAGLE's and DFlash's loss over gathered anchors is priced beside it (gathered_loss_bytes and
+    the bf16 cast of the draft lm_head: 1.07 GB chunk + 0.44 GB copy + 1.16 GB cast for DFlash's 512
+    anchors at 201,088 ids), EAGLE-3's plan unchanged."""
+    from eyas.plan import cost
+
+    r = load_recipe(recipe)
+    cfg = cost.target_config(r)[0]
+    d, a = cost.count_draft(r, cfg), Assumptions()
+    act = cost.training_memory(r, cfg, d, a)[1]
+    gathered = cost.gathered_loss_bytes(r, d, r.train.max_length * r.train.batch_size)
+    monkeypatch.setattr(cost, "gathered_loss_bytes", lambda *args: 0.0)
+    without = cost.training_memory(r, cfg, d, a)[1]
+    V_d = d.config.draft_vocab_size
+    assert act - without == pytest.approx(gathered + (2 * V_d * H if gathered else 0))
+    assert (gathered > 0) == (recipe != "gpt-oss-120b")
+    if recipe.endswith("dflash"):
+        assert gathered == pytest.approx(16 * 333 * V_d + 512 * (4 * V_d + 16 * H))  # 2^26 // 201,088 = 333
 
 
 @pytest.mark.parametrize("native_bf16", [False, True])

@@ -79,7 +79,7 @@ class Assumptions:
     # peaks with the fused loss's chunk beside these (loss_scratch_bytes, priced on a CPU apart); the H100's
     # constants above were measured at a whole step's peak, which held the chunk (~1.1 GB, ~5 KB a
     # token-step at its T = 32K): spread over the tokens there, a little low at shorter rows, high at longer;
-    # a loss over gathered anchors (P-EAGLE, DFlash: gathered_loss_bytes) is priced beside them on both
+    # a loss over gathered anchors (P-EAGLE, DFlash: gathered_loss_bytes) is priced beside them on a GPU too
     act_bytes_per_token_step_cpu: float = 449.4e3
     cpu_bf16_act_ratio: float = 0.70
     # on a CPU the process's own floor beside a stage's tensors: the interpreter with torch, transformers and
@@ -314,8 +314,11 @@ def training_memory(
     unrolled = per_ts * scale * layers * unrolled_rows * unrolled_steps(recipe)
     if cpu:  # the CPU's constant is what autograd keeps; a step peaks with a loss's chunk beside it
         unrolled += loss_scratch_bytes(recipe, draft, unrolled_rows)
-    else:  # the H100's constant holds EAGLE-3's chunk in place, not a loss over gathered anchors
-        unrolled += gathered_loss_bytes(recipe, draft, unrolled_rows)
+    elif gathered := gathered_loss_bytes(recipe, draft, unrolled_rows):
+        # the H100's constant holds EAGLE-3's chunk in place and its lm_head's cast (32,000 ids), spread over
+        # every token-step; a kind whose loss gathers its anchors runs fewer of them: priced beside (for
+        # P-EAGLE, whose depth 0 runs in place, an upper bound)
+        unrolled += gathered + loss_cast_bytes(recipe, draft, cpu=False)
     # the teacher is held through the step; its lm_head chunks come and go before the unroll runs
     return static, teacher_bytes(draft, rows) + max(
         teacher_scratch_bytes(recipe, draft, rows), unrolled + grids
@@ -376,20 +379,19 @@ LOSS_CHUNK_BYTES = {"kl": 16, "ce": 20, "lk": 28}
 
 
 def loss_scratch_bytes(recipe: Recipe, draft: DraftCount, rows: int) -> float:
-    """What the loss (train/ttt.py step_loss) holds for a moment beyond the kept activations, for `rows`
-    unrolled positions: the fused loss's (train/loss.py _LinearLoss) one chunk of positions, LOSS_CHUNK_BYTES
-    a logit over at most loss.py's BUDGET logits, each chunk freed before the next; or, where the kind's
-    loss runs over kept anchors alone (`gathered_loss_bytes`), that one, whichever is larger; under bf16
-    autocast, the lm_head's bf16 copy the loss makes at each call besides (the draft vocabulary's rows; the
-    teacher's is cast once and kept: teacher_cast_bytes). Only a CPU's plan asks (training_memory). Measured
-    (torch.profiler's memory profile, a 2-core AVX2 EPYC, float32): at the SmolLM2 long recipe's draft,
-    T = 8,192, TTT 5, a step's live bytes peak at 3.72 GB above its start, at the last step's loss: 2.34 GB
-    kept for backward, the teacher 0.27, this chunk 4 x 268 MB."""
-    B, V_d, H = recipe.train.batch_size, draft.config.draft_vocab_size, draft.config.hidden_size
+    """What the loss (train/ttt.py step_loss) holds for a moment on a CPU beyond the kept activations, for
+    `rows` unrolled positions: the fused loss's (train/loss.py _LinearLoss) one chunk of positions,
+    LOSS_CHUNK_BYTES a logit over at most loss.py's BUDGET logits, each chunk freed before the next; or,
+    where the kind's loss runs over kept anchors alone (`gathered_loss_bytes`), that one, whichever is
+    larger; and under bf16 autocast the lm_head's copy (`loss_cast_bytes`). Measured (torch.profiler's
+    memory profile, a 2-core AVX2 EPYC, float32): at the SmolLM2 long recipe's draft, T = 8,192, TTT 5, a
+    step's live bytes peak at 3.72 GB above its start, at the last step's loss: 2.34 GB kept for backward,
+    the teacher 0.27, this chunk 4 x 268 MB."""
+    B, V_d = recipe.train.batch_size, draft.config.draft_vocab_size
     in_place = kind_named(recipe.draft.kind).loss_rows(recipe.train)[0]
     whole = LOSS_CHUNK_BYTES[recipe.train.loss] * min(rows, B * chunk_positions(B, V_d)) * V_d
-    cast = 2 * V_d * H if trains_bf16(recipe, cpu=True) else 0  # loss.py's bf16 lm_head, made at each call
-    return max(whole if in_place else 0.0, gathered_loss_bytes(recipe, draft, rows)) + cast
+    gathered = gathered_loss_bytes(recipe, draft, rows)
+    return max(whole if in_place else 0.0, gathered) + loss_cast_bytes(recipe, draft, cpu=True)
 
 
 def gathered_loss_bytes(recipe: Recipe, draft: DraftCount, rows: int) -> float:
@@ -397,12 +399,20 @@ def gathered_loss_bytes(recipe: Recipe, draft: DraftCount, rows: int) -> float:
     `rows` unrolled positions: the largest step's anchors (train/ttt.py step_loss with `rows`) gathered into
     one row, their teacher's fp32 probabilities and fp32 states copied (4 V_d + 16 H bytes an anchor: the
     states, their norm's two steps and the gradient's row), then the fused loss's one chunk over them
-    (B = 1). The P-EAGLE recipe's depth 1 (5,735 anchors of 8,192 at 32,000 ids): 0.73 GB of copy beside
-    its 1.07 GB chunk; 0: a kind whose loss gathers none."""
+    (B = 1). The P-EAGLE recipe's depth 1 (5,735 anchors of 8,192 at 32,000 ids): 1.00 GB of copies (0.73
+    of them the teacher's) beside its 1.07 GB chunk; 0: a kind whose loss gathers none. An upper bound for
+    P-EAGLE: its later depths keep fewer (COD), and depth 1's loss runs before they exist."""
     V_d, H = draft.config.draft_vocab_size, draft.config.hidden_size
     kept = math.ceil(kind_named(recipe.draft.kind).loss_rows(recipe.train)[1] * rows)
     chunk = LOSS_CHUNK_BYTES[recipe.train.loss] * min(kept, chunk_positions(1, V_d)) * V_d
     return chunk + kept * (4 * V_d + 16 * H)
+
+
+def loss_cast_bytes(recipe: Recipe, draft: DraftCount, cpu: bool) -> float:
+    """The draft lm_head's bf16 copy the fused loss makes at each call under bf16 autocast (train/loss.py `W`,
+    freed when the call returns; the teacher's is cast once and kept: teacher_cast_bytes): 2 V_d H, 1.16 GB
+    at DFlash's whole vocabulary; 0 where training runs in fp32 (trains_bf16; `cpu`: this host)."""
+    return 2 * draft.config.draft_vocab_size * draft.config.hidden_size if trains_bf16(recipe, cpu) else 0
 
 
 def grid_bytes(recipe: Recipe, draft: DraftCount) -> tuple[float, float]:

@@ -267,12 +267,12 @@ def activations_assumption(p: Plan) -> str:
             "autocast; with checkpoint_layer at the H100's ratio; measured on a CPU: what autograd keeps), "
             "scaled by the draft's, the teacher apart, and the fused loss's chunk at its largest step ("
             + ", ".join(f"{n} {b} bytes a logit" for n, b in LOSS_CHUNK_BYTES.items())
-            + "; P-EAGLE's and DFlash's gathered anchors with their teacher's copy)"
+            + "; P-EAGLE's and DFlash's gathered anchors with their teacher's copy; under bf16 the lm_head's "
+            "copy)"
         )
     return (
         f"activations {a.act_bytes_per_token_step / 1e3:.0f} KB per token per TTT step, the teacher apart "
-        f"({a.act_bytes_per_token_step_checkpointed / 1e3:.1f} KB with checkpoint_layer; H100-measured), and "
-        "P-EAGLE's and DFlash's loss over gathered anchors with their teacher's copy"
+        f"({a.act_bytes_per_token_step_checkpointed / 1e3:.1f} KB with checkpoint_layer; H100-measured)"
     )
 
 
